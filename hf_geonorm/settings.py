@@ -1,0 +1,87 @@
+"""The settings that select a member of the GeoNorm family, and their validation.
+
+The field names are the config fields of every GeoNorm model (``config.norm_style`` and so on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .geometry import DECAYS
+
+NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
+RADII = ("embedding", "sqrt_d")
+
+
+@dataclass
+class GeoNormSettings:
+    """Which residual update every block uses; ``geo`` with the defaults is the paper's GeoNorm."""
+
+    norm_style: str = "geo"
+    geo_alpha: float | list[float] = 1.0
+    geo_decay: str = "harmonic"
+    geo_max_angle: float | None = math.pi / 4
+    geo_learnable_step: bool = False
+    geo_radius: str = "embedding"
+    geo_bridge: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, num_layers: int | None = None) -> GeoNormSettings:
+        """Raise ``ValueError`` naming the valid values for any setting out of range; return self."""
+        if self.norm_style not in NORM_STYLES:
+            raise ValueError(f"norm_style must be one of {', '.join(NORM_STYLES)}; got {self.norm_style!r}")
+        if self.geo_decay not in DECAYS:
+            raise ValueError(f"geo_decay must be one of {', '.join(DECAYS)}; got {self.geo_decay!r}")
+        if self.geo_radius not in RADII:
+            raise ValueError(f"geo_radius must be one of {', '.join(RADII)}; got {self.geo_radius!r}")
+        alpha = self.geo_alpha
+        values = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
+        for a in values:
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a < 0:
+                raise ValueError(
+                    "geo_alpha must be a finite number >= 0 or a list of them, one per layer; "
+                    f"got {alpha!r}"
+                )
+        if isinstance(alpha, (list, tuple)):
+            if num_layers is not None and len(alpha) != num_layers:
+                raise ValueError(
+                    f"geo_alpha given as a list must have one value per layer ({num_layers}); got {len(alpha)}"
+                )
+            self.geo_alpha = [float(a) for a in alpha]
+        else:
+            self.geo_alpha = float(alpha)
+        m = self.geo_max_angle
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 < m <= math.pi):
+                raise ValueError(f"geo_max_angle must be None or a number of radians in (0, pi]; got {m!r}")
+            self.geo_max_angle = float(m)
+        if not isinstance(self.geo_learnable_step, bool):
+            raise ValueError(f"geo_learnable_step must be True or False; got {self.geo_learnable_step!r}")
+        b = self.geo_bridge
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (0.0 <= b <= 1.0):
+            raise ValueError(f"geo_bridge must be a number in [0, 1] (1 = GeoNorm, 0 = Pre-Norm); got {b!r}")
+        self.geo_bridge = float(b)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_object(cls, obj: Any, **overrides: Any) -> GeoNormSettings:
+        """Read the settings from a config (or any object with the fields), defaults where missing."""
+        values = {n: getattr(obj, n) for n in cls.names() if hasattr(obj, n)}
+        unknown = set(overrides) - set(cls.names())
+        if unknown:
+            raise ValueError(
+                f"unknown GeoNorm setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(cls.names())}"
+            )
+        values.update(overrides)
+        return cls(**values)
