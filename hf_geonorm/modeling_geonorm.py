@@ -282,15 +282,25 @@ class GeoNormConfigMixin:
         super().__setattr__(key, value)
 
     @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+    def _check_family(cls, config_dict: dict[str, Any]) -> dict[str, Any]:
+        """Refuse a checkpoint of another family (transformers only warns and falls back to default sizes);
+        a stock checkpoint of this family is read as this GeoNorm type."""
         found = config_dict.get("model_type")
         if found is not None and found not in (cls.model_type, cls.geonorm_stock_type):
             raise ValueError(
-                f"{cls.__name__} reads {cls.geonorm_stock_type!r} or {cls.model_type!r} checkpoints, but this "
-                f"one is {found!r}. Use the GeoNorm class of its own family (hf_geonorm.config_class_for("
-                f"{found!r})) or hf_geonorm.convert."
+                f"{cls.__name__} reads {cls.geonorm_stock_type!r} or {cls.model_type!r} checkpoints, but this one "
+                f"is {found!r}. Use the GeoNorm config of its own family: hf_geonorm.config_class_for({found!r})."
             )
-        return super().from_dict(config_dict, **kwargs)
+        return {**config_dict, "model_type": cls.model_type} if found is not None else config_dict
+
+    @classmethod
+    def get_config_dict(cls, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        return cls._check_family(config_dict), kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        return super().from_dict(cls._check_family(config_dict), **kwargs)
 
     def geonorm_settings(self) -> GeoNormSettings:
         return GeoNormSettings.from_object(self)
