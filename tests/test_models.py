@@ -66,7 +66,11 @@ def reference_logits(stock, settings):
     return logits(ref)
 
 
-@pytest.mark.parametrize("settings", SETTINGS_GRID, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+def settings_id(settings):
+    return ",".join(f"{k}={v}" for k, v in settings.items()) or "default"
+
+
+@pytest.mark.parametrize("settings", SETTINGS_GRID, ids=settings_id)
 @pytest.mark.parametrize("model_type", ["llama", "gemma", "granite", "gpt2"])
 def test_geo_equals_the_written_out_block(model_type, settings):
     stock = tiny_model(model_type)
