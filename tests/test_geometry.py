@@ -27,6 +27,15 @@ PI4 = math.pi / 4
 D = 16
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tensors here are tiny: intra-op threads only cost time (a lot on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Independent reference formulas (numpy float64), one token per row along the last axis.
 # ----------------------------------------------------------------------------------------------------------
@@ -105,8 +114,7 @@ def controlled(bases, seed, d=D, along=0.3, x_scale=2.0):
 
 
 def close(actual, expected, tol):
-    np.testing.assert_allclose(N(actual) if isinstance(actual, torch.Tensor) else actual, expected, rtol=0,
-                               atol=tol)
+    np.testing.assert_allclose(N(actual) if isinstance(actual, torch.Tensor) else actual, expected, rtol=0, atol=tol)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -166,10 +174,7 @@ def test_geodesic_update_rotation_angle():
 
 def _step_errors(x, u, alphas):
     return np.array(
-        [
-            np.max(nnorm(N(geodesic_update(T(x), T(u), a)) - ref_projection(x, x + a * u)) / nnorm(x))
-            for a in alphas
-        ]
+        [np.max(nnorm(N(geodesic_update(T(x), T(u), a)) - ref_projection(x, x + a * u)) / nnorm(x)) for a in alphas]
     )
 
 
@@ -465,8 +470,13 @@ def test_learnable_step_angle(c, b, max_angle):
 
 def test_geonorm_angle_formula():
     base = np.array([0.1, 0.5, 0.9, 2.0, 5.0])
-    for a, m, c, b in [(0.5, PI4, None, None), (1.5, PI4, None, None), (1.5, None, None, None),
-                       (0.7, 0.6, 1.3, 0.05), (2.0, None, 0.8, 0.1)]:
+    for a, m, c, b in [
+        (0.5, PI4, None, None),
+        (1.5, PI4, None, None),
+        (1.5, None, None, None),
+        (0.7, 0.6, 1.3, 0.05),
+        (2.0, None, 0.8, 0.1),
+    ]:
         got = geonorm_angle(T(base), a, m, None if c is None else T(c), None if b is None else T(b))
         expected = ref_geo_angle(base, a, m, 1.0 if c is None else c, 0.0 if b is None else b)
         close(got, expected, 1e-12)
