@@ -96,6 +96,12 @@ def set_bridge(model: nn.Module, bridge: float) -> None:
             module.bridge = float(bridge)
 
 
+# LoRA's default targets for GeoNorm types whose stock type PEFT has no entry for: LLaMA's attention names,
+# or the fused projection where the stock attention has one.
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
+FUSED_LORA_TARGETS = {"phi3": ("qkv_proj",)}
+
+
 def _register() -> None:
     from peft.utils import constants as peft_constants
 
@@ -104,8 +110,9 @@ def _register() -> None:
         AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
         AutoModel.register(family.config_class, family.base_class, exist_ok=True)
         AutoModelForCausalLM.register(family.config_class, family.causal_class, exist_ok=True)
-        if family.stock_type in lora_targets:
-            lora_targets.setdefault(family.model_type, lora_targets[family.stock_type])
+        fallback = FUSED_LORA_TARGETS.get(family.stock_type, DEFAULT_LORA_TARGETS)
+        targets = lora_targets.get(family.stock_type, fallback)
+        lora_targets.setdefault(family.model_type, list(targets))
 
 
 _register()

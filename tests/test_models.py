@@ -13,9 +13,12 @@ from tiny_models import VOCAB, install_reference, tiny_config, tiny_model, token
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Trainer, TrainingArguments
 
 import hf_geonorm
-from hf_geonorm.modeling_geonorm import LLAMA_LAYOUT_TYPES
 
-OWN_TYPES = sorted({*LLAMA_LAYOUT_TYPES, "gemma", "phi3", "granite", "gpt2"})
+OWN_TYPES = sorted({
+    "arcee", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "diffllama", "dots1", "ernie4_5", "glm", "glm4_moe",
+    "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "llama", "ministral", "mistral", "mixtral", "olmo", "qwen2",
+    "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "starcoder2", "gemma", "phi3", "granite", "gpt2",
+})  # fmt: skip
 CORE_TYPES = ["llama", "mistral", "qwen2", "qwen3", "olmo", "gemma", "phi3", "granite", "mixtral", "qwen3_moe", "gpt2"]
 
 
@@ -113,7 +116,7 @@ def test_geo_keeps_every_token_on_its_sphere(model_type):
         torch.testing.assert_close(out.norm(dim=-1), torch.full(out.shape[:-1], math.sqrt(32.0)), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma"])
+@pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_save_and_reload_through_auto_classes(model_type, tmp_path):
     model = hf_geonorm.convert(tiny_model(model_type), geo_alpha=0.5, geo_decay="sqrt")
     model.save_pretrained(tmp_path)
@@ -181,17 +184,17 @@ def test_per_layer_alpha_list_is_used_as_the_step_sizes():
     assert steps == [0.3, 0.2, 0.1]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+@pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_greedy_generation_is_the_same_with_and_without_the_cache(model_type):
     model = hf_geonorm.convert(tiny_model(model_type))
     prompt = token_ids(batch=1, length=5)
-    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
     with_cache = model.generate(prompt, use_cache=True, **kwargs)
     without = model.generate(prompt, use_cache=False, **kwargs)
     assert torch.equal(with_cache, without) and with_cache.shape[1] == 13
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+@pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_eager_and_sdpa_attention_agree(model_type, tmp_path):
     hf_geonorm.convert(tiny_model(model_type)).save_pretrained(tmp_path)
     eager = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
@@ -199,7 +202,7 @@ def test_eager_and_sdpa_attention_agree(model_type, tmp_path):
     torch.testing.assert_close(logits(eager), logits(sdpa), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+@pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_gradient_checkpointing_recomputes_and_keeps_gradients(model_type):
     ids = token_ids()
 
@@ -220,7 +223,7 @@ def test_gradient_checkpointing_recomputes_and_keeps_gradients(model_type):
         torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+@pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_lora_train_save_reload_merge(model_type, tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
 
