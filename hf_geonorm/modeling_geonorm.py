@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .geometry import step_sizes
@@ -30,12 +32,22 @@ SETTING_DEFAULTS = GeoNormSettings().to_dict()
 class BlockLayout:
     """Where a stock decoder layer keeps its parts, and how it forms its residual updates.
 
+    Names are attribute paths on the decoder layer. ``attn_norm``/``mlp_norm`` are the sublayer input norms:
+    ``None`` (or an attribute that is ``None`` on the layer) means the sublayer reads the state itself
+    (OLMo 2: x + N(F(x))), except that a parallel block without its own ``mlp_norm`` feeds the MLP through
+    ``attn_norm`` (one shared norm: Phi, GPT-J, Cohere).
     ``attn_out_norm``/``mlp_out_norm`` name norms the stock block already applies to a sublayer's output
     (Gemma 2/3, OLMo 2): they stay part of the update u. ``parallel`` blocks add one summed update.
+    ``attn_dropout``/``mlp_dropout`` drop out each sublayer's update and ``update_dropout`` the summed update of
+    a parallel block; each names a dropout module or a float probability (``config.hidden_dropout``).
+    ``plain_norms`` is False where the input norms are more than a normalisation with weight and bias (AXK2's
+    gated RMSNorm): ``sandwich`` cannot add fresh norms of their kind that start as the identity.
+    ``select`` picks the layout of one config where a model type has several block variants (Falcon); it may
+    raise ``ValueError`` for a variant GeoNorm cannot express.
     """
 
     layers: str = "layers"
-    attn_norm: str = "input_layernorm"
+    attn_norm: str | None = "input_layernorm"
     attn: str = "self_attn"
     mlp_norm: str | None = "post_attention_layernorm"
     mlp: str = "mlp"
@@ -45,19 +57,53 @@ class BlockLayout:
     mlp_out_norm: str | None = None
     attn_dropout: str | None = None
     mlp_dropout: str | None = None
+    update_dropout: str | None = None
     residual_multiplier: str | None = None
     norm_weight_offset: float = 0.0
+    plain_norms: bool = True
     call: str = "keywords"
     final_norm: str = "norm"
+    select: Callable[[Any], BlockLayout] | None = None
 
     def is_parallel(self, config: Any) -> bool:
         if self.parallel_flag is not None:
             return bool(getattr(config, self.parallel_flag))
         return self.parallel
 
+    def for_config(self, config: Any) -> BlockLayout:
+        """The layout of the block variant ``config`` builds (itself unless the type has variants)."""
+        return self if self.select is None else self.select(config)
+
     @property
     def has_out_norms(self) -> bool:
         return self.attn_out_norm is not None or self.mlp_out_norm is not None
+
+    @property
+    def has_input_norms(self) -> bool:
+        """Whether every sublayer reads a normalised state (post, deepnorm and sandwich reuse these norms)."""
+        return self.attn_norm is not None and (self.mlp_norm is not None or self.parallel or bool(self.parallel_flag))
+
+
+def _falcon_layout(config: Any) -> BlockLayout:
+    """Falcon builds one of three blocks from ``new_decoder_architecture``, ``parallel_attn`` and
+    ``num_ln_in_parallel_attn`` (FalconDecoderLayer); the other combinations fail in the stock model too."""
+    new = bool(getattr(config, "new_decoder_architecture", False))
+    parallel = bool(getattr(config, "parallel_attn", True))
+    num_ln = getattr(config, "num_ln_in_parallel_attn", None)
+    if num_ln is None:
+        num_ln = 2 if new else 1
+    if new and parallel:
+        return FALCON_NEW if num_ln == 2 else FALCON
+    if not new and parallel and num_ln != 2:
+        return FALCON
+    if not new and not parallel:
+        return FALCON_SEQUENTIAL
+    raise ValueError(
+        f"GeoNorm cannot patch falcon with new_decoder_architecture={new}, parallel_attn={parallel}, "
+        f"num_ln_in_parallel_attn={num_ln}: the stock FalconDecoderLayer builds norms its forward does not use "
+        "for this combination (it fails without GeoNorm too). Supported: the default (parallel_attn=True), "
+        "new_decoder_architecture=True with parallel_attn=True, and parallel_attn=False."
+    )
 
 
 LLAMA = BlockLayout()
@@ -66,20 +112,104 @@ PHI3 = BlockLayout(attn_dropout="resid_attn_dropout", mlp_dropout="resid_mlp_dro
 GRANITE = BlockLayout(residual_multiplier="residual_multiplier")
 GPT2 = BlockLayout(layers="h", attn_norm="ln_1", attn="attn", mlp_norm="ln_2", call="gpt2", final_norm="ln_f")
 
-# Stock model types whose decoder layer is LLaMA's, token for token (found by scanning transformers 5.24 with
-# benchmarks/scan_layouts.py; tests/test_layouts.py re-checks the list against the installed version).
+# Parallel residual: one step with u = Attn(N1 x) + FFN(N2 x), or one shared norm (mlp_norm=None).
+GPT_NEOX = BlockLayout(
+    attn="attention",
+    attn_dropout="post_attention_dropout",
+    mlp_dropout="post_mlp_dropout",
+    parallel_flag="use_parallel_residual",
+    final_norm="final_layer_norm",
+)
+PHI = BlockLayout(
+    mlp_norm=None,
+    parallel=True,
+    attn_dropout="resid_dropout",
+    mlp_dropout="resid_dropout",
+    final_norm="final_layernorm",
+)
+GPTJ = BlockLayout(layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None, parallel=True, final_norm="ln_f")
+COHERE = BlockLayout(mlp_norm=None, parallel=True)
+# StableLM's post_attention_layernorm is None on parallel blocks: the MLP then shares input_layernorm.
+STABLELM = BlockLayout(parallel_flag="use_parallel_residual", mlp_dropout="dropout")
+FALCON = BlockLayout(
+    layers="h",
+    attn="self_attention",
+    mlp_norm=None,
+    parallel=True,
+    update_dropout="config.hidden_dropout",
+    call="tuple",
+    final_norm="ln_f",
+    select=_falcon_layout,
+)
+FALCON_NEW = replace(FALCON, attn_norm="ln_attn", mlp_norm="ln_mlp")
+FALCON_SEQUENTIAL = replace(
+    FALCON,
+    mlp_norm="post_attention_layernorm",
+    parallel=False,
+    attn_dropout="config.attention_dropout",
+    mlp_dropout="config.hidden_dropout",
+    update_dropout=None,
+)
+
+# Norms after each sublayer already present: the stock update, output norm included, is u.
+GEMMA2 = BlockLayout(
+    attn_out_norm="post_attention_layernorm",
+    mlp_norm="pre_feedforward_layernorm",
+    mlp_out_norm="post_feedforward_layernorm",
+    norm_weight_offset=1.0,
+)
+OLMO2 = BlockLayout(  # no input norms: x + N(F(x)), so each sublayer reads the state itself
+    attn_norm=None, mlp_norm=None, attn_out_norm="post_attention_layernorm", mlp_out_norm="post_feedforward_layernorm"
+)
+GLM4 = BlockLayout(attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm")
+
+# Close variants of LLaMA's block.
+NEMOTRON = BlockLayout(norm_weight_offset=1.0)  # LayerNorm1P computes (1 + w) x
+PERSIMMON = BlockLayout(mlp_dropout="dropout", final_norm="final_layernorm")
+APERTUS = BlockLayout(attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
+GPT_NEO = replace(GPT2, call="tuple")
+GPT_BIGCODE = replace(GPT2, call="gpt_bigcode")
+
+# Stock model types whose decoder layer forward is LLaMA's, token for token, used the same way by their model
+# (found by benchmarks/scan_layouts.py on transformers 5.24; tests/test_layouts.py re-checks the list against the
+# installed version). They get the LLaMA layout, except where LLAMA_NORM_VARIANTS says their norms differ.
 LLAMA_LAYOUT_TYPES = (
-    "arcee", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "diffllama", "dots1", "ernie4_5", "glm",
-    "glm4_moe", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "llama", "ministral", "mistral", "mixtral",
-    "olmo", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "starcoder2",
+    "arcee", "aria_text", "axk1", "axk2", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "deepseek_v32",
+    "diffllama", "dots1", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "exaone", "exaone_moe", "flint", "gemma",
+    "glm", "glm4_moe", "glm4_moe_lite", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "internlm3",
+    "iquestcoder", "jais2", "laguna", "llama", "mellum", "mimo_v2_flash", "ministral", "ministral3", "mistral",
+    "nanochat", "olmo", "olmoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "sarvam_mla", "sarvam_moe",
+    "seed_oss", "smollm3", "solar_open", "starcoder2", "youtu",
 )  # fmt: skip
+# LLaMA's block whose norms are of another kind: Gemma's RMSNorm computes (1 + w) x, AXK2's is gated.
+LLAMA_NORM_VARIANTS = {"gemma": GEMMA, "axk2": replace(LLAMA, plain_norms=False)}
+# Same parts and use as LLaMA's layer; the forward differs only in not passing use_cache on to attention.
+LLAMA_COMPATIBLE_TYPES = ("mixtral", "phimoe")
 
 LAYOUTS: dict[str, BlockLayout] = {
-    **{model_type: LLAMA for model_type in LLAMA_LAYOUT_TYPES},
-    "gemma": GEMMA,
+    **{model_type: LLAMA for model_type in LLAMA_LAYOUT_TYPES + LLAMA_COMPATIBLE_TYPES},
+    **LLAMA_NORM_VARIANTS,
     "phi3": PHI3,
     "granite": GRANITE,
     "gpt2": GPT2,
+    "gpt_neox": GPT_NEOX,
+    "phi": PHI,
+    "gptj": GPTJ,
+    "codegen": GPTJ,
+    "cohere": COHERE,
+    "stablelm": STABLELM,
+    "falcon": FALCON,
+    "gemma2": GEMMA2,
+    "gemma3_text": GEMMA2,
+    "olmo2": OLMO2,
+    "olmo3": OLMO2,
+    "exaone4": OLMO2,
+    "glm4": GLM4,
+    "nemotron": NEMOTRON,
+    "persimmon": PERSIMMON,
+    "apertus": APERTUS,
+    "gpt_neo": GPT_NEO,
+    "gpt_bigcode": GPT_BIGCODE,
 }
 
 
@@ -105,17 +235,26 @@ class GeoNormDecoderLayerMixin:
     geonorm_layer_index: int
     geonorm_parallel: bool
 
+    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
+        return attn(hidden_states=h, **attn_kwargs)
+
+    def _dropout(self, name: str | None, u: torch.Tensor) -> torch.Tensor:
+        if name is None:
+            return u
+        dropout = _get_path(self, name)
+        if isinstance(dropout, nn.Module):
+            return dropout(u)
+        return F.dropout(u, p=float(dropout), training=self.training)
+
+    def _norm(self, name: str | None) -> nn.Module | None:
+        return None if name is None else getattr(self, name)
+
     def _attn_update(self, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> torch.Tensor:
         lay = self.geonorm_layout
-        attn = getattr(self, lay.attn)
-        if lay.call == "gpt2":
-            u = _first(attn(h, **attn_kwargs))
-        else:
-            u = _first(attn(hidden_states=h, **attn_kwargs))
+        u = _first(self._call_attention(getattr(self, lay.attn), h, attn_kwargs))
         if lay.attn_out_norm is not None:
             u = getattr(self, lay.attn_out_norm)(u)
-        if lay.attn_dropout is not None:
-            u = getattr(self, lay.attn_dropout)(u)
+        u = self._dropout(lay.attn_dropout, u)
         if lay.residual_multiplier is not None:
             u = u * getattr(self, lay.residual_multiplier)
         return u
@@ -125,8 +264,7 @@ class GeoNormDecoderLayerMixin:
         u = _first(getattr(self, lay.mlp)(h))
         if lay.mlp_out_norm is not None:
             u = getattr(self, lay.mlp_out_norm)(u)
-        if lay.mlp_dropout is not None:
-            u = getattr(self, lay.mlp_dropout)(u)
+        u = self._dropout(lay.mlp_dropout, u)
         if lay.residual_multiplier is not None:
             u = u * getattr(self, lay.residual_multiplier)
         return u
@@ -135,16 +273,23 @@ class GeoNormDecoderLayerMixin:
         lay = self.geonorm_layout
         attn_res: GeoNormResidual = self.geonorm_attn_residual
         x = attn_res.enter(hidden_states) if self.geonorm_layer_index == 0 else hidden_states
-        attn_norm = getattr(self, lay.attn_norm)
+        attn_norm = self._norm(lay.attn_norm)
+        mlp_norm = self._norm(lay.mlp_norm)
+        # Without an input norm a sublayer reads the state itself; only 'pre' and 'geo' allow that
+        # (check_settings_fit), and those pass the norm to the residual update unused.
+        attn_in = attn_res.sublayer_input(x, attn_norm) if attn_norm is not None else x
         if self.geonorm_parallel:
-            mlp_norm = getattr(self, lay.mlp_norm) if lay.mlp_norm is not None else attn_norm
-            u = self._attn_update(attn_res.sublayer_input(x, attn_norm), attn_kwargs)
-            u = u + self._mlp_update(attn_res.sublayer_input(x, mlp_norm))
+            if mlp_norm is None:
+                mlp_norm, mlp_in = attn_norm, attn_in
+            else:
+                mlp_in = attn_res.sublayer_input(x, mlp_norm)
+            u = self._attn_update(attn_in, attn_kwargs)
+            u = self._dropout(lay.update_dropout, u + self._mlp_update(mlp_in))
             return attn_res(x, u, attn_norm)
-        x = attn_res(x, self._attn_update(attn_res.sublayer_input(x, attn_norm), attn_kwargs), attn_norm)
+        x = attn_res(x, self._attn_update(attn_in, attn_kwargs), attn_norm)
         mlp_res: GeoNormResidual = self.geonorm_mlp_residual
-        mlp_norm = getattr(self, lay.mlp_norm)
-        return mlp_res(x, self._mlp_update(mlp_res.sublayer_input(x, mlp_norm)), mlp_norm)
+        mlp_in = mlp_res.sublayer_input(x, mlp_norm) if mlp_norm is not None else x
+        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm)
 
 
 class GeoNormKeywordLayerMixin(GeoNormDecoderLayerMixin):
@@ -154,8 +299,27 @@ class GeoNormKeywordLayerMixin(GeoNormDecoderLayerMixin):
         return self._geonorm_block(hidden_states, kwargs)
 
 
+class GeoNormTupleLayerMixin(GeoNormDecoderLayerMixin):
+    """Layers called as ``layer(hidden_states, **kwargs)`` that return ``(hidden_states, attention weights)``
+    (Falcon, GPT-Neo: their models read ``outputs[0]`` and, with ``output_attentions``, ``outputs[1]``)."""
+
+    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
+        output = attn(hidden_states=h, **attn_kwargs)
+        if isinstance(output, tuple) and len(output) > 1 and attn_kwargs.get("output_attentions"):
+            self.__dict__["_geonorm_attn_weights"] = output[1]
+        return output
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.__dict__.pop("_geonorm_attn_weights", None)
+        hidden_states = self._geonorm_block(hidden_states, kwargs)
+        return hidden_states, self.__dict__.pop("_geonorm_attn_weights", None)
+
+
 class GeoNormGPT2LayerMixin(GeoNormDecoderLayerMixin):
     """GPT-2's block, which its model calls with positional ``cache`` and ``attention_mask``."""
+
+    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
+        return attn(h, **attn_kwargs)
 
     def forward(
         self,
@@ -173,7 +337,38 @@ class GeoNormGPT2LayerMixin(GeoNormDecoderLayerMixin):
         return self._geonorm_block(hidden_states, attn_kwargs)
 
 
-LAYER_MIXINS: dict[str, type] = {"keywords": GeoNormKeywordLayerMixin, "gpt2": GeoNormGPT2LayerMixin}
+class GeoNormGPTBigCodeLayerMixin(GeoNormDecoderLayerMixin):
+    """GPTBigCode's block, which its model calls with ``encoder_hidden_states`` as the second positional argument."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        layer_past: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = False,
+        output_attentions: bool | None = False,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if encoder_hidden_states is not None:
+            raise ValueError("GeoNorm supports decoder-only GPTBigCode (no cross-attention)")
+        attn_kwargs = dict(
+            layer_past=layer_past,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            **kwargs,
+        )
+        return self._geonorm_block(hidden_states, attn_kwargs)
+
+
+LAYER_MIXINS: dict[str, type] = {
+    "keywords": GeoNormKeywordLayerMixin,
+    "tuple": GeoNormTupleLayerMixin,
+    "gpt2": GeoNormGPT2LayerMixin,
+    "gpt_bigcode": GeoNormGPTBigCodeLayerMixin,
+}
 _LAYER_CLASSES: dict[tuple[type, str], type] = {}
 
 
@@ -224,6 +419,17 @@ def check_settings_fit(layout: BlockLayout, settings: GeoNormSettings, model_typ
             f"{model_type} already normalises each sublayer's output; only norm_style 'pre' (the stock "
             f"model) and 'geo' apply to it, got {settings.norm_style!r}"
         )
+    if not layout.plain_norms and settings.norm_style == "sandwich":
+        raise ValueError(
+            f"{model_type}'s block norms are not plain RMSNorm/LayerNorm (they carry more than a weight and bias), "
+            "so norm_style 'sandwich' cannot add fresh norms of their kind that start as the identity; use "
+            "'pre', 'post', 'deepnorm' or 'geo'"
+        )
+    if not layout.has_input_norms and settings.norm_style not in ("pre", "geo"):
+        raise ValueError(
+            f"{model_type} has no input norm before a sublayer; only norm_style 'pre' (the stock model) and "
+            f"'geo' apply to it, got {settings.norm_style!r}"
+        )
 
 
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
@@ -233,6 +439,7 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     config, not converted from trained weights).
     """
     _register_output_capture(base_model)
+    layout = layout.for_config(config)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
     settings = GeoNormSettings.from_object(config).validate(num_layers)
@@ -252,9 +459,11 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
             if settings.norm_style == "sandwich":
                 out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
             residual = GeoNormResidual(settings, k, num_layers, steps[k], output_norm=out_norm)
-            reference = next(getattr(layer, norm_name).parameters(), None)
+            norm = getattr(layer, norm_name) if norm_name is not None else None
+            reference = next((norm if norm is not None else layer).parameters(), None)
             if reference is not None:
                 residual.to(device=reference.device, dtype=reference.dtype)
+            residual.train(layer.training)
             setattr(layer, f"geonorm_{part}_residual", residual)
         if fresh_init and settings.norm_style == "deepnorm":
             _deepnorm_scale_(layer, layout, (8.0 * num_layers) ** -0.25, config.hidden_size)
@@ -365,15 +574,16 @@ GENERATED_CLASS_NAMES: list[str] = []
 
 
 def _stock_classes(model_type: str) -> tuple[type, type, type]:
+    """Config, base model and causal LM of a model type, found by name: some types live in another type's
+    module (gemma3_text in gemma3) or reuse its model classes (exaone runs LlamaForCausalLM)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    configuration = importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}")
+    transformers = importlib.import_module("transformers")
     return (
-        getattr(configuration, CONFIG_MAPPING_NAMES[model_type]),
-        getattr(modeling, MODEL_MAPPING_NAMES[model_type]),
-        getattr(modeling, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]),
+        getattr(transformers, CONFIG_MAPPING_NAMES[model_type]),
+        getattr(transformers, MODEL_MAPPING_NAMES[model_type]),
+        getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]),
     )
 
 

@@ -75,7 +75,7 @@ class GeoNormResidual(nn.Module):
 
     def sublayer_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """What the sublayer reads: N(x), or x itself for the post-normalising styles."""
-        if self.norm_style in ("post",):
+        if self.norm_style in ("post", "deepnorm"):
             return x
         return norm(x)
 
