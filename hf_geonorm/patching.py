@@ -96,10 +96,9 @@ def set_bridge(model: nn.Module, bridge: float) -> None:
             module.bridge = float(bridge)
 
 
-# LoRA's default targets for GeoNorm types whose stock type PEFT has no entry for: LLaMA's attention names,
-# or the fused projection where the stock attention has one.
-DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
-FUSED_LORA_TARGETS = {"phi3": ("qkv_proj",)}
+# LoRA's default targets for GeoNorm types whose stock type PEFT has no entry for: the query and value
+# projections under the names the stock attentions use (LLaMA's, multi-head latent attention's, fused ones).
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj", "q_b_proj", "kv_b_proj", "qkv_proj", "query_key_value")
 
 
 def _register() -> None:
@@ -110,8 +109,7 @@ def _register() -> None:
         AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
         AutoModel.register(family.config_class, family.base_class, exist_ok=True)
         AutoModelForCausalLM.register(family.config_class, family.causal_class, exist_ok=True)
-        fallback = FUSED_LORA_TARGETS.get(family.stock_type, DEFAULT_LORA_TARGETS)
-        targets = lora_targets.get(family.stock_type, fallback)
+        targets = lora_targets.get(family.stock_type, DEFAULT_LORA_TARGETS)
         lora_targets.setdefault(family.model_type, list(targets))
 
 

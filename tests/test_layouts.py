@@ -527,3 +527,15 @@ def test_llama_layout_types_match_the_installed_transformers():
             LLAMA.attn_norm,
             LLAMA.mlp_norm,
         )
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_lora_finds_its_default_targets(case):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(hf_geonorm.convert(stock_model(case)), LoraConfig(r=2))  # no target_modules
+    assert model.get_nb_trainable_parameters()[0] > 0
+    ids = token_ids()
+    model(ids, labels=ids).loss.backward()
+    lora_grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_grads and all(g is not None for g in lora_grads)
