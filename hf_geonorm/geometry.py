@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .fused import can_fuse, fused_geonorm_step
+
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
 
 
@@ -141,7 +143,26 @@ def geonorm_step(
 
     bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between
     the angle and radius interpolate (GEONORM.md, "The bridge").
+
+    With bridge 1, a number ``alpha`` and no learnable step, the fused Function of ``fused.py`` computes it
+    (a Triton kernel on CUDA, its per-row-scalar torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or
+    ``fused.set_fused_enabled(False)`` turns that off); everything else takes ``composed_geonorm_step``.
     """
+    if can_fuse(x, u, alpha, bridge, step_scale, step_bias):
+        return fused_geonorm_step(x, u, alpha, max_angle)
+    return composed_geonorm_step(x, u, alpha, max_angle, bridge, step_scale, step_bias)
+
+
+def composed_geonorm_step(
+    x: torch.Tensor,
+    u: torch.Tensor,
+    alpha: float | torch.Tensor,
+    max_angle: float | None = math.pi / 4,
+    bridge: float = 1.0,
+    step_scale: torch.Tensor | None = None,
+    step_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``geonorm_step`` composed of torch operations, differentiated by autograd (every setting)."""
     dtype = x.dtype
     cd = _compute_dtype(torch.promote_types(x.dtype, u.dtype))
     x, u = x.to(cd), u.to(cd)

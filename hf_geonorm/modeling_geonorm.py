@@ -12,9 +12,13 @@ checkpoints as remote code.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -516,9 +520,15 @@ class GeoNormConfigMixin:
 
 
 class GeoNormPreTrainedMixin:
-    """Initialises the parameters GeoNorm adds (the learnable step starts at scale 1, bias 0)."""
+    """Initialises the parameters GeoNorm adds (the learnable step starts at scale 1, bias 0), and keeps saved
+    folders whole: a config that names remote code (``auto_map``) is saved with that code beside it."""
 
     geonorm_layout: BlockLayout
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        complete_remote_code(Path(save_directory), self.config.model_type)
+        return result
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -549,6 +559,35 @@ class GeoNormCausalLMMixin(GeoNormPreTrainedMixin):
             base.__class__ = self.geonorm_base_class
             patch_base_model(base, self.config, self.geonorm_layout, fresh_init=True)
         super().post_init()
+
+
+def remote_code_files() -> list[Path]:
+    """This file and every flat sibling it reaches through ``from .x import``: the remote code of a folder."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    return [Path(__file__)] + sorted(Path(f) for f in get_relative_import_files(__file__))
+
+
+def complete_remote_code(folder: Path, model_type: str) -> None:
+    """If ``folder/config.json`` has an ``auto_map``, point it at this family's classes and copy the source
+    beside it (a model loaded from an exported folder keeps ``auto_map``; re-saved without the source, the
+    folder would name files that are not there)."""
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        return
+    saved = json.loads(config_path.read_text(encoding="utf-8"))
+    if "auto_map" not in saved:
+        return
+    family = FAMILIES[model_type.removeprefix("geonorm_")]
+    module = Path(__file__).stem
+    saved["auto_map"] = {
+        "AutoConfig": f"{module}.{family.config_class.__name__}",
+        "AutoModel": f"{module}.{family.base_class.__name__}",
+        "AutoModelForCausalLM": f"{module}.{family.causal_class.__name__}",
+    }
+    for source in remote_code_files():
+        shutil.copyfile(source, folder / source.name)
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
         )
     chosen.validate(config.num_hidden_layers)
     config.__class__ = family.config_class
+    vars(config).pop("model_type", None)  # a stock config may carry its type on the instance
     for name, value in chosen.to_dict().items():
         setattr(config, name, value)
     base.__class__ = family.base_class

