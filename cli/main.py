@@ -17,7 +17,15 @@ from typing import Any
 
 import click
 
-from .options import DTYPES, check_settings, pop_settings, preview_settings_options, settings_options
+from .options import (
+    DTYPES,
+    PRESET_NAMES,
+    check_settings,
+    pop_settings,
+    preview_settings_options,
+    settings_options,
+)
+from .push import push
 from .sources import (
     Source,
     apply_settings,
@@ -29,9 +37,9 @@ from .sources import (
     read_config_json,
     resolve_source,
 )
+from .train import train
 
-# the names of hf_geonorm.presets.PRESETS, spelled out so that --help does not import torch
-PRESETS = ("tiny", "125m", "350m", "760m", "1.3b")
+PRESETS = PRESET_NAMES
 DEFAULT_VOCAB = 50304  # hf_geonorm.presets.DEFAULT_VOCAB
 
 
@@ -71,6 +79,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     hf-geonorm info PATH                     what a folder holds
     hf-geonorm angles SOURCE --text FILE     the rotation each residual update makes, per layer
     hf-geonorm perplexity SOURCE --text FILE perplexity on a text
+    hf-geonorm train                         train (default: a tiny GeoNorm GPT-2 on the stdlib's source)
+    hf-geonorm push PATH REPO_ID             upload a GeoNorm folder to the Hugging Face Hub
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
@@ -685,6 +695,10 @@ def perplexity(
     value = measure_perplexity(model, token_windows)
     tokens = sum(len(w) for w in token_windows)
     click.echo(f"perplexity: {value:.6g} ({tokens} tokens in {len(token_windows)} windows, {how})")
+
+
+cli.add_command(train)
+cli.add_command(push)
 
 
 def main() -> None:  # pragma: no cover - the console script calls cli()

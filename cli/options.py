@@ -18,6 +18,7 @@ DECAYS = ("harmonic", "sqrt", "linear", "constant")
 RADII = ("embedding", "sqrt_d")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
+PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # hf_geonorm.presets.PRESETS, without importing torch
 
 
 class AlphaType(click.ParamType):

@@ -55,6 +55,7 @@ class TrainOptions:
     compile: bool = False
     gradient_checkpointing: bool = False
     lora: bool = False
+    fsdp: bool = False
     eval_every: int = 100
     save_every: int | None = None
     output: str = "geonorm-run"
@@ -196,7 +197,8 @@ def split_blocks(blocks: torch.Tensor, val_fraction: float = 0.05) -> tuple[torc
 
 def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     """The model to train: a folder (config only: from scratch; with weights: loaded, converted when stock),
-    or ``arch`` at ``preset`` size. Settings given in ``options.settings`` override the folder's."""
+    or ``arch`` at ``preset`` size with dropout off. Settings given in ``options.settings`` override the
+    folder's."""
     settings = options.settings
     if options.model is not None:
         config = AutoConfig.from_pretrained(options.model)
@@ -218,6 +220,10 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         values[name] = getattr(tokenizer, name)
     fit_token_ids(values, family_config)
+    defaults = family_config()
+    for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
+        if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
+            values[name] = 0.0
     config = family_config(**values, **settings)
     return AutoModelForCausalLM.from_config(config)
 
@@ -236,8 +242,8 @@ class BridgeAnneal(TrainerCallback):
         set_bridge(self.model, self.value_at(state.global_step))
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-        if logs is not None:
-            logs["geo_bridge"] = self.value_at(state.global_step)
+        if state.log_history:  # the Trainer has already stored a copy of ``logs`` there
+            state.log_history[-1]["geo_bridge"] = self.value_at(state.global_step)
 
 
 class RemoteCodeOnSave(TrainerCallback):
@@ -247,7 +253,7 @@ class RemoteCodeOnSave(TrainerCallback):
         from .export import add_remote_code
 
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if (checkpoint / "config.json").exists():
+        if state.is_world_process_zero and (checkpoint / "config.json").exists():
             add_remote_code(checkpoint)
 
 
@@ -273,6 +279,13 @@ def _plot_losses(history: list[dict[str, Any]], path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
+    """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
+    if not options.fsdp:
+        return {}
+    return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": True}}
 
 
 def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
@@ -331,6 +344,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         data_seed=options.seed,
         dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
+        **_fsdp_arguments(options),
     )
     trainer = Trainer(
         model=model,
@@ -344,10 +358,19 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     final_eval = trainer.evaluate()
     final_dir = output / "final"
-    from .export import save_with_remote_code
-
     to_save = model.merge_and_unload() if options.lora else model
-    save_with_remote_code(to_save, final_dir, tokenizer=tokenizer)
+    if options.fsdp:
+        trainer.save_model(str(final_dir))  # gathers the sharded weights; remote code added below
+    main_process = trainer.is_world_process_zero()
+    if main_process:
+        from .export import add_remote_code, save_with_remote_code
+
+        if options.fsdp:
+            (final_dir / "training_args.bin").unlink(missing_ok=True)  # a pickle; the final folder is safetensors only
+            tokenizer.save_pretrained(final_dir)
+            add_remote_code(final_dir)
+        else:
+            save_with_remote_code(to_save, final_dir, tokenizer=tokenizer)
     history = trainer.state.log_history
     tokens = options.max_steps * options.batch_size * options.seq_len
     metrics = {
@@ -363,6 +386,8 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         "options": {k: v for k, v in asdict(options).items()},
         "log_history": history,
     }
+    if not main_process:
+        return metrics
     (output / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8")
     plotted = _plot_losses(history, output / "loss_curve.png")
     log(

@@ -1,0 +1,104 @@
+"""``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
+
+
+@click.command()
+@click.option("--model", "model_path", type=click.Path(exists=True, file_okay=False),
+              help="A config folder from `hf-geonorm init` (trained from scratch) or a checkpoint folder (stock ones "
+              "are converted) [default: --arch at --preset size].")  # fmt: skip
+@click.option("--arch", default="gpt2", show_default=True, help="Stock model type to build when --model is not given.")
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default="tiny", show_default=True,
+              help="Model size when --model is not given.")  # fmt: skip
+@settings_options
+@click.option("--data", help="A text file, a folder of text files, or a `datasets` name (online) "
+              "[default: the Python standard library's source].")  # fmt: skip
+@click.option("--tokenizer", "tokenizer_path", help="Tokenizer folder [default: the model folder's, else a byte-level "
+              "BPE trained on the data].")  # fmt: skip
+@click.option("--vocab-size", type=click.IntRange(min=260), default=2048, show_default=True,
+              help="Vocabulary of the tokenizer trained on the fly.")  # fmt: skip
+@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=30, show_default=True)
+@click.option("--bf16", "precision", flag_value="bf16", help="bfloat16 mixed precision.")
+@click.option("--fp16", "precision", flag_value="fp16", help="float16 mixed precision (CUDA).")
+@click.option("--compile", "use_compile", is_flag=True, help="torch.compile the model.")
+@click.option("--gradient-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
+@click.option("--fsdp", is_flag=True, help="Shard parameters with FSDP2 (launch with torchrun or accelerate).")
+@click.option("--lora", is_flag=True, help="Train LoRA adapters (PEFT) instead of all weights; merged at the end.")
+@click.option("--eval-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Steps between evaluations (and checkpoints).")  # fmt: skip
+@click.option("--bridge-anneal", type=click.IntRange(min=1), metavar="STEPS",
+              help="Anneal geo_bridge from the model's value to 1.0 over STEPS steps (uptraining a converted "
+              "Pre-Norm checkpoint into GeoNorm).")  # fmt: skip
+@click.option("--output", default="geonorm-run", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for checkpoints, the final model, metrics.json and loss_curve.png.")  # fmt: skip
+@click.option("--resume", is_flag=True, help="Resume from the last checkpoint in --output.")
+@click.option("--force", is_flag=True, help="Train into a non-empty --output (without --resume).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def train(
+    model_path: str | None,
+    arch: str,
+    preset: str,
+    data: str | None,
+    tokenizer_path: str | None,
+    vocab_size: int,
+    seq_len: int,
+    batch_size: int,
+    max_steps: int,
+    lr: float,
+    warmup_steps: int,
+    precision: str | None,
+    use_compile: bool,
+    gradient_checkpointing: bool,
+    fsdp: bool,
+    lora: bool,
+    eval_every: int,
+    bridge_anneal: int | None,
+    output: str,
+    resume: bool,
+    force: bool,
+    seed: int,
+    **kwargs: Any,
+) -> None:
+    """Train a GeoNorm model with transformers' Trainer.
+
+    With no arguments: a tiny GeoNorm GPT-2 on the Python standard library's own source files (no download),
+    a few minutes on a CPU. Writes checkpoints (they reload through the Auto classes and resume), the final
+    model with its remote code, metrics.json and loss_curve.png to --output.
+    """
+    settings = pop_settings(kwargs)
+    out = Path(output)
+    if out.exists() and any(out.iterdir()) and not (resume or force):
+        raise click.UsageError(f"--output {output} is not empty; pass --resume to continue it or --force")
+    if resume and not any(out.glob("checkpoint-*")):
+        raise click.UsageError(f"--resume: no checkpoint-* folder in {output}")
+    if data is not None and not Path(data).exists() and "/" not in data:
+        raise click.UsageError(f"--data {data}: no such file or folder")
+    from hf_geonorm.training import TrainOptions, run_training
+
+    options = TrainOptions(
+        model=model_path, arch=arch, preset=preset, settings=settings, data=data, tokenizer=tokenizer_path,
+        vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, max_steps=max_steps, lr=lr,
+        warmup_steps=warmup_steps, precision=precision or "fp32", compile=use_compile,
+        gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every, output=output,
+        bridge_anneal=bridge_anneal, resume=resume, seed=seed,
+    )  # fmt: skip
+    try:
+        options.validate()
+        if model_path is None:
+            import hf_geonorm
+
+            hf_geonorm.family_for(arch)
+        run_training(options, log=click.echo)
+    except ValueError as error:
+        raise click.UsageError(_option_words(str(error).splitlines()[0])) from None
