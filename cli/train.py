@@ -35,7 +35,7 @@ from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
 @click.option("--gradient-checkpointing", is_flag=True, help="Recompute activations in the backward pass.")
 @click.option("--fsdp", is_flag=True, help="Shard parameters with FSDP2 (launch with torchrun or accelerate).")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters (PEFT) instead of all weights; merged at the end.")
-@click.option("--eval-every", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--eval-every", type=click.IntRange(min=1), default=50, show_default=True,
               help="Steps between evaluations (and checkpoints).")  # fmt: skip
 @click.option("--bridge-anneal", type=click.IntRange(min=1), metavar="STEPS",
               help="Anneal geo_bridge from the model's value to 1.0 over STEPS steps (uptraining a converted "

@@ -56,7 +56,7 @@ class TrainOptions:
     gradient_checkpointing: bool = False
     lora: bool = False
     fsdp: bool = False
-    eval_every: int = 100
+    eval_every: int = 50
     save_every: int | None = None
     output: str = "geonorm-run"
     bridge_anneal: int | None = None
@@ -332,7 +332,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         bf16=options.precision == "bf16",
         fp16=options.precision == "fp16",
         torch_compile=options.compile,
-        gradient_checkpointing=options.gradient_checkpointing,
+        activation_checkpointing=options.gradient_checkpointing,
         eval_strategy="steps",
         eval_steps=options.eval_every,
         logging_steps=max(1, min(10, options.eval_every)),
