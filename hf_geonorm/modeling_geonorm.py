@@ -530,6 +530,17 @@ class GeoNormPreTrainedMixin:
         complete_remote_code(Path(save_directory), self.config.model_type)
         return result
 
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Push with the remote code and the GeoNorm model card (``hf_geonorm.export.push_to_hub``; keyword
+        arguments as transformers' ``push_to_hub``, plus ``tokenizer`` and ``card_info``). Loaded as remote code
+        where the plugin is not installed: transformers' push (the folder still gets its code, see
+        ``complete_remote_code``, but a generic card)."""
+        try:
+            export = importlib.import_module("hf_geonorm.export")
+        except ImportError:
+            return super().push_to_hub(repo_id, **kwargs)
+        return export.push_to_hub(self, repo_id, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, GeoNormResidual):
