@@ -175,3 +175,12 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
     assert reloaded == pytest.approx(json.loads((tmp_path / "multi" / "metrics.json").read_text())["final_eval_loss"],
                                      rel=1e-4)  # fmt: skip
     assert hf_geonorm.family_for(AutoModelForCausalLM.from_pretrained(tmp_path / "multi" / "final").config.model_type)
+
+
+def test_bf16_mixed_precision_trains(tmp_path, data_file):
+    out = tmp_path / "bf16"
+    result = train("--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "2", "--bf16",
+                   "--output", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["options"]["precision"] == "bf16" and math.isfinite(metrics["final_eval_loss"])
