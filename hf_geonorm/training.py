@@ -217,8 +217,11 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     family_config = config_class_for(options.arch)
     values = preset_sizes(family_config, options.preset, max_length=options.seq_len)
     values["vocab_size"] = int(math.ceil(len(tokenizer) / 64) * 64)
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for name in ("bos_token_id", "eos_token_id"):
         values[name] = getattr(tokenizer, name)
+    # no padding row: blocks are never padded, and a zero embedding row is a fixed point of the geodesic step
+    # (a token whose id is also the pad id, often eos, would never move off zero)
+    values["pad_token_id"] = None
     fit_token_ids(values, family_config)
     defaults = family_config()
     for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA

@@ -1,0 +1,137 @@
+"""Ablation: every member of the GeoNorm family trained from scratch under identical conditions.
+
+For GPT-2 and LLaMA shapes, on the Python standard library's source and on English prose (Debian's fortunes,
+or ``--prose PATH``), each member below is trained with the same initial seed, data order, token budget, lr
+and schedule, for ``--seeds`` seeds:
+
+    pre, post, sandwich, deepnorm (built through the GeoNorm config, so DeepNet's init scaling applies),
+    geo with harmonic / sqrt / linear / constant decay (alpha 1, max angle pi/4, embedding radius)
+
+Writes ``ablation.md`` (final validation loss mean and spread over seeds, loss spikes, tokens/s),
+``ablation.json`` (every run's losses) and ``ablation.png`` (seed-mean validation curves) to ``--out``.
+
+    python benchmarks/ablation.py                       # the committed CPU run (2 cores)
+    python benchmarks/ablation.py --scale 125m --seq-len 1024 --steps 20000 --vocab 50304 --max-chars 0 \\
+        --batch 32 --lr 6e-4 --warmup 500 --eval-every 500 --workers 1 --threads 8 --prose PATH   # a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+MEMBERS: dict[str, dict] = {
+    "pre": {"norm_style": "pre"},
+    "post": {"norm_style": "post"},
+    "sandwich": {"norm_style": "sandwich"},
+    "deepnorm": {"norm_style": "deepnorm"},
+    "geo harmonic": {"norm_style": "geo", "geo_decay": "harmonic"},
+    "geo sqrt": {"norm_style": "geo", "geo_decay": "sqrt"},
+    "geo linear": {"norm_style": "geo", "geo_decay": "linear"},
+    "geo constant": {"norm_style": "geo", "geo_decay": "constant"},
+}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
+    parser.add_argument("--archs", default="gpt2,llama")
+    parser.add_argument("--corpora", default="stdlib,prose")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        common.apply_smoke(args)
+    archs, corpora_names = args.archs.split(","), args.corpora.split(",")
+    start = time.perf_counter()
+    corpora = {
+        name: common.load_corpus(name, args.vocab, args.seq_len, common.max_chars(args), args.prose)
+        for name in corpora_names
+    }
+    specs = [
+        common.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
+        for corpus in corpora_names
+        for arch in archs
+        for seed in range(args.seeds)
+        for label, settings in MEMBERS.items()
+    ]
+    results = common.run_all(specs, corpora, args.workers, args.threads)
+    wall = time.perf_counter() - start
+    return write(args, results, corpora, wall)
+
+
+def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: float) -> dict:
+    name = common.stem("ablation", args)
+    groups = common.group(results, "corpus", "arch", "label")
+    summaries = {" / ".join(k): common.summary(v) for k, v in groups.items()}
+    spec = results[0]["spec"]
+    lines = [
+        "# Ablation: the GeoNorm family trained from scratch under identical conditions",
+        "",
+        f"Written by `benchmarks/{Path(__file__).name}` ({common.environment()['date']}; {wall / 60:.1f} min wall "
+        f"on {common.environment()['cpu_count']} shared CPU cores). Every member: same initial seed, batches, "
+        f"token budget ({spec['steps']} steps x {spec['batch']} x {spec['seq_len']} tokens), AdamW lr "
+        f"{spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip 1.0, dropout 0; "
+        f"{spec['layers']} layers, width {spec['width']}, {spec['heads']} heads"
+        + (f" (preset {spec['preset']})" if spec["preset"] else "")
+        + f"; {len({r['spec']['seed'] for r in results})} seeds.",
+        "",
+        "Corpora (byte-level BPE of "
+        + ", ".join(f"{c.vocab} tokens for {n}" for n, c in corpora.items())
+        + "): "
+        + "; ".join(
+            f"**{n}** = {c.label}, {len(c.train)} train / {len(c.val)} validation blocks" for n, c in corpora.items()
+        )
+        + ".",
+        "",
+    ]
+    for (corpus, arch), _ in common.group(results, "corpus", "arch").items():
+        members = {k[2]: v for k, v in groups.items() if k[0] == corpus and k[1] == arch}
+        stats = {m: common.summary(v) for m, v in members.items()}
+        best = min(stats, key=lambda m: stats[m]["mean"] if stats[m]["mean"] == stats[m]["mean"] else 1e9)
+        pre = stats.get("pre", {}).get("mean", float("nan"))
+        lines += [
+            f"## {arch} on {corpus}",
+            "",
+            "| member | val loss mean | std | min - max | vs pre | spikes | diverged | tokens/s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for member, s in sorted(stats.items(), key=lambda kv: kv[1]["mean"]):
+            mark = " **(best)**" if member == best else ""
+            lines.append(
+                f"| {member}{mark} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {common.fmt(s['min'])} - "
+                f"{common.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} | {s['diverged']}/{s['n']} | "
+                f"{s['tokens_per_second']:.0f} |"
+            )
+        lines.append("")
+    lines += [
+        "Validation loss: mean token cross-entropy on the held-out blocks after the last step; std is the sample "
+        "standard deviation over seeds. Spike: " + common.SPIKE_DEFINITION + ". Diverged: "
+        + common.DIVERGED_DEFINITION + ". Tokens/s: median over seeds of training tokens / training-step wall "
+        "time, measured with runs in parallel on shared, contended CPU cores: noisy, compare only roughly "
+        "(benchmarks/overhead.py measures cost properly).",
+        "",
+        f"![validation curves]({name}.png)",
+        "",
+    ]
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
+    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": common.environment(),
+               "wall_seconds": wall, "summaries": summaries, "runs": results}  # fmt: skip
+    common.write_json(out / f"{name}.json", payload)
+    panels = {
+        f"{arch} on {corpus}": {k[2]: v for k, v in groups.items() if k[0] == corpus and k[1] == arch}
+        for (corpus, arch) in common.group(results, "corpus", "arch")
+    }
+    common.plot_panels(out / f"{name}.png", panels, "Ablation: seed-mean validation loss")
+    print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

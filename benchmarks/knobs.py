@@ -1,0 +1,171 @@
+"""Knobs: GeoNorm's own settings swept at the ablation's scale, against Pre-Norm and the library's defaults.
+
+One setting changes at a time from the library's defaults (harmonic decay, alpha 1, max angle pi/4, embedding
+radius, no learnable step):
+
+    alpha 0.5 / 2 / 4; decay sqrt / linear / constant; max angle pi/2 / none; radius sqrt_d (alpha 1 and 8);
+    learnable step
+
+Same model, data, seeds, token budget and lr as ``benchmarks/ablation.py``. Writes ``knobs.md`` (with a
+verdict per default: confirmed or overturned, at this scale), ``knobs.json`` and ``knobs.png`` to ``--out``.
+
+    python benchmarks/knobs.py                      # the committed CPU run (2 cores)
+    python benchmarks/knobs.py --scale 125m ...     # a GPU, with the options of ablation.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+
+GEO = {"norm_style": "geo"}
+VARIANTS: dict[str, dict] = {
+    "pre (reference)": {"norm_style": "pre"},
+    "geo defaults": dict(GEO),
+    "alpha 0.5": {**GEO, "geo_alpha": 0.5},
+    "alpha 2": {**GEO, "geo_alpha": 2.0},
+    "alpha 4": {**GEO, "geo_alpha": 4.0},
+    "decay sqrt": {**GEO, "geo_decay": "sqrt"},
+    "decay linear": {**GEO, "geo_decay": "linear"},
+    "decay constant": {**GEO, "geo_decay": "constant"},
+    "max angle pi/2": {**GEO, "geo_max_angle": math.pi / 2},
+    "max angle none": {**GEO, "geo_max_angle": None},
+    "radius sqrt_d": {**GEO, "geo_radius": "sqrt_d"},
+    "radius sqrt_d, alpha 8": {**GEO, "geo_radius": "sqrt_d", "geo_alpha": 8.0},
+    "learnable step": {**GEO, "geo_learnable_step": True},
+}
+# which variants challenge which default
+DEFAULTS = {
+    "alpha 1": ["alpha 0.5", "alpha 2", "alpha 4"],
+    "decay harmonic": ["decay sqrt", "decay linear", "decay constant"],
+    "max angle pi/4": ["max angle pi/2", "max angle none"],
+    "radius embedding": ["radius sqrt_d", "radius sqrt_d, alpha 8"],
+    "learnable step off": ["learnable step"],
+}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
+    parser.add_argument("--archs", default="gpt2", help="comma-separated, e.g. gpt2,llama")
+    parser.add_argument("--corpora", default="prose")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        common.apply_smoke(args)
+    archs, corpora_names = args.archs.split(","), args.corpora.split(",")
+    start = time.perf_counter()
+    corpora = {
+        name: common.load_corpus(name, args.vocab, args.seq_len, common.max_chars(args), args.prose)
+        for name in corpora_names
+    }
+    specs = [
+        common.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
+        for corpus in corpora_names
+        for arch in archs
+        for seed in range(args.seeds)
+        for label, settings in VARIANTS.items()
+    ]
+    results = common.run_all(specs, corpora, args.workers, args.threads)
+    return write(args, results, time.perf_counter() - start)
+
+
+NOISE_FLOOR = 0.01  # differences in validation loss below this are not called a change, whatever the seeds say
+
+
+def margin(a: dict, b: dict) -> float:
+    """The difference in mean validation loss that counts as real: twice the standard error of the difference
+    of two seed means (or NOISE_FLOOR, whichever is larger)."""
+    n = max(1, min(a["n"], b["n"]))
+    return max(2 * math.sqrt((a["std"] ** 2 + b["std"] ** 2) / n), NOISE_FLOOR)
+
+
+def verdict(stats: dict[str, dict], default: str, challengers: list[str]) -> str:
+    """Overturned when some challenger's mean is lower than the defaults' by more than ``margin``."""
+    base = stats["geo defaults"]
+    beaten = [(c, stats[c]["mean"]) for c in challengers if stats[c]["mean"] < base["mean"] - margin(base, stats[c])]
+    better = [c for c in challengers if stats[c]["mean"] < base["mean"]]
+    if beaten:
+        best = min(beaten, key=lambda kv: kv[1])[0]
+        return (
+            f"**overturned** by {best} ({common.fmt(stats[best]['mean'])} vs {common.fmt(base['mean'])}, "
+            f"margin {margin(base, stats[best]):.3f})"
+        )
+    if better:
+        return "confirmed within noise (" + ", ".join(
+            f"{c} {common.fmt(stats[c]['mean'])}" for c in better) + " lower by less than the margin)"  # fmt: skip
+    return "confirmed (every alternative is worse)"
+
+
+def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
+    name = common.stem("knobs", args)
+    spec = results[0]["spec"]
+    env = common.environment()
+    lines = [
+        "# Knobs: GeoNorm's own settings at the ablation's scale",
+        "",
+        f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; {wall / 60:.1f} min wall on "
+        f"{env['cpu_count']} shared CPU cores). One setting changed at a time from the library's defaults "
+        "(harmonic decay, alpha 1, max angle pi/4, embedding radius, fixed step). Same conditions for every "
+        f"variant: {spec['layers']} layers, width {spec['width']}, {spec['steps']} steps x {spec['batch']} x "
+        f"{spec['seq_len']} tokens, AdamW lr {spec['lr']}, {len({r['spec']['seed'] for r in results})} seeds.",
+        "",
+    ]
+    summaries = {}
+    for (corpus, arch), runs in common.group(results, "corpus", "arch").items():
+        stats = {k[0]: common.summary(v) for k, v in common.group(runs, "label").items()}
+        summaries[f"{corpus} / {arch}"] = stats
+        base = stats["geo defaults"]["mean"]
+        pre = stats["pre (reference)"]["mean"]
+        lines += [
+            f"## {arch} on {corpus}",
+            "",
+            "| variant | val loss mean | std | vs geo defaults | vs pre | spikes | diverged |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for label, s in sorted(stats.items(), key=lambda kv: kv[1]["mean"]):
+            lines.append(
+                f"| {label} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {s['mean'] - base:+.3f} | "
+                f"{s['mean'] - pre:+.3f} | {s['spikes']} | {s['diverged']}/{s['n']} |"
+            )
+        lines += ["", "| default | verdict at this scale |", "|---|---|"]
+        for default, challengers in DEFAULTS.items():
+            lines.append(f"| {default} | {verdict(stats, default, challengers)} |")
+        lines.append(
+            f"| geo defaults vs Pre-Norm | {'GeoNorm lower' if base < pre else 'Pre-Norm lower'} by "
+            f"{abs(base - pre):.3f} (margin {margin(stats['geo defaults'], stats['pre (reference)']):.3f}) |"
+        )
+        lines.append("")
+    lines += [
+        "Verdict rule: a default is overturned when an alternative's mean validation loss is lower by more than "
+        f"the margin, twice the standard error of the difference of the two seed means (at least {NOISE_FLOOR}); "
+        "otherwise confirmed (within noise when some alternative is lower by less). This is one small scale and "
+        "a short budget: a verdict here is evidence, not proof. "
+        "Spike: " + common.SPIKE_DEFINITION + ".",
+        "",
+        f"![validation curves]({name}.png)",
+        "",
+    ]
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
+    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "wall_seconds": wall,
+               "summaries": summaries, "runs": results}  # fmt: skip
+    common.write_json(out / f"{name}.json", payload)
+    panels = {
+        f"{arch} on {corpus}": {k[0]: v for k, v in common.group(runs, "label").items()}
+        for (corpus, arch), runs in common.group(results, "corpus", "arch").items()
+    }
+    common.plot_panels(out / f"{name}.png", panels, "Knobs: seed-mean validation loss")
+    print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
