@@ -2,46 +2,56 @@
 
 What it computes is ``geometry.geonorm_step(x, u, alpha, max_angle)`` with ``bridge == 1``, a Python-number
 ``alpha`` and no learnable step scale/bias (GEONORM.md, "The update"): per row (one token, along the hidden
-dim), with t = u - (<u,x>/|x|^2) x,
+dim), with c = <u,x>/|x|^2 and t = u - c x,
 
     theta = min(alpha min(|t|/|x|, max_angle), max_angle)        (theta = alpha |t|/|x| when max_angle is None)
-    out   = cos(theta) x + B t,   B = alpha sinc(theta)           where no clamp is active,
-                                  B = sin(theta) |x| / |t|        where one is (theta is then a constant),
+    out   = A x + B t,   A = cos(theta),   B = alpha sinc(theta)  where no clamp is active,
+                                           B = sin(theta) |x|/|t| where one is (theta is then a constant),
 
-so ``out = (A - B c) x + B u`` with per-row scalars A = cos(theta), c = <u,x>/|x|^2: every row needs only
-the two dot products <x,x>, <u,x> and |t|. The backward is written out in the same per-row scalars:
+so every row needs only the per-row numbers <x,x>, <u,x> and |t|^2. The backward is written out in the same
+per-row scalars (``_backward_scalars``):
 
     dx = (A - cB) g + P u + (c^2 k + [|x| not floored] G/|x|) x,      du = B g + k u + P x,
 
-with k, P, G per-row scalars formed from <g,x>, <g,u> and the forward's scalars (see ``_backward_scalars``).
-Nothing of the size of ``x`` is stored for the backward beyond ``x`` and ``u`` themselves (which the
-surrounding model keeps alive anyway): the Triton backward recomputes the reductions from ``x`` and ``u``,
-which it must read anyway to form dx and du; the torch twin keeps three float32 numbers per row.
+with k, P, G per-row scalars formed from <g,x>, <g,u> and the forward's numbers.
+
+Memory. The forward keeps x (which the sublayer's input norm keeps anyway), three numbers per row, and
+either u or its own output ``out``. Where the output is float32/float64 and the angle is clamped at most
+pi/2 (the defaults; also a float32 state under bf16 autocast), it keeps ``out``, which the next norm keeps
+anyway, and the backward forms u = (out - A x)/B + c x implicitly (its coefficients are rewritten onto
+``out`` and x). With theta <= pi/2, B is not small where u matters, and the rounding of ``out`` reaches the
+gradients at the float32 level of their own size (tests check them against the composed path). Then a
+GeoNorm step costs no activation memory beyond a Pre-Norm residual add (which keeps nothing). A
+bfloat16/float16 state, no clamp or a clamp above pi/2 keep u instead. (As for any saved tensor, changing
+``out`` in place before the backward makes autograd raise its usual error.)
 
 Kernel (CUDA, ``triton`` importable): one program per row; the whole row of ``x`` and ``u`` is loaded once
-into registers (in float32 whatever the input dtype), the reductions <x,x> and <u,x> run over it, then
-|t|^2 = sum (u - c x)^2 over the same registers (no second read of memory; this is used instead of the
-identity |t|^2 = <u,u> - <u,x>^2/<x,x>, which cancels catastrophically when u is nearly parallel to x),
-and the output is written once in the input dtype. The backward kernel reads x, u and the output gradient
-once, forms <x,x>, <u,x>, <g,x>, <g,u> and |t|^2 the same way and writes dx and du once. Rows wider than
+into registers (in float32 whatever the input dtypes), the reductions <x,x> and <u,x> run over it, then
+|t|^2 = sum (u - c x)^2 over the same registers (no second read of memory; used instead of the identity
+|t|^2 = <u,u> - <u,x>^2/<x,x>, which cancels catastrophically when u is nearly parallel to x), the output is
+written once in x's dtype and the three row numbers once. The backward kernel reads x, u (or out) and the
+output gradient once, forms <g,x> and <g,u> (or <g,out>) and writes dx and du once. Rows wider than
 ``MAX_FUSED_WIDTH`` use the torch twin.
 
-What falls back to the composed torch path of ``geometry.geonorm_step`` (the fused Function is not used):
-``bridge < 1``, the learnable step scale/bias, a tensor ``alpha``, float64 on the kernel (the torch twin
-handles it), x and u of different shapes or dtypes, and double backward (the backward of the backward is
-taken through the composed path, so ``create_graph=True`` still gives exact second derivatives).
+Not fused (``geometry.composed_geonorm_step`` is used): ``bridge < 1``, the learnable step scale/bias, a tensor
+``alpha``, x and u of different shapes, other dtypes. The Triton kernel computes in float32, so float64 takes
+the torch twin. Double backward (``create_graph=True``) differentiates the composed path where u was kept,
+and raises where ``out`` was kept (turn the fused update off for higher-order gradients).
 
 Under ``torch.compile`` the torch twin is traced (Inductor fuses it into its own kernels), never the
-hand-written kernel, so compiled graphs have no opaque custom call and no graph break.
+hand-written kernel, so compiled graphs contain no opaque call and no graph break.
 
 Switch: the environment variable ``HF_GEONORM_FUSED=0`` (read at import) or ``set_fused_enabled(False)``
-turns the fused Function off everywhere (the composed autograd path of ``geometry.geonorm_step`` is used,
-as before this module existed); ``set_fused_enabled(True)`` turns it back on. Default: on.
+turns the fused Function off everywhere (``geonorm_step`` then uses its composed autograd path, as before this
+module existed); ``set_fused_enabled(True)`` turns it back on. Default: on.
 
 This file is copied beside saved checkpoints as remote code: it imports only torch (triton lazily, inside
 ``try``, so the module imports fine where triton is not installed).
 """
 
+from __future__ import annotations  # kernel annotations (tl.constexpr) stay unevaluated strings
+
+import contextlib
 import math
 import os
 
@@ -49,6 +59,8 @@ import torch
 
 ENV_VAR = "HF_GEONORM_FUSED"
 MAX_FUSED_WIDTH = 16384  # widest row the kernel keeps in registers; wider rows use the torch twin
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FUSED_DTYPES = (torch.float64, *_KERNEL_DTYPES)
 
 
 def _env_enabled() -> bool:
@@ -71,11 +83,15 @@ def fused_enabled() -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# per-row scalars, shared by the torch twin (the Triton kernels spell out the same lines with tl.*)
+# per-row scalars of the torch twin (the Triton kernels spell out the same lines with tl.*)
 # ----------------------------------------------------------------------------------------------------------
 def _floor(dtype: torch.dtype) -> float:
     """sqrt(tiny): the lower bound of |x| in divisions (as in geometry._norm_floor)."""
     return math.sqrt(torch.finfo(dtype).tiny)
+
+
+def _compute_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    return torch.float64 if torch.float64 in (a, b) else torch.float32
 
 
 def _q(theta: torch.Tensor) -> torch.Tensor:
@@ -109,7 +125,7 @@ def _forward_scalars(xx, ux, tt, alpha: float, max_angle: float | None, floor: f
 
 
 def _backward_scalars(xx, ux, gx, gu, scalars, alpha: float, floor: float):
-    """Coefficients of dx = a1 g + a2 u + a3 x and du = B g + k u + P x (see the module docstring)."""
+    """(A - cB, P, a3, B, k): dx = (A - cB) g + P u + a3 x and du = B g + k u + P x."""
     a, b, c, xn, tn, theta, sinc, clamped = scalars
     gt = gu - c * gx  # <g, t>
     s = alpha * _q(theta) * gt - sinc * gx
@@ -130,46 +146,60 @@ def _backward_scalars(xx, ux, gx, gu, scalars, alpha: float, floor: float):
     return a - c * b, p, a3, b, k
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vecdot(a, b).unsqueeze(-1)
+def _no_autocast(device: torch.device):
+    """The twin computes in its own dtypes: autocast off where the device type has autocast."""
+    if device.type in ("cpu", "cuda", "xpu", "mps", "hpu"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _row_norm(a: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(a, dim=-1, keepdim=True)
 
 
 def torch_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
-    """The torch twin of the forward kernel on [rows, width] tensors: (out, (<x,x>, <u,x>, |t|^2))."""
-    cd = _compute_dtype(x2.dtype)
+    """The torch twin of the forward kernel on [rows, width] tensors: (out, [rows, 3] <x,x>, <u,x>, |t|^2).
+    One full-size allocation in float32 (the output, used as scratch for t first)."""
+    cd = _compute_dtype(x2.dtype, u2.dtype)
     x, u = x2.to(cd), u2.to(cd)
     floor = _floor(cd)
-    xn_raw = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    xx = xn_raw * xn_raw
-    ux = _dot(u, x)
-    c = ux / (xn_raw.clamp_min(floor) ** 2)
-    tt = torch.linalg.vector_norm(torch.addcmul(u, x, c, value=-1.0), dim=-1, keepdim=True) ** 2
-    a, b, c, *_ = _forward_scalars(xx, ux, tt, alpha, max_angle, floor)
-    out = (x * (a - b * c)).addcmul_(u, b)
-    return out.to(x2.dtype), (xx, ux, tt)
+    buf = torch.empty_like(x)
+    xn_raw = _row_norm(x)
+    ux = torch.mul(u, x, out=buf).sum(dim=-1, keepdim=True)
+    c = ux / xn_raw.clamp_min(floor) ** 2
+    t = torch.addcmul(u, x, c, value=-1.0, out=buf)
+    xx, tt = xn_raw * xn_raw, _row_norm(t) ** 2
+    a, b, *_ = _forward_scalars(xx, ux, tt, alpha, max_angle, floor)
+    out = t.mul_(b).addcmul_(x, a)  # A x + B t
+    return out.to(x2.dtype), torch.cat((xx, ux, tt), dim=-1)
 
 
-def torch_backward(x2, u2, g2, row_stats, alpha: float, max_angle: float | None):
-    """The torch twin of the backward kernel: (dx, du) from x, u, the output gradient and the per-row
-    <x,x>, <u,x>, |t|^2 (recomputed when ``row_stats`` is None)."""
-    cd = _compute_dtype(x2.dtype)
-    x, u, g = x2.to(cd), u2.to(cd), g2.to(cd)
+def torch_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, from_out: bool, u_dtype):
+    """The torch twin of the backward kernel: (dx, du) from x, v (u, or the forward's output with
+    ``from_out``), the output gradient and the forward's row numbers. Two full-size allocations."""
+    cd = stats.dtype
+    x, v, g = x2.to(cd), v2.to(cd), g2.to(cd)
     floor = _floor(cd)
-    if row_stats is None:
-        xx, ux = _dot(x, x), _dot(u, x)
-        c = ux / xx.sqrt().clamp_min(floor) ** 2
-        tt = torch.linalg.vector_norm(torch.addcmul(u, x, c, value=-1.0), dim=-1, keepdim=True) ** 2
-    else:
-        xx, ux, tt = row_stats
+    xx, ux, tt = stats[:, 0:1], stats[:, 1:2], stats[:, 2:3]
+    dx, du = torch.empty_like(x), torch.empty_like(x)
+    gx = torch.mul(g, x, out=dx).sum(dim=-1, keepdim=True)
+    gv = torch.mul(g, v, out=du).sum(dim=-1, keepdim=True)
     scalars = _forward_scalars(xx, ux, tt, alpha, max_angle, floor)
-    a1, p, a3, b, k = _backward_scalars(xx, ux, _dot(g, x), _dot(g, u), scalars, alpha, floor)
-    dx = (g * a1).addcmul_(u, p).addcmul_(x, a3)
-    du = (g * b).addcmul_(u, k).addcmul_(x, p)
-    return dx.to(x2.dtype), du.to(u2.dtype)
+    a, b, c = scalars[:3]
+    if from_out:  # u = out/B + (c - A/B) x; B = 0 only where alpha = 0, and then P = k = 0
+        inv_b = torch.where(b != 0, 1.0 / torch.where(b != 0, b, torch.ones_like(b)), torch.zeros_like(b))
+        gu = (gv - a * gx) * inv_b + c * gx
+    else:
+        gu = gv
+    a1, p, a3, b, k = _backward_scalars(xx, ux, gx, gu, scalars, alpha, floor)
+    if from_out:
+        shift = c - a * inv_b
+        p, k, a3, pk = p * inv_b, k * inv_b, a3 + p * shift, p + k * shift  # coefficients on out and x
+    else:
+        pk = p
+    torch.mul(g, a1, out=dx).addcmul_(v, p).addcmul_(x, a3)
+    torch.mul(g, b, out=du).addcmul_(v, k).addcmul_(x, pk)
+    return dx.to(x2.dtype), du.to(u_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -203,21 +233,22 @@ def _interpreting() -> bool:
 
 
 # The kernels are plain functions here, wrapped by triton.jit in _kernels() (so this module imports without
-# triton); their annotations are strings for the same reason. Each kernel handles one row.
-def _geonorm_fwd_kernel(X, U, OUT, stride_x, stride_u, stride_o, N, alpha, max_angle, floor,
-                        CLAMP: "tl.constexpr", BLOCK: "tl.constexpr"):  # fmt: skip
+# triton); the annotations are strings (future import), so tl need not exist at import. One program per row.
+def _geonorm_fwd_kernel(X, U, OUT, STATS, stride_x, stride_u, stride_o, N, alpha, max_angle, floor,
+                        CLAMP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    # --- per-row scalars (the same lines as in the backward kernel and _forward_scalars) ---
     xx = tl.sum(x * x, axis=0)
     ux = tl.sum(u * x, axis=0)
     xn = tl.maximum(tl.sqrt(xx), floor)
     c = ux / (xn * xn)
     t = u - c * x
-    tn = tl.sqrt(tl.sum(t * t, axis=0))
+    tt = tl.sum(t * t, axis=0)
+    # --- per-row scalars (as in _forward_scalars and the backward kernel) ---
+    tn = tl.sqrt(tt)
     base = tn / xn
     theta_lin = alpha * base
     if CLAMP:
@@ -232,26 +263,32 @@ def _geonorm_fwd_kernel(X, U, OUT, stride_x, stride_u, stride_o, N, alpha, max_a
     tn_safe = tl.where(tn > 0.0, tn, 1.0)
     b = tl.where(clamped, tl.sin(theta) * xn / tn_safe, alpha * sinc)
     a = tl.cos(theta)
-    # --- the update ---
-    out = (a - b * c) * x + b * u
+    # --- the update and the row numbers ---
+    out = a * x + b * t
     tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(STATS + row * 3, xx)
+    tl.store(STATS + row * 3 + 1, ux)
+    tl.store(STATS + row * 3 + 2, tt)
 
 
-def _geonorm_bwd_kernel(X, U, G, DX, DU, stride_x, stride_u, stride_g, stride_dx, stride_du, N, alpha, max_angle,
-                        floor, CLAMP: "tl.constexpr", BLOCK: "tl.constexpr"):  # fmt: skip
+def _geonorm_bwd_kernel(X, V, G, STATS, DX, DU, stride_x, stride_v, stride_g, stride_dx, stride_du, N, alpha,
+                        max_angle, floor, CLAMP: tl.constexpr, FROM_OUT: tl.constexpr,
+                        BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + row * stride_v + cols, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
-    # --- per-row scalars, recomputed (as in the forward kernel) ---
-    xx = tl.sum(x * x, axis=0)
-    ux = tl.sum(u * x, axis=0)
+    xx = tl.load(STATS + row * 3)
+    ux = tl.load(STATS + row * 3 + 1)
+    tt = tl.load(STATS + row * 3 + 2)
+    gx = tl.sum(g * x, axis=0)
+    gv = tl.sum(g * v, axis=0)
+    # --- per-row scalars (as in the forward kernel) ---
     xn = tl.maximum(tl.sqrt(xx), floor)
     c = ux / (xn * xn)
-    t = u - c * x
-    tn = tl.sqrt(tl.sum(t * t, axis=0))
+    tn = tl.sqrt(tt)
     base = tn / xn
     theta_lin = alpha * base
     if CLAMP:
@@ -267,9 +304,12 @@ def _geonorm_bwd_kernel(X, U, G, DX, DU, stride_x, stride_u, stride_g, stride_dx
     sin = tl.sin(theta)
     b = tl.where(clamped, sin * xn / tn_safe, alpha * sinc)
     a = tl.cos(theta)
+    if FROM_OUT:  # v is the output: u = out/B + (c - A/B) x
+        inv_b = tl.where(b != 0.0, 1.0 / tl.where(b != 0.0, b, 1.0), 0.0)
+        gu = (gv - a * gx) * inv_b + c * gx
+    else:
+        gu = gv
     # --- the backward scalars (as in _backward_scalars) ---
-    gx = tl.sum(g * x, axis=0)
-    gu = tl.sum(g * u, axis=0)
     gt = gu - c * gx
     t2 = theta * theta  # q = (theta cos theta - sin theta) / theta^3, its series below 0.5
     series = -1.0 / 3.0 + t2 * (1.0 / 30.0 + t2 * (-1.0 / 840.0 + t2 * (1.0 / 45360.0 - t2 / 3991680.0)))
@@ -284,16 +324,27 @@ def _geonorm_bwd_kernel(X, U, G, DX, DU, stride_x, stride_u, stride_g, stride_dx
     p = -c * k - big_tx / (xn * xn)
     gn_total = gn + 2.0 * big_tx * c / xn
     a3 = c * c * k + tl.where(tl.sqrt(xx) >= floor, gn_total / xn, 0.0)
+    a1 = a - c * b
+    if FROM_OUT:
+        shift = c - a * inv_b
+        pv = p * inv_b
+        kv = k * inv_b
+        a3 = a3 + p * shift
+        px = p + k * shift
+    else:
+        pv = p
+        kv = k
+        px = p
     # --- the gradients ---
-    dx = (a - c * b) * g + p * u + a3 * x
-    du = b * g + k * u + p * x
+    dx = a1 * g + pv * v + a3 * x
+    du = b * g + kv * v + px * x
     tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
     tl.store(DU + row * stride_du + cols, du.to(DU.dtype.element_ty), mask=mask)
 
 
 def _kernels():
-    """(forward kernel, backward kernel), wrapped once per interpreter mode (TRITON_INTERPRET=1 at the first
-    call in that mode gives interpreted kernels that run on CPU tensors)."""
+    """(forward kernel, backward kernel), wrapped once per interpreter mode (Triton's interpreter needs
+    TRITON_INTERPRET=1 set before triton is first imported; its kernels run on CPU tensors)."""
     key = _interpreting()
     if key not in _KERNELS:
         if not triton_available():
@@ -313,33 +364,33 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None) -> torch.Tensor:
+def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
     fwd, _ = _kernels()
     rows, width = x2.shape
     out = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
+    stats = torch.empty((rows, 3), dtype=torch.float32, device=x2.device)
     if rows == 0:
-        return out
+        return out, stats
     block, warps = _launch_config(width)
     fwd[(rows,)](
-        x2, u2, out, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
+        x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
         float(max_angle or 0.0), _floor(torch.float32), CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
     )  # fmt: skip
-    return out
+    return out, stats
 
 
-def triton_backward(x2, u2, g2, alpha: float, max_angle: float | None):
+def triton_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, from_out: bool, u_dtype):
     _, bwd = _kernels()
     rows, width = x2.shape
-    g2 = g2 if g2.stride(-1) == 1 else g2.contiguous()
     dx = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
-    du = torch.empty((rows, width), dtype=u2.dtype, device=u2.device)
+    du = torch.empty((rows, width), dtype=u_dtype, device=x2.device)
     if rows == 0:
         return dx, du
     block, warps = _launch_config(width)
     bwd[(rows,)](
-        x2, u2, g2, dx, du, x2.stride(0), u2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
+        x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
         float(alpha), float(max_angle or 0.0), _floor(torch.float32),
-        CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
+        CLAMP=max_angle is not None, FROM_OUT=from_out, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return dx, du
 
@@ -354,53 +405,70 @@ def _composed_step(x: torch.Tensor, u: torch.Tensor, alpha: float, max_angle: fl
 
 
 class FusedGeoNormStep(torch.autograd.Function):
-    """geonorm_step(x, u, alpha, max_angle) with bridge 1: ``backend`` is "triton" or "torch"."""
+    """geonorm_step(x, u, alpha, max_angle) with bridge 1. ``backend``: "triton" or "torch"; ``keep``:
+    "output" or "update", what the backward reads besides x (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, u, alpha, max_angle, backend):
-        shape = x.shape
+    def forward(ctx, x, u, alpha, max_angle, backend, keep):
         x2, u2 = _rows(x), _rows(u)
         if backend == "triton":
-            out, stats = triton_forward(x2, u2, alpha, max_angle), ()
+            out2, stats = triton_forward(x2, u2, alpha, max_angle)
         else:
-            out, stats = torch_forward(x2, u2, alpha, max_angle)
-        ctx.save_for_backward(x, u, *stats)
-        ctx.alpha, ctx.max_angle, ctx.backend = alpha, max_angle, backend
-        return out.view(shape)
+            with _no_autocast(x.device):
+                out2, stats = torch_forward(x2, u2, alpha, max_angle)
+        out = out2.view(x.shape)
+        from_out = keep == "output"
+        ctx.save_for_backward(x, out if from_out else u, stats)
+        ctx.alpha, ctx.max_angle, ctx.backend, ctx.from_out, ctx.u_dtype = alpha, max_angle, backend, from_out, u.dtype
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, u, *stats = ctx.saved_tensors
+        x, v, stats = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the composed path instead
+            if ctx.from_out:
+                raise RuntimeError(
+                    "the fused GeoNorm update keeps its output, not the update, for the backward and has no "
+                    "double backward: call hf_geonorm.fused.set_fused_enabled(False) (or set HF_GEONORM_FUSED=0) "
+                    "for higher-order gradients"
+                )
             with torch.enable_grad():
-                xd = x.detach().requires_grad_() if not x.requires_grad else x
-                ud = u.detach().requires_grad_() if not u.requires_grad else u
+                xd = x if x.requires_grad else x.detach().requires_grad_()
+                ud = v if v.requires_grad else v.detach().requires_grad_()
                 out = _composed_step(xd, ud, ctx.alpha, ctx.max_angle)
                 dx, du = torch.autograd.grad(out, (xd, ud), grad_out, create_graph=True)
-            return dx, du, None, None, None
-        x2, u2, g2 = _rows(x), _rows(u), _rows(grad_out)
+            return dx, du, None, None, None, None
+        x2, v2, g2 = _rows(x), _rows(v), _rows(grad_out)
+        args = (ctx.alpha, ctx.max_angle, ctx.from_out, ctx.u_dtype)
         if ctx.backend == "triton":
-            dx, du = triton_backward(x2, u2, g2, ctx.alpha, ctx.max_angle)
+            dx, du = triton_backward(x2, v2, g2, stats, *args)
         else:
-            dx, du = torch_backward(x2, u2, g2, tuple(stats) or None, ctx.alpha, ctx.max_angle)
-        return dx.view(x.shape), du.view(u.shape), None, None, None
+            with _no_autocast(x.device):
+                dx, du = torch_backward(x2, v2, g2, stats, *args)
+        return dx.view(x.shape), du.view(x.shape), None, None, None, None
 
 
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def fused_backend(x: torch.Tensor) -> str:
-    """Which implementation the fused Function uses for ``x``: "triton" (CUDA, triton importable, not while
-    torch.compile traces, a width the kernel holds, a kernel dtype) or "torch"."""
+def fused_backend(x: torch.Tensor, u: torch.Tensor | None = None) -> str:
+    """Which implementation the fused Function uses for ``x`` (and ``u``): "triton" (CUDA, triton importable,
+    not while torch.compile traces, a width the kernel holds, float32/bfloat16/float16) or "torch"."""
     if (
         x.is_cuda
         and x.dtype in _KERNEL_DTYPES
+        and (u is None or u.dtype in _KERNEL_DTYPES)
         and 0 < x.shape[-1] <= MAX_FUSED_WIDTH
         and not torch.compiler.is_compiling()
         and triton_available()
     ):
         return "triton"
     return "torch"
+
+
+def kept_for_backward(x: torch.Tensor, max_angle: float | None) -> str:
+    """"output" where the state's dtype is float32/float64 and the angle is clamped at most pi/2, else
+    "update" (see the module docstring)."""
+    if x.dtype in (torch.float32, torch.float64) and max_angle is not None and max_angle <= math.pi / 2:
+        return "output"
+    return "update"
 
 
 def can_fuse(x: torch.Tensor, u: torch.Tensor, alpha, bridge, step_scale, step_bias) -> bool:
@@ -413,20 +481,31 @@ def can_fuse(x: torch.Tensor, u: torch.Tensor, alpha, bridge, step_scale, step_b
         and isinstance(alpha, (int, float))
         and not isinstance(alpha, bool)
         and x.shape == u.shape
-        and x.dtype == u.dtype
-        and x.dtype in (torch.float64, *_KERNEL_DTYPES)
+        and x.dtype in _FUSED_DTYPES
+        and u.dtype in _FUSED_DTYPES
         and x.device == u.device
         and x.dim() >= 1
     )
 
 
 def fused_geonorm_step(
-    x: torch.Tensor, u: torch.Tensor, alpha: float, max_angle: float | None, backend: str | None = None
+    x: torch.Tensor,
+    u: torch.Tensor,
+    alpha: float,
+    max_angle: float | None,
+    backend: str | None = None,
+    keep: str | None = None,
 ) -> torch.Tensor:
-    """The fused GeoNorm step (bridge 1, scalar alpha). ``backend`` None picks ``fused_backend(x)``;
-    "triton" on CPU tensors needs TRITON_INTERPRET=1 (tests)."""
-    backend = fused_backend(x) if backend is None else backend
+    """The fused GeoNorm step (bridge 1, scalar alpha). ``backend`` None picks ``fused_backend``; "triton" on
+    CPU tensors runs Triton's interpreter (TRITON_INTERPRET=1 before triton's import; tests). ``keep`` None
+    picks ``kept_for_backward``."""
+    backend = fused_backend(x, u) if backend is None else backend
     if backend not in ("triton", "torch"):
         raise ValueError(f"backend must be 'triton' or 'torch'; got {backend!r}")
     ma = None if max_angle is None else float(max_angle)
-    return FusedGeoNormStep.apply(x, u, float(alpha), ma, backend)
+    keep = kept_for_backward(x, ma) if keep is None else keep
+    if keep not in ("output", "update"):
+        raise ValueError(f"keep must be 'output' or 'update'; got {keep!r}")
+    if keep == "output" and (ma is None or ma > math.pi / 2):
+        raise ValueError("keep='output' needs max_angle <= pi/2 (u is rebuilt from the output, dividing by sin)")
+    return FusedGeoNormStep.apply(x, u, float(alpha), ma, backend, keep)

@@ -66,6 +66,8 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
     if isinstance(target, (family.stock_causal_class, GeoNormCausalLMMixin)):
         base = getattr(target, target.base_model_prefix)
         target.__class__ = family.causal_class
+        if getattr(target, "loss_type", None) is None:  # GPT2LMHeadModel's name names no loss; the new class's does
+            target.loss_type = "ForCausalLM"
     elif isinstance(target, (family.stock_base_class, GeoNormBaseModelMixin)):
         base = target
     else:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU checks of issue 6, in one go and under 5 minutes on one modern GPU:
+#   1. tests/test_fused.py on CUDA: the Triton kernel against the composed torch path (float32, bfloat16,
+#      model widths, strided rows, a float32 state with a bf16 update), a tiny model's training step with the
+#      fused update on and off, and (in a child process) the same kernels through Triton's interpreter;
+#   2. benchmarks/overhead.py --device cuda, eager: every style, GeoNorm with the fused kernel on and off;
+#   3. the same compiled (stock, pre, geo, geo_unfused), with whatever time is left.
+# Usage: bash benchmarks/gpu_check.sh OUT_DIR      (needs torch with CUDA, triton, and this package installed)
+# Writes to OUT_DIR: env.txt, pytest_fused.txt, pytest_fused.xml, overhead_cuda.{json,md},
+# overhead_cuda_compiled.{json,md}, summary.txt. Each stage has its own time limit; the benchmark writes its
+# files after each architecture, so a stage cut short keeps what it measured.
+set -uo pipefail
+
+out="${1:?usage: bash benchmarks/gpu_check.sh OUT_DIR}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.." || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
+python="${PYTHON:-python}"
+budget=285  # seconds for the whole script
+start=$SECONDS
+left() { echo $((budget - (SECONDS - start))); }
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
+    "$python" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, 'device', torch.cuda.get_device_name())"
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+echo "== 1. tests/test_fused.py on CUDA"
+timeout 150 "$python" -m pytest -q -rs -p no:cacheprovider tests/test_fused.py \
+    --junitxml="$out/pytest_fused.xml" > "$out/pytest_fused.txt" 2>&1
+tests_rc=$?
+tail -n 15 "$out/pytest_fused.txt"
+
+eager_limit=$(( $(left) > 90 ? 90 : $(left) ))
+echo "== 2. overhead benchmark, eager (limit ${eager_limit}s)"
+timeout "$eager_limit" "$python" benchmarks/overhead.py --device cuda --modes eager \
+    --out "$out" --name overhead_cuda
+eager_rc=$?
+
+echo "== 3. overhead benchmark, compiled (limit $(left)s)"
+if [ "$(left)" -gt 30 ]; then
+    timeout "$(left)" "$python" benchmarks/overhead.py --device cuda --modes compiled \
+        --compiled-styles stock,pre,geo,geo_unfused --archs llama,gpt2 --out "$out" --name overhead_cuda_compiled
+    compiled_rc=$?
+else
+    compiled_rc=skipped
+fi
+
+{
+    echo "tests rc=$tests_rc (0 = all passed)"
+    grep -E "passed|failed|error" "$out/pytest_fused.txt" | tail -n 1
+    echo "eager benchmark rc=$eager_rc, compiled benchmark rc=$compiled_rc (124 = cut at its time limit)"
+    echo "seconds: $((SECONDS - start))"
+} | tee "$out/summary.txt"
+[ "$tests_rc" -eq 0 ]
