@@ -28,15 +28,6 @@ SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 CLI_COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hf_geonorm_cli.main"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are much slower with several threads on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run(*args, **kwargs):
     """A command that must succeed; unexpected exceptions surface with their traceback."""
     result = CliRunner().invoke(cli, ["--debug", *map(str, args)], catch_exceptions=False, **kwargs)

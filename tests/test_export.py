@@ -29,15 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are slower with several threads on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def geonorm_model(model_type, **settings):
     return hf_geonorm.convert(tiny_model(model_type), **settings).eval()
 

@@ -38,14 +38,6 @@ HAS_TRITON = fused.triton_available()
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def _fused_on():
     """Every test starts and ends with the fused update on (the default)."""

@@ -27,15 +27,6 @@ PI4 = math.pi / 4
 D = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only cost time (a lot on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Independent reference formulas (numpy float64), one token per row along the last axis.
 # ----------------------------------------------------------------------------------------------------------

@@ -140,15 +140,6 @@ NEW_FAMILIES = {
 IDS = list(CASES)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only cost time (a lot on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def stock_model(case: str):
     model_type, kwargs = CASES[case]

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from fake_hub import FakeHub
 from hf_geonorm_cli.main import cli
@@ -30,14 +29,6 @@ from hf_geonorm import export
 from hf_geonorm.modeling_geonorm import GeoNormPreTrainedMixin
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -22,15 +22,6 @@ PI4 = math.pi / 4
 DECAYS = ["harmonic", "sqrt", "linear", "constant"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only cost time (a lot on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class OffsetRMSNorm(nn.Module):
     """Gemma-style RMSNorm that computes (1 + w) x / rms(x)."""
 
