@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import site
 import subprocess
 import sys
 import zipfile
@@ -97,19 +96,6 @@ def test_remote_code_imports_only_torch_transformers_and_flat_siblings(tmp_path)
         assert absolute - STDLIB <= {"torch", "transformers", "triton"}, name
         assert None not in relative, f"{name}: 'from . import x' breaks the saved folder"
         assert all("." not in module and f"{module}.py" in names for module in relative), name
-
-
-@pytest.fixture(scope="module")
-def isolated_python(tmp_path_factory):
-    """A Python with this environment's packages but without hf_geonorm."""
-    root = tmp_path_factory.mktemp("isolated")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    python = root / "venv" / "bin" / "python"
-    target = subprocess.run(
-        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    (Path(target) / "geonorm_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    return python
 
 
 CHILD = r"""

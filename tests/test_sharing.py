@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import site
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,19 +40,6 @@ def invoke(*args):
     result = CliRunner().invoke(cli, ["--debug", *map(str, args)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result
-
-
-@pytest.fixture(scope="module")
-def isolated_python(tmp_path_factory):
-    """A Python with this environment's packages but without hf_geonorm."""
-    root = tmp_path_factory.mktemp("isolated")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    python = root / "venv" / "bin" / "python"
-    target = subprocess.run(
-        [str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    (Path(target) / "geonorm_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    return python
 
 
 @pytest.fixture(scope="module")
