@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,21 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.smoke:
         common.apply_smoke(args)
-    archs, corpora_names = args.archs.split(","), args.corpora.split(",")
-    start = time.perf_counter()
-    corpora = {
-        name: common.load_corpus(name, args.vocab, args.seq_len, common.max_chars(args), args.prose)
-        for name in corpora_names
-    }
-    specs = [
-        common.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
-        for corpus in corpora_names
-        for arch in archs
-        for seed in range(args.seeds)
-        for label, settings in MEMBERS.items()
-    ]
-    results = common.run_all(specs, corpora, args.workers, args.threads)
-    wall = time.perf_counter() - start
+    results, corpora, wall = common.run_grid(args, MEMBERS)
     return write(args, results, corpora, wall)
 
 

@@ -314,6 +314,25 @@ def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, thre
 # ---- summaries and writers ----
 
 
+def run_grid(args: argparse.Namespace, variants: dict[str, dict[str, Any]]) -> tuple[list[dict], dict, float]:
+    """Every variant x arch x corpus x seed of ``args`` (the ablation's and the knob sweep's grid): the
+    results, the corpora and the wall time in seconds."""
+    archs, corpora_names = args.archs.split(","), args.corpora.split(",")
+    start = time.perf_counter()
+    corpora = {
+        name: load_corpus(name, args.vocab, args.seq_len, max_chars(args), args.prose) for name in corpora_names
+    }
+    specs = [
+        base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
+        for corpus in corpora_names
+        for arch in archs
+        for seed in range(args.seeds)
+        for label, settings in variants.items()
+    ]
+    results = run_all(specs, corpora, args.workers, args.threads)
+    return results, corpora, time.perf_counter() - start
+
+
 def group(results: list[dict[str, Any]], *keys: str) -> dict[tuple, list[dict[str, Any]]]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:

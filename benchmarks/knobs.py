@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,21 +58,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.smoke:
         common.apply_smoke(args)
-    archs, corpora_names = args.archs.split(","), args.corpora.split(",")
-    start = time.perf_counter()
-    corpora = {
-        name: common.load_corpus(name, args.vocab, args.seq_len, common.max_chars(args), args.prose)
-        for name in corpora_names
-    }
-    specs = [
-        common.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
-        for corpus in corpora_names
-        for arch in archs
-        for seed in range(args.seeds)
-        for label, settings in VARIANTS.items()
-    ]
-    results = common.run_all(specs, corpora, args.workers, args.threads)
-    return write(args, results, time.perf_counter() - start)
+    results, _, wall = common.run_grid(args, VARIANTS)
+    return write(args, results, wall)
 
 
 NOISE_FLOOR = 0.01  # differences in validation loss below this are not called a change, whatever the seeds say
