@@ -5,7 +5,8 @@ or ``--prose PATH``), each member below is trained with the same initial seed, d
 and schedule, for ``--seeds`` seeds:
 
     pre, post, sandwich, deepnorm (built through the GeoNorm config, so DeepNet's init scaling applies),
-    geo with harmonic / sqrt / linear / constant decay (alpha 1, max angle pi/4, embedding radius)
+    geo with harmonic / sqrt / linear / constant decay (the library's defaults otherwise:
+    alpha 0.25, max angle pi/4, embedding radius)
 
 Writes ``ablation.md`` (final validation loss mean and spread over seeds, loss spikes, tokens/s),
 ``ablation.json`` (every run's losses) and ``ablation.png`` (seed-mean validation curves) to ``--out``.
@@ -63,7 +64,8 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         f"{spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip 1.0, dropout 0; "
         f"{spec['layers']} layers, width {spec['width']}, {spec['heads']} heads"
         + (f" (preset {spec['preset']})" if spec["preset"] else "")
-        + f"; {len({r['spec']['seed'] for r in results})} seeds.",
+        + f"; {len({r['spec']['seed'] for r in results})} seeds."
+        + common.reuse_note(results),
         "",
         "Corpora (byte-level BPE of "
         + ", ".join(f"{c.vocab} tokens for {n}" for n, c in corpora.items())

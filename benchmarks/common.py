@@ -272,6 +272,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     diverged = record["stopped"] or not math.isfinite(final) or final > math.log(corpus.vocab)
     return {
         "spec": asdict(spec),
+        "resolved_settings": resolved_settings(spec.settings),
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_val_loss": final,
         "spikes": count_spikes(record["losses"], spec.warmup),
@@ -281,17 +282,59 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def previous_runs(path: Path | None, specs: list[RunSpec]) -> dict[int, dict[str, Any]]:
+    """Runs of an earlier results JSON (``--reuse``) whose spec equals one of ``specs`` field for field, with
+    the same settings after the library's defaults are filled in (a changed default is a different run), by the
+    index of that spec: those runs are not repeated. Each reused record is marked with the file it came from."""
+    if path is None:
+        return {}
+    runs = json.loads(Path(path).read_text())["runs"]
+    stored = {_run_key(r["spec"], r.get("resolved_settings")): r for r in runs if "resolved_settings" in r}
+    found = {}
+    for i, spec in enumerate(specs):
+        run = stored.get(_run_key(asdict(spec), resolved_settings(spec.settings)))
+        if run is not None:
+            found[i] = {**run, "reused_from": run.get("reused_from", Path(path).name)}
+    return found
+
+
+def resolved_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Every GeoNorm setting a run used: ``settings`` with the library's current defaults filled in."""
+    from hf_geonorm import GeoNormSettings
+
+    return asdict(GeoNormSettings(**settings))
+
+
+def _run_key(spec: dict[str, Any], resolved: dict[str, Any] | None) -> str:
+    return json.dumps({"spec": spec, "resolved_settings": resolved}, sort_keys=True)
+
+
+def reuse_note(results: list[dict[str, Any]]) -> str:
+    """The sentence a results table carries when some of its runs came from an earlier file (``--reuse``)."""
+    sources = sorted({r["reused_from"] for r in results if "reused_from" in r})
+    if not sources:
+        return ""
+    count = sum("reused_from" in r for r in results)
+    return (f" {count} of the {len(results)} runs were taken unchanged from an earlier run of this script with the "
+            f"same specification ({', '.join(sources)}; `--reuse`); their tokens/s were measured then.")  # fmt: skip
+
+
 def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, threads: int,
-            log: Any = print) -> list[dict[str, Any]]:  # fmt: skip
-    """Run every spec; ``workers`` > 1 uses a spawn process pool with ``threads`` torch threads each."""
-    results: list[dict[str, Any]] = []
+            log: Any = print, reuse: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Run every spec; ``workers`` > 1 uses a spawn process pool with ``threads`` torch threads each. Specs
+    found in ``reuse`` (an earlier results JSON) are taken from there instead of being run again."""
     start = time.perf_counter()
+    all_specs, reused = specs, previous_runs(reuse, specs)
+    results: list[dict[str, Any]] = list(reused.values())
+    if reused:
+        log(f"reusing {len(reused)} of {len(specs)} runs from {reuse}")
+    specs = [spec for i, spec in enumerate(specs) if i not in reused]
 
     def note(result: dict[str, Any]) -> None:
         results.append(result)
         s = result["spec"]
         log(
-            f"[{len(results)}/{len(specs)} {time.perf_counter() - start:.0f}s] {s['arch']} {s['corpus']} "
+            f"[{len(results)}/{len(all_specs)} {time.perf_counter() - start:.0f}s] {s['arch']} {s['corpus']} "
             f"{s['label']} seed {s['seed']}: val {result['final_val_loss']:.4f}, spikes {result['spikes']}, "
             f"{result['tokens_per_second']:.0f} tok/s"
         )
@@ -305,8 +348,7 @@ def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, thre
         with context.Pool(workers, initializer=_init_worker, initargs=(corpora, threads)) as pool:
             for result in pool.imap_unordered(run_one, specs):
                 note(result)
-    order = {id(s): i for i, s in enumerate(specs)}
-    key = {(s.label, s.arch, s.corpus, s.seed): order[id(s)] for s in specs}
+    key = {(s.label, s.arch, s.corpus, s.seed): i for i, s in enumerate(all_specs)}
     results.sort(key=lambda r: key[(r["spec"]["label"], r["spec"]["arch"], r["spec"]["corpus"], r["spec"]["seed"])])
     return results
 
@@ -329,7 +371,7 @@ def run_grid(args: argparse.Namespace, variants: dict[str, dict[str, Any]]) -> t
         for seed in range(args.seeds)
         for label, settings in variants.items()
     ]
-    results = run_all(specs, corpora, args.workers, args.threads)
+    results = run_all(specs, corpora, args.workers, args.threads, reuse=args.reuse)
     return results, corpora, time.perf_counter() - start
 
 
@@ -457,6 +499,11 @@ def common_arguments(parser: argparse.ArgumentParser, steps: int, layers: int, w
         "--heads; use with --seq-len 1024+ --steps 10000+ --vocab 50304 --max-chars 0 (all) on a GPU",
     )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a minuscule run for the tests (seconds)")
+    parser.add_argument(
+        "--reuse", type=Path, default=None, metavar="JSON",
+        help="an earlier results JSON of this script: runs whose specification is identical are taken from it "
+        "instead of being repeated (e.g. to add an architecture to a sweep)",
+    )  # fmt: skip
 
 
 def apply_smoke(args: argparse.Namespace) -> None:

@@ -1,10 +1,10 @@
 """Knobs: GeoNorm's own settings swept at the ablation's scale, against Pre-Norm and the library's defaults.
 
-One setting changes at a time from the library's defaults (harmonic decay, alpha 1, max angle pi/4, embedding
-radius, no learnable step):
+One setting changes at a time from the library's defaults (harmonic decay, alpha 0.25, max angle pi/4, embedding
+radius, no learnable step; ``hf_geonorm.GeoNormSettings``):
 
-    alpha 0.5 / 2 / 4; decay sqrt / linear / constant; max angle pi/2 / none; radius sqrt_d (alpha 1 and 8);
-    learnable step
+    alpha 0.125 / 0.5 / 1 (the spec's value) / 2 / 4; decay sqrt / linear / constant; max angle pi/2 / none;
+    radius sqrt_d (alpha 0.25 and 8); learnable step
 
 Same model, data, seeds, token budget and lr as ``benchmarks/ablation.py``. Writes ``knobs.md`` (with a
 verdict per default: confirmed or overturned, at this scale), ``knobs.json`` and ``knobs.png`` to ``--out``.
@@ -28,7 +28,9 @@ GEO = {"norm_style": "geo"}
 VARIANTS: dict[str, dict] = {
     "pre (reference)": {"norm_style": "pre"},
     "geo defaults": dict(GEO),
+    "alpha 0.125": {**GEO, "geo_alpha": 0.125},
     "alpha 0.5": {**GEO, "geo_alpha": 0.5},
+    "alpha 1": {**GEO, "geo_alpha": 1.0},
     "alpha 2": {**GEO, "geo_alpha": 2.0},
     "alpha 4": {**GEO, "geo_alpha": 4.0},
     "decay sqrt": {**GEO, "geo_decay": "sqrt"},
@@ -42,7 +44,7 @@ VARIANTS: dict[str, dict] = {
 }
 # which variants challenge which default
 DEFAULTS = {
-    "alpha 1": ["alpha 0.5", "alpha 2", "alpha 4"],
+    "alpha 0.25": ["alpha 0.125", "alpha 0.5", "alpha 1", "alpha 2", "alpha 4"],
     "decay harmonic": ["decay sqrt", "decay linear", "decay constant"],
     "max angle pi/4": ["max angle pi/2", "max angle none"],
     "radius embedding": ["radius sqrt_d", "radius sqrt_d, alpha 8"],
@@ -72,10 +74,16 @@ def margin(a: dict, b: dict) -> float:
     return max(2 * math.sqrt((a["std"] ** 2 + b["std"] ** 2) / n), NOISE_FLOOR)
 
 
+def beating(stats: dict[str, dict], challengers: list[str]) -> list[str]:
+    """The challengers whose mean is lower than the defaults' by more than ``margin``."""
+    base = stats["geo defaults"]
+    return [c for c in challengers if stats[c]["mean"] < base["mean"] - margin(base, stats[c])]
+
+
 def verdict(stats: dict[str, dict], default: str, challengers: list[str]) -> str:
     """Overturned when some challenger's mean is lower than the defaults' by more than ``margin``."""
     base = stats["geo defaults"]
-    beaten = [(c, stats[c]["mean"]) for c in challengers if stats[c]["mean"] < base["mean"] - margin(base, stats[c])]
+    beaten = [(c, stats[c]["mean"]) for c in beating(stats, challengers)]
     better = [c for c in challengers if stats[c]["mean"] < base["mean"]]
     if beaten:
         best = min(beaten, key=lambda kv: kv[1])[0]
@@ -89,6 +97,53 @@ def verdict(stats: dict[str, dict], default: str, challengers: list[str]) -> str
     return "confirmed (every alternative is worse)"
 
 
+def defaults_text() -> str:
+    """The library's defaults, read from ``GeoNormSettings`` (so the table says what was actually run)."""
+    from hf_geonorm import GeoNormSettings
+
+    d = GeoNormSettings()
+    angle = "none" if d.geo_max_angle is None else f"pi/{math.pi / d.geo_max_angle:g}"
+    step = "learnable" if d.geo_learnable_step else "fixed"
+    return f"{d.geo_decay} decay, alpha {d.geo_alpha:g}, max angle {angle}, {d.geo_radius} radius, {step} step"
+
+
+def across_architectures(summaries: dict[str, dict[str, dict]]) -> list[str]:
+    """Each variant's mean validation loss averaged over every (corpus, architecture) panel, beside its loss
+    relative to the defaults in each panel: a default must hold across architectures, not in one."""
+    panels = list(summaries)
+    rows = []
+    for label in summaries[panels[0]]:
+        deltas = [summaries[p][label]["mean"] - summaries[p]["geo defaults"]["mean"] for p in panels]
+        rows.append((sum(summaries[p][label]["mean"] for p in panels) / len(panels), label, deltas))
+    lines = [
+        "## Across architectures",
+        "",
+        "| variant | mean over panels | " + " | ".join(f"vs geo defaults, {p}" for p in panels) + " |",
+        "|---|---|" + "---|" * len(panels),
+    ]
+    for mean, label, deltas in sorted(rows):
+        lines.append(f"| {label} | {common.fmt(mean)} | " + " | ".join(f"{d:+.3f}" for d in deltas) + " |")
+    lines += [
+        "",
+        "Decision rule for the library's defaults: a default is replaced only by an alternative that beats it by "
+        "more than the margin in every panel (every architecture), so that no architecture's users pay for "
+        "another's gain.",
+        "",
+        "| default | overturned in | decision |",
+        "|---|---|---|",
+    ]
+    for default, challengers in DEFAULTS.items():
+        beaten_in = [p for p in panels if beating(summaries[p], challengers)]
+        everywhere = set.intersection(*(set(beating(summaries[p], challengers)) for p in panels))
+        if everywhere:
+            best = min(everywhere, key=lambda c: sum(summaries[p][c]["mean"] for p in panels))
+            decision = f"**change to {best}**"
+        else:
+            decision = "keep"
+        lines.append(f"| {default} | {', '.join(beaten_in) or 'none'} | {decision} |")
+    return lines + [""]
+
+
 def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
     name = common.stem("knobs", args)
     spec = results[0]["spec"]
@@ -98,9 +153,10 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         "",
         f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; {wall / 60:.1f} min wall on "
         f"{env['cpu_count']} shared CPU cores). One setting changed at a time from the library's defaults "
-        "(harmonic decay, alpha 1, max angle pi/4, embedding radius, fixed step). Same conditions for every "
+        f"({defaults_text()}). Same conditions for every "
         f"variant: {spec['layers']} layers, width {spec['width']}, {spec['steps']} steps x {spec['batch']} x "
-        f"{spec['seq_len']} tokens, AdamW lr {spec['lr']}, {len({r['spec']['seed'] for r in results})} seeds.",
+        f"{spec['seq_len']} tokens, AdamW lr {spec['lr']}, {len({r['spec']['seed'] for r in results})} seeds."
+        + common.reuse_note(results),
         "",
     ]
     summaries = {}
@@ -128,6 +184,8 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
             f"{abs(base - pre):.3f} (margin {margin(stats['geo defaults'], stats['pre (reference)']):.3f}) |"
         )
         lines.append("")
+    if len(summaries) > 1:
+        lines += across_architectures(summaries)
     lines += [
         "Verdict rule: a default is overturned when an alternative's mean validation loss is lower by more than "
         f"the margin, twice the standard error of the difference of the two seed means (at least {NOISE_FLOOR}); "

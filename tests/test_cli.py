@@ -172,6 +172,29 @@ def test_option_choices_match_the_library():
     assert options.DECAYS == DECAYS
 
 
+def test_option_help_states_the_library_defaults():
+    """The help spells the defaults out (no torch import for --help); they must be GeoNormSettings' defaults."""
+    import re
+
+    defaults = hf_geonorm.GeoNormSettings()
+    stated = {
+        option.name: re.search(r"\[default: ([^\]]*)\]$", option.help).group(1)
+        for option in cli.commands["convert"].params
+        if option.name in options.SETTING_OPTIONS
+    }
+    angle = defaults.geo_max_angle
+    expected = {
+        "norm_style": defaults.norm_style,
+        "decay": defaults.geo_decay,
+        "alpha": f"{defaults.geo_alpha:g}",
+        "max_angle": "none" if angle is None else f"pi/{math.pi / angle:g}",
+        "radius": defaults.geo_radius,
+        "learnable_step": "on" if defaults.geo_learnable_step else "off",
+        "bridge": f"{defaults.geo_bridge:.1f}",
+    }
+    assert stated == expected
+
+
 def test_architectures_lists_every_supported_type_with_its_layout():
     out = run("architectures").output
     for model_type in hf_geonorm.supported_architectures():
@@ -233,10 +256,10 @@ def test_convert_bridge_zero_keeps_the_outputs_and_bf16_dtype(work, tmp_path):
 
 
 def test_convert_a_geonorm_folder_changes_only_the_given_settings(work, tmp_path):
-    run("convert", work / "stock_llama", tmp_path / "first", "--decay", "linear", "--alpha", "0.5")
+    run("convert", work / "stock_llama", tmp_path / "first", "--decay", "linear", "--alpha", "0.35")
     run("convert", tmp_path / "first", tmp_path / "second", "--bridge", "0.3")
     config = json.loads((tmp_path / "second" / "config.json").read_text())
-    assert (config["geo_decay"], config["geo_alpha"], config["geo_bridge"]) == ("linear", 0.5, 0.3)
+    assert (config["geo_decay"], config["geo_alpha"], config["geo_bridge"]) == ("linear", 0.35, 0.3)
 
 
 def test_convert_gguf_saves_a_plain_dequantised_checkpoint(work, tmp_path):
@@ -453,9 +476,9 @@ def test_init_tiny_with_tokenizer_builds_and_runs(work, tmp_path):
 def test_init_sizes_other_layouts_consistently(tmp_path, arch):
     if arch not in hf_geonorm.supported_architectures():
         pytest.skip(f"{arch} is not supported by this version")
-    run("init", arch, tmp_path / arch, "--preset", "tiny", "--vocab-size", "512", "--alpha", "0.5")
+    run("init", arch, tmp_path / arch, "--preset", "tiny", "--vocab-size", "512", "--alpha", "0.7")
     config = AutoConfig.from_pretrained(tmp_path / arch)
-    assert config.model_type == f"geonorm_{arch}" and config.geo_alpha == 0.5
+    assert config.model_type == f"geonorm_{arch}" and config.geo_alpha == 0.7
     model = AutoModelForCausalLM.from_config(config).eval()
     assert type(model) is hf_geonorm.family_for(arch).causal_class
     with torch.no_grad():

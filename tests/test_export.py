@@ -63,10 +63,10 @@ def test_a_stock_checkpoint_patched_in_place_saves_as_its_geonorm_type(tmp_path)
     """from_pretrained keeps model_type on the config instance; apply_geonorm swaps the class. The export writes
     the GeoNorm type anyway, so the folder reloads as GeoNorm."""
     tiny_model("llama").save_pretrained(tmp_path / "stock")
-    model = hf_geonorm.apply_geonorm(AutoModelForCausalLM.from_pretrained(tmp_path / "stock"), geo_alpha=0.5).eval()
+    model = hf_geonorm.apply_geonorm(AutoModelForCausalLM.from_pretrained(tmp_path / "stock"), geo_alpha=0.75).eval()
     export.save_with_remote_code(model, tmp_path / "out", card_info=False)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config["model_type"] == "geonorm_llama" and config["geo_alpha"] == 0.5
+    assert config["model_type"] == "geonorm_llama" and config["geo_alpha"] == 0.75
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(reloaded) is hf_geonorm.family_for("llama").causal_class
     with torch.no_grad():

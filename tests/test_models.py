@@ -118,13 +118,13 @@ def test_geo_keeps_every_token_on_its_sphere(model_type):
 
 @pytest.mark.parametrize("model_type", OWN_TYPES)
 def test_save_and_reload_through_auto_classes(model_type, tmp_path):
-    model = hf_geonorm.convert(tiny_model(model_type), geo_alpha=0.5, geo_decay="sqrt")
+    model = hf_geonorm.convert(tiny_model(model_type), geo_alpha=0.75, geo_decay="sqrt")
     model.save_pretrained(tmp_path)
     files = sorted(os.listdir(tmp_path))
     assert "model.safetensors" in files and not [f for f in files if f.endswith((".bin", ".pt", ".pth"))]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == f"geonorm_{model_type}"
-    assert config["norm_style"] == "geo" and config["geo_alpha"] == 0.5 and config["geo_decay"] == "sqrt"
+    assert config["norm_style"] == "geo" and config["geo_alpha"] == 0.75 and config["geo_decay"] == "sqrt"
     assert config["geo_max_angle"] == pytest.approx(math.pi / 4)
     reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert type(reloaded) is type(model)

@@ -306,13 +306,13 @@ def test_model_card_validate_against_the_local_hub(hub, converted):
 
 
 def tiny_geonorm():
-    return hf_geonorm.convert(tiny_model("llama"), geo_alpha=0.5, geo_decay="sqrt").eval()
+    return hf_geonorm.convert(tiny_model("llama"), geo_alpha=0.75, geo_decay="sqrt").eval()
 
 
 def check_pushed_repo(hub, repo_id, revision="main"):
     files = hub.files(repo_id, revision)
     config = json.loads(files["config.json"])
-    assert config["model_type"] == "geonorm_llama" and config["geo_alpha"] == 0.5
+    assert config["model_type"] == "geonorm_llama" and config["geo_alpha"] == 0.75
     assert config["auto_map"] == export.auto_map_for("geonorm_llama")
     for path in export.remote_code_files():
         assert files[path.name] == path.read_bytes(), path.name
