@@ -100,9 +100,11 @@ def smollm2_study(path: Path, args: argparse.Namespace) -> dict:
         train_ids = tokenizer("\n\n".join(docs[:-400])[: 200 * args.smollm2_steps * seq], add_special_tokens=False)
         train = torch.tensor(train_ids["input_ids"][: (len(train_ids["input_ids"]) // seq) * seq]).view(-1, seq)
         corpus = common.Corpus("smollm2-prose", label, train, val, len(tokenizer))
-        spec = common.RunSpec(label="smollm2", steps=args.smollm2_steps, batch=4, seq_len=seq, lr=1e-4, warmup=2,
-                              eval_every=max(1, args.smollm2_steps // 4), seed=1)  # fmt: skip
+        spec = common.RunSpec(label="smollm2", steps=args.smollm2_steps, batch=args.smollm2_batch, seq_len=seq, lr=1e-4,
+                              warmup=2, eval_every=max(1, args.smollm2_steps // 4), seed=1)  # fmt: skip
         anneal = max(1, round(args.anneal_fraction * args.smollm2_steps))
+        result["uptrain_conditions"] = {"steps": spec.steps, "batch": spec.batch, "seq_len": seq, "lr": spec.lr,
+                                        "warmup": spec.warmup, "anneal_steps": anneal, "train_blocks": len(train)}
         ppl = lambda m: math.exp(common.eval_loss(m, val, 4))  # noqa: E731
         geo = hf_geonorm.convert(model, norm_style="geo", geo_bridge=0.0)
         for name, arm, hook in (("pre (continue)", model, None), ("geo, bridge anneal", geo,
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--uptrain-lr", type=float, default=1e-3)
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M part even when present")
     parser.add_argument("--smollm2-steps", type=int, default=0, help="SmolLM2 uptraining steps per arm")
+    parser.add_argument("--smollm2-batch", type=int, default=4, help="SmolLM2 uptraining batch (x 256 tokens)")
     parser.add_argument("--smollm2-tokens", type=int, default=2048, help="held-out tokens for SmolLM2 perplexity")
     parser.set_defaults(eval_every=25, seeds=1)
     args = parser.parse_args(argv)
@@ -228,6 +231,12 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
         ]
         lines += [f"| converted, bridge {lam} | {v:.4g} |" for lam, v in smollm2["bridge"].items()]
         if smollm2["uptrain"]:
+            c = smollm2["uptrain_conditions"]
+            lines += ["", f"Uptraining from the de-quantised weights: {c['steps']} steps of {c['batch']} x "
+                      f"{c['seq_len']} tokens (other fortunes), AdamW lr {c['lr']} ({c['warmup']} warm-up steps, "
+                      f"cosine to 10%), the same batches for both arms; the bridge moves linearly 0 -> 1 over the "
+                      f"first {c['anneal_steps']} steps, then pure GeoNorm (default settings). Perplexity on the "
+                      "held-out tokens above:"]  # fmt: skip
             lines += ["", "| uptraining arm | " + " | ".join(f"step {s}" for s, _ in
                       next(iter(smollm2["uptrain"].values()))) + " |", "|---|" + "---|" * len(
                       next(iter(smollm2["uptrain"].values())))]  # fmt: skip
@@ -250,7 +259,9 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    smol_arms = (smollm2 or {}).get("uptrain") or {}
+    fig, axes = plt.subplots(1, 2 if smol_arms else 1, figsize=(13 if smol_arms else 6.5, 4.2), squeeze=False)
+    ax = axes[0][0]
     for label, arm in arms.items():
         ax.plot([s for s, _ in arm["evals"]], [v for _, v in arm["evals"]], marker="o", markersize=3, label=label)
     ax.axhline(ppl_original, color="gray", linestyle=":", label="pretrained Pre-Norm")
@@ -261,6 +272,19 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
     ax.set_title("Pre-Norm -> GeoNorm: perplexity over uptraining", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if smol_arms:
+        ax = axes[0][1]
+        for label, evals in smol_arms.items():
+            ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", markersize=3, label=label)
+        ax.axhline(smollm2["original"], color="gray", linestyle=":", label="SmolLM2-135M as released")
+        ax.axvline(smollm2["uptrain_conditions"]["anneal_steps"], color="gray", linestyle="--", linewidth=0.8,
+                   label="bridge reaches 1")  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_xlabel("uptraining step")
+        ax.set_ylabel("held-out perplexity")
+        ax.set_title("SmolLM2-135M: Pre-Norm -> GeoNorm with the bridge anneal", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
     plt.close(fig)

@@ -366,7 +366,7 @@ def test_geo_equals_the_written_out_reference(case):
     added = reference_logits(case, lambda k: lambda x, u: x + u)
     assert (added - logits(stock)).abs().max() <= 1e-6
     for settings, steps in (
-        ({}, [1.0 / (k + 1) for k in range(num_layers)]),  # harmonic a/k, a = 1
+        ({}, [0.25 / (k + 1) for k in range(num_layers)]),  # the documented defaults: harmonic a/k, a = 0.25
         ({"geo_alpha": 40.0, "geo_decay": "constant"}, [40.0] * num_layers),  # large steps: the clamps act
     ):
         counts: list = []

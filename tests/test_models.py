@@ -62,7 +62,7 @@ def reference_logits(stock, settings):
     ref = install_reference(
         copy.deepcopy(stock),
         decay=settings.get("geo_decay", "harmonic"),
-        alpha=settings.get("geo_alpha", 1.0),
+        alpha=settings.get("geo_alpha", 0.25),  # the documented default (README, Settings)
         max_angle=settings.get("geo_max_angle", math.pi / 4),
         radius=settings.get("geo_radius", "embedding"),
     )

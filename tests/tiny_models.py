@@ -101,7 +101,7 @@ def reference_step(x: torch.Tensor, u: torch.Tensor, a: float, max_angle: float 
     return out.to(x.dtype)
 
 
-def install_reference(model, decay="harmonic", alpha=1.0, max_angle=math.pi / 4, radius="embedding"):
+def install_reference(model, decay="harmonic", alpha=0.25, max_angle=math.pi / 4, radius="embedding"):
     """Replace each decoder layer's forward of a *stock* model by the reference GeoNorm block (instance-level,
     test only). The stock model's own norms, attention and MLP are called directly."""
     gpt2 = model.config.model_type in GPT2_LIKE
