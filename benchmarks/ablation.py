@@ -64,7 +64,8 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         f"{spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip 1.0, dropout 0; "
         f"{spec['layers']} layers, width {spec['width']}, {spec['heads']} heads"
         + (f" (preset {spec['preset']})" if spec["preset"] else "")
-        + f"; {len({r['spec']['seed'] for r in results})} seeds."
+        + f"; {len({r['spec']['seed'] for r in results})} seeds. GeoNorm members: the library's defaults "
+        f"({common.defaults_text()}) with the decay named."
         + common.reuse_note(results),
         "",
         "Corpora (byte-level BPE of "

@@ -400,6 +400,16 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def defaults_text() -> str:
+    """The library's GeoNorm defaults, read from ``GeoNormSettings`` (so a table says what was actually run)."""
+    from hf_geonorm import GeoNormSettings
+
+    d = GeoNormSettings()
+    angle = "none" if d.geo_max_angle is None else f"pi/{math.pi / d.geo_max_angle:g}"
+    step = "learnable" if d.geo_learnable_step else "fixed"
+    return f"{d.geo_decay} decay, alpha {d.geo_alpha:g}, max angle {angle}, {d.geo_radius} radius, {step} step"
+
+
 def fmt(value: float, digits: int = 3) -> str:
     return "nan" if not math.isfinite(value) else f"{value:.{digits}f}"
 

@@ -97,16 +97,6 @@ def verdict(stats: dict[str, dict], default: str, challengers: list[str]) -> str
     return "confirmed (every alternative is worse)"
 
 
-def defaults_text() -> str:
-    """The library's defaults, read from ``GeoNormSettings`` (so the table says what was actually run)."""
-    from hf_geonorm import GeoNormSettings
-
-    d = GeoNormSettings()
-    angle = "none" if d.geo_max_angle is None else f"pi/{math.pi / d.geo_max_angle:g}"
-    step = "learnable" if d.geo_learnable_step else "fixed"
-    return f"{d.geo_decay} decay, alpha {d.geo_alpha:g}, max angle {angle}, {d.geo_radius} radius, {step} step"
-
-
 def across_architectures(summaries: dict[str, dict[str, dict]]) -> list[str]:
     """Each variant's mean validation loss averaged over every (corpus, architecture) panel, beside its loss
     relative to the defaults in each panel: a default must hold across architectures, not in one."""
@@ -153,7 +143,7 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         "",
         f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; {wall / 60:.1f} min wall on "
         f"{env['cpu_count']} shared CPU cores). One setting changed at a time from the library's defaults "
-        f"({defaults_text()}). Same conditions for every "
+        f"({common.defaults_text()}). Same conditions for every "
         f"variant: {spec['layers']} layers, width {spec['width']}, {spec['steps']} steps x {spec['batch']} x "
         f"{spec['seq_len']} tokens, AdamW lr {spec['lr']}, {len({r['spec']['seed'] for r in results})} seeds."
         + common.reuse_note(results),

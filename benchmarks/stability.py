@@ -69,7 +69,8 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         f"{env['cpu_count']} shared CPU cores). {spec['arch']}, {spec['layers']} layers, width {spec['width']}, "
         f"{spec['heads']} heads, sequences of {spec['seq_len']} tokens on {spec['corpus']}, batch {spec['batch']}, "
         f"{spec['steps']} steps, AdamW lr {spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip "
-        f"1.0, {len({r['spec']['seed'] for r in results})} seeds (same seeds and batches for every style)."
+        f"1.0, {len({r['spec']['seed'] for r in results})} seeds (same seeds and batches for every style). GeoNorm: "
+        f"the library's defaults ({common.defaults_text()}), and the same with constant decay."
         + common.reuse_note(results),
         "",
         "| style | val loss mean | std | min - max | vs pre | spikes (all seeds) | diverged | max train loss after "
