@@ -314,7 +314,9 @@ def _count_parameters_meta(config: Any, check_forward: bool = False) -> int:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
+        # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
+        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
         if check_forward:
             try:
                 model(torch.ones((1, 4), dtype=torch.long))
