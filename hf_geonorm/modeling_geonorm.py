@@ -391,7 +391,26 @@ def geonorm_layer_class(stock_layer_class: type, layout: BlockLayout) -> type:
 DEEPNORM_SCALED = re.compile(r"(^|\.)(v_proj|o_proj|out_proj|dense|c_proj|wo|wv|value)\.weight$")
 
 
-def _deepnorm_scale_(layer: nn.Module, layout: BlockLayout, beta: float, hidden_size: int) -> None:
+def _fused_value_weight(attn: nn.Module, heads: int, hidden_size: int) -> torch.Tensor | None:
+    """The part of a fused query/key/value projection's weight that makes the values (a view into it), laid out
+    as each family's attention splits its output; None where the values have a projection of their own."""
+    head_dim = hidden_size // heads
+    if hasattr(attn, "qkv_proj") and hasattr(attn, "mp_num"):  # codegen: per model-parallel block [q, v, k]
+        return attn.qkv_proj.weight.view(attn.mp_num, 3, -1, hidden_size)[:, 1]
+    fused = getattr(attn, "query_key_value", None) or getattr(attn, "c_attn", None)
+    if fused is None:
+        return None
+    if not isinstance(fused, nn.Linear):  # GPT-2's Conv1D (in x 3*hidden): column blocks [q | k | v]
+        return fused.weight[:, 2 * hidden_size :]
+    weight = fused.weight  # nn.Linear: out x in
+    if getattr(attn, "new_decoder_architecture", False):  # falcon: per key/value group [q..., k, v]
+        return weight.view(attn.num_kv_heads, heads // attn.num_kv_heads + 2, head_dim, hidden_size)[:, -1]
+    if getattr(attn, "multi_query", False):  # falcon / gpt_bigcode: [all q | one k | one v]
+        return weight[weight.shape[0] - head_dim :]
+    return weight.view(heads, 3, head_dim, hidden_size)[:, 2]  # gpt_neox, persimmon, falcon, gpt_bigcode: per head
+
+
+def _deepnorm_scale_(layer: nn.Module, layout: BlockLayout, beta: float, config: Any) -> None:
     """DeepNet's from-scratch init: FFN, value and output projections scaled by beta = (8T)^(-1/4)."""
     with torch.no_grad():
         for name, param in getattr(layer, layout.mlp).named_parameters():
@@ -401,8 +420,9 @@ def _deepnorm_scale_(layer: nn.Module, layout: BlockLayout, beta: float, hidden_
         for name, param in attn.named_parameters():
             if DEEPNORM_SCALED.search(name):
                 param.mul_(beta)
-        if layout.call == "gpt2":  # c_attn packs q, k, v column-wise (Conv1D: in x 3*hidden)
-            attn.c_attn.weight[:, 2 * hidden_size :].mul_(beta)
+        values = _fused_value_weight(attn, config.num_attention_heads, config.hidden_size)
+        if values is not None:
+            values.mul_(beta)
 
 
 def _register_output_capture(base_model: nn.Module) -> None:
@@ -470,7 +490,7 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
             residual.train(layer.training)
             setattr(layer, f"geonorm_{part}_residual", residual)
         if fresh_init and settings.norm_style == "deepnorm":
-            _deepnorm_scale_(layer, layout, (8.0 * num_layers) ** -0.25, config.hidden_size)
+            _deepnorm_scale_(layer, layout, (8.0 * num_layers) ** -0.25, config)
 
 
 SETTING_NAMES = GeoNormSettings.names()

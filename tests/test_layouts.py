@@ -530,3 +530,47 @@ def test_lora_finds_its_default_targets(case):
     model(ids, labels=ids).loss.backward()
     lora_grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_grads and all(g is not None for g in lora_grads)
+
+
+FUSED_QKV = {
+    "gpt_neox-sequential": {},
+    "persimmon": {},
+    "codegen": {},
+    "falcon-sequential": {},  # multi-query
+    "falcon-new": {},
+    "falcon-mha": {"multi_query": False},
+    "gpt_bigcode": {},  # multi-query
+    "gpt_bigcode-mha": {"multi_query": False},
+}
+
+
+@pytest.mark.parametrize("variant", list(FUSED_QKV))
+def test_deepnorm_from_scratch_scales_the_values_inside_fused_qkv_projections(variant):
+    """DeepNet scales the value and output projections by beta = (8T)^(-1/4) and leaves queries and keys alone,
+    so with biases zeroed the same attention input gives the same attention pattern and beta^2 times the
+    stock output. Checked through each family's own attention forward, whatever its q/k/v packing."""
+    case = variant.removesuffix("-mha") + ("-sequential" if variant == "falcon-mha" else "")
+    model_type, kwargs = CASES[case]
+    family = FAMILIES[model_type]
+    config = family.stock_config_class(**kwargs, **FUSED_QKV[variant])
+    torch.manual_seed(0)
+    stock = family.stock_causal_class(config).eval()
+    torch.manual_seed(0)
+    deep = family.causal_class(family.config_class(**config.to_dict(), norm_style="deepnorm")).eval()
+    for model in (stock, deep):
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.zero_()
+    attn_name = LAYOUTS[model_type].attn
+    stock_attn, deep_attn = getattr(layers_of(stock)[0], attn_name), getattr(layers_of(deep)[0], attn_name)
+    seen = {}
+    hook = stock_attn.register_forward_pre_hook(lambda m, a, kw: seen.update(args=a, kwargs=kw), with_kwargs=True)
+    with torch.no_grad():
+        stock(token_ids(), use_cache=False)
+        hook.remove()
+        expected = stock_attn(*seen["args"], **seen["kwargs"])[0]
+        got = deep_attn(*seen["args"], **seen["kwargs"])[0]
+    beta = (8 * len(layers_of(stock))) ** -0.25
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(got, beta**2 * expected, rtol=1e-4, atol=1e-6)
