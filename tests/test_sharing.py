@@ -312,9 +312,9 @@ def test_card_metadata_settings_loading_and_evaluation(folders, tmp_path):
     # what GeoNorm is, the exact settings, the per-layer step sizes and largest rotations
     assert "## What GeoNorm is" in body and "exponential map" in body
     config = json.loads((converted / "config.json").read_text())
-    assert "| `norm_style` | `geo`" in body and "`geo_decay` | `linear`" in body and "`geo_alpha` | `1.0`" in body
+    assert "| `norm_style` | `geo`" in body and "`geo_decay` | `linear`" in body and "`geo_alpha` | `0.25`" in body
     assert f"`geo_max_angle` | {config['geo_max_angle']:.6g} rad" in body and "`geo_bridge` | `0.25`" in body
-    for k, a in enumerate(hf_geonorm.step_sizes("linear", 1.0, 3), start=1):
+    for k, a in enumerate(hf_geonorm.step_sizes("linear", 0.25, 3), start=1):
         rotation = export.max_rotation(a, config["geo_max_angle"])
         assert f"| {k} | {a:.6g} | {rotation:.4g} |" in body
     # loading with and without the plugin
