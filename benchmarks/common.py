@@ -288,13 +288,14 @@ def previous_runs(path: Path | None, specs: list[RunSpec]) -> dict[int, dict[str
     index of that spec: those runs are not repeated. Each reused record is marked with the file it came from."""
     if path is None:
         return {}
-    runs = json.loads(Path(path).read_text())["runs"]
-    stored = {_run_key(r["spec"], r.get("resolved_settings")): r for r in runs if "resolved_settings" in r}
+    payload = json.loads(Path(path).read_text())
+    source = f"{Path(path).name}: written {payload['environment']['date']}, {payload['wall_seconds'] / 60:.1f} min wall"
+    stored = {_run_key(r["spec"], r.get("resolved_settings")): r for r in payload["runs"] if "resolved_settings" in r}
     found = {}
     for i, spec in enumerate(specs):
         run = stored.get(_run_key(asdict(spec), resolved_settings(spec.settings)))
         if run is not None:
-            found[i] = {**run, "reused_from": run.get("reused_from", Path(path).name)}
+            found[i] = {**run, "reused_from": run.get("reused_from", source)}
     return found
 
 
@@ -316,7 +317,7 @@ def reuse_note(results: list[dict[str, Any]]) -> str:
         return ""
     count = sum("reused_from" in r for r in results)
     return (f" {count} of the {len(results)} runs were taken unchanged from an earlier run of this script with the "
-            f"same specification ({', '.join(sources)}; `--reuse`); their tokens/s were measured then.")  # fmt: skip
+            f"same specification ({'; '.join(sources)}; `--reuse`); their tokens/s were measured then.")  # fmt: skip
 
 
 def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, threads: int,
@@ -454,6 +455,7 @@ def plot_panels(path: Path, panels: dict[str, dict[str, list[dict[str, Any]]]], 
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     for ax, (name, members) in zip(axes.flat, panels.items(), strict=False):
+        lowest = math.inf
         for member, runs in members.items():
             style = "-" if "geo" in member else "--"
             if what == "val":
@@ -465,6 +467,7 @@ def plot_panels(path: Path, panels: dict[str, dict[str, list[dict[str, Any]]]], 
                 curves = [smooth(r["losses"]) + [float("nan")] * (length - len(r["losses"])) for r in runs]
             mean = [statistics.fmean(c[i] for c in curves if i < len(c)) for i in range(len(steps))]
             ax.plot(steps[: len(mean)], mean, style, label=member, linewidth=1.2)
+            lowest = min([lowest, *(m for m in mean if math.isfinite(m))])
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss" if what == "val" else "train loss (10-step mean)")
@@ -474,7 +477,7 @@ def plot_panels(path: Path, panels: dict[str, dict[str, list[dict[str, Any]]]], 
             finals = [statistics.fmean(r["evals"][-1][1] for r in runs) for runs in members.values()]
             finals = [f for f in finals if math.isfinite(f)]
             if finals:
-                ax.set_ylim(min(finals) - 0.3, max(finals) + 1.5)
+                ax.set_ylim(min(min(finals), lowest) - 0.1, max(finals) + 1.5)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:

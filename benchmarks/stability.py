@@ -9,7 +9,7 @@ ablation's 64), 3 seeds. Reports final validation loss, loss spikes and divergen
 Writes ``stability.md``, ``stability.json`` and ``stability.png`` (train-loss curves, where spikes show) to
 ``--out``.
 
-    python benchmarks/stability.py                  # the committed CPU run (2 cores, about an hour)
+    python benchmarks/stability.py                  # the committed CPU run (2 cores, 1-1.5 hours)
     python benchmarks/stability.py --layers 48 --width 256 --seq-len 2048 --steps 5000 --workers 1 --threads 8
 """
 
