@@ -55,7 +55,7 @@ DEFAULTS = {
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
-    parser.add_argument("--archs", default="gpt2", help="comma-separated, e.g. gpt2,llama")
+    parser.add_argument("--archs", default="gpt2,llama", help="comma-separated model types")
     parser.add_argument("--corpora", default="prose")
     args = parser.parse_args(argv)
     if args.smoke:
