@@ -107,11 +107,7 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         "",
     ]
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": common.environment(),
-               "wall_seconds": wall, "summaries": summaries, "runs": results}  # fmt: skip
-    common.write_json(out / f"{name}.json", payload)
+    payload = common.write_results(args, name, lines, common.environment(), wall, summaries=summaries, runs=results)
     panels = {
         f"{arch} on {corpus}": {k[2]: v for k, v in groups.items() if k[0] == corpus and k[1] == arch}
         for (corpus, arch) in common.group(results, "corpus", "arch")

@@ -426,6 +426,18 @@ def environment() -> dict[str, Any]:
     }
 
 
+def write_results(args: argparse.Namespace, name: str, lines: list[str], env: dict[str, Any], wall: float,
+                  **fields: Any) -> dict[str, Any]:  # fmt: skip
+    """Write ``<name>.md`` (the table ``lines``) and ``<name>.json`` (the arguments, environment, wall time and
+    ``fields``) to ``args.out``; the JSON payload."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
+    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "wall_seconds": wall,
+               **fields}  # fmt: skip
+    write_json(args.out / f"{name}.json", payload)
+    return payload
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")

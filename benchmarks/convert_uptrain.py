@@ -116,6 +116,22 @@ def smollm2_study(path: Path, args: argparse.Namespace) -> dict:
     return result
 
 
+def uptrain_panel(ax, curves: dict[str, list], reference: float, reference_label: str, anneal_steps: int,  # noqa: ANN001
+                  ylabel: str, title: str) -> None:  # fmt: skip
+    """One panel of the figure: perplexity over uptraining steps per arm (log scale), the starting model's
+    perplexity and the step where the bridge reaches 1."""
+    for label, evals in curves.items():
+        ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", markersize=3, label=label)
+    ax.axhline(reference, color="gray", linestyle=":", label=reference_label)
+    ax.axvline(anneal_steps, color="gray", linestyle="--", linewidth=0.8, label="bridge reaches 1")
+    ax.set_yscale("log")
+    ax.set_xlabel("uptraining step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def perplexity(model: torch.nn.Module, corpus: common.Corpus, args: argparse.Namespace) -> float:
     return math.exp(common.eval_loss(model, corpus.val, args.batch))
 
@@ -248,13 +264,9 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
                       "cores within this benchmark's budget)."]  # fmt: skip
         lines.append("")
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "wall_seconds": wall,
-               "corpus": corpus.label, "pretrain": pretrain, "ppl_original": ppl_original,
-               "ppl_bridge0": ppl_bridge0, "ppl_pure_geo": ppl_pure, "anneal_steps": anneal_steps,
-               "uptrain": arms, "smollm2": smollm2}  # fmt: skip
-    common.write_json(out / f"{name}.json", payload)
+    payload = common.write_results(args, name, lines, env, wall, corpus=corpus.label, pretrain=pretrain,
+                                   ppl_original=ppl_original, ppl_bridge0=ppl_bridge0, ppl_pure_geo=ppl_pure,
+                                   anneal_steps=anneal_steps, uptrain=arms, smollm2=smollm2)  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,30 +274,13 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
 
     smol_arms = (smollm2 or {}).get("uptrain") or {}
     fig, axes = plt.subplots(1, 2 if smol_arms else 1, figsize=(13 if smol_arms else 6.5, 4.2), squeeze=False)
-    ax = axes[0][0]
-    for label, arm in arms.items():
-        ax.plot([s for s, _ in arm["evals"]], [v for _, v in arm["evals"]], marker="o", markersize=3, label=label)
-    ax.axhline(ppl_original, color="gray", linestyle=":", label="pretrained Pre-Norm")
-    ax.axvline(anneal_steps, color="gray", linestyle="--", linewidth=0.8, label="bridge reaches 1")
-    ax.set_yscale("log")
-    ax.set_xlabel("uptraining step")
-    ax.set_ylabel("validation perplexity")
-    ax.set_title("Pre-Norm -> GeoNorm: perplexity over uptraining", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    uptrain_panel(axes[0][0], {label: arm["evals"] for label, arm in arms.items()}, ppl_original,
+                  "pretrained Pre-Norm", anneal_steps, "validation perplexity",
+                  "Pre-Norm -> GeoNorm: perplexity over uptraining")  # fmt: skip
     if smol_arms:
-        ax = axes[0][1]
-        for label, evals in smol_arms.items():
-            ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", markersize=3, label=label)
-        ax.axhline(smollm2["original"], color="gray", linestyle=":", label="SmolLM2-135M as released")
-        ax.axvline(smollm2["uptrain_conditions"]["anneal_steps"], color="gray", linestyle="--", linewidth=0.8,
-                   label="bridge reaches 1")  # fmt: skip
-        ax.set_yscale("log")
-        ax.set_xlabel("uptraining step")
-        ax.set_ylabel("held-out perplexity")
-        ax.set_title("SmolLM2-135M: Pre-Norm -> GeoNorm with the bridge anneal", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        uptrain_panel(axes[0][1], smol_arms, smollm2["original"], "SmolLM2-135M as released",
+                      smollm2["uptrain_conditions"]["anneal_steps"], "held-out perplexity",
+                      "SmolLM2-135M: Pre-Norm -> GeoNorm with the bridge anneal")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
     plt.close(fig)

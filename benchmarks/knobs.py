@@ -187,11 +187,7 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         "",
     ]
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "wall_seconds": wall,
-               "summaries": summaries, "runs": results}  # fmt: skip
-    common.write_json(out / f"{name}.json", payload)
+    payload = common.write_results(args, name, lines, env, wall, summaries=summaries, runs=results)
     panels = {
         f"{arch} on {corpus}": {k[0]: v for k, v in common.group(runs, "label").items()}
         for (corpus, arch), runs in common.group(results, "corpus", "arch").items()

@@ -93,11 +93,7 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         "",
     ]
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    payload = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "wall_seconds": wall,
-               "summaries": stats, "runs": results}  # fmt: skip
-    common.write_json(out / f"{name}.json", payload)
+    payload = common.write_results(args, name, lines, env, wall, summaries=stats, runs=results)
     members = {k[0]: v for k, v in common.group(results, "label").items()}
     common.plot_panels(out / f"{name}.png", {f"{spec['layers']} layers, width {spec['width']}, lr {spec['lr']}":
                        members}, "Stability: seed-mean train loss", what="train")  # fmt: skip
