@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import math
@@ -35,6 +36,7 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = Path(os.environ.get("HF_GEONORM_BENCH_CACHE", Path.home() / ".cache" / "hf-geonorm-bench"))
 FORTUNES = Path("/usr/share/games/fortunes")
+GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 SPIKE_FACTOR = 1.5  # a spike: train loss > SPIKE_FACTOR x the median of the previous SPIKE_WINDOW losses
 SPIKE_WINDOW = 20
 SPIKE_DEFINITION = (
@@ -66,6 +68,37 @@ def fortunes_texts() -> list[str]:
     return docs
 
 
+def dictionary_texts() -> list[str]:
+    """The GNU Collaborative International Dictionary of English (Debian's ``dict-gcide``, installed with apt-get
+    when missing): definitions with etymologies and quotations, a third kind of text beside code and prose.
+    One document per run of entries of about 2,000 characters, shuffled (the file is alphabetical)."""
+    if not GCIDE.is_file():
+        print("installing Debian's dict-gcide package (dictionary corpus) with apt-get", flush=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "dict-gcide"], check=False, capture_output=True)
+    if not GCIDE.is_file():
+        raise SystemExit(f"no dictionary corpus: {GCIDE} is missing and `apt-get install dict-gcide` failed")
+    with gzip.open(GCIDE, "rt", encoding="utf-8", errors="replace") as f:
+        paragraphs = f.read().split("\n\n")
+    docs, current = [], ""
+    for paragraph in paragraphs[1:]:  # the first paragraph is the file's header
+        current += paragraph + "\n\n"
+        if len(current) >= 2000:
+            docs.append(current.strip())
+            current = ""
+    random.Random(0).shuffle(docs)
+    return docs
+
+
+def _take(docs: list[str], max_chars: int) -> tuple[list[str], int]:
+    out, total = [], 0
+    for doc in docs:
+        out.append(doc[: max_chars - total])
+        total += len(out[-1])
+        if total >= max_chars:
+            break
+    return out, total
+
+
 def corpus_texts(name: str, max_chars: int, prose: str | None = None) -> tuple[list[str], str]:
     from hf_geonorm.training import read_texts
 
@@ -74,13 +107,13 @@ def corpus_texts(name: str, max_chars: int, prose: str | None = None) -> tuple[l
     if name == "prose":
         if prose is not None:
             return read_texts(prose, max_chars)
-        docs, out, total = fortunes_texts(), [], 0
-        for doc in docs:
-            out.append(doc[: max_chars - total])
-            total += len(out[-1])
-            if total >= max_chars:
-                break
+        out, total = _take(fortunes_texts(), max_chars)
         return out, f"Debian fortunes ({len(out)} fortunes, {total} characters)"
+    if name == "dict":
+        if prose is not None:  # the tests' stand-in: no apt-get
+            return read_texts(prose, max_chars)
+        out, total = _take(dictionary_texts(), max_chars)
+        return out, f"GNU dictionary GCIDE ({len(out)} documents, {total} characters)"
     raise ValueError(f"unknown corpus {name!r}")
 
 
@@ -98,7 +131,7 @@ def load_corpus(name: str, vocab_size: int, seq_len: int, max_chars: int, prose:
     from hf_geonorm.training import split_blocks, token_blocks, train_tokenizer
 
     tag = f"{name}_{vocab_size}_{seq_len}_{max_chars}"
-    if prose is not None and name == "prose":
+    if prose is not None and name in ("prose", "dict"):
         tag += "_" + hashlib.sha1(os.path.abspath(prose).encode()).hexdigest()[:10]
     cached = CACHE / f"{tag}.pt"
     if cached.exists():
@@ -286,11 +319,17 @@ def previous_runs(path: Path | None, specs: list[RunSpec]) -> dict[int, dict[str
     """Runs of an earlier results JSON (``--reuse``) whose spec equals one of ``specs`` field for field, with
     the same settings after the library's defaults are filled in (a changed default is a different run), by the
     index of that spec: those runs are not repeated. Each reused record is marked with the file it came from."""
-    if path is None:
+    if path is None or not Path(path).exists():
         return {}
-    payload = json.loads(Path(path).read_text())
-    source = f"{Path(path).name}: written {payload['environment']['date']}, {payload['wall_seconds'] / 60:.1f} min wall"
-    stored = {_run_key(r["spec"], r.get("resolved_settings")): r for r in payload["runs"] if "resolved_settings" in r}
+    if Path(path).suffix == ".jsonl":  # a journal: one finished run a line (``run_all(journal=...)``)
+        runs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        source = f"{Path(path).name}: the journal of earlier runs of this script"
+    else:
+        payload = json.loads(Path(path).read_text())
+        runs = payload["runs"]
+        source = (f"{Path(path).name}: written {payload['environment']['date']}, "
+                  f"{payload['wall_seconds'] / 60:.1f} min wall")  # fmt: skip
+    stored = {_run_key(r["spec"], r.get("resolved_settings")): r for r in runs if "resolved_settings" in r}
     found = {}
     for i, spec in enumerate(specs):
         run = stored.get(_run_key(asdict(spec), resolved_settings(spec.settings)))
@@ -321,9 +360,11 @@ def reuse_note(results: list[dict[str, Any]]) -> str:
 
 
 def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, threads: int,
-            log: Any = print, reuse: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
+            log: Any = print, reuse: Path | None = None,
+            journal: Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Run every spec; ``workers`` > 1 uses a spawn process pool with ``threads`` torch threads each. Specs
-    found in ``reuse`` (an earlier results JSON) are taken from there instead of being run again."""
+    found in ``reuse`` (an earlier results JSON or journal) are taken from there instead of being run again.
+    With ``journal``, each finished run is appended to that JSONL file at once (a cut-short study keeps it)."""
     start = time.perf_counter()
     all_specs, reused = specs, previous_runs(reuse, specs)
     results: list[dict[str, Any]] = list(reused.values())
@@ -333,6 +374,10 @@ def run_all(specs: list[RunSpec], corpora: dict[str, Corpus], workers: int, thre
 
     def note(result: dict[str, Any]) -> None:
         results.append(result)
+        if journal is not None:
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            with open(journal, "a", encoding="utf-8") as f:
+                f.write(json.dumps(result, default=str) + "\n")
         s = result["spec"]
         log(
             f"[{len(results)}/{len(all_specs)} {time.perf_counter() - start:.0f}s] {s['arch']} {s['corpus']} "

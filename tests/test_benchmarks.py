@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = ("ablation", "knobs", "stability", "convert_uptrain")
+SCRIPTS = ("ablation", "knobs", "stability", "convert_uptrain", "scaling")
 sys.path.insert(0, str(BENCHMARKS))
 
 import common  # noqa: E402 - benchmarks/common.py, shared by the scripts
