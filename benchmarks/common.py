@@ -100,7 +100,7 @@ def _take(docs: list[str], max_chars: int) -> tuple[list[str], int]:
 
 
 def corpus_texts(name: str, max_chars: int, prose: str | None = None) -> tuple[list[str], str]:
-    from hf_geonorm.training import read_texts
+    from hf_geonorm.training_data import read_texts
 
     if name == "stdlib":
         return read_texts(None, max_chars)
@@ -128,7 +128,7 @@ class Corpus:
 
 def load_corpus(name: str, vocab_size: int, seq_len: int, max_chars: int, prose: str | None = None) -> Corpus:
     """Token blocks of a corpus, train and validation split; tokenizer and blocks cached on disk."""
-    from hf_geonorm.training import split_blocks, token_blocks, train_tokenizer
+    from hf_geonorm.training_data import split_blocks, token_blocks, train_tokenizer
 
     tag = f"{name}_{vocab_size}_{seq_len}_{max_chars}"
     if prose is not None and name in ("prose", "dict"):

@@ -6,7 +6,7 @@
 3. Convert it as pure GeoNorm (bridge 1, default settings): the perplexity of the unchanged weights.
 4. Uptrain, from the same weights, with the same batches, lr and steps:
    - ``pre (continue)``: the stock Pre-Norm model, trained on;
-   - ``geo, bridge anneal``: the bridge-0 conversion with ``hf_geonorm.set_bridge`` moved linearly from 0 to 1
+   - ``geo, bridge anneal``: the bridge-0 conversion with ``config.geo_bridge`` moved linearly from 0 to 1
      over the first ``--anneal-fraction`` of the steps (each step), then pure GeoNorm;
    - ``geo, no anneal``: the pure GeoNorm conversion trained directly.
    Validation perplexity over steps for each.
@@ -109,7 +109,7 @@ def smollm2_study(path: Path, args: argparse.Namespace) -> dict:
         ppl = lambda m: math.exp(common.eval_loss(m, val, 4))  # noqa: E731
         geo = hf_geonorm.convert(model, norm_style="geo", geo_bridge=0.0)
         for name, arm, hook in (("pre (continue)", model, None), ("geo, bridge anneal", geo,
-                                lambda step: hf_geonorm.set_bridge(geo, min(1.0, step / anneal)))):  # fmt: skip
+                                lambda step: setattr(geo.config, "geo_bridge", min(1.0, step / anneal)))):  # fmt: skip
             record = common.train_steps(arm, spec, corpus, step_hook=hook, eval_fn=ppl)
             result["uptrain"][name] = record["evals"]
     result["seconds"] = time.perf_counter() - start
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     for label, model, hook in (
         ("pre (continue)", copy.deepcopy(base), None),
         ("geo, bridge anneal", bridge0,
-         lambda step, m=bridge0: hf_geonorm.set_bridge(m, min(1.0, step / anneal_steps))),
+         lambda step, m=bridge0: setattr(m.config, "geo_bridge", min(1.0, step / anneal_steps))),
         ("geo, no anneal", pure, None),
     ):  # fmt: skip
         t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, ann
         "",
         f"Uptraining from those weights, {args.steps} steps, lr {args.uptrain_lr} (warm-up then cosine), same "
         f"batches for every arm; the anneal moves the bridge linearly 0 -> 1 over the first {anneal_steps} steps "
-        "(`hf_geonorm.set_bridge` before each step), then trains pure GeoNorm.",
+        "(`model.config.geo_bridge` set before each step), then trains pure GeoNorm.",
         "",
         "| arm | " + " | ".join(f"step {s}" for s in steps) + " | spikes |",
         "|---|" + "---|" * (len(steps) + 1),

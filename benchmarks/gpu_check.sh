@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU checks of issue 6, in one go and under 5 minutes on one modern GPU:
+#   0. the Triton kernel's first-use check (the one every process runs before trusting the kernel), for each
+#      dtype, clamp and saved tensor at two widths, against the torch twin;
 #   1. tests/test_fused.py on CUDA: the Triton kernel against the composed torch path (float32, bfloat16,
 #      model widths, strided rows, a float32 state with a bf16 update), a tiny model's training step with the
 #      fused update on and off, and (in a child process) the same kernels through Triton's interpreter;
 #   2. benchmarks/overhead.py --device cuda, eager: every style, GeoNorm with the fused kernel on and off;
 #   3. the same compiled (stock, pre, geo, geo_unfused), with whatever time is left.
 # Usage: bash benchmarks/gpu_check.sh OUT_DIR      (needs torch with CUDA, triton, and this package installed)
-# Writes to OUT_DIR: env.txt, pytest_fused.txt, pytest_fused.xml, overhead_cuda.{json,md},
+# Writes to OUT_DIR: env.txt, kernel_check.txt, pytest_fused.txt, pytest_fused.xml, overhead_cuda.{json,md},
 # overhead_cuda_compiled.{json,md}, summary.txt. Each stage has its own time limit; the benchmark writes its
 # files after each architecture, so a stage cut short keeps what it measured.
 set -uo pipefail
@@ -28,6 +30,34 @@ left() { echo $((budget - (SECONDS - start))); }
 'triton', triton.__version__, 'device', torch.cuda.get_device_name())"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
+
+echo "== 0. the kernel's first-use check (hf_geonorm.fused.check_kernel) on CUDA"
+timeout 90 "$python" - > "$out/kernel_check.txt" 2>&1 <<'PY'
+import math
+
+import torch
+
+from hf_geonorm import fused
+
+cases = [  # (state dtype, update dtype, max_angle, what the backward keeps)
+    (torch.float32, torch.float32, math.pi / 4, "output"),
+    (torch.float32, torch.float32, math.pi / 4, "update"),
+    (torch.float32, torch.float32, None, "update"),
+    (torch.float32, torch.bfloat16, math.pi / 4, "output"),
+    (torch.bfloat16, torch.bfloat16, math.pi / 4, "update"),
+    (torch.bfloat16, torch.bfloat16, None, "update"),
+    (torch.float16, torch.float16, math.pi / 4, "update"),
+]
+failed = 0
+for x_dtype, u_dtype, max_angle, keep in cases:
+    for width in (768, 5000):
+        problem = fused.check_kernel("cuda", x_dtype, u_dtype, width, max_angle, keep)
+        print(x_dtype, u_dtype, width, max_angle, keep, "ok" if problem is None else f"FAILED: {problem}")
+        failed += problem is not None
+raise SystemExit(1 if failed else 0)
+PY
+check_rc=$?
+cat "$out/kernel_check.txt"
 
 echo "== 1. tests/test_fused.py on CUDA"
 timeout 150 "$python" -m pytest -q -rs -p no:cacheprovider tests/test_fused.py \
@@ -51,9 +81,10 @@ else
 fi
 
 {
+    echo "kernel check rc=$check_rc (0 = the kernel agrees with the torch twin in every case)"
     echo "tests rc=$tests_rc (0 = all passed)"
     grep -E "passed|failed|error" "$out/pytest_fused.txt" | tail -n 1
     echo "eager benchmark rc=$eager_rc, compiled benchmark rc=$compiled_rc (124 = cut at its time limit)"
     echo "seconds: $((SECONDS - start))"
 } | tee "$out/summary.txt"
-[ "$tests_rc" -eq 0 ]
+[ "$check_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ]

@@ -33,6 +33,7 @@ and the tables, JSON and figure are rewritten after every cell, marking the cell
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -130,6 +131,15 @@ class Study:
             self.corpora[name] = common.load_corpus(name, self.args.vocab, self.args.seq_len,
                                                     common.max_chars(self.args), self.args.prose)  # fmt: skip
         return self.corpora[name]
+
+    def load_journal(self) -> None:
+        """Every run finished so far (``--report``: rewrite the results without running anything)."""
+        if self.journal.exists():
+            for line in self.journal.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    s = r["spec"]
+                    self.results[f"{s['label']}|{s['arch']}|{s['corpus']}|{s['seed']}"] = r
 
     def run(self, specs: list[common.RunSpec]) -> list[dict[str, Any]]:
         corpora = {s.corpus: self.corpus(s.corpus) for s in specs}
@@ -403,6 +413,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--final-alpha", type=float, default=None,
                         help="alpha of the final comparison [default: the rule's choice from the grid]")  # fmt: skip
     parser.add_argument("--final-decay", default=None, choices=["harmonic", "constant"])
+    parser.add_argument("--report", action="store_true",
+                        help="only rewrite the tables, JSON and figure from the runs finished so far")  # fmt: skip
     args = parser.parse_args(argv)
     args.choice_corpora, args.heldout = list(CHOICE_CORPORA), HELDOUT_CORPUS
     if args.smoke:
@@ -414,6 +426,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     study = Study(args)
     phases = args.phases.split(",")
     todo = [c for axis in PHASES[:3] if axis in phases for c in grid(args.smoke)[axis]]
+    if args.report:
+        study.load_journal()
+        tables = cell_tables(list(study.results.values()))
+        finished = {name for (name, _, _), table in tables.items() if complete(table)}
+        pending = [c.name + (" (partly run)" if c.name in {n for n, _, _ in tables} else "")
+                   for c in todo if c.name not in finished or any(
+                       not complete(tables.get((c.name, a, k), {})) for a in study.archs for k in args.choice_corpora)]
+        return write(study, pending + ["final"], chosen_rule(tables))
     chosen = None
     for i, cell in enumerate(todo):
         study.run_cell(cell)

@@ -1,4 +1,4 @@
-"""The GeoNorm settings as click options, shared by ``convert``, ``init`` and ``angles``.
+"""The GeoNorm settings as click options, shared by ``convert``, ``init``, ``angles``, ``perplexity`` and ``train``.
 
 The choices are spelled out here (``tests/test_cli.py`` checks them against ``hf_geonorm``) so that
 ``hf-geonorm --help`` answers without importing torch and transformers.
@@ -161,20 +161,8 @@ def pop_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def check_settings(given: dict[str, Any], current: dict[str, Any] | None, num_layers: int) -> dict[str, Any]:
-    """The full settings (current ones, or the defaults, updated with ``given``), validated for ``num_layers``
-    layers; a bad combination is a usage error."""
-    from hf_geonorm import GeoNormSettings
-
-    try:
-        settings = GeoNormSettings(**{**(current or {}), **given}).validate(num_layers)
-    except ValueError as error:
-        raise click.UsageError(_option_words(str(error))) from None
-    return settings.to_dict()
-
-
 def _option_words(message: str) -> str:
-    """Name the command-line options in a library message about settings."""
+    """Name the command-line options in a library message about settings (and the dtype)."""
     for option, setting in SETTING_OPTIONS.items():
         message = re.sub(rf"\b{setting}\b", f"--{option.replace('_', '-')}", message)
-    return message
+    return message.replace("use dtype ", "use --dtype ")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
+from .errors import first_line
 from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
 
 
@@ -42,8 +42,9 @@ from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
               "Pre-Norm checkpoint into GeoNorm).")  # fmt: skip
 @click.option("--output", default="geonorm-run", show_default=True, type=click.Path(file_okay=False),
               help="Folder for checkpoints, the final model, metrics.json and loss_curve.png.")  # fmt: skip
-@click.option("--resume", is_flag=True, help="Resume from the last checkpoint in --output.")
-@click.option("--force", is_flag=True, help="Train into a non-empty --output (without --resume).")
+@click.option("--resume", is_flag=True, help="Resume from the newest whole checkpoint in --output.")
+@click.option("--force", is_flag=True, help="Start a new run in a non-empty --output (its earlier checkpoints are "
+              "removed; final/, metrics.json and loss_curve.png replaced).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 def train(
     model_path: str | None,
@@ -77,13 +78,7 @@ def train(
     model with its remote code, metrics.json and loss_curve.png to --output.
     """
     settings = pop_settings(kwargs)
-    out = Path(output)
-    if out.exists() and any(out.iterdir()) and not (resume or force):
-        raise click.UsageError(f"--output {output} is not empty; pass --resume to continue it or --force")
-    if resume and not any(out.glob("checkpoint-*")):
-        raise click.UsageError(f"--resume: no checkpoint-* folder in {output}")
-    if data is not None and not Path(data).exists() and "/" not in data:
-        raise click.UsageError(f"--data {data}: no such file or folder")
+    from hf_geonorm.loading import SettingsError
     from hf_geonorm.training import TrainOptions, run_training
 
     options = TrainOptions(
@@ -91,7 +86,7 @@ def train(
         vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, max_steps=max_steps, lr=lr,
         warmup_steps=warmup_steps, precision=precision or "fp32", compile=use_compile,
         gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every, output=output,
-        bridge_anneal=bridge_anneal, resume=resume, seed=seed,
+        bridge_anneal=bridge_anneal, resume=resume, force=force, seed=seed,
     )  # fmt: skip
     try:
         options.validate()
@@ -100,5 +95,7 @@ def train(
 
             hf_geonorm.family_for(arch)
         run_training(options, log=click.echo)
+    except SettingsError as error:
+        raise click.UsageError(_option_words(first_line(error))) from None
     except ValueError as error:
-        raise click.UsageError(_option_words(str(error).splitlines()[0])) from None
+        raise click.ClickException(_option_words(first_line(error, limit=600))) from None

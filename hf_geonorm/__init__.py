@@ -1,32 +1,32 @@
 """GeoNorm for HuggingFace Transformers: residual updates as geodesic steps on a sphere.
 
-Importing the package registers a ``geonorm_X`` family (config, base model, causal LM) for every supported
-stock model type X with the transformers Auto classes.
+Importing the package registers a ``geonorm_X`` family (config, base model, causal LM and the stock type's other
+heads) for every supported stock model type X with the transformers Auto classes. A family's classes are built on
+first use:
+``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
 from . import modeling_geonorm as _modeling
+from .fused import geonorm_step
 from .geometry import (
     entry_rescale,
     exp_map,
     geodesic_update,
-    geonorm_step,
     prenorm_angle,
     step_sizes,
     tangent,
 )
-from .modeling_geonorm import BlockLayout, GeoNormFamily
+from .layouts import BlockLayout
+from .modeling_geonorm import GeoNormFamily
 from .patching import (
     apply_geonorm,
     config_class_for,
     convert,
     family_for,
-    set_bridge,
     supported_architectures,
 )
 from .residual import GeoNormResidual, identity_norm_like
 from .settings import NORM_STYLES, RADII, GeoNormSettings
-
-globals().update({name: getattr(_modeling, name) for name in _modeling.GENERATED_CLASS_NAMES})
 
 __all__ = [
     "NORM_STYLES",
@@ -45,9 +45,20 @@ __all__ = [
     "geonorm_step",
     "identity_norm_like",
     "prenorm_angle",
-    "set_bridge",
     "step_sizes",
     "supported_architectures",
     "tangent",
-    *_modeling.GENERATED_CLASS_NAMES,
 ]
+
+
+def __getattr__(name: str) -> type:
+    """``GeoNorm<X>Config``, ``GeoNorm<X>Model``, ``GeoNorm<X>ForCausalLM``, ``GeoNorm<X>ForSequenceClassification``
+    and the other heads: built with their family on first use (they are left out of ``__all__``, so that a star
+    import does not build all families)."""
+    if name in _modeling.GENERATED_CLASSES:
+        return getattr(_modeling, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_modeling.GENERATED_CLASSES])

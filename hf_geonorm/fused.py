@@ -1,19 +1,21 @@
-"""A fused GeoNorm update: one autograd Function with a Triton kernel on CUDA and a torch twin elsewhere.
+"""``geonorm_step``, the model-level GeoNorm update, and its fused form: one autograd Function with Triton kernels
+on CUDA (``fused_kernels.py``) and a torch twin elsewhere.
 
-What it computes is ``geometry.geonorm_step(x, u, alpha, max_angle)`` with ``bridge == 1``, a Python-number
-``alpha`` and no learnable step scale/bias (GEONORM.md, "The update"): per row (one token, along the hidden
-dim), with c = <u,x>/|x|^2 and t = u - c x,
+The fused Function computes ``geometry.composed_geonorm_step(x, u, alpha, max_angle)`` with ``bridge == 1``, a
+Python-number ``alpha`` and no learnable step scale/bias (docs/method.md, "The update"): per row (one token,
+along the hidden dim), with c = <u,x>/|x|^2 and t = u - c x, ``geometry.geonorm_rotation`` gives the angle theta
+and the step size applied, step = theta/(|t|/|x|), and
 
-    theta = min(alpha min(|t|/|x|, max_angle), max_angle)        (theta = alpha |t|/|x| when max_angle is None)
-    out   = A x + B t,   A = cos(theta),   B = alpha sinc(theta)  where no clamp is active,
-                                           B = sin(theta) |x|/|t| where one is (theta is then a constant),
+    out = A x + B t,   A = cos(theta),   B = sin_over(theta) step
+                       (B = alpha sin_over(theta) where no clamp is active, sin(theta) |x|/|t| where one is),
 
 so every row needs only the per-row numbers <x,x>, <u,x> and |t|^2. The backward is written out in the same
-per-row scalars (``_backward_scalars``):
+per-row scalars (``_gradient_scalars``):
 
-    dx = (A - cB) g + P u + (c^2 k + [|x| not floored] G/|x|) x,      du = B g + k u + P x,
+    dx = (A - cB) g + P u + (c^2 k + G/|x|) x,      du = B g + k u + P x,
 
-with k, P, G per-row scalars formed from <g,x>, <g,u> and the forward's numbers.
+with k, P, G per-row scalars formed from <g,x>, <g,u> and the forward's numbers. A row whose state is shorter
+than ``geometry.NORM_FLOOR`` does not move: out = x, dx = g, du = 0.
 
 Memory. The forward keeps x (which the sublayer's input norm keeps anyway), three numbers per row, and
 either u or its own output ``out``. Where the output is float32/float64 and the angle is clamped at most
@@ -25,37 +27,50 @@ GeoNorm step costs no activation memory beyond a Pre-Norm residual add (which ke
 bfloat16/float16 state, no clamp or a clamp above pi/2 keep u instead. (As for any saved tensor, changing
 ``out`` in place before the backward makes autograd raise its usual error.)
 
-Kernel (CUDA, ``triton`` importable): one program per row; the whole row of ``x`` and ``u`` is loaded once
-into registers (in float32 whatever the input dtypes), the reductions <x,x> and <u,x> run over it, then
-|t|^2 = sum (u - c x)^2 over the same registers (no second read of memory; used instead of the identity
-|t|^2 = <u,u> - <u,x>^2/<x,x>, which cancels catastrophically when u is nearly parallel to x), the output is
-written once in x's dtype and the three row numbers once. The backward kernel reads x, u (or out) and the
-output gradient once, forms <g,x> and <g,u> (or <g,out>) and writes dx and du once. Rows wider than
-``MAX_FUSED_WIDTH`` use the torch twin.
-
 Not fused (``geometry.composed_geonorm_step`` is used): ``bridge < 1``, the learnable step scale/bias, a tensor
 ``alpha``, x and u of different shapes, other dtypes. The Triton kernel computes in float32, so float64 takes
-the torch twin. Double backward (``create_graph=True``) differentiates the composed path where u was kept,
-and raises where ``out`` was kept (turn the fused update off for higher-order gradients).
+the torch twin; rows wider than ``MAX_FUSED_WIDTH`` take the twin too. Double backward (``create_graph=True``)
+differentiates the composed path where u was kept, and raises where ``out`` was kept (turn the fused update off
+for higher-order gradients).
 
 Under ``torch.compile`` the torch twin is traced (Inductor fuses it into its own kernels), never the
 hand-written kernel, so compiled graphs contain no opaque call and no graph break.
 
-Switch: the environment variable ``HF_GEONORM_FUSED=0`` (read at import) or ``set_fused_enabled(False)``
-turns the fused Function off everywhere (``geonorm_step`` then uses its composed autograd path, as before this
-module existed); ``set_fused_enabled(True)`` turns it back on. Default: on.
+First-use check. Until the kernels have been shown right on real GPUs, a process does not depend on them being
+right: the first time ``geonorm_step`` would use the Triton kernel for a device, dtypes, clamp and saved tensor
+(``kernel_passes_check``), it runs the kernel forward and backward on a small random batch against the torch
+twin in float64 (``check_kernel``), with the bound tests/test_fused.py uses. If it raises or differs, a warning
+naming ``HF_GEONORM_FUSED`` is given once and ``geonorm_step`` uses the composed path for the rest of the process.
 
-This file is copied beside saved checkpoints as remote code: it imports only torch (triton lazily, inside
-``try``, so the module imports fine where triton is not installed).
+Switch: the environment variable ``HF_GEONORM_FUSED=0`` (read at import) or ``set_fused_enabled(False)``
+turns the fused Function off everywhere (``geonorm_step`` then uses its composed autograd path);
+``set_fused_enabled(True)`` turns it back on. Default: on.
+
+This file is copied beside saved checkpoints as remote code: it imports torch, the standard library and its
+flat siblings; triton only through ``fused_kernels.py``, inside ``try``, so it imports fine where triton is not
+installed.
 """
 
-from __future__ import annotations  # kernel annotations (tl.constexpr) stay unevaluated strings
+from __future__ import annotations
 
 import contextlib
 import math
 import os
+import warnings
+from typing import NamedTuple
 
 import torch
+
+from .geometry import (
+    composed_geonorm_step,
+    compute_dtype,
+    floored_norm,
+    geonorm_rotation,
+    row_norm,
+    sin_over,
+    tangent_coefficient,
+    tangent_from,
+)
 
 ENV_VAR = "HF_GEONORM_FUSED"
 MAX_FUSED_WIDTH = 16384  # widest row the kernel keeps in registers; wider rows use the torch twin
@@ -83,67 +98,61 @@ def fused_enabled() -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# per-row scalars of the torch twin (the Triton kernels spell out the same lines with tl.*)
+# the per-row scalars of the torch twin (fused_kernels.py spells the same lines out in Triton)
 # ----------------------------------------------------------------------------------------------------------
-def _floor(dtype: torch.dtype) -> float:
-    """sqrt(tiny): the lower bound of |x| in divisions (as in geometry._norm_floor)."""
-    return math.sqrt(torch.finfo(dtype).tiny)
+class RowStep(NamedTuple):
+    """The per-row numbers of one step, each [rows, 1]: out = a x + b t."""
 
-
-def _compute_dtype(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    return torch.float64 if torch.float64 in (a, b) else torch.float32
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    x_norm: torch.Tensor
+    t_norm: torch.Tensor
+    theta: torch.Tensor
+    sinc: torch.Tensor
+    clamped: torch.Tensor | None
+    moves: torch.Tensor
 
 
 def _q(theta: torch.Tensor) -> torch.Tensor:
-    """(theta cos(theta) - sin(theta)) / theta^3 = sinc'(theta)/theta, with its series near 0 (limit -1/3)."""
+    """(cos(theta) - sin_over(theta)) / theta^2 = sinc'(theta)/theta, with its series near 0 (limit -1/3)."""
     small = 0.05 if theta.dtype == torch.float64 else 0.5
     t2 = theta * theta
     series = -1.0 / 3.0 + t2 * (1.0 / 30.0 + t2 * (-1.0 / 840.0 + t2 * (1.0 / 45360.0 - t2 / 3991680.0)))
     safe = torch.where(theta < small, torch.ones_like(theta), theta)
-    direct = (safe * torch.cos(safe) - torch.sin(safe)) / (safe * safe * safe)
+    direct = (torch.cos(safe) - torch.sin(safe) / safe) / (safe * safe)
     return torch.where(theta < small, series, direct)
 
 
-def _forward_scalars(xx, ux, tt, alpha: float, max_angle: float | None, floor: float):
-    """A, B, c and what the backward needs, from <x,x>, <u,x> and |t|^2 (all [rows, 1])."""
-    xn = xx.sqrt().clamp_min(floor)
-    c = ux / (xn * xn)
-    tn = tt.sqrt()
-    base = tn / xn
-    theta_lin = alpha * base
-    if max_angle is None:
-        theta, clamped = theta_lin, None
-    else:
-        theta = (alpha * base.clamp_max(max_angle)).clamp_max(max_angle)
-        clamped = (base > max_angle) | (theta_lin > max_angle)
-    sinc = torch.sinc(theta / math.pi)
-    b = alpha * sinc
-    if clamped is not None:
-        tn_safe = torch.where(clamped, tn, torch.ones_like(tn))
-        b = torch.where(clamped, torch.sin(theta) * xn / tn_safe, b)
-    return torch.cos(theta), b, c, xn, tn, theta, sinc, clamped
+def _row_step(xx, ux, tt, alpha: float, max_angle: float | None) -> RowStep:
+    """The step's per-row numbers from <x,x>, <u,x> and |t|^2 (all [rows, 1])."""
+    x_norm, moves = floored_norm(xx.sqrt())
+    t_norm = tt.sqrt()
+    theta, step, clamped = geonorm_rotation(t_norm, x_norm, moves, alpha, max_angle)
+    sinc = sin_over(theta)
+    c = tangent_coefficient(ux, x_norm)
+    return RowStep(torch.cos(theta), sinc * step, c, x_norm, t_norm, theta, sinc, clamped, moves)
 
 
-def _backward_scalars(xx, ux, gx, gu, scalars, alpha: float, floor: float):
-    """(A - cB, P, a3, B, k): dx = (A - cB) g + P u + a3 x and du = B g + k u + P x."""
-    a, b, c, xn, tn, theta, sinc, clamped = scalars
+def _gradient_scalars(gx, gu, s: RowStep, alpha: float):
+    """(A - cB, P, a3, k): dx = (A - cB) g + P u + a3 x and du = B g + k u + P x; 0 on rows that do not move.
+    Ordered so that no intermediate overflows where the result does not."""
+    c, xn, tn, theta = s.c, s.x_norm, s.t_norm, s.theta
     gt = gu - c * gx  # <g, t>
-    s = alpha * _q(theta) * gt - sinc * gx
+    sg = alpha * _q(theta) * gt - s.sinc * gx
     k1 = alpha / xn
-    k = k1 * (k1 * s)  # (alpha/|x|)^2 S, ordered so a floored |x| does not overflow
-    gn = -(theta * (theta / xn)) * s  # d loss / d|x| through theta
-    if clamped is not None:
-        tn_safe = torch.where(clamped, tn, torch.ones_like(tn))
+    k = k1 * (k1 * sg)  # (alpha/|x|)^2 S
+    gn = -(theta / xn) * (theta * sg)  # d loss / d|x| through theta
+    if s.clamped is not None:
+        tn_safe = torch.where(s.clamped, tn, torch.ones_like(tn))
         sin = torch.sin(theta)
-        k = torch.where(clamped, -sin * (xn / tn_safe) * (gt / tn_safe) / tn_safe, k)
-        gn = torch.where(clamped, gt * sin / tn_safe, gn)
-    tx = ux - c * xx  # <t, x>: 0 unless |x| is floored
-    big_tx = b * gx + k * tx  # <dL/dt, x>
-    p = -c * k - big_tx / (xn * xn)
-    gn_total = gn + 2.0 * big_tx * c / xn
-    not_floored = xx.sqrt() >= floor
-    a3 = c * c * k + torch.where(not_floored, gn_total / xn, torch.zeros_like(gn_total))
-    return a - c * b, p, a3, b, k
+        k = torch.where(s.clamped, -sin * (xn / tn_safe) * (gt / tn_safe) / tn_safe, k)
+        gn = torch.where(s.clamped, gt * sin / tn_safe, gn)
+    bt = s.b * gx  # <dL/dt, x>
+    p = -(c * k) - bt / xn / xn
+    a3 = c * (c * k) + (gn + 2.0 * bt * c / xn) / xn
+    zero = torch.zeros_like(k)
+    return s.a - c * s.b, torch.where(s.moves, p, zero), torch.where(s.moves, a3, zero), torch.where(s.moves, k, zero)
 
 
 def _no_autocast(device: torch.device):
@@ -153,24 +162,18 @@ def _no_autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _row_norm(a: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-
-
 def torch_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
     """The torch twin of the forward kernel on [rows, width] tensors: (out, [rows, 3] <x,x>, <u,x>, |t|^2).
     One full-size allocation in float32 (the output, used as scratch for t first)."""
-    cd = _compute_dtype(x2.dtype, u2.dtype)
+    cd = compute_dtype(x2.dtype, u2.dtype)
     x, u = x2.to(cd), u2.to(cd)
-    floor = _floor(cd)
     buf = torch.empty_like(x)
-    xn_raw = _row_norm(x)
+    x_norm_raw = row_norm(x)
     ux = torch.mul(u, x, out=buf).sum(dim=-1, keepdim=True)
-    c = ux / xn_raw.clamp_min(floor) ** 2
-    t = torch.addcmul(u, x, c, value=-1.0, out=buf)
-    xx, tt = xn_raw * xn_raw, _row_norm(t) ** 2
-    a, b, *_ = _forward_scalars(xx, ux, tt, alpha, max_angle, floor)
-    out = t.mul_(b).addcmul_(x, a)  # A x + B t
+    t = tangent_from(u, x, tangent_coefficient(ux, floored_norm(x_norm_raw)[0]), out=buf)
+    xx, tt = x_norm_raw * x_norm_raw, row_norm(t) ** 2
+    s = _row_step(xx, ux, tt, alpha, max_angle)
+    out = t.mul_(s.b).addcmul_(x, s.a)  # A x + B t
     return out.to(x2.dtype), torch.cat((xx, ux, tt), dim=-1)
 
 
@@ -179,229 +182,65 @@ def torch_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, fro
     ``from_out``), the output gradient and the forward's row numbers. Two full-size allocations."""
     cd = stats.dtype
     x, v, g = x2.to(cd), v2.to(cd), g2.to(cd)
-    floor = _floor(cd)
     xx, ux, tt = stats[:, 0:1], stats[:, 1:2], stats[:, 2:3]
     dx, du = torch.empty_like(x), torch.empty_like(x)
     gx = torch.mul(g, x, out=dx).sum(dim=-1, keepdim=True)
     gv = torch.mul(g, v, out=du).sum(dim=-1, keepdim=True)
-    scalars = _forward_scalars(xx, ux, tt, alpha, max_angle, floor)
-    a, b, c = scalars[:3]
-    if from_out:  # u = out/B + (c - A/B) x; B = 0 only where alpha = 0, and then P = k = 0
-        inv_b = torch.where(b != 0, 1.0 / torch.where(b != 0, b, torch.ones_like(b)), torch.zeros_like(b))
-        gu = (gv - a * gx) * inv_b + c * gx
+    s = _row_step(xx, ux, tt, alpha, max_angle)
+    if from_out:  # u = out/B + (c - A/B) x; B = 0 only where alpha = 0 or the row does not move: P = k = 0
+        inv_b = torch.where(s.b != 0, 1.0 / torch.where(s.b != 0, s.b, torch.ones_like(s.b)), torch.zeros_like(s.b))
+        gu = (gv - s.a * gx) * inv_b + s.c * gx
     else:
         gu = gv
-    a1, p, a3, b, k = _backward_scalars(xx, ux, gx, gu, scalars, alpha, floor)
-    if from_out:
-        shift = c - a * inv_b
-        p, k, a3, pk = p * inv_b, k * inv_b, a3 + p * shift, p + k * shift  # coefficients on out and x
+    a1, p, a3, k = _gradient_scalars(gx, gu, s, alpha)
+    if from_out:  # the coefficients rewritten onto out and x
+        shift = s.c - s.a * inv_b
+        p, k, a3, px = p * inv_b, k * inv_b, a3 + p * shift, p + k * shift
     else:
-        pk = p
+        px = p
     torch.mul(g, a1, out=dx).addcmul_(v, p).addcmul_(x, a3)
-    torch.mul(g, b, out=du).addcmul_(v, k).addcmul_(x, pk)
+    torch.mul(g, s.b, out=du).addcmul_(v, k).addcmul_(x, px)
     return dx.to(x2.dtype), du.to(u_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Triton kernels, built on first use (triton imported lazily; TRITON_INTERPRET=1 builds interpreted ones)
+# the Triton kernels, imported on first use
 # ----------------------------------------------------------------------------------------------------------
-triton = None
-tl = None
-_KERNELS: dict = {}
+_KERNELS = None
 _TRITON_MISSING = False
 
 
 def triton_available() -> bool:
-    """Whether ``triton`` can be imported here (checked once)."""
-    global triton, tl, _TRITON_MISSING
-    if triton is not None:
-        return True
-    if _TRITON_MISSING:
-        return False
-    try:
-        import triton as _triton
-        import triton.language as _tl
-    except Exception:  # ImportError, or a triton that cannot initialise on this machine
-        _TRITON_MISSING = True
-        return False
-    triton, tl = _triton, _tl
-    return True
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-# The kernels are plain functions here, wrapped by triton.jit in _kernels() (so this module imports without
-# triton); the annotations are strings (future import), so tl need not exist at import. One program per row.
-def _geonorm_fwd_kernel(X, U, OUT, STATS, stride_x, stride_u, stride_o, N, alpha, max_angle, floor,
-                        CLAMP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    xx = tl.sum(x * x, axis=0)
-    ux = tl.sum(u * x, axis=0)
-    xn = tl.maximum(tl.sqrt(xx), floor)
-    c = ux / (xn * xn)
-    t = u - c * x
-    tt = tl.sum(t * t, axis=0)
-    # --- per-row scalars (as in _forward_scalars and the backward kernel) ---
-    tn = tl.sqrt(tt)
-    base = tn / xn
-    theta_lin = alpha * base
-    if CLAMP:
-        theta = tl.minimum(alpha * tl.minimum(base, max_angle), max_angle)
-        clamped = (base > max_angle) | (theta_lin > max_angle)
-    else:
-        theta = theta_lin
-        clamped = base < 0.0  # never
-    small = theta < 1e-3
-    theta_safe = tl.where(small, 1.0, theta)
-    sinc = tl.where(small, 1.0 - theta * theta / 6.0, tl.sin(theta_safe) / theta_safe)
-    tn_safe = tl.where(tn > 0.0, tn, 1.0)
-    b = tl.where(clamped, tl.sin(theta) * xn / tn_safe, alpha * sinc)
-    a = tl.cos(theta)
-    # --- the update and the row numbers ---
-    out = a * x + b * t
-    tl.store(OUT + row * stride_o + cols, out.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(STATS + row * 3, xx)
-    tl.store(STATS + row * 3 + 1, ux)
-    tl.store(STATS + row * 3 + 2, tt)
-
-
-def _geonorm_bwd_kernel(X, V, G, STATS, DX, DU, stride_x, stride_v, stride_g, stride_dx, stride_du, N, alpha,
-                        max_angle, floor, CLAMP: tl.constexpr, FROM_OUT: tl.constexpr,
-                        BLOCK: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(V + row * stride_v + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
-    xx = tl.load(STATS + row * 3)
-    ux = tl.load(STATS + row * 3 + 1)
-    tt = tl.load(STATS + row * 3 + 2)
-    gx = tl.sum(g * x, axis=0)
-    gv = tl.sum(g * v, axis=0)
-    # --- per-row scalars (as in the forward kernel) ---
-    xn = tl.maximum(tl.sqrt(xx), floor)
-    c = ux / (xn * xn)
-    tn = tl.sqrt(tt)
-    base = tn / xn
-    theta_lin = alpha * base
-    if CLAMP:
-        theta = tl.minimum(alpha * tl.minimum(base, max_angle), max_angle)
-        clamped = (base > max_angle) | (theta_lin > max_angle)
-    else:
-        theta = theta_lin
-        clamped = base < 0.0  # never
-    small = theta < 1e-3
-    theta_safe = tl.where(small, 1.0, theta)
-    sinc = tl.where(small, 1.0 - theta * theta / 6.0, tl.sin(theta_safe) / theta_safe)
-    tn_safe = tl.where(tn > 0.0, tn, 1.0)
-    sin = tl.sin(theta)
-    b = tl.where(clamped, sin * xn / tn_safe, alpha * sinc)
-    a = tl.cos(theta)
-    if FROM_OUT:  # v is the output: u = out/B + (c - A/B) x
-        inv_b = tl.where(b != 0.0, 1.0 / tl.where(b != 0.0, b, 1.0), 0.0)
-        gu = (gv - a * gx) * inv_b + c * gx
-    else:
-        gu = gv
-    # --- the backward scalars (as in _backward_scalars) ---
-    gt = gu - c * gx
-    t2 = theta * theta  # q = (theta cos theta - sin theta) / theta^3, its series below 0.5
-    series = -1.0 / 3.0 + t2 * (1.0 / 30.0 + t2 * (-1.0 / 840.0 + t2 * (1.0 / 45360.0 - t2 / 3991680.0)))
-    th = tl.where(theta < 0.5, 1.0, theta)
-    q = tl.where(theta < 0.5, series, (th * tl.cos(th) - tl.sin(th)) / (th * th * th))
-    s = alpha * q * gt - sinc * gx
-    k1 = alpha / xn
-    k = tl.where(clamped, -sin * (xn / tn_safe) * (gt / tn_safe) / tn_safe, k1 * (k1 * s))
-    gn = tl.where(clamped, gt * sin / tn_safe, -(theta * (theta / xn)) * s)
-    tx = ux - c * xx
-    big_tx = b * gx + k * tx
-    p = -c * k - big_tx / (xn * xn)
-    gn_total = gn + 2.0 * big_tx * c / xn
-    a3 = c * c * k + tl.where(tl.sqrt(xx) >= floor, gn_total / xn, 0.0)
-    a1 = a - c * b
-    if FROM_OUT:
-        shift = c - a * inv_b
-        pv = p * inv_b
-        kv = k * inv_b
-        a3 = a3 + p * shift
-        px = p + k * shift
-    else:
-        pv = p
-        kv = k
-        px = p
-    # --- the gradients ---
-    dx = a1 * g + pv * v + a3 * x
-    du = b * g + kv * v + px * x
-    tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DU + row * stride_du + cols, du.to(DU.dtype.element_ty), mask=mask)
-
-
-def _kernels():
-    """(forward kernel, backward kernel), wrapped once per interpreter mode (Triton's interpreter needs
-    TRITON_INTERPRET=1 set before triton is first imported; its kernels run on CPU tensors)."""
-    key = _interpreting()
-    if key not in _KERNELS:
-        if not triton_available():
-            raise RuntimeError("the fused GeoNorm kernel needs triton")
-        _KERNELS[key] = (triton.jit(_geonorm_fwd_kernel), triton.jit(_geonorm_bwd_kernel))
-    return _KERNELS[key]
-
-
-def _launch_config(width: int) -> tuple[int, int]:
-    block = triton.next_power_of_2(width)
-    warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
-    return block, warps
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+    """Whether the Triton kernels (``fused_kernels.py``, which needs ``triton``) import here (checked once)."""
+    global _KERNELS, _TRITON_MISSING
+    if _KERNELS is None and not _TRITON_MISSING:
+        try:
+            from .fused_kernels import triton_backward, triton_forward
+        except Exception:  # ImportError, or a triton that cannot initialise on this machine
+            _TRITON_MISSING = True
+        else:
+            _KERNELS = (triton_forward, triton_backward)
+    return _KERNELS is not None
 
 
 def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
-    fwd, _ = _kernels()
-    rows, width = x2.shape
-    out = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
-    stats = torch.empty((rows, 3), dtype=torch.float32, device=x2.device)
-    if rows == 0:
-        return out, stats
-    block, warps = _launch_config(width)
-    fwd[(rows,)](
-        x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
-        float(max_angle or 0.0), _floor(torch.float32), CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
-    return out, stats
+    if not triton_available():
+        raise RuntimeError("the fused GeoNorm kernel needs triton (pip install triton)")
+    return _KERNELS[0](x2, u2, alpha, max_angle)
 
 
 def triton_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, from_out: bool, u_dtype):
-    _, bwd = _kernels()
-    rows, width = x2.shape
-    dx = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
-    du = torch.empty((rows, width), dtype=u_dtype, device=x2.device)
-    if rows == 0:
-        return dx, du
-    block, warps = _launch_config(width)
-    bwd[(rows,)](
-        x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
-        float(alpha), float(max_angle or 0.0), _floor(torch.float32),
-        CLAMP=max_angle is not None, FROM_OUT=from_out, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
-    return dx, du
+    if not triton_available():
+        raise RuntimeError("the fused GeoNorm kernel needs triton (pip install triton)")
+    return _KERNELS[1](x2, v2, g2, stats, alpha, max_angle, from_out, u_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the autograd Function and the dispatch
+# the autograd Function
 # ----------------------------------------------------------------------------------------------------------
-def _composed_step(x: torch.Tensor, u: torch.Tensor, alpha: float, max_angle: float | None) -> torch.Tensor:
-    from .geometry import composed_geonorm_step
-
-    return composed_geonorm_step(x, u, alpha, max_angle)
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 class FusedGeoNormStep(torch.autograd.Function):
@@ -435,7 +274,7 @@ class FusedGeoNormStep(torch.autograd.Function):
             with torch.enable_grad():
                 xd = x if x.requires_grad else x.detach().requires_grad_()
                 ud = v if v.requires_grad else v.detach().requires_grad_()
-                out = _composed_step(xd, ud, ctx.alpha, ctx.max_angle)
+                out = composed_geonorm_step(xd, ud, ctx.alpha, ctx.max_angle)
                 dx, du = torch.autograd.grad(out, (xd, ud), grad_out, create_graph=True)
             return dx, du, None, None, None, None
         x2, v2, g2 = _rows(x), _rows(v), _rows(grad_out)
@@ -498,7 +337,7 @@ def fused_geonorm_step(
 ) -> torch.Tensor:
     """The fused GeoNorm step (bridge 1, scalar alpha). ``backend`` None picks ``fused_backend``; "triton" on
     CPU tensors runs Triton's interpreter (TRITON_INTERPRET=1 before triton's import; tests). ``keep`` None
-    picks ``kept_for_backward``."""
+    picks ``kept_for_backward``. No first-use check here: that is ``geonorm_step``'s."""
     backend = fused_backend(x, u) if backend is None else backend
     if backend not in ("triton", "torch"):
         raise ValueError(f"backend must be 'triton' or 'torch'; got {backend!r}")
@@ -509,3 +348,128 @@ def fused_geonorm_step(
     if keep == "output" and (ma is None or ma > math.pi / 2):
         raise ValueError("keep='output' needs max_angle <= pi/2 (u is rebuilt from the output, dividing by sin)")
     return FusedGeoNormStep.apply(x, u, float(alpha), ma, backend, keep)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the first-use check of the Triton kernel
+# ----------------------------------------------------------------------------------------------------------
+_KERNEL_CHECKS: dict[tuple, str | None] = {}  # (device, x dtype, u dtype, clamped, keep) -> None or the problem
+_kernel_failure: str | None = None  # once set, geonorm_step never uses the kernel again in this process
+
+
+def _ulp(dtype: torch.dtype) -> float:
+    """One unit in the last place, relative, for the final rounding to ``dtype`` (0 for float32: it is within
+    the arithmetic noise)."""
+    return {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}.get(dtype, 0.0)
+
+
+def _excess(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    """How far ``actual`` lies beyond |actual - exact| <= ulp |exact| + 2e-6 max|exact| (float32 arithmetic
+    noise relative to the tensor's largest entry), the bound of tests/test_fused.py; positive is a failure."""
+    a, e = actual.double(), exact.double()
+    bound = _ulp(actual.dtype) * e.abs() + 2e-6 * e.abs().max() + 1e-30
+    if not torch.isfinite(a).all():
+        return math.inf
+    return ((a - e).abs() - bound).max().item()
+
+
+def check_kernel(
+    device: torch.device | str,
+    x_dtype: torch.dtype = torch.float32,
+    u_dtype: torch.dtype | None = None,
+    width: int = 96,
+    max_angle: float | None = math.pi / 4,
+    keep: str | None = None,
+) -> str | None:
+    """Run the Triton kernel forward and backward once on a small random batch and compare it with the torch
+    twin computed in float64 on the same (rounded) inputs. None if it agrees, else what went wrong.
+
+    The rows cover both sides of the clamp, a zero update, an update parallel to x and a zero state. The global
+    random state, autograd mode and autocast of the caller are left as they were."""
+    device = torch.device(device)
+    u_dtype = x_dtype if u_dtype is None else u_dtype
+    if keep is None:
+        keep = kept_for_backward(torch.empty(0, dtype=x_dtype), max_angle)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, width, generator=gen, dtype=torch.float64) * 2.0
+    u = torch.randn(16, width, generator=gen, dtype=torch.float64)
+    u = u * torch.logspace(-1.5, 1.0, 16, dtype=torch.float64)[:, None]  # base angles from ~0.02 to ~5
+    grad = torch.randn(16, width, generator=gen, dtype=torch.float64)
+    u[1] = 0.0
+    u[2] = 2.0 * x[2]
+    x[3] = 0.0
+    x, u, grad = x.to(device, x_dtype), u.to(device, u_dtype), grad.to(device, x_dtype)
+
+    def run(backend: str, xs: torch.Tensor, us: torch.Tensor, gs: torch.Tensor):
+        xs, us = xs.detach().clone().requires_grad_(), us.detach().clone().requires_grad_()
+        out = FusedGeoNormStep.apply(xs, us, 0.7, max_angle, backend, keep)
+        out.backward(gs)
+        return out.detach(), xs.grad, us.grad
+
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), _no_autocast(device):
+            got = run("triton", x, u, grad)
+            exact = run("torch", x.double(), u.double(), grad.double())
+    except Exception as error:  # a kernel that does not build or launch here
+        return f"it raised {type(error).__name__}: {error}"
+    for name, mine, theirs in zip(("the output", "grad x", "grad u"), got, exact, strict=True):
+        excess = _excess(mine, theirs)
+        if excess > 0:
+            return f"{name} differs from the torch twin by {excess:.3g} beyond the tests' bound"
+    return None
+
+
+def kernel_passes_check(x: torch.Tensor, u: torch.Tensor, max_angle: float | None) -> bool:
+    """Whether ``geonorm_step`` may use the Triton kernel for these tensors: ``check_kernel`` runs on first use
+    per device, dtypes, clamp and saved tensor; after any failure (warned once) never again in this process."""
+    global _kernel_failure
+    if _kernel_failure is not None:
+        return False
+    keep = kept_for_backward(x, max_angle)
+    key = (str(x.device), x.dtype, u.dtype, max_angle is None, keep)
+    if key not in _KERNEL_CHECKS:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a CUDA graph being captured cannot run the check: composed until a plain call
+        problem = check_kernel(x.device, x.dtype, u.dtype, x.shape[-1], max_angle, keep)
+        _KERNEL_CHECKS[key] = problem
+        if problem is not None:
+            _kernel_failure = f"{key[0]} ({x.dtype} state, {u.dtype} update): {problem}"
+            warnings.warn(
+                f"hf_geonorm: the fused GeoNorm Triton kernel failed its first-use check on {_kernel_failure}. "
+                f"GeoNorm uses the composed torch path for the rest of this process (correct, slower). Set "
+                f"{ENV_VAR}=0 to skip the kernel and this check; please report this with your GPU, torch and "
+                "triton versions.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+    return _KERNEL_CHECKS[key] is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the model-level step
+# ----------------------------------------------------------------------------------------------------------
+def geonorm_step(
+    x: torch.Tensor,
+    u: torch.Tensor,
+    alpha: float | torch.Tensor,
+    max_angle: float | None = math.pi / 4,
+    bridge: float = 1.0,
+    step_scale: torch.Tensor | None = None,
+    step_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The model-level residual update of the ``geo`` style, with the Pre-Norm bridge.
+
+    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between the angle
+    and radius interpolate (docs/method.md, "The update" and "The bridge").
+
+    With bridge 1, a number ``alpha`` and no learnable step, the fused Function computes it (the Triton kernel
+    on CUDA once it has passed its first-use check, the torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or
+    ``set_fused_enabled(False)`` turns that off); everything else takes ``geometry.composed_geonorm_step``.
+    Values and gradients are finite for 0 <= alpha <= ``geometry.MAX_ALPHA``, the range the settings accept.
+    """
+    if can_fuse(x, u, alpha, bridge, step_scale, step_bias):
+        backend = fused_backend(x, u)
+        if backend == "torch" or kernel_passes_check(x, u, max_angle):
+            return fused_geonorm_step(x, u, alpha, max_angle, backend)
+    return composed_geonorm_step(x, u, alpha, max_angle, bridge, step_scale, step_bias)

@@ -1,8 +1,14 @@
-"""The geodesic update on the sphere and its layer-wise step sizes (GEONORM.md, "The update").
+"""The geodesic update on the sphere, its clamp rule and its layer-wise step sizes: the one place where the
+method's math lives (docs/method.md, "The update" and "Step sizes").
 
-All functions act along the last dimension, one token at a time. Low-precision inputs (bf16/fp16) are
-computed in float32 and cast back; float64 stays float64. Degenerate inputs (a zero update, an update
-parallel to ``x``, a zero step) return ``x`` with finite gradients.
+All functions act along the last dimension, one token at a time. bf16/fp16 inputs are computed in float32 and
+cast back; float64 stays float64. Degenerate inputs (a zero update, an update parallel to ``x``, a zero step)
+return ``x`` with finite gradients. A state shorter than ``NORM_FLOOR`` has no direction to turn from and is
+left where it is (docs/method.md, "Choices the paper leaves open").
+
+The per-row pieces (``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``,
+``geonorm_rotation``, ``prenorm_rotation``) are shared by the composed path here and by the fused torch twin in
+``fused.py``; the Triton kernels (``fused_kernels.py``) spell the same lines out in Triton's language.
 """
 
 from __future__ import annotations
@@ -11,37 +17,48 @@ import math
 
 import torch
 
-from .fused import can_fuse, fused_geonorm_step
-
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
+# The largest step size a model accepts. Beyond it the step is numerically meaningless: with a clamp every token
+# turns by max_angle whatever its update; without one the angle alpha |t|/|x| winds around the circle so many
+# times that float32 keeps none of its digits; and the gradients, of the order of alpha per step, overflow
+# float32 and bfloat16 within a few layers.
+MAX_ALPHA = 1e6
+# States shorter than this have no usable direction (torch.nn.functional.normalize uses the same eps): the
+# GeoNorm step leaves them where they are, and every division by |x| is by at least this.
+NORM_FLOOR = 1e-12
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 if any input is float64; everything else is computed in float32."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(dim=-1, keepdim=True)
 
 
-def _norm(a: torch.Tensor) -> torch.Tensor:
+def row_norm(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(a, dim=-1, keepdim=True)
 
 
-def _tiny(t: torch.Tensor) -> float:
-    return torch.finfo(t.dtype).tiny
-
-
-def _norm_floor(t: torch.Tensor) -> float:
-    """Lower bound for |x| in divisions: sqrt(tiny), so |x|^2 does not underflow to 0 and |v|/|x| stays
-    finite for a zero row (a padding token) instead of giving 0/0 or cos(inf) = NaN."""
-    return math.sqrt(torch.finfo(t.dtype).tiny)
-
-
-def _sin_over(theta: torch.Tensor) -> torch.Tensor:
+def sin_over(theta: torch.Tensor) -> torch.Tensor:
     """sin(theta) / theta with the limit 1 at 0 (smooth value and gradient)."""
     return torch.sinc(theta / math.pi)
+
+
+def floored_norm(norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max(|x|, NORM_FLOOR), |x| >= NORM_FLOOR): the norm used in divisions, and whether the state moves."""
+    return norm.clamp_min(NORM_FLOOR), norm >= NORM_FLOOR
+
+
+def tangent_coefficient(ux: torch.Tensor, x_norm: torch.Tensor) -> torch.Tensor:
+    """c = <u,x>/|x|^2, the part of ``u`` along ``x`` (``x_norm`` floored)."""
+    return ux / x_norm / x_norm
+
+
+def tangent_from(u: torch.Tensor, x: torch.Tensor, c: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """t = u - c x: the update projected onto the tangent space at ``x`` (``out``: a buffer, no autograd)."""
+    return torch.addcmul(u, x, c, value=-1.0, out=out)
 
 
 def _as_compute(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor | float:
@@ -50,36 +67,102 @@ def _as_compute(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor
     return float(alpha)
 
 
+def geonorm_angle(
+    base_angle: torch.Tensor,
+    alpha: float | torch.Tensor,
+    max_angle: float | None,
+    step_scale: torch.Tensor | None = None,
+    step_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The clamp rule: GeoNorm's rotation angle from the base angle |tangent|/|x|.
+
+    theta = min(a (c min(base, max) + b), max); without the learnable step c = 1 and b = 0; with
+    ``max_angle=None`` both clamps are off and theta = a base.
+    """
+    base = base_angle if max_angle is None else base_angle.clamp_max(max_angle)
+    if step_scale is not None:
+        base = step_scale * base
+    if step_bias is not None:
+        base = base + step_bias
+    theta = alpha * base
+    return theta if max_angle is None else theta.clamp_max(max_angle)
+
+
+def geonorm_rotation(
+    t_norm: torch.Tensor,
+    x_norm: torch.Tensor,
+    moves: torch.Tensor,
+    alpha: float | torch.Tensor,
+    max_angle: float | None,
+    step_scale: torch.Tensor | None = None,
+    step_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(theta, step, clamped) of the GeoNorm step for rows with |t| = ``t_norm`` and floored |x| = ``x_norm``.
+
+    theta is ``geonorm_angle`` of the base angle |t|/|x|, and step = theta/base the step size actually applied:
+    alpha (times the learnable scale) where theta is linear in |t| (no clamp active, no bias), which keeps value
+    and gradient finite as t -> 0; less where a clamp is active. ``clamped`` marks the rows where a clamp is
+    active (None without a clamp). Rows that do not move (``moves`` false) get theta = step = 0. The step is then
+    cos(theta) x + sin_over(theta) step t.
+    """
+    base = t_norm / x_norm
+    theta = geonorm_angle(base, alpha, max_angle, step_scale, step_bias)
+    slope = alpha * step_scale if step_scale is not None else alpha
+    linear = slope * torch.ones_like(base)
+    has_t = base > 0
+    base_safe = torch.where(has_t, base, torch.ones_like(base))
+    clamped = None if max_angle is None else (base > max_angle) | (slope * base > max_angle)
+    if step_bias is not None:  # theta is not linear in |t|: no turn without a direction
+        theta = torch.where(has_t, theta, torch.zeros_like(theta))
+        step = torch.where(has_t, theta / base_safe, linear)
+    elif clamped is None:
+        step = linear
+    else:  # a clamp is active only where |t| > 0
+        step = torch.where(clamped, theta / base_safe, linear)
+    zero = torch.zeros_like(theta)
+    return torch.where(moves, theta, zero), torch.where(moves, step, zero), clamped
+
+
+def prenorm_rotation(t_norm: torch.Tensor, x_norm: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(theta, theta/base) of a Pre-Norm update x -> x + u: the angle between x and x + u, atan2(|t|, |x| + <u,x>/|x|),
+    never clamped, and its ratio to the base angle |t|/|x| (limit 1/(1 + <u,x>/|x|^2) as |t| -> 0)."""
+    along = 1.0 + c  # the component of x + u along x, in units of |x|
+    base = t_norm / x_norm
+    theta = torch.atan2(base, along)
+    has_t = base > 0
+    base_safe = torch.where(has_t, base, torch.ones_like(base))
+    along_safe = torch.where(along != 0, along, torch.ones_like(along))
+    return theta, torch.where(has_t, theta / base_safe, 1.0 / along_safe)
+
+
 def tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Project ``u`` onto the tangent space of the sphere through ``x``: u - (<u,x>/<x,x>) x."""
     dtype = x.dtype
-    cd = _compute_dtype(torch.promote_types(x.dtype, u.dtype))
+    cd = compute_dtype(x.dtype, u.dtype)
     x, u = x.to(cd), u.to(cd)
-    t = u - (_dot(u, x) / _dot(x, x).clamp_min(_tiny(x))) * x
-    return t.to(dtype)
+    x_norm, _ = floored_norm(row_norm(x))
+    return tangent_from(u, x, tangent_coefficient(row_dot(u, x), x_norm)).to(dtype)
 
 
 def exp_map(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Follow the great circle through ``x`` with initial velocity ``v`` (tangent at ``x``).
 
     exp_map(x, v) = cos(|v|/|x|) x + |x| sin(|v|/|x|) v/|v|, written as cos(th) x + (sin(th)/th) v so that
-    v = 0 is smooth. The result keeps |x|.
+    v = 0 is smooth. The result keeps |x|; a state shorter than ``NORM_FLOOR`` stays where it is.
     """
     dtype = x.dtype
-    cd = _compute_dtype(torch.promote_types(x.dtype, v.dtype))
+    cd = compute_dtype(x.dtype, v.dtype)
     x, v = x.to(cd), v.to(cd)
-    theta = _norm(v) / _norm(x).clamp_min(_norm_floor(x))
-    out = torch.cos(theta) * x + _sin_over(theta) * v
-    return out.to(dtype)
+    x_norm, moves = floored_norm(row_norm(x))
+    theta = torch.where(moves, row_norm(v) / x_norm, torch.zeros_like(x_norm))
+    keep_v = moves.to(cd)
+    return (torch.cos(theta) * x + sin_over(theta) * keep_v * v).to(dtype)
 
 
 def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
-    """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update."""
-    dtype = x.dtype
-    cd = _compute_dtype(torch.promote_types(x.dtype, u.dtype))
-    x, u = x.to(cd), u.to(cd)
-    out = exp_map(x, _as_compute(alpha, x) * tangent(x, u))
-    return out.to(dtype)
+    """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update. This is the
+    GeoNorm step with no clamp, and is computed by it."""
+    return composed_geonorm_step(x, u, alpha, max_angle=None)
 
 
 def step_sizes(decay: str, alpha: float | list[float] | tuple[float, ...], num_layers: int) -> list[float]:
@@ -109,50 +192,6 @@ def step_sizes(decay: str, alpha: float | list[float] | tuple[float, ...], num_l
     return [a for _ in ks]
 
 
-def geonorm_angle(
-    base_angle: torch.Tensor,
-    alpha: float | torch.Tensor,
-    max_angle: float | None,
-    step_scale: torch.Tensor | None = None,
-    step_bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """GeoNorm's rotation angle from the base angle |tangent|/|x|.
-
-    theta = min(a (c min(base, max) + b), max); without the learnable step c = 1 and b = 0; with
-    ``max_angle=None`` both clamps are off and theta = a base.
-    """
-    base = base_angle if max_angle is None else base_angle.clamp_max(max_angle)
-    if step_scale is not None:
-        base = step_scale * base
-    if step_bias is not None:
-        base = base + step_bias
-    theta = alpha * base
-    return theta if max_angle is None else theta.clamp_max(max_angle)
-
-
-def geonorm_step(
-    x: torch.Tensor,
-    u: torch.Tensor,
-    alpha: float | torch.Tensor,
-    max_angle: float | None = math.pi / 4,
-    bridge: float = 1.0,
-    step_scale: torch.Tensor | None = None,
-    step_bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The model-level residual update of the ``geo`` style, with the Pre-Norm bridge.
-
-    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between
-    the angle and radius interpolate (GEONORM.md, "The bridge").
-
-    With bridge 1, a number ``alpha`` and no learnable step, the fused Function of ``fused.py`` computes it
-    (a Triton kernel on CUDA, its per-row-scalar torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or
-    ``fused.set_fused_enabled(False)`` turns that off); everything else takes ``composed_geonorm_step``.
-    """
-    if can_fuse(x, u, alpha, bridge, step_scale, step_bias):
-        return fused_geonorm_step(x, u, alpha, max_angle)
-    return composed_geonorm_step(x, u, alpha, max_angle, bridge, step_scale, step_bias)
-
-
 def composed_geonorm_step(
     x: torch.Tensor,
     u: torch.Tensor,
@@ -162,68 +201,49 @@ def composed_geonorm_step(
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``geonorm_step`` composed of torch operations, differentiated by autograd (every setting)."""
+    """The model-level residual update of the ``geo`` style, composed of torch operations and differentiated by
+    autograd (every setting; ``fused.geonorm_step`` dispatches here or to the fused Function).
+
+    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between the angle
+    and the radius interpolate (docs/method.md, "The bridge").
+    """
     dtype = x.dtype
-    cd = _compute_dtype(torch.promote_types(x.dtype, u.dtype))
+    cd = compute_dtype(x.dtype, u.dtype)
     x, u = x.to(cd), u.to(cd)
-    x_norm = _norm(x).clamp_min(_norm_floor(x))
-    t = u - (_dot(u, x) / (x_norm * x_norm)) * x
-    t_norm = _norm(t)
-    has_t = t_norm > 0
-    t_norm_safe = torch.where(has_t, t_norm, torch.ones_like(t_norm))
-    alpha = _as_compute(alpha, x)
-
-    base = t_norm / x_norm
-    theta_geo = geonorm_angle(base, alpha, max_angle, step_scale, step_bias)
-    # theta_geo / |t|. Where the angle is linear in |t| (no clamp active, no bias) it is a c/|x| exactly,
-    # which keeps value and gradient finite as t -> 0; a clamp is only active where |t| > 0.
-    linear = (alpha * step_scale if step_scale is not None else alpha) / x_norm
-    if step_bias is not None:
-        theta_geo = torch.where(has_t, theta_geo, torch.zeros_like(theta_geo))
-        per_t_geo = torch.where(has_t, theta_geo / t_norm_safe, linear * torch.ones_like(t_norm))
-    elif max_angle is None:
-        per_t_geo = linear * torch.ones_like(t_norm)
-    else:
-        clamped = (base > max_angle) | (linear * t_norm > max_angle)
-        per_t_geo = torch.where(clamped, theta_geo / t_norm_safe, linear * torch.ones_like(t_norm))
-
+    x_norm, moves = floored_norm(row_norm(x))
+    c = tangent_coefficient(row_dot(u, x), x_norm)
+    t = tangent_from(u, x, c)
+    t_norm = row_norm(t)
+    theta, step, _ = geonorm_rotation(t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias)
+    # |x| (cos(th) x/|x| + sin(th) t/|t|) = cos(th) x + (sin(th)/th) (th/base) t,  base = |t|/|x|
     if bridge == 1.0:
-        theta, per_t, radius = theta_geo, per_t_geo, None
-    else:
-        lam = float(bridge)
-        along = x_norm + _dot(u, x) / x_norm  # |x| + <u, x>/|x|: the component of x + u along x
-        theta_pre = torch.atan2(t_norm, along)
-        # atan2(|t|, c) / |t|, with its limit 1/c as |t| -> 0 (c > 0 there unless x + u is antiparallel)
-        per_t_pre = torch.where(
-            has_t, theta_pre / t_norm_safe, 1.0 / torch.where(along != 0, along, torch.ones_like(along))
-        )
-        theta = (1.0 - lam) * theta_pre + lam * theta_geo
-        per_t = (1.0 - lam) * per_t_pre + lam * per_t_geo
-        radius = (1.0 - lam) * _norm(x + u) + lam * x_norm
-
-    # |x| (cos(th) x/|x| + sin(th) t/|t|) = cos(th) x + (sin(th)/th) (th/|t|) |x| t
-    if radius is None:
-        out = torch.cos(theta) * x + _sin_over(theta) * per_t * x_norm * t
-    else:
-        out = radius * (torch.cos(theta) * (x / x_norm) + _sin_over(theta) * per_t * t)
-    return out.to(dtype)
+        return (torch.cos(theta) * x + sin_over(theta) * step * t).to(dtype)
+    lam = float(bridge)
+    theta_pre, step_pre = prenorm_rotation(t_norm, x_norm, c)
+    theta = (1.0 - lam) * theta_pre + lam * theta
+    step = (1.0 - lam) * step_pre + lam * step
+    radius = (1.0 - lam) * row_norm(x + u) + lam * x_norm
+    return (radius / x_norm * (torch.cos(theta) * x + sin_over(theta) * step * t)).to(dtype)
 
 
 def prenorm_angle(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The angle between x and x + u: the rotation a Pre-Norm update makes on the sphere (never clamped)."""
-    cd = _compute_dtype(torch.promote_types(x.dtype, u.dtype))
+    cd = compute_dtype(x.dtype, u.dtype)
     x, u = x.to(cd), u.to(cd)
-    x_norm = _norm(x).clamp_min(_norm_floor(x))
-    t = u - (_dot(u, x) / (x_norm * x_norm)) * x
-    return torch.atan2(_norm(t), x_norm + _dot(u, x) / x_norm).squeeze(-1)
+    x_norm, _ = floored_norm(row_norm(x))
+    c = tangent_coefficient(row_dot(u, x), x_norm)
+    theta, _ = prenorm_rotation(row_norm(tangent_from(u, x, c)), x_norm, c)
+    return theta.squeeze(-1)
 
 
 def entry_rescale(h: torch.Tensor, radius: str, bridge: float = 1.0) -> torch.Tensor:
     """Put the first block's input on its sphere: unchanged for ``embedding``; for ``sqrt_d``
-    h <- h (sqrt(d)/|h|)^bridge (bridge 1: the sphere of radius sqrt(hidden_size))."""
+    h <- h (sqrt(d)/|h|)^bridge (bridge 1: the sphere of radius sqrt(hidden_size)). A state shorter than
+    ``NORM_FLOOR`` has no direction and is left as it is."""
     if radius == "embedding" or bridge == 0.0:
         return h
     dtype = h.dtype
-    h = h.to(_compute_dtype(dtype))
-    scale = (math.sqrt(h.shape[-1]) / _norm(h).clamp_min(_norm_floor(h))) ** float(bridge)
+    h = h.to(compute_dtype(dtype))
+    h_norm, moves = floored_norm(row_norm(h))
+    scale = torch.where(moves, (math.sqrt(h.shape[-1]) / h_norm) ** float(bridge), torch.ones_like(h_norm))
     return (h * scale).to(dtype)

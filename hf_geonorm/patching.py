@@ -1,7 +1,9 @@
 """The public API over the GeoNorm families: registration, ``apply_geonorm`` and ``convert``.
 
-Importing ``hf_geonorm`` registers every family with AutoConfig, AutoModel and AutoModelForCausalLM and
-tells PEFT which modules LoRA targets by default.
+Importing ``hf_geonorm`` registers every family with AutoConfig (a stand-in that builds the family the first
+time it is used), tells PEFT which modules LoRA targets by default, and registers a family's models with
+AutoModel, AutoModelForCausalLM and the Auto classes of its heads when its classes are built. No family is built
+at import.
 """
 
 from __future__ import annotations
@@ -9,16 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .modeling_geonorm import (
-    FAMILIES,
-    GeoNormBaseModelMixin,
-    GeoNormCausalLMMixin,
-    GeoNormFamily,
-    patch_base_model,
-)
+from . import modeling_geonorm as _modeling
+from .blocks import check_patch, patch_base_model
+from .modeling_geonorm import FAMILIES, FAMILY_BUILT_HOOKS, HEAD_NAME_MAPS, GeoNormBaseModelMixin, GeoNormFamily
 from .settings import GeoNormSettings
 
 
@@ -28,7 +27,7 @@ def supported_architectures() -> list[str]:
 
 
 def family_for(model_type: str) -> GeoNormFamily:
-    """The family of a stock model type or of its ``geonorm_`` counterpart."""
+    """The family of a stock model type or of its ``geonorm_`` counterpart (its classes are built on first use)."""
     stock = model_type.removeprefix("geonorm_")
     if stock not in FAMILIES:
         raise ValueError(
@@ -42,7 +41,6 @@ def config_class_for(model_type: str) -> type:
     return family_for(model_type).config_class
 
 
-
 def _unwrap_peft(model: nn.Module) -> nn.Module:
     while hasattr(model, "get_base_model") and type(model).__module__.startswith("peft"):
         model = model.get_base_model()
@@ -53,8 +51,11 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
     """Patch a stock (or GeoNorm) model in place into its GeoNorm family; returns the same object.
 
     Its config becomes ``GeoNorm<X>Config`` with the given settings (defaults elsewhere; on a model that is
-    GeoNorm already, its current settings). Works through a PEFT wrapper. Trained weights are kept as they
-    are (no DeepNet init scaling); the parameters GeoNorm adds start at their identity values.
+    GeoNorm already, its current settings). Works through a PEFT wrapper. Everything is validated before the
+    model is touched: on a ``ValueError`` it is left as it was. Trained weights are kept as they are (no DeepNet
+    init scaling); the parameters GeoNorm adds start at their identity values, and on a GeoNorm model the ones
+    that fit the new settings are kept. This is also how to change ``norm_style`` or ``geo_learnable_step`` of a
+    built model (its config refuses those two; the other settings are plain config assignments).
     """
     target = _unwrap_peft(model)
     config = getattr(target, "config", None)
@@ -63,23 +64,28 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
     family = family_for(config.model_type)
     current = config.geonorm_settings().to_dict() if hasattr(config, "geonorm_settings") else {}
     chosen = GeoNormSettings.from_object(GeoNormSettings(**current), **settings)
-    if isinstance(target, (family.stock_causal_class, GeoNormCausalLMMixin)):
+    # the causal LM and the other heads: stock class -> GeoNorm class (a GeoNorm class is a stock class too)
+    with_head = {family.stock_causal_class: family.causal_class}
+    with_head.update({family.stock_head_classes[auto]: head for auto, head in family.head_classes.items()})
+    head_class = next((geonorm for stock, geonorm in with_head.items() if isinstance(target, stock)), None)
+    if head_class is not None:
         base = getattr(target, target.base_model_prefix)
-        target.__class__ = family.causal_class
-        if getattr(target, "loss_type", None) is None:  # GPT2LMHeadModel's name names no loss; the new class's does
-            target.loss_type = "ForCausalLM"
     elif isinstance(target, (family.stock_base_class, GeoNormBaseModelMixin)):
         base = target
     else:
-        raise ValueError(
-            f"apply_geonorm patches {family.stock_causal_class.__name__} or {family.stock_base_class.__name__}; "
-            f"got {type(target).__name__}"
-        )
-    chosen.validate(config.num_hidden_layers)
+        names = ", ".join(cls.__name__ for cls in (family.stock_base_class, *with_head))
+        raise ValueError(f"apply_geonorm patches the {family.stock_type} models {names}; got {type(target).__name__}")
+    check_patch(base, config, family.layout, chosen)
+    if head_class is not None:
+        if target.base_model_prefix != head_class.base_model_prefix:  # the GeoNorm heads use the causal LM's name
+            delattr(target, target.base_model_prefix)
+            setattr(target, head_class.base_model_prefix, base)
+        target.__class__ = head_class
+        if head_class is family.causal_class and getattr(target, "loss_type", None) is None:
+            target.loss_type = "ForCausalLM"  # GPT2LMHeadModel's name names no loss; the new class's does
     config.__class__ = family.config_class
     vars(config).pop("model_type", None)  # a stock config may carry its type on the instance
-    for name, value in chosen.to_dict().items():
-        setattr(config, name, value)
+    config.set_geonorm_settings(chosen)
     base.__class__ = family.base_class
     patch_base_model(base, config, family.layout, fresh_init=False)
     return model
@@ -90,30 +96,63 @@ def convert(model: nn.Module, **settings: Any) -> nn.Module:
     return apply_geonorm(copy.deepcopy(model), **settings)
 
 
-def set_bridge(model: nn.Module, bridge: float) -> None:
-    """Move every GeoNorm update of ``model`` (and its config) to bridge value ``bridge`` in place."""
-    target = _unwrap_peft(model)
-    target.config.geo_bridge = bridge  # validated by the config
-    for module in target.modules():
-        if hasattr(module, "bridge") and hasattr(module, "norm_style"):
-            module.bridge = float(bridge)
+class _LazyConfigClass(type):
+    """The AutoConfig entry of a family whose classes are not built yet: a stand-in carrying the name, module
+    and ``model_type`` of the real config class (what transformers reads of an entry it does not use). Any other
+    use, a call or ``from_dict`` or ``from_pretrained``, builds the family and goes to the real class, which
+    then replaces the stand-in in AutoConfig."""
+
+    geonorm_stock_type: str
+
+    def real_class(cls) -> type:
+        return FAMILIES[cls.geonorm_stock_type].config_class
+
+    def __getattr__(cls, name: str) -> Any:  # only for what the stand-in itself lacks
+        return getattr(cls.real_class(), name)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.real_class()(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, cls.real_class())
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, cls.real_class())
 
 
-# LoRA's default targets for GeoNorm types whose stock type PEFT has no entry for: the query and value
-# projections under the names the stock attentions use (LLaMA's, multi-head latent attention's, fused ones).
-DEFAULT_LORA_TARGETS = ("q_proj", "v_proj", "q_b_proj", "kv_b_proj", "qkv_proj", "query_key_value")
+def _stand_in(family: GeoNormFamily) -> type:
+    namespace = {
+        "__module__": _modeling.__name__,
+        "__doc__": f"Stand-in for {family.class_names[0]} until the {family.stock_type} family is built.",
+        "model_type": family.model_type,
+        "geonorm_stock_type": family.stock_type,
+    }
+    return _LazyConfigClass(family.class_names[0], (), namespace)
+
+
+# AutoModelForSequenceClassification, ...: the Auto classes of the heads besides the causal LM
+HEAD_AUTO_CLASSES = {name: getattr(transformers, name) for name in HEAD_NAME_MAPS}
+
+
+def _register_built(family: GeoNormFamily) -> None:
+    AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
+    AutoModel.register(family.config_class, family.base_class, exist_ok=True)
+    AutoModelForCausalLM.register(family.config_class, family.causal_class, exist_ok=True)
+    for auto, head_class in family.head_classes.items():
+        HEAD_AUTO_CLASSES[auto].register(family.config_class, head_class, exist_ok=True)
 
 
 def _register() -> None:
     from peft.utils import constants as peft_constants
 
     lora_targets = peft_constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    FAMILY_BUILT_HOOKS.append(_register_built)
     for family in FAMILIES.values():
-        AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
-        AutoModel.register(family.config_class, family.base_class, exist_ok=True)
-        AutoModelForCausalLM.register(family.config_class, family.causal_class, exist_ok=True)
-        targets = lora_targets.get(family.stock_type, DEFAULT_LORA_TARGETS)
-        lora_targets.setdefault(family.model_type, list(targets))
+        if family.built:
+            _register_built(family)
+        else:
+            AutoConfig.register(family.model_type, _stand_in(family), exist_ok=True)
+        lora_targets.setdefault(family.model_type, list(family.layout.lora_targets))
 
 
 _register()

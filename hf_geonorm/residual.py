@@ -3,17 +3,33 @@
 A block asks its residual module what each sublayer reads (``sublayer_input``) and how the state moves
 given the sublayer's update (``forward``). Parameters exist only where a style needs them: the output
 norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
+
+The settings have one home, the model's config: a residual module keeps a reference to it and reads the step
+size, clamp, radius and bridge from it at every forward (docs/method.md, "Step sizes"), so assigning
+``model.config.geo_alpha`` changes the model at once. The two settings that decide which modules and
+parameters exist (``norm_style``, ``geo_learnable_step``) are fixed when the module is built; the config
+refuses to change them while a module reads it (``settings_in_use``).
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
+from typing import Any
 
 import torch
 from torch import nn
 
-from .geometry import entry_rescale, geonorm_step
+from .fused import geonorm_step
+from .geometry import entry_rescale, step_sizes
 from .settings import GeoNormSettings
+
+_LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
+
+
+def settings_in_use(config: Any) -> bool:
+    """Whether a live GeoNorm residual module reads its settings from ``config`` (it is a built model's)."""
+    return any(residual.config is config for residual in list(_LIVE_RESIDUALS))
 
 
 def identity_norm_like(norm: nn.Module, weight_offset: float = 0.0) -> nn.Module:
@@ -30,24 +46,24 @@ def identity_norm_like(norm: nn.Module, weight_offset: float = 0.0) -> nn.Module
 
 
 class GeoNormResidual(nn.Module):
-    """The residual update of one sublayer (or one parallel pair) of decoder layer ``layer_index``."""
+    """The residual update of one sublayer (or one parallel pair) of decoder layer ``layer_index``.
+
+    ``config`` holds the settings (a model's config, or a ``GeoNormSettings``); it is read at every forward.
+    """
 
     def __init__(
         self,
-        settings: GeoNormSettings,
+        config: Any,
         layer_index: int,
         num_layers: int,
-        step_size: float,
         output_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        settings = GeoNormSettings.from_object(config).validate(num_layers)
+        self.config = config
         self.norm_style = settings.norm_style
         self.layer_index = layer_index
-        self.step_size = float(step_size)
-        self.max_angle = settings.geo_max_angle
-        self.bridge = settings.geo_bridge
-        self.radius = settings.geo_radius
-        self.deepnorm_alpha = (2.0 * num_layers) ** 0.25
+        self.num_layers = num_layers
         if self.norm_style == "sandwich":
             if output_norm is None:
                 raise ValueError("norm_style='sandwich' needs an output norm for each sublayer")
@@ -58,20 +74,41 @@ class GeoNormResidual(nn.Module):
         else:
             self.step_scale = None
             self.step_bias = None
+        _LIVE_RESIDUALS.add(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Copies (``copy.deepcopy``, pickle) read their own copy of the config, and count as its users too."""
+        super().__setstate__(state)
+        _LIVE_RESIDUALS.add(self)
+
+    def fits(self, settings: GeoNormSettings) -> bool:
+        """Whether this module has the parameters ``settings`` ask for (same style, same learnable step)."""
+        learnable = settings.norm_style == "geo" and settings.geo_learnable_step
+        return settings.norm_style == self.norm_style and learnable == (self.step_scale is not None)
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        """DeepNet's residual scale (2T)^(1/4)."""
+        return (2.0 * self.num_layers) ** 0.25
+
+    @property
+    def step_size(self) -> float:
+        """a_k of this layer, from the config's ``geo_alpha`` and ``geo_decay``."""
+        return step_sizes(self.config.geo_decay, self.config.geo_alpha, self.num_layers)[self.layer_index]
 
     def extra_repr(self) -> str:
         if self.norm_style != "geo":
             return f"norm_style={self.norm_style!r}"
         return (
-            f"norm_style='geo', step_size={self.step_size:.4g}, max_angle={self.max_angle}, "
-            f"bridge={self.bridge}, radius={self.radius!r}"
+            f"norm_style='geo', step_size={self.step_size:.4g}, max_angle={self.config.geo_max_angle}, "
+            f"bridge={self.config.geo_bridge}, radius={self.config.geo_radius!r}"
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         """Put the state on its sphere before the first block (``geo`` with ``geo_radius='sqrt_d'``)."""
         if self.norm_style != "geo":
             return x
-        return entry_rescale(x, self.radius, self.bridge)
+        return entry_rescale(x, self.config.geo_radius, self.config.geo_bridge)
 
     def sublayer_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """What the sublayer reads: N(x), or x itself for the post-normalising styles."""
@@ -85,8 +122,9 @@ class GeoNormResidual(nn.Module):
         if style == "pre":
             return x + update
         if style == "geo":
+            config = self.config
             return geonorm_step(
-                x, update, self.step_size, self.max_angle, self.bridge, self.step_scale, self.step_bias
+                x, update, self.step_size, config.geo_max_angle, config.geo_bridge, self.step_scale, self.step_bias
             )
         if style == "post":
             return norm(x + update)

@@ -1,6 +1,7 @@
 """The settings that select a member of the GeoNorm family, and their validation.
 
-The field names are the config fields of every GeoNorm model (``config.norm_style`` and so on).
+The field names are the config fields of every GeoNorm model (``config.norm_style`` and so on). The config is
+their one home: a model's residual modules read them from it at every forward (``residual.py``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .geometry import DECAYS
+from .geometry import DECAYS, MAX_ALPHA
 
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 RADII = ("embedding", "sqrt_d")
@@ -49,6 +50,12 @@ class GeoNormSettings:
                 raise ValueError(
                     "geo_alpha must be a finite number >= 0 or a list of them, one per layer; "
                     f"got {alpha!r}"
+                )
+            if a > MAX_ALPHA:
+                raise ValueError(
+                    f"geo_alpha must be at most {MAX_ALPHA:g}: a larger step size only turns every token by "
+                    "max_angle (or, with no clamp, winds it around the circle) and its gradients overflow float32 "
+                    f"and bfloat16; got {alpha!r}"
                 )
         if isinstance(alpha, (list, tuple)):
             if num_layers is not None and len(alpha) != num_layers:

@@ -1,37 +1,50 @@
-"""Training GeoNorm models with transformers' Trainer: data, an on-the-fly tokenizer, the bridge anneal.
+"""Training GeoNorm models with transformers' Trainer: the model to train, the bridge anneal, and the run.
 
 ``hf-geonorm train`` is a thin command over :func:`run_training`. With no arguments it trains a tiny GeoNorm
 GPT-2 on the Python standard library's own source files (present on every Python install, no download).
+
+What a run leaves in its output folder, also when it is stopped:
+
+- checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
+  place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
+- an error, Ctrl-C or SIGTERM removes the temporary folders, and an output folder the run created is removed
+  again unless it holds a checkpoint to resume from;
+- SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
+- a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import sysconfig
+import os
 import time
-from collections.abc import Iterable
+import uuid
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedTokenizerFast,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, TrainerState, TrainingArguments
 
-from .patching import apply_geonorm, config_class_for, set_bridge
+from .atomic import atomic_directory, remove_tree, terminate_raises
+from .hub import save_shareable
+from .loading import PICKLE_WEIGHTS, check_weight_files, first_line, load_model, open_source, resolve_settings
+from .patching import config_class_for
 from .presets import fit_token_ids, preset_sizes
 from .settings import GeoNormSettings
-
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
+from .training_checkpoints import (
+    AtomicCheckpointTrainer,
+    check_resumable,
+    checkpoints,
+    is_leftover,
+    remove_leftovers,
+    resume_checkpoint,
+)
+from .training_data import TokenBlocks, read_texts, split_blocks, token_blocks, tokenizer_from, train_tokenizer
 
 
 @dataclass
@@ -61,6 +74,7 @@ class TrainOptions:
     output: str = "geonorm-run"
     bridge_anneal: int | None = None
     resume: bool = False
+    force: bool = False
     seed: int = 0
     max_chars: int = 4_000_000
 
@@ -76,144 +90,56 @@ class TrainOptions:
             raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
         if self.bridge_anneal is not None and self.bridge_anneal < 1:
             raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
+        if self.fsdp and not torch.accelerator.is_available():
+            raise ValueError(
+                "--fsdp: accelerate shards with FSDP on GPUs only, and this machine has none; drop --fsdp (under "
+                "torchrun the CPU processes then train with DDP)"
+            )
+        if self.resume and self.force:
+            raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
         GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
         return self
-
-
-# ---- data ----
-
-
-def stdlib_files() -> list[Path]:
-    """The Python standard library's own top-level source files, sorted: text every Python install has."""
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-
-
-def read_texts(data: str | None, max_chars: int) -> tuple[list[str], str]:
-    """The documents of ``data`` (a text file, a folder of text files, or a ``datasets`` name) and a label.
-
-    ``None`` reads the standard library's source. Reading stops after ``max_chars`` characters.
-    """
-    if data is None:
-        files, label = stdlib_files(), "the Python standard library's source"
-    else:
-        path = Path(data)
-        if path.is_file():
-            files, label = [path], str(path)
-        elif path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-            label = f"{len(files)} text files under {path}"
-            if not files:
-                raise ValueError(f"{data} holds no text files ({', '.join(TEXT_SUFFIXES)})")
-        else:
-            return _dataset_texts(data, max_chars), f"the datasets corpus {data!r}"
-    texts, total = [], 0
-    for file in files:
-        text = file.read_text(encoding="utf-8", errors="replace")
-        texts.append(text[: max_chars - total])
-        total += len(texts[-1])
-        if total >= max_chars:
-            break
-    if total == 0:
-        raise ValueError(f"no text in {label}")
-    return texts, label
-
-
-def _dataset_texts(name: str, max_chars: int) -> list[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(
-            f"--data {name!r} is neither a file nor a folder; reading a datasets corpus needs `pip install datasets`"
-        ) from None
-    try:
-        corpus = datasets.load_dataset(name, split="train", streaming=True)
-    except Exception as error:  # noqa: BLE001 - offline, unknown name, ...
-        raise ValueError(f"cannot load the datasets corpus {name!r}: {str(error).splitlines()[0]}") from None
-    texts, total = [], 0
-    for row in corpus:
-        text = row.get("text") if isinstance(row, dict) else None
-        if not text:
-            continue
-        texts.append(text)
-        total += len(text)
-        if total >= max_chars:
-            break
-    return texts
-
-
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on ``texts`` (GPT-2's scheme), with one end-of-text token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-
-
-class TokenBlocks(Dataset):
-    """Fixed-length blocks of token ids; each is its own label (the model shifts)."""
-
-    def __init__(self, blocks: torch.Tensor) -> None:
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
-
-
-def token_blocks(tokenizer: Any, texts: list[str], seq_len: int) -> torch.Tensor:
-    """All documents joined by the end-of-text token and cut into ``seq_len`` blocks (the tail dropped)."""
-    separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        ids.extend(separator)
-    count = len(ids) // seq_len
-    if count < 2:
-        raise ValueError(f"the data gives {len(ids)} tokens, fewer than two blocks of --seq-len {seq_len}")
-    return torch.tensor(ids[: count * seq_len], dtype=torch.long).view(count, seq_len)
-
-
-def split_blocks(blocks: torch.Tensor, val_fraction: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
-    """The last blocks (at least one, at most 64) are validation; the rest train."""
-    n_val = min(64, max(1, int(len(blocks) * val_fraction)))
-    return blocks[:-n_val], blocks[-n_val:]
 
 
 # ---- model ----
 
 
+def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
+    """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
+    stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
+    ``architectures``), freshly initialised. Pickle-only folders and saved models without weights are refused."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{folder} has no config.json; give a folder from hf-geonorm init (a config to train from scratch) or a "
+            "saved model (config.json and model.safetensors)"
+        )
+    source = open_source(path)
+    full = resolve_settings(settings, source)
+    if source.is_geonorm:
+        config = AutoConfig.from_pretrained(path)
+        for name, value in full.items():
+            setattr(config, name, value)
+    else:
+        config = config_class_for(source.model_type).from_pretrained(path, **full)
+    if source.weight_files:
+        return load_model(source, dtype="float32", config=config)
+    if any(next(path.glob(pattern), None) for pattern in PICKLE_WEIGHTS):
+        check_weight_files(source)  # raises: pickle weights are never loaded
+    if source.config.get("architectures"):
+        raise ValueError(
+            f"{folder} holds the config.json of a saved {source.config['architectures'][0]} but no weights "
+            "(model.safetensors): they are missing; give the folder with its weights (a config to train from "
+            "scratch comes from hf-geonorm init)"
+        )
+    return AutoModelForCausalLM.from_config(config)
+
+
 def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
-    """The model to train: a folder (config only: from scratch; with weights: loaded, converted when stock),
-    or ``arch`` at ``preset`` size with dropout off. Settings given in ``options.settings`` override the
-    folder's."""
-    settings = options.settings
+    """The model to train: ``options.model`` (see ``model_from_folder``), or ``arch`` at ``preset`` size with
+    dropout off. Settings given in ``options.settings`` override the folder's."""
     if options.model is not None:
-        config = AutoConfig.from_pretrained(options.model)
-        has_weights = any(Path(options.model).glob("*.safetensors")) if Path(options.model).is_dir() else True
-        if not config.model_type.startswith("geonorm_"):
-            config = config_class_for(config.model_type).from_pretrained(options.model, **settings)
-        else:
-            for name, value in settings.items():
-                setattr(config, name, value)
-        if has_weights:
-            model = AutoModelForCausalLM.from_pretrained(options.model, config=config)
-            if settings:
-                apply_geonorm(model, **settings)
-            return model
-        return AutoModelForCausalLM.from_config(config)
+        return model_from_folder(options.model, options.settings)
     family_config = config_class_for(options.arch)
     values = preset_sizes(family_config, options.preset, max_length=options.seq_len)
     values["vocab_size"] = int(math.ceil(len(tokenizer) / 64) * 64)
@@ -227,13 +153,14 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
         if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
             values[name] = 0.0
-    config = family_config(**values, **settings)
+    config = family_config(**values, **options.settings)
     return AutoModelForCausalLM.from_config(config)
 
 
 class BridgeAnneal(TrainerCallback):
     """Anneal ``geo_bridge`` linearly from its starting value to 1.0 over ``steps`` optimiser steps: the path
-    from a converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm."""
+    from a converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md,
+    "The bridge")."""
 
     def __init__(self, model: torch.nn.Module, steps: int, start: float) -> None:
         self.model, self.steps, self.start = model, steps, float(start)
@@ -242,35 +169,34 @@ class BridgeAnneal(TrainerCallback):
         return min(1.0, self.start + (1.0 - self.start) * step / self.steps)
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's callback signature
-        set_bridge(self.model, self.value_at(state.global_step))
+        self.model.config.geo_bridge = self.value_at(state.global_step)  # the model reads its config
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
         if state.log_history:  # the Trainer has already stored a copy of ``logs`` there
             state.log_history[-1]["geo_bridge"] = self.value_at(state.global_step)
 
 
-class RemoteCodeOnSave(TrainerCallback):
-    """Give every Trainer checkpoint of a GeoNorm model its remote code and ``auto_map``."""
-
-    def on_save(self, args, state, control, **kwargs):  # noqa: ANN001
-        from .export import add_remote_code
-
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and (checkpoint / "config.json").exists():
-            add_remote_code(checkpoint)
+# ---- outputs ----
 
 
-def _plot_losses(history: list[dict[str, Any]], path: Path) -> bool:
+def _replace_file(path: Path, write: Any) -> None:
+    """``write(tmp)`` to a hidden file next to ``path``, then move it over ``path`` in one step."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        import matplotlib
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+
+def plot_losses(history: list[dict[str, Any]], path: Path) -> None:
+    """Draw the training and validation losses of a Trainer ``log_history`` to the PNG file ``path``."""
+    from matplotlib.figure import Figure
+
     train = [(h["step"], h["loss"]) for h in history if "loss" in h]
     evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     if train:
         ax.plot([s for s, _ in train], [v for _, v in train], label="train loss")
     if evals:
@@ -279,29 +205,88 @@ def _plot_losses(history: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel("cross-entropy")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    _replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
     """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
     if not options.fsdp:
         return {}
-    return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": True}}
+    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}  # wraps decoder layers
+
+
+def _is_main_process() -> bool:
+    """Rank 0 (or a single process), known before the Trainer starts the process group."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _prepare_output(options: TrainOptions, output: Path, main: bool, log: Any) -> tuple[Path | None, int]:
+    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
+    step). ``--force`` starts anew: the checkpoints of the earlier run are removed."""
+    if main:
+        for line in remove_leftovers(output):
+            warnings.warn(line, stacklevel=3)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; give a folder")
+    if options.resume:
+        checkpoint, step = resume_checkpoint(output, warn=main)
+        if step > options.max_steps:
+            raise ValueError(
+                f"--resume: {checkpoint.name} is at step {step} already, beyond --max-steps {options.max_steps}: "
+                f"nothing to train; give a --max-steps above {step}"
+            )
+        if step == options.max_steps and main:
+            log(f"{checkpoint.name} is at --max-steps {step}: nothing left to train; writing the final model from it")
+        return checkpoint, step
+    if output.is_dir() and any(not is_leftover(entry) for entry in output.iterdir()) and not options.force:
+        raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
+    if options.force and main:
+        earlier = checkpoints(output)
+        for _, folder in earlier:
+            remove_tree(folder)
+        if earlier:
+            log(f"--force: removed {len(earlier)} checkpoint(s) of an earlier run in {output}")
+    return None, 0
+
+
+@contextlib.contextmanager
+def _output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[None]:
+    """On an error, Ctrl-C or SIGTERM: remove the output folder (and the parents) this run created, unless it
+    holds a checkpoint to resume from."""
+    created = [] if output.exists() else [output, *(p for p in output.parents if not p.exists())]
+    with terminate_raises():
+        try:
+            yield
+        except BaseException:
+            if main and created:
+                if checkpoints(output):
+                    log(f"the run stopped; its checkpoints are in {output}: continue with --resume")
+                else:
+                    remove_tree(output)
+                    for parent in created[1:]:  # deepest first
+                        with contextlib.suppress(OSError):
+                            parent.rmdir()
+            raise
 
 
 def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
-    """Train as ``options`` say; write checkpoints, the final model (with remote code), ``metrics.json`` and
-    ``loss_curve.png`` under ``options.output``; return the metrics."""
+    """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
+    ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics."""
     options.validate()
+    output = Path(options.output).expanduser().absolute()
+    main = _is_main_process()
+    with _output_removed_on_failure(output, main, log):
+        return _run(options, output, main, log)
+
+
+def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str, Any]:
+    checkpoint, resumed_step = _prepare_output(options, output, main, log)
     torch.manual_seed(options.seed)
-    output = Path(options.output)
     texts, label = read_texts(options.data, options.max_chars)
     if options.tokenizer is not None:
-        tokenizer = AutoTokenizer.from_pretrained(options.tokenizer)
+        tokenizer = tokenizer_from(options.tokenizer)
     elif options.model is not None and (Path(options.model) / "tokenizer.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(options.model)
+        tokenizer = tokenizer_from(options.model)
     else:
         log(f"training a byte-level BPE tokenizer ({options.vocab_size} tokens) on {label}")
         tokenizer = train_tokenizer(texts, options.vocab_size)
@@ -309,6 +294,8 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     train_blocks, val_blocks = split_blocks(token_blocks(tokenizer, texts, options.seq_len))
     model = build_model(options, tokenizer)
+    if checkpoint is not None:
+        check_resumable(model, checkpoint, ignore=("geo_bridge",) if options.bridge_anneal else ())
     if options.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -320,7 +307,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         f"tokens; model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, norm_style "
         f"{getattr(model.config, 'norm_style', '?')}"
     )
-    callbacks: list[TrainerCallback] = [RemoteCodeOnSave()]
+    callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
         callbacks.append(BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge))
     args = TrainingArguments(
@@ -349,53 +336,63 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         use_cpu=not torch.cuda.is_available(),
         **_fsdp_arguments(options),
     )
-    trainer = Trainer(
+    trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,
         train_dataset=TokenBlocks(train_blocks),
         eval_dataset=TokenBlocks(val_blocks),
         callbacks=callbacks,
     )
+    if options.fsdp and not trainer.is_fsdp_enabled:
+        raise ValueError(
+            f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
+            "launch it with torchrun or accelerate launch on GPUs, or drop --fsdp"
+        )
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=True if options.resume else None)
+    if checkpoint is not None and resumed_step == options.max_steps:  # e.g. killed while writing final/
+        trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
     final_eval = trainer.evaluate()
-    final_dir = output / "final"
     to_save = model.merge_and_unload() if options.lora else model
-    if options.fsdp:
-        trainer.save_model(str(final_dir))  # gathers the sharded weights; remote code added below
-    main_process = trainer.is_world_process_zero()
-    if main_process:
-        from .export import add_remote_code, save_with_remote_code
-
-        if options.fsdp:
-            (final_dir / "training_args.bin").unlink(missing_ok=True)  # a pickle; the final folder is safetensors only
-            tokenizer.save_pretrained(final_dir)
-            add_remote_code(final_dir)
-        else:
-            save_with_remote_code(to_save, final_dir, tokenizer=tokenizer)
-    history = trainer.state.log_history
-    tokens = options.max_steps * options.batch_size * options.seq_len
+    # FSDP: every process takes part in gathering the full weights; the main process writes them
+    state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+    final_dir = output / "final"
+    if trainer.is_world_process_zero():
+        with atomic_directory(final_dir, force=True) as tmp:
+            save_shareable(to_save, tmp, tokenizer=tokenizer, **({"state_dict": state_dict} if state_dict else {}))
+    steps_run = trainer.state.global_step - resumed_step
+    tokens = steps_run * options.batch_size * trainer.args.world_size * options.seq_len
     metrics = {
         "final_eval_loss": final_eval["eval_loss"],
         "final_eval_perplexity": math.exp(final_eval["eval_loss"]),
-        "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds,
         "steps": trainer.state.global_step,
+        "resumed_from_step": resumed_step,
+        "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "tokens_per_second": tokens / seconds if steps_run else 0.0,  # tokens of the steps run, all processes
         "parameters": n_params,
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
         "data": label,
-        "options": {k: v for k, v in asdict(options).items()},
-        "log_history": history,
+        "options": asdict(options),
+        "log_history": trainer.state.log_history,
     }
-    if not main_process:
+    if not trainer.is_world_process_zero():
         return metrics
-    (output / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8")
-    plotted = _plot_losses(history, output / "loss_curve.png")
+    text = json.dumps(metrics, indent=2, default=str)
+    _replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    curve = output / "loss_curve.png"
+    try:
+        plot_losses(metrics["log_history"], curve)
+    except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
+        warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=2)
+        curve = None
+    resumed = f" (steps {resumed_step + 1}-{metrics['steps']} in this run)" if resumed_step else ""
     log(
         f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}); "
-        f"{metrics['tokens_per_second']:.0f} tokens/s; model in {final_dir}; metrics in {output / 'metrics.json'}"
-        + (f"; loss curve in {output / 'loss_curve.png'}" if plotted else "")
+        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed}; model in {final_dir}; metrics in "
+        f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
     return metrics

@@ -1,1 +1,1 @@
-"""The model-card template that ``hf_geonorm.export`` renders (installed as package ``hf_geonorm.model_cards``)."""
+"""The model-card template that ``hf_geonorm.model_card`` renders (installed as package ``hf_geonorm.model_cards``)."""

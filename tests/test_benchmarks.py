@@ -35,9 +35,15 @@ def prose(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def corpus_cache(tmp_path_factory) -> Path:
+    """One token cache for all the scripts: each corpus is tokenized once (by the first script that reads it)."""
+    return tmp_path_factory.mktemp("corpus_cache")
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_benchmark_runs_at_smoke_scale_and_writes_its_results(name, tmp_path, prose, monkeypatch):
-    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
+def test_benchmark_runs_at_smoke_scale_and_writes_its_results(name, tmp_path, prose, corpus_cache, monkeypatch):
+    monkeypatch.setattr(common, "CACHE", corpus_cache)
     out = tmp_path / "out"
     load(name).main(["--smoke", "--out", str(out), "--prose", str(prose)])
     table = (out / f"{name}_smoke.md").read_text()

@@ -1,4 +1,8 @@
-"""The ``hf-geonorm`` command line (issue 4): every command and every error path, on tiny models saved here."""
+"""The ``hf-geonorm`` command line (issues 4 and 15): every command and every error path, on tiny models saved here.
+
+The library calls behind the commands are tested directly in test_conversion.py; the kill and race cases of
+``convert`` in test_atomic.py.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +15,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
+from safetensors.torch import load_file, save_file
+from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm import export
+from hf_geonorm import conversion
+from hf_geonorm.card_checks import check_remote_code
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
@@ -69,50 +75,6 @@ def byte_level_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def write_tiny_gguf(path: Path, vocab=300, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2):
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(layers)
-    writer.add_context_length(64)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_rope_dimension_count(hidden // heads)
-    writer.add_vocab_size(vocab)
-    writer.add_file_type(0)
-    writer.add_license("apache-2.0")
-    rng = np.random.default_rng(0)
-
-    def tensor(name, *shape):
-        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
-
-    kv = kv_heads * hidden // heads
-    tensor("token_embd.weight", vocab, hidden)
-    tensor("output_norm.weight", hidden)
-    tensor("output.weight", vocab, hidden)
-    for i in range(layers):
-        for name, shape in [
-            ("attn_norm", (hidden,)),
-            ("ffn_norm", (hidden,)),
-            ("attn_q", (hidden, hidden)),
-            ("attn_k", (kv, hidden)),
-            ("attn_v", (kv, hidden)),
-            ("attn_output", (hidden, hidden)),
-            ("ffn_gate", (ffn, hidden)),
-            ("ffn_up", (ffn, hidden)),
-            ("ffn_down", (hidden, ffn)),
-        ]:
-            tensor(f"blk.{i}.{name}.weight", *shape)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
@@ -152,24 +114,41 @@ def test_help_on_every_command():
     assert "--preset" in run("init", "--help").output and "--plot" in run("angles", "--help").output
 
 
-def test_console_script_starts_fast_without_importing_torch():
-    result = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "architectures" in result.stdout
-    result = subprocess.run(
-        [sys.executable, "-c", "import sys, hf_geonorm_cli.main; print('torch' in sys.modules)"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def test_help_is_fast_it_imports_neither_torch_nor_transformers():
+    """--help of the group and of every command, in a fresh interpreter: only click and the CLI's own modules."""
+    commands = ["architectures", "convert", "init", "info", "angles", "perplexity", "train", "push"]
+    code = (
+        "import sys\n"
+        "from hf_geonorm_cli.main import cli\n"
+        f"for args in [['--help']] + [[c, '--help'] for c in {commands!r}]:\n"
+        "    try:\n"
+        "        cli(args, prog_name='hf-geonorm')\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, args\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'hf_geonorm', 'numpy') if m in sys.modules)\n"
+        "print('heavy:', heavy)\n"
     )
-    assert result.stdout.strip() == "False"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.rstrip().splitlines()[-1] == "heavy: []"
+    assert "Usage: hf-geonorm perplexity" in result.stdout
+    script = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0 and "architectures" in script.stdout
 
 
 def test_option_choices_match_the_library():
+    """The CLI spells these out so that --help needs no torch; they must be the library's."""
+    from hf_geonorm_cli import main
+
+    from hf_geonorm import loading, presets
     from hf_geonorm.geometry import DECAYS
 
     assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
     assert options.RADII == hf_geonorm.RADII
     assert options.DECAYS == DECAYS
+    assert options.DTYPES == loading.DTYPES
+    assert options.PRESET_NAMES == tuple(presets.PRESETS)
+    assert main.DEFAULT_VOCAB == presets.DEFAULT_VOCAB
 
 
 def test_option_help_states_the_library_defaults():
@@ -235,7 +214,7 @@ def test_convert_reloads_with_the_logits_of_the_in_process_conversion(work, tmp_
     assert {"model.safetensors", "config.json", "README.md", "modeling_geonorm.py"} <= files
     assert not any(f.endswith(".bin") for f in files)
     assert ("tokenizer.json" in files) == (model_type == "llama")
-    assert export.check_remote_code(out).complete
+    assert check_remote_code(out).complete
     assert [p.name for p in tmp_path.iterdir()] == ["converted"]  # no temporary folder left
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(reloaded) is hf_geonorm.family_for(model_type).causal_class
@@ -416,7 +395,8 @@ def test_corrupt_config_and_weights(work, tmp_path):
     shutil.copy(work / "stock_gpt2" / "config.json", broken / "config.json")
     data = (broken / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
-    assert "cannot load the model" in fails("convert", broken, tmp_path / "nested" / "out")
+    error = fails("convert", broken, tmp_path / "nested" / "out")
+    assert f"{broken / 'model.safetensors'} is damaged" in error and "save the model again" in error
     assert "corrupt" in fails("info", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]  # no output, temp or created parent
 
@@ -426,7 +406,7 @@ def test_a_failure_while_writing_leaves_nothing_behind(work, tmp_path, monkeypat
         (Path(path) / "model.safetensors").write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export, "save_with_remote_code", half_write)
+    monkeypatch.setattr(conversion, "save_shareable", half_write)
     error = fails("convert", work / "stock_llama", tmp_path / "out")
     assert "No space left on device" in error
     assert list(tmp_path.iterdir()) == []
@@ -453,6 +433,74 @@ def test_output_overlapping_the_source_is_refused(work, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def edited_copy(source: Path, target: Path, edit) -> Path:
+    """A copy of the checkpoint folder ``source`` whose tensors ``edit`` changed (a dict, in place)."""
+    shutil.copytree(source, target)
+    tensors = load_file(source / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
+
+
+def test_missing_tensors_are_refused_not_made_up(work, tmp_path):
+    """Issue 15, item 2: transformers fills a missing tensor with random values and logs it (hidden here)."""
+    broken = edited_copy(work / "stock_llama", tmp_path / "broken", lambda t: t.pop(Q_PROJ))
+    for command in (["convert", broken, tmp_path / "out"], ["perplexity", broken, "--text", TEXT]):
+        error = fails(*command)
+        assert f"1 tensor(s) missing ({Q_PROJ})" in error and "--allow-missing" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
+    result = run("convert", broken, tmp_path / "out", "--allow-missing", "--bridge", "0")
+    assert f"warning: {broken / 'model.safetensors'}: 1 tensor(s) missing ({Q_PROJ})" in result.stderr
+
+
+def test_messages_name_the_file_and_the_fix(work, tmp_path):
+    """Issue 15, item 9: each mistake is one line naming the file and what to do."""
+    source = work / "stock_llama"
+    wrong = edited_copy(source, tmp_path / "wrong", lambda t: t.update({Q_PROJ: torch.zeros(5, 5)}))
+    error = fails("convert", wrong, tmp_path / "out")
+    assert f"{wrong / 'model.safetensors'}: tensor {Q_PROJ} has shape [5, 5], but config.json asks for [32, 32]" in (
+        error
+    )
+    assert "above report" not in error
+    geo = tmp_path / "geo"
+    run("convert", work / "stock_gpt2", geo)
+    config = json.loads((geo / "config.json").read_text())
+    (geo / "config.json").write_text(json.dumps({**config, "geo_decay": "fast"}))
+    result = CliRunner().invoke(cli, ["info", str(geo)])
+    assert result.exit_code == 1 and "Usage" not in result.output and "--decay" not in result.output
+    assert result.output.strip() == f"Error: {geo / 'config.json'}: geo_decay must be one of harmonic, sqrt, " \
+        "linear, constant; got 'fast' (fix the file)"  # fmt: skip
+    small_model = tmp_path / "small_model"
+    tiny_model("llama", vocab_size=200).save_pretrained(small_model)
+    byte_level_tokenizer().save_pretrained(small_model)  # 300 tokens for a 200-token vocabulary
+    error = fails("perplexity", small_model, "--text", TEXT, "--max-tokens", "64")
+    assert "token id" in error and "config.json has vocab_size 200" in error and "own tokenizer" in error
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    error = fails("perplexity", source, "--text", tmp_path / "binary.txt")
+    assert f"{tmp_path / 'binary.txt'} is a binary file" in error
+    (tmp_path / "latin1.txt").write_bytes(TEXT.read_text().replace("e", "\u00e9").encode("latin-1"))
+    result = run("perplexity", source, "--text", tmp_path / "latin1.txt", "--max-tokens", "32")
+    assert f"warning: {tmp_path / 'latin1.txt'} is not valid UTF-8" in result.stderr
+
+
+def test_a_metric_that_is_not_finite_fails_and_names_the_cause(work, tmp_path):
+    """Issue 15, item 5 (the command line's part): a NaN perplexity or angle is an error, not a result."""
+
+    def huge_mlp(tensors):  # fine in float32; beyond float16's range (65504) after the second layer's MLP
+        for name in ("up_proj", "down_proj"):
+            tensors[f"model.layers.1.mlp.{name}.weight"].mul_(1e4)
+
+    huge = edited_copy(work / "stock_llama", tmp_path / "huge", huge_mlp)
+    run("perplexity", huge, "--text", TEXT, "--max-tokens", "32")
+    for command in ("perplexity", "angles"):
+        error = fails(command, huge, "--text", TEXT, "--max-tokens", "32", "--dtype", "float16")
+        assert "is nan" in error or "is inf" in error, error
+        assert "the mlp update of layer 2" in error and "(use --dtype float32)" in error
+
+
 # ---- init ----
 
 
@@ -464,7 +512,7 @@ def test_init_tiny_with_tokenizer_builds_and_runs(work, tmp_path):
     assert config["model_type"] == "geonorm_llama" and config["geo_decay"] == "linear"
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]) == (4, 128, 4)
     assert config["vocab_size"] == 320 and config["bos_token_id"] == 1  # 300 tokens rounded up to 64
-    assert (out / "tokenizer.json").exists() and export.check_remote_code(out).complete
+    assert (out / "tokenizer.json").exists() and check_remote_code(out).complete
     assert not (out / "model.safetensors").exists()
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
     assert type(model) is hf_geonorm.family_for("llama").causal_class

@@ -6,19 +6,26 @@
   double backward in float64.
 - The Triton kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1) where triton is
   installed, and compiled on CUDA where a GPU is present (benchmarks/gpu_check.sh runs this file there).
-- The dispatch: which calls are fused, the switch (HF_GEONORM_FUSED / set_fused_enabled), and that the module
-  imports without triton (it is copied beside checkpoints as remote code).
+- The dispatch: which calls are fused, the switch (HF_GEONORM_FUSED / set_fused_enabled), and that the modules
+  import without triton (they are copied beside checkpoints as remote code).
+- The kernel's first-use check: a kernel that raises or computes wrong values (stubs on CPU) is warned about
+  once and replaced by the composed path; the real kernel passes it (interpreter, CUDA).
+- Every setting the validator accepts keeps values and gradients finite on every path, for extreme step sizes
+  and clamps, zero and tiny states, and huge and tiny updates (issue 15).
 No timings are asserted.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
+import itertools
 import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,7 +34,7 @@ from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm import fused, geonorm_step
-from hf_geonorm.geometry import composed_geonorm_step
+from hf_geonorm.geometry import MAX_ALPHA, composed_geonorm_step
 
 PI4 = math.pi / 4
 WIDTH = 48  # not a power of two: the kernel's masked lanes are exercised
@@ -88,14 +95,12 @@ def reference(x, u, g, alpha, max_angle):
     return out, dx, du
 
 
-def assert_close_rows(actual, expected, dtype, what, skip_rows=(), per_row=False, noise=None):
+def assert_close_rows(actual, expected, dtype, what, per_row=False, noise=None):
     """|actual - expected| <= ulp * |expected| + noise * scale: one unit in the last place of ``dtype`` for the
     final rounding (bf16; the interpreter truncates where a GPU rounds to nearest) plus float32 arithmetic
     noise (1e-12 in float64) relative to the largest |expected| (of the tensor, or of each token with
-    ``per_row``); ``expected`` is exact. Rows in ``skip_rows`` are left out."""
+    ``per_row``); ``expected`` is exact. (hf_geonorm.fused.check_kernel uses the same bound.)"""
     a, e = actual.double(), expected.double()
-    keep = [i for i in range(a.shape[-2]) if i not in skip_rows]
-    a, e = a[..., keep, :], e[..., keep, :]
     ulp = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
     noise = noise or (1e-12 if dtype == torch.float64 else 2e-6)
     scale = e.abs().amax(dim=-1, keepdim=True) if per_row else e.abs().max()
@@ -123,20 +128,13 @@ def check_against_reference(fn, dtype, alpha, max_angle, device="cpu", grad_nois
     out, dx, du = run(fn, x, u, g)
     assert out.dtype == dtype and dx.dtype == dtype and du.dtype == dtype
     ref_out, ref_dx, ref_du = reference(x, u, g, alpha, max_angle)
-    # A zero state row: |x| is floored at sqrt(tiny) of the compute dtype, so below float64 it is compared
-    # with the composed path in the same dtype (with no clamp it turns by |u|/sqrt(tiny) ~ 1e19 radians:
-    # finite but meaningless digits, so only finiteness is checked there).
-    skip = (ZERO_X_ROW,) if dtype != torch.float64 or (max_angle is None and alpha > 0) else ()
-    assert_close_rows(out, ref_out, dtype, "output", skip)
-    assert_close_rows(dx, ref_dx, dtype, "grad x", skip, noise=grad_noise)
-    assert_close_rows(du, ref_du, dtype, "grad u", skip, noise=grad_noise)
-    assert torch.isfinite(dx).all() and torch.isfinite(du).all()
-    assert out[:, ZERO_X_ROW].abs().max().item() < 1e-12  # the sphere of radius 0 is the point 0
-    if dtype != torch.float64 and not (max_angle is None and alpha > 0):
-        zero_x = lambda t: t[:, ZERO_X_ROW : ZERO_X_ROW + 1]  # noqa: E731
-        composed = run(lambda a, b: composed_geonorm_step(a, b, alpha, max_angle), zero_x(x), zero_x(u), zero_x(g))
-        for mine, theirs, what in zip((out, dx, du), composed, ("output", "grad x", "grad u"), strict=True):
-            assert_close_rows(zero_x(mine), theirs, dtype, f"zero-state row {what}", per_row=True, noise=grad_noise)
+    assert_close_rows(out, ref_out, dtype, "output")
+    assert_close_rows(dx, ref_dx, dtype, "grad x", noise=grad_noise)
+    assert_close_rows(du, ref_du, dtype, "grad u", noise=grad_noise)
+    # a zero state has no direction: it stays exactly where it is and passes its gradient straight through
+    zero = ZERO_X_ROW
+    assert torch.equal(out[:, zero], x[:, zero]) and torch.equal(dx[:, zero], g[:, zero])
+    assert not du[:, zero].any()
     out64 = out.double()
     if alpha == 0.0:
         assert torch.equal(out, x)
@@ -166,10 +164,9 @@ def test_torch_twin_mixed_dtypes_like_autocast():
     out, dx, du = run(fn, x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
-    skip = (ZERO_X_ROW,)  # |x| floored at float32's sqrt(tiny) here, float64's in the reference
-    assert_close_rows(out, ref_out, torch.float32, "output", skip)
-    assert_close_rows(dx, ref_dx, torch.float32, "grad x", skip)
-    assert_close_rows(du, ref_du, torch.bfloat16, "grad u", skip)
+    assert_close_rows(out, ref_out, torch.float32, "output")
+    assert_close_rows(dx, ref_dx, torch.float32, "grad x")
+    assert_close_rows(du, ref_du, torch.bfloat16, "grad u")
 
 
 def rows_for_gradcheck():
@@ -259,35 +256,40 @@ def test_switch_turns_the_fused_path_off_and_on(monkeypatch):
     assert fused._env_enabled() is True
 
 
-def test_module_imports_without_triton_and_is_valid_remote_code(monkeypatch):
-    """Loaded fresh with triton unimportable, the module works (torch twin) and says triton is missing; its
-    imports are torch and the standard library, triton only inside try (so transformers' remote-code import
-    check does not demand it)."""
+def test_modules_import_without_triton_and_are_valid_remote_code(monkeypatch):
+    """Loaded fresh with triton unimportable, fused.py works (torch twin) and says the kernels are missing; the
+    imports of fused.py and fused_kernels.py are torch, the standard library and their flat siblings, triton
+    only inside try (so transformers' remote-code import check does not demand it)."""
     path = Path(fused.__file__)
     monkeypatch.setitem(sys.modules, "triton", None)
     monkeypatch.setitem(sys.modules, "triton.language", None)
-    spec = importlib.util.spec_from_file_location("fused_without_triton", path)
+    monkeypatch.delitem(sys.modules, "hf_geonorm.fused_kernels", raising=False)
+    spec = importlib.util.spec_from_file_location("hf_geonorm.fused_without_triton", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.triton_available() is False
+    with pytest.raises(RuntimeError, match="pip install triton"):
+        module.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, PI4)
     x, u = rows()
     out = module.fused_geonorm_step(x.float(), u.float(), 0.7, PI4)
     torch.testing.assert_close(out, composed_geonorm_step(x.float(), u.float(), 0.7), atol=1e-5, rtol=0)
 
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for n in ast.walk(t)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = ["." if node.level else node.module.split(".")[0]]
-        else:
-            continue
-        for name in names:
-            if name == "triton":
-                assert id(node) in guarded, "triton must be imported inside try"
+    allowed = {"__future__", "contextlib", "math", "os", "typing", "warnings", "torch", "."}
+    for source in (path, path.with_name("fused_kernels.py")):
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for n in ast.walk(t)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." if node.level else node.module.split(".")[0]]
             else:
-                assert name in {"__future__", "contextlib", "math", "os", "torch", "."}, f"unexpected import {name}"
+                continue
+            for name in names:
+                if name == "triton":
+                    assert id(node) in guarded, f"{source.name}: triton must be imported inside try"
+                else:
+                    assert name in allowed, f"{source.name}: unexpected import {name}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -350,10 +352,9 @@ def test_triton_kernel_strided_rows_and_mixed_dtypes(kernel_device):
     out, dx, du = run(lambda a, b: fused.fused_geonorm_step(a, b, 0.7, PI4, "triton"), x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
-    skip = (ZERO_X_ROW,)  # |x| floored at float32's sqrt(tiny) here, float64's in the reference
-    assert_close_rows(out, ref_out, torch.float32, "output", skip)
-    assert_close_rows(dx, ref_dx, torch.float32, "grad x", skip)
-    assert_close_rows(du, ref_du, torch.bfloat16, "grad u", skip)
+    assert_close_rows(out, ref_out, torch.float32, "output")
+    assert_close_rows(dx, ref_dx, torch.float32, "grad x")
+    assert_close_rows(du, ref_du, torch.bfloat16, "grad u")
 
 
 @pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA and not INTERPRETING), reason="needs CUDA and triton")
@@ -366,6 +367,7 @@ def test_cuda_kernel_at_model_widths(width, dtype):
     grad = torch.randn(4, 512, width, generator=g).to("cuda", dtype)
     assert fused.fused_backend(x, u) == "triton"
     out, dx, du = run(lambda a, b: geonorm_step(a, b, 0.5), x, u, grad)
+    assert fused._kernel_failure is None, fused._kernel_failure  # the first-use check passed: the kernel ran
     ref_out, ref_dx, ref_du = reference(x, u, grad, 0.5, PI4)
     assert_close_rows(out, ref_out, dtype, "output")
     assert_close_rows(dx, ref_dx, dtype, "grad x")
@@ -386,7 +388,197 @@ def test_cuda_model_training_step_fused_equals_unfused(model_type):
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     fused.set_fused_enabled(True)
+    assert fused._kernel_failure is None, fused._kernel_failure
     (loss_f, grads_f), (loss_u, grads_u) = results
     torch.testing.assert_close(loss_f, loss_u, atol=1e-5, rtol=1e-5)
     for name, grad in grads_f.items():
         torch.testing.assert_close(grad, grads_u[name], atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the kernel's first-use check: stubs in place of the kernel on CPU, and the real kernel
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def kernel_stub(monkeypatch):
+    """A fresh first-use check, with the Triton backend chosen for CPU tensors and the kernel replaced by the
+    torch twin, faulty as the test says (``kernel_stub(fault)``); returns the list of kernel calls."""
+    monkeypatch.setattr(fused, "_KERNEL_CHECKS", {})
+    monkeypatch.setattr(fused, "_kernel_failure", None)
+    monkeypatch.setattr(fused, "fused_backend", lambda x, u=None: "triton")
+    calls = []
+
+    def install(fault=None):
+        def forward(x2, u2, alpha, max_angle):
+            calls.append("forward")
+            if fault == "raises":
+                raise RuntimeError("no kernel image is available for execution on the device")
+            out, stats = fused.torch_forward(x2, u2, alpha, max_angle)
+            return (out * 1.001 if fault == "wrong output" else out), stats
+
+        def backward(*args):
+            calls.append("backward")
+            dx, du = fused.torch_backward(*args)
+            return dx, (du * 1.01 if fault == "wrong gradient" else du)
+
+        monkeypatch.setattr(fused, "triton_forward", forward)
+        monkeypatch.setattr(fused, "triton_backward", backward)
+        return calls
+
+    return install
+
+
+@pytest.mark.parametrize(
+    "fault,says",
+    [("raises", "raised RuntimeError"), ("wrong output", "the output differs"), ("wrong gradient", "grad u differs")],
+)
+def test_a_faulty_kernel_is_warned_about_once_and_replaced_by_the_composed_path(kernel_stub, fault, says):
+    calls = kernel_stub(fault)
+    x, u = (t.float().requires_grad_(True) for t in rows())
+    with pytest.warns(RuntimeWarning, match="HF_GEONORM_FUSED") as record:
+        out = geonorm_step(x, u, 0.7)
+    messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and says in messages[0] and "composed torch path" in messages[0], messages
+    assert grad_fn_name(out) != "FusedGeoNormStepBackward"
+    assert torch.equal(out, composed_geonorm_step(x, u, 0.7))
+    calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        for dtype, max_angle in ((torch.float32, PI4), (torch.bfloat16, None), (torch.float32, None)):
+            xd, ud = (t.detach().to(dtype).requires_grad_(True) for t in (x, u))
+            out = geonorm_step(xd, ud, 0.7, max_angle)
+            out.float().sum().backward()
+            assert grad_fn_name(out) != "FusedGeoNormStepBackward"
+            assert torch.equal(out, composed_geonorm_step(xd, ud, 0.7, max_angle))
+    assert calls == []  # the kernel is not used again in this process
+
+
+def test_a_correct_kernel_passes_the_check_once_per_device_dtype_and_variant(kernel_stub):
+    """The check runs the kernel forward and backward once, then the kernel computes the call; the caller's
+    random state, grad mode and inference mode are left alone."""
+    calls = kernel_stub()
+    x, u = (t.float() for t in rows())
+    rng = torch.random.get_rng_state()
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("error")
+        out = geonorm_step(x, u, 0.7)
+        assert torch.is_inference_mode_enabled() and not torch.is_grad_enabled()
+    assert calls == ["forward", "backward", "forward"]
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert out.is_inference()
+    xg, ug = x.clone().requires_grad_(True), u.clone().requires_grad_(True)
+    out = geonorm_step(xg, ug, 0.7)
+    assert grad_fn_name(out) == "FusedGeoNormStepBackward"
+    out.sum().backward()
+    assert calls == ["forward", "backward", "forward", "forward", "backward"]  # no second check
+    geonorm_step(x.bfloat16(), u.bfloat16(), 0.7)  # another dtype: checked once more
+    geonorm_step(x, u, 0.7, None)  # another variant of the kernel (no clamp, keeps u): checked too
+    assert calls[5:] == ["forward", "backward", "forward"] * 2
+    assert fused._KERNEL_CHECKS == {
+        ("cpu", torch.float32, torch.float32, False, "output"): None,
+        ("cpu", torch.bfloat16, torch.bfloat16, False, "update"): None,
+        ("cpu", torch.float32, torch.float32, True, "update"): None,
+    }
+
+
+CHECK_CASES = [  # state dtype, update dtype, max_angle, what the backward keeps
+    (torch.float32, torch.float32, PI4, "output"),
+    (torch.float32, torch.float32, None, "update"),
+    (torch.bfloat16, torch.bfloat16, PI4, "update"),
+    (torch.float32, torch.bfloat16, PI4, "output"),
+]
+
+
+@pytest.mark.parametrize("kernel_device", KERNEL_DEVICES, indirect=True)
+@pytest.mark.parametrize("x_dtype,u_dtype,max_angle,keep", CHECK_CASES)
+def test_the_real_kernel_passes_its_first_use_check(kernel_device, x_dtype, u_dtype, max_angle, keep):
+    assert fused.check_kernel(kernel_device, x_dtype, u_dtype, WIDTH, max_angle, keep) is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# every accepted setting keeps values and gradients finite (issue 15)
+# ----------------------------------------------------------------------------------------------------------
+EXTREME_ALPHAS = [0.0, 1e-6, 0.25, 1.0, 37.0, 1e3, MAX_ALPHA]
+EXTREME_MAX_ANGLES = [None, 1e-6, 0.1, PI4, math.pi / 2, math.pi]
+
+
+def extreme_rows(width: int = WIDTH, n: int = 40) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 [1, n, width] states, updates and output gradients at the edges of what a model feeds the step:
+    states exactly 0, below the norm floor (1e-30 .. 1e-13), just above it, and up to 1e4; updates 0 and from
+    1e-4 to 1e4; updates parallel and antiparallel to x (u = -x: x + u = 0); the rest log-uniform random."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n, width, generator=g, dtype=torch.float64)
+    u = torch.randn(n, width, generator=g, dtype=torch.float64)
+    x_scale = 10 ** (torch.rand(n, 1, generator=g, dtype=torch.float64) * 16 - 12)
+    u_scale = 10 ** (torch.rand(n, 1, generator=g, dtype=torch.float64) * 8 - 4)
+    special = [(0.0, 1.0), (1e-30, 1.0), (1e-18, 1e3), (1e-15, 1.0), (1e-13, 1e-4), (2e-12, 1e4), (1e4, 1e-4)]
+    special += [(1e4, 0.0), (1.0, 0.0)]
+    for i, (xs, us) in enumerate(special):
+        x_scale[i], u_scale[i] = xs, us
+    x, u = x * x_scale, u * u_scale
+    u[9], u[10], u[11] = 2.0 * x[9], -x[10], -0.5 * x[11]
+    grad = torch.randn(n, width, generator=g, dtype=torch.float64)
+    return x[None], u[None], grad[None]
+
+
+def scale_and_bias():
+    return torch.tensor(1.3, requires_grad=True), torch.tensor(0.1, requires_grad=True)
+
+
+EXTREME_PATHS = {
+    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, a, m),
+    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, a, m, 0.5),
+    "composed, learnable step": lambda x, u, a, m: composed_geonorm_step(x, u, a, m, 1.0, *scale_and_bias()),
+    "twin keeping u": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "torch", "update"),
+    "twin keeping the output": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "torch", "output"),
+    "kernel": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "triton", fused.kept_for_backward(x, m)),
+}
+
+
+def non_finite_settings(path: str, dtype, alphas, max_angles, device="cpu") -> list:
+    """The (alpha, max_angle) pairs for which ``path`` gives a non-finite output or gradient on extreme_rows."""
+    x64, u64, g64 = extreme_rows()
+    x, u, g = x64.to(device, dtype), u64.to(device, dtype), g64.to(device, dtype)
+    step = EXTREME_PATHS[path]
+    failures = []
+    for alpha, max_angle in itertools.product(alphas, max_angles):
+        if path == "twin keeping the output" and (max_angle is None or max_angle > math.pi / 2):
+            continue  # keeping the output needs a clamp <= pi/2 (never chosen otherwise)
+        out, dx, du = run(functools.partial(step, a=alpha, m=max_angle), x, u, g)
+        if not all(torch.isfinite(t).all() for t in (out, dx, du)):
+            failures.append((alpha, max_angle))
+    return failures
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", [p for p in EXTREME_PATHS if p != "kernel"])
+def test_every_accepted_setting_keeps_the_step_finite(path, dtype):
+    """alpha from 0 to MAX_ALPHA, max_angle from 1e-6 to pi and none, on zero, tiny and huge states and
+    updates: value and gradients finite on the composed path (also with the bridge and the learnable step)
+    and the fused twin."""
+    failures = non_finite_settings(path, dtype, EXTREME_ALPHAS, EXTREME_MAX_ANGLES)
+    assert not failures, f"non-finite for (alpha, max_angle) in {failures}"
+
+
+@pytest.mark.parametrize("kernel_device", KERNEL_DEVICES, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_accepted_setting_keeps_the_kernel_finite(kernel_device, dtype):
+    failures = non_finite_settings("kernel", dtype, [0.0, 1.0, MAX_ALPHA], [None, 1e-6, PI4], kernel_device)
+    assert not failures, f"non-finite for (alpha, max_angle) in {failures}"
+
+
+@pytest.mark.parametrize("fused_on", [True, False])
+def test_a_zero_token_with_no_clamp_and_the_largest_alpha_trains_finite(fused_on):
+    """A token whose embedding row is zero, no clamp, alpha 1 and MAX_ALPHA: a LLaMA-shaped model's loss and
+    every gradient stay finite (the zero state used to turn into a tiny one that overflowed the backward)."""
+    fused.set_fused_enabled(fused_on)
+    for alpha in (1.0, MAX_ALPHA):
+        model = hf_geonorm.convert(tiny_model("llama"), geo_alpha=alpha, geo_max_angle=None).train()
+        with torch.no_grad():
+            model.get_input_embeddings().weight[5] = 0.0
+        ids = token_ids()
+        ids[:, 3] = 5
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name, param in model.named_parameters():
+            assert param.grad is None or torch.isfinite(param.grad).all(), (alpha, name)

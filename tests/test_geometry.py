@@ -1,4 +1,4 @@
-"""Tests of hf_geonorm.geometry against formulas written out here from GEONORM.md (numpy, float64).
+"""Tests of hf_geonorm.geometry against formulas written out here from docs/method.md (numpy, float64).
 
 Nothing below copies a number produced by the code under test: every expected value is computed by the
 reference functions ``ref_*`` in this file, straight from the specification.
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hf_geonorm import (
+    GeoNormSettings,
     entry_rescale,
     exp_map,
     geodesic_update,
@@ -21,7 +22,7 @@ from hf_geonorm import (
     step_sizes,
     tangent,
 )
-from hf_geonorm.geometry import geonorm_angle
+from hf_geonorm.geometry import MAX_ALPHA, NORM_FLOOR, composed_geonorm_step, geonorm_angle
 
 PI4 = math.pi / 4
 D = 16
@@ -59,7 +60,7 @@ def ref_geo_angle(base, a, max_angle, c=1.0, b=0.0):
 
 
 def ref_geonorm_step(x, u, a, max_angle=PI4, lam=1.0, c=1.0, b=0.0):
-    """GEONORM.md 'The bridge': theta = (1-lam) theta_pre + lam theta_geo, radius (1-lam)|x+u| + lam|x|."""
+    """docs/method.md, "The bridge": theta = (1-lam) theta_pre + lam theta_geo, radius (1-lam)|x+u| + lam|x|."""
     t = ref_tangent(x, u)
     nx, nt = nnorm(x), nnorm(t)
     theta_geo = ref_geo_angle(nt / nx, a, max_angle, c, b)
@@ -541,3 +542,83 @@ def test_prenorm_angle():
     x2, u2 = controlled([0.5, 1.0, 2.0], seed=72, along=-1.8)
     close(prenorm_angle(T(x2), T(u2)), angle_between(x2, x2 + u2), 1e-7)
     assert N(prenorm_angle(T(x2), T(u2))).min() > math.pi / 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what keeps every accepted setting finite (docs/method.md, "Choices the paper leaves open")
+# ----------------------------------------------------------------------------------------------------------
+def test_alpha_above_the_largest_accepted_is_refused_and_says_why():
+    assert GeoNormSettings(geo_alpha=MAX_ALPHA).geo_alpha == MAX_ALPHA
+    assert GeoNormSettings(geo_alpha=[1.0, MAX_ALPHA]).geo_alpha == [1.0, MAX_ALPHA]
+    for alpha in (1e30, 1e300, [1.0, 2.0 * MAX_ALPHA]):
+        with pytest.raises(ValueError, match=r"geo_alpha must be at most 1e\+06: .*overflow"):
+            GeoNormSettings(geo_alpha=alpha)
+
+
+STAYING_FNS = {  # the steps that keep the radius: a state below the floor has none to keep
+    "exp_map": lambda x, u: exp_map(x, tangent(x, u)),
+    "geodesic_update": lambda x, u: geodesic_update(x, u, 1e3),
+    "step_default": lambda x, u: geonorm_step(x, u, 0.5),
+    "step_no_clamp": lambda x, u: geonorm_step(x, u, MAX_ALPHA, None),
+    "step_learnable": lambda x, u: geonorm_step(x, u, 0.5, PI4, 1.0, torch.tensor(1.3), torch.tensor(0.1)),
+    "composed_default": lambda x, u: composed_geonorm_step(x, u, 0.5),
+    "composed_no_clamp": lambda x, u: composed_geonorm_step(x, u, MAX_ALPHA, None),
+}
+
+
+@pytest.mark.parametrize("name", list(STAYING_FNS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_state_below_the_norm_floor_stays_where_it_is(name, dtype):
+    """|x| < NORM_FLOOR: out = x exactly, the gradient passes straight through to x and none reaches u; just
+    above the floor the state turns by the step's angle."""
+    scales = np.array([0.0, 1e-30, 1e-18, 1e-13, 0.5 * NORM_FLOOR])[:, None]
+    x_np = rand((5, D), 80) / np.sqrt(D) * scales
+    u_np = rand((5, D), 81, 3.0)
+    x, u = T(x_np, dtype, grad=True), T(u_np, dtype, grad=True)
+    out = STAYING_FNS[name](x, u)
+    g = torch.ones_like(out)
+    out.backward(g)
+    assert torch.equal(out, x.detach())
+    assert torch.equal(x.grad, g)
+    assert u.grad is None or not u.grad.any()
+    # just above the floor, the step moves the state (by the clamped angle, here at most pi/4)
+    above = T(rand((1, D), 82) / np.sqrt(D) * 4.0 * NORM_FLOOR, torch.float64)
+    moved = N(geonorm_step(above, T(u_np[:1]), 0.5))
+    np.testing.assert_allclose(angle_between(N(above), moved), [0.5 * PI4], rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pre-Norm is GeoNorm with depth-dependent angles (docs/method.md, "Pre-Norm as GeoNorm")
+# ----------------------------------------------------------------------------------------------------------
+def ref_norm(h, kind, weight, bias):
+    """RMSNorm / LayerNorm with eps 0 (exactly scale invariant) and their own weights."""
+    if kind == "layer":
+        h = h - h.mean(axis=-1, keepdims=True)
+        return h / np.sqrt((h * h).mean(axis=-1, keepdims=True)) * weight + bias
+    return h / np.sqrt((h * h).mean(axis=-1, keepdims=True)) * weight
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_prenorm_is_geonorm_with_depth_dependent_angles(kind):
+    """A 12-layer Pre-Norm stack h <- h + F(N(h)) (random float64 MLPs) equals, on the sphere of radius
+    sqrt(d), the exp_map step y <- exp_map(y, theta |y| t/|t|) with theta = atan2(|t|/s, |y| + <u,y>/(|y| s)),
+    t = tangent(y, u) and the mass s = |h|/sqrt(d) carried along as s <- |s y + u|/sqrt(d)."""
+    d, rng = D, np.random.default_rng(83)
+    h = rng.standard_normal((6, d)) * 3.0
+    y, s = math.sqrt(d) * h / nnorm(h), nnorm(h) / math.sqrt(d)
+    for _ in range(12):
+        w1, w2 = rng.standard_normal((d, 2 * d)) / math.sqrt(d), rng.standard_normal((2 * d, d))
+        weight, bias = 1.0 + 0.3 * rng.standard_normal(d), 0.2 * rng.standard_normal(d)
+
+        def sublayer(z, w1=w1, w2=w2, weight=weight, bias=bias):
+            return np.tanh(ref_norm(z, kind, weight, bias) @ w1) @ w2
+
+        h = h + sublayer(h)  # Pre-Norm
+        u = sublayer(y)  # the sublayer sees only the point on the sphere
+        t = N(tangent(T(y), T(u)))
+        theta = np.arctan2(nnorm(t) / s, nnorm(y) + ndot(u, y) / (nnorm(y) * s))
+        y_next = N(exp_map(T(y), T(theta * nnorm(y) * t / nnorm(t))))
+        s = nnorm(s * y + u) / math.sqrt(d)
+        y = y_next
+        close(y, math.sqrt(d) * h / nnorm(h), 1e-11)
+        close(s, nnorm(h) / math.sqrt(d), 1e-11)

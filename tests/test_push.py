@@ -1,4 +1,4 @@
-"""``hf-geonorm push`` and ``hf_geonorm.export.push_to_hub`` (issue 5) against a local Hub (tests/fake_hub.py).
+"""``hf-geonorm push`` and ``hf_geonorm.hub.push_to_hub`` (issue 5) against a local Hub (tests/fake_hub.py).
 
 huggingface_hub reads HF_ENDPOINT into ``constants.ENDPOINT`` (and the download URL template) when imported, so
 in-process tests set those constants (``HfApi()`` reads ENDPOINT when created); the subprocess test sets
@@ -25,8 +25,10 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import export
-from hf_geonorm.modeling_geonorm import GeoNormPreTrainedMixin
+from hf_geonorm.card_checks import auto_map_for, validate_card
+from hf_geonorm.hub import push_to_hub, shareable_files
+from hf_geonorm.model_card import CardInfo
+from hf_geonorm.remote_code import METHOD_SPEC, remote_code_files
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 
@@ -87,8 +89,9 @@ def refused(*args, code=1):
 def test_push_uploads_the_checked_folder_in_one_commit(hub, converted):
     result = push(converted, "me/tiny-geonorm", "--commit-message", "GeoNorm tiny llama", "--private")
     assert result.exit_code == 0, result.output
-    local = {name: (converted / name).read_bytes() for name in export.shareable_files(converted)}
-    assert {"model.safetensors", "config.json", "README.md", "modeling_geonorm.py", "residual.py"} <= set(local)
+    local = {name: (converted / name).read_bytes() for name in shareable_files(converted)}
+    assert {"model.safetensors", "config.json", "README.md", "geonorm_card.json", METHOD_SPEC} <= set(local)
+    assert {p.name for p in remote_code_files()} <= set(local)
     # the calls huggingface_hub made, in order: create the repo, validate the card, ask upload modes, LFS, commit
     calls = [c for c in hub.api_calls() if not c.startswith("PUT /lfs-upload/")]
     assert calls == [
@@ -112,7 +115,8 @@ def test_push_uploads_the_checked_folder_in_one_commit(hub, converted):
         assert commit["files"][name]["mode"] == ("lfs" if name == "model.safetensors" else "regular"), name
     assert hub.files("me/tiny-geonorm")["model.safetensors"] == local["model.safetensors"]
     assert hub.validated == [card.decode()]  # huggingface_hub validated the card it committed
-    assert f"commit {commit['oid']}" in result.output and "pushed 9 files to me/tiny-geonorm (main)" in result.output
+    assert f"commit {commit['oid']}" in result.output
+    assert f"pushed {len(local)} files to me/tiny-geonorm (main)" in result.output
     # the folder was not touched
     assert (converted / "README.md").read_bytes() == local["README.md"]
 
@@ -217,6 +221,8 @@ def mutate(folder: Path, how: str) -> None:
         config_path.write_text(json.dumps(config))
     elif how == "missing_code":
         (folder / "residual.py").unlink()
+    elif how == "missing_spec":
+        (folder / METHOD_SPEC).unlink()
     elif how == "broken_code":
         with open(folder / "geometry.py", "a") as f:
             f.write("\ndef broken(:\n")
@@ -247,6 +253,7 @@ REFUSALS = {
     "no_auto_map": "no auto_map, so the model does not load without hf-geonorm",
     "foreign_auto_map": "auto_map does not name this family's classes for AutoModelForCausalLM",
     "missing_code": "the remote code is incomplete: residual.py missing",
+    "missing_spec": f"the method specification {METHOD_SPEC}, which the card links, is missing",
     "broken_code": "geometry.py does not compile",
     "no_card": "has no README.md model card",
     "bad_license": "README.md: license 'Apache 2.0' is not a Hub license identifier",
@@ -313,19 +320,20 @@ def check_pushed_repo(hub, repo_id, revision="main"):
     files = hub.files(repo_id, revision)
     config = json.loads(files["config.json"])
     assert config["model_type"] == "geonorm_llama" and config["geo_alpha"] == 0.75
-    assert config["auto_map"] == export.auto_map_for("geonorm_llama")
-    for path in export.remote_code_files():
+    assert config["auto_map"] == auto_map_for("geonorm_llama")
+    for path in remote_code_files():
         assert files[path.name] == path.read_bytes(), path.name
+    assert METHOD_SPEC in files
     card = ModelCard(files["README.md"].decode())
-    assert not export.validate_card(card)
+    assert not validate_card(card)
     assert f'from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
     return card
 
 
-def test_export_push_to_hub_pushes_code_and_card(hub):
+def test_hub_push_to_hub_pushes_code_and_card(hub):
     model = tiny_geonorm()
     model.add_model_tags(["my-experiment"])
-    result = export.push_to_hub(model, "py-geo", card_info=export.CardInfo(license="apache-2.0"), revision="exp")
+    result = push_to_hub(model, "py-geo", card_info=CardInfo(license="apache-2.0"), revision="exp")
     assert result.repo_id == "tester/py-geo" and result.revision == "exp"
     card = check_pushed_repo(hub, "tester/py-geo", "exp")
     data = card.data.to_dict()
@@ -333,14 +341,10 @@ def test_export_push_to_hub_pushes_code_and_card(hub):
     assert hub.commits[-1]["summary"] == "Upload geonorm_llama model (GeoNorm) with hf-geonorm"
     assert "auto_map" not in vars(model.config)  # the model is left as it was
     with pytest.raises(ValueError, match="GeoNorm models"):
-        export.push_to_hub(tiny_model("llama"), "me/stock")
+        push_to_hub(tiny_model("llama"), "me/stock")
     assert "me/stock" not in hub.repos
 
 
-@pytest.mark.skipif(
-    "push_to_hub" not in vars(GeoNormPreTrainedMixin),
-    reason="model.push_to_hub routes to hf_geonorm.export.push_to_hub once GeoNormPreTrainedMixin defines it",
-)
 def test_model_push_to_hub_pushes_code_and_card(hub):
     model = tiny_geonorm()
     model.push_to_hub("me/method", commit_message="via the model")
@@ -348,15 +352,21 @@ def test_model_push_to_hub_pushes_code_and_card(hub):
     assert hub.commits[-1]["summary"] == "via the model"
 
 
-def test_transformers_push_of_a_reloaded_export_still_carries_complete_remote_code(hub, tmp_path):
-    """transformers' own push_to_hub (save_pretrained into a temporary folder, then its generic card): a model
-    loaded from an exported folder pushes its auto_map together with the code it names."""
-    export.save_with_remote_code(tiny_geonorm(), tmp_path / "exported")
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+def test_transformers_push_carries_complete_remote_code(hub, tmp_path):
+    """transformers' own push_to_hub (save_pretrained into a temporary folder, then its generic card) pushes
+    auto_map together with the code it names and the specification, for a model built in this process and for
+    one loaded from a folder."""
+    model = tiny_geonorm()
+    model.save_pretrained(tmp_path / "saved")
     from transformers import PreTrainedModel
 
-    PreTrainedModel.push_to_hub(reloaded, "me/plain-push")
-    files = hub.files("me/plain-push")
-    config = json.loads(files["config.json"])
-    assert config["auto_map"] == export.auto_map_for("geonorm_llama")
-    assert {p.name for p in export.remote_code_files()} <= set(files)
+    for repo_id, source in (("me/plain-push", model), ("me/reloaded-push", tmp_path / "saved")):
+        if isinstance(source, Path):
+            source = AutoModelForCausalLM.from_pretrained(source)
+        PreTrainedModel.push_to_hub(source, repo_id)
+        files = hub.files(repo_id)
+        config = json.loads(files["config.json"])
+        assert config["auto_map"] == auto_map_for("geonorm_llama"), repo_id
+        for path in remote_code_files():
+            assert files[path.name] == path.read_bytes(), (repo_id, path.name)
+        assert METHOD_SPEC in files, repo_id

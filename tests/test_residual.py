@@ -2,7 +2,7 @@
 
 A small decoder is simulated here: T layers of two sublayers each (an "attention" and an "FFN" stand-in:
 random float64 MLPs / linear maps), each sublayer with its own input norm (RMSNorm or LayerNorm with random
-weights). The reference for every style is written out in this file from GEONORM.md.
+weights). The reference for every style is written out in this file from docs/method.md, "The family".
 """
 
 from __future__ import annotations
@@ -73,13 +73,12 @@ def embeddings(seed: int = 100, scale: float = 0.5) -> torch.Tensor:
     return torch.randn(2, 5, D, generator=g, dtype=torch.float64) * scale
 
 
-def residuals(stack: Stack, settings: GeoNormSettings, sizes: list[float] | None = None) -> list[GeoNormResidual]:
-    sizes = sizes if sizes is not None else step_sizes(settings.geo_decay, settings.geo_alpha, T)
+def residuals(stack: Stack, settings: GeoNormSettings) -> list[GeoNormResidual]:
     out = []
     for i in range(2 * T):
         k = i // 2  # the attention and FFN of layer k share a_k
         out_norm = identity_norm_like(stack.norms[i]) if settings.norm_style == "sandwich" else None
-        out.append(GeoNormResidual(settings, k, T, sizes[k], out_norm))
+        out.append(GeoNormResidual(settings, k, T, out_norm))
     return out
 
 
@@ -189,7 +188,7 @@ def test_sandwich(kind):
 
 def test_sandwich_needs_output_norm():
     with pytest.raises(ValueError, match="output norm"):
-        GeoNormResidual(GeoNormSettings(norm_style="sandwich"), 0, T, 1.0)
+        GeoNormResidual(GeoNormSettings(norm_style="sandwich"), 0, T)
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer", "offset"])
@@ -252,7 +251,7 @@ def test_geo_matches_reference_and_stays_on_sphere(decay, radius, kind):
     settings = GeoNormSettings(norm_style="geo", geo_decay=decay, geo_alpha=alpha, geo_radius=radius)
     sizes = ref_step_sizes(decay, alpha, T)
     np.testing.assert_allclose(step_sizes(decay, alpha, T), sizes, rtol=1e-15)
-    res = residuals(stack, settings, sizes)
+    res = residuals(stack, settings)
     trace: list[torch.Tensor] = []
     out = run_module(stack, res, h0, trace)
 
@@ -335,7 +334,7 @@ def test_geo_learnable_step_in_stack_and_gradients():
 @pytest.mark.parametrize("learnable", [False, True])
 def test_parameters(style, learnable):
     settings = GeoNormSettings(norm_style=style, geo_learnable_step=learnable)
-    r = GeoNormResidual(settings, 0, T, 0.5)
+    r = GeoNormResidual(settings, 0, T)
     params = dict(r.named_parameters())
     if style == "geo" and learnable:
         assert sorted(params) == ["step_bias", "step_scale"]
@@ -352,7 +351,7 @@ def test_sandwich_parameters_are_the_output_norm(learnable):
     torch.manual_seed(12)
     norm = make_norm("layer")
     r = GeoNormResidual(
-        GeoNormSettings(norm_style="sandwich", geo_learnable_step=learnable), 0, T, 0.5, identity_norm_like(norm)
+        GeoNormSettings(norm_style="sandwich", geo_learnable_step=learnable), 0, T, identity_norm_like(norm)
     )
     assert sorted(n for n, _ in r.named_parameters()) == ["output_norm.bias", "output_norm.weight"]
 

@@ -1,10 +1,10 @@
-"""Sharing GeoNorm models (issue 5): every folder the project writes loads where hf-geonorm is not installed,
-plain saves never leave a dangling ``auto_map``, and the model card says what it must.
+"""Sharing GeoNorm models (issues 5, 11): every folder the project writes loads where hf-geonorm is not
+installed, plain saves included, and the model card says what it must, rendered from facts stored as data.
 
-The plugin-less side is a separate virtual environment (the approach of test_export.py: a venv without pip
-whose only site directory is this environment's site-packages, added by a .pth line so that the editable-install
-hook of hf_geonorm is not run, plus an import blocker). One child process loads every folder -- a folder from
-``hf-geonorm convert``, a re-save of it without export, Trainer checkpoints and the final folder of
+The plugin-less side is a separate virtual environment (the ``plugin_free_python`` fixture: a venv whose only site
+directory is this environment's site-packages, so that the editable-install hook of hf_geonorm is not run, plus
+an import blocker). One child process loads every folder -- a folder from
+``hf-geonorm convert``, a plain re-save of it, Trainer checkpoints and the final folder of
 ``run_training``, a LoRA adapter trained on the GeoNorm model, and the converted folder pushed to a local Hub
 (tests/fake_hub.py) and loaded back by repository id -- with ``trust_remote_code=True``, and compares logits and
 greedy generations with what the plugin computes in this process.
@@ -12,10 +12,9 @@ greedy generations with what the plugin computes in this process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,10 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import export
+from hf_geonorm.card_checks import auto_map_for, check_remote_code, check_shareable, validate_card
+from hf_geonorm.hub import save_shareable, shareable_files
+from hf_geonorm.model_card import CARD_DATA, CardInfo, load_card_info, max_rotation, render_model_card, write_model_card
+from hf_geonorm.remote_code import METHOD_SPEC, remote_code_files
 from hf_geonorm.training import TrainOptions, run_training
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -60,7 +62,7 @@ def folders(tmp_path_factory, hub):
     tiny_model("llama").save_pretrained(root / "stock")
     invoke("convert", root / "stock", root / "converted", "--alpha", "0.7", "--decay", "sqrt", "--bridge", "0.5",
            "--max-angle", "0.6", "--license", "mit")  # fmt: skip
-    # a model loaded from an exported folder and saved by a process that did not enable export
+    # a model loaded from that folder and saved plainly
     AutoModelForCausalLM.from_pretrained(root / "converted").save_pretrained(root / "resaved")
     # hf-geonorm train's library path: Trainer checkpoints (RemoteCodeOnSave) and the final folder
     options = TrainOptions(max_steps=4, eval_every=2, seq_len=32, batch_size=4, max_chars=50_000, vocab_size=300,
@@ -97,29 +99,11 @@ def folders(tmp_path_factory, hub):
 
 
 CHILD = r"""
-import importlib.abc, importlib.util, json, sys
-
-plugin_on_path = importlib.util.find_spec("hf_geonorm") is not None
-
-
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("hf_geonorm", "hf_geonorm_cli"):
-            raise ModuleNotFoundError(f"{name} is blocked in this test")
-
-
-sys.meta_path.insert(0, Block())
-import torch
-import transformers.dynamic_module_utils as dmu
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 
-torch.set_num_threads(1)
-job = json.loads(sys.argv[1])
 ids = torch.tensor(job["ids"])
-dmu.TIME_OUT_REMOTE_CODE = 0
-report = {"plugin_on_path": plugin_on_path, "refused": {}, "models": {}}
-results = {}
+report.update(refused={}, models={})
 for name in job["refuse"]:
     try:
         AutoModelForCausalLM.from_pretrained(job["sources"][name])
@@ -140,7 +124,7 @@ for name, source in job["sources"].items():
     results[name] = run(model)
     report["models"][name] = {"module": type(model).__module__, "class": type(model).__name__,
                               "model_type": config.model_type}
-    if name == "converted":  # saved again here, where export was never enabled
+    if name == "converted":  # saved again here, where the plugin is not installed
         model.save_pretrained(job["resave_to"])
         again = AutoModelForCausalLM.from_pretrained(job["resave_to"], trust_remote_code=True).eval()
         results["resaved_here"] = run(again)
@@ -150,9 +134,6 @@ with torch.no_grad():
     generated = peft_model.generate(input_ids=ids[:1, :4], max_new_tokens=6, do_sample=False)
     results["adapter"] = {"logits": peft_model(ids).logits, "generated": generated}
 report["peft_base_module"] = type(peft_model.get_base_model()).__module__
-report["hf_geonorm_imported"] = any(name.split(".")[0] == "hf_geonorm" for name in sys.modules)
-torch.save(results, job["out"])
-print(json.dumps(report))
 """
 
 
@@ -163,7 +144,7 @@ def plugin_results(source, ids):
         return {"logits": model(ids).logits, "generated": generated}
 
 
-def test_every_folder_loads_without_the_plugin_with_identical_outputs(folders, hub, isolated_python, tmp_path):
+def test_every_folder_loads_without_the_plugin_with_identical_outputs(folders, hub, plugin_free_python, tmp_path):
     torch.set_num_threads(1)
     ids = token_ids()
     names = ["converted", "resaved", "checkpoint-2", "checkpoint-4", "final"]
@@ -175,39 +156,17 @@ def test_every_folder_loads_without_the_plugin_with_identical_outputs(folders, h
         generated = folders["peft_model"].generate(input_ids=ids[:1, :4], max_new_tokens=6, do_sample=False)
         expected["adapter"] = {"logits": folders["peft_model"](ids).logits, "generated": generated}
     assert not torch.equal(expected["adapter"]["logits"], expected["converted"]["logits"])  # the adapter matters
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update({
-        "HF_ENDPOINT": hub.url,
-        "HF_HOME": str(tmp_path / "hf_home"),
-        "HF_MODULES_CACHE": str(tmp_path / "modules"),
-        "HF_HUB_DISABLE_XET": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": "",
-        "TRANSFORMERS_VERBOSITY": "error",
-    })  # fmt: skip
     job = {
         "sources": sources,
         "refuse": ["converted", "hub"],
         "adapter": str(folders["adapter"]),
         "resave_to": str(tmp_path / "resaved_here"),
         "ids": ids.tolist(),
-        "out": str(tmp_path / "results.pt"),
     }
-    run = subprocess.run(
-        [str(isolated_python), "-c", CHILD, json.dumps(job)],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert not report["hf_geonorm_imported"]
+    hub_env = {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+    report, results = plugin_free_python.run(CHILD, job, tmp_path, env=hub_env)
     for name, message in report["refused"].items():  # without trust_remote_code=True transformers refuses
         assert message is not None and "trust_remote_code=True" in message, name
-    results = torch.load(tmp_path / "results.pt")
     for name, info in report["models"].items():
         assert info["module"].startswith("transformers_modules.") and info["class"].startswith("GeoNorm"), name
         assert info["model_type"] == ("geonorm_gpt2" if name in ("checkpoint-2", "checkpoint-4", "final")
@@ -218,65 +177,75 @@ def test_every_folder_loads_without_the_plugin_with_identical_outputs(folders, h
         for key, value in values.items():
             assert torch.equal(results[name][key], value), (name, key)
     # the folder re-saved where the plugin is not installed is complete too
-    assert export.check_remote_code(tmp_path / "resaved_here").complete
+    assert check_remote_code(tmp_path / "resaved_here").complete
     # the Hub served the pushed files: the code was downloaded from it
     assert any(f"/{REPO_ID}/resolve/" in p and p.endswith("/modeling_geonorm.py") for _, p in hub.requests)
 
 
-def test_folders_carry_auto_map_and_the_flat_self_contained_source(folders):
-    code = {p.name: p.read_bytes() for p in export.remote_code_files()}
+def test_folders_carry_auto_map_the_flat_self_contained_source_and_the_spec(folders):
+    code = {p.name: p.read_bytes() for p in remote_code_files()}
     for name in ("converted", "resaved", "checkpoint-2", "checkpoint-4", "final"):
         folder = folders[name]
         config = json.loads((folder / "config.json").read_text())
-        assert config["auto_map"] == export.auto_map_for(config["model_type"]), name
-        assert set(config["auto_map"]) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
-        status = export.check_remote_code(folder)
+        assert config["auto_map"] == auto_map_for(config["model_type"]), name
+        assert set(config["auto_map"]) == {  # llama has every head
+            "AutoConfig",
+            "AutoModel",
+            "AutoModelForCausalLM",
+            "AutoModelForSequenceClassification",
+            "AutoModelForTokenClassification",
+            "AutoModelForQuestionAnswering",
+        }
+        status = check_remote_code(folder)
         assert status.complete and set(status.files) == set(code), name
         assert all((folder / f).read_bytes() == data for f, data in code.items()), name
+        assert (folder / METHOD_SPEC).is_file(), name
     # the pushable folders: convert's and train's final one; a checkpoint once it has a card
-    assert export.check_shareable(folders["converted"]) == []
-    assert export.check_shareable(folders["final"]) == []
+    assert check_shareable(folders["converted"]) == []
+    assert check_shareable(folders["final"]) == []
     checkpoint = folders["checkpoint-4"]
-    assert export.check_shareable(checkpoint) == [
+    assert check_shareable(checkpoint) == [
         f"{checkpoint} has no README.md model card: write one with "
-        f"hf_geonorm.export.write_model_card({str(checkpoint)!r})"
+        f"hf_geonorm.model_card.write_model_card({str(checkpoint)!r})"
     ]
-    assert "optimizer.pt" not in export.shareable_files(checkpoint)  # Trainer state is not uploaded
+    assert "optimizer.pt" not in shareable_files(checkpoint)  # Trainer state is not uploaded
 
 
 def test_a_checkpoint_becomes_pushable_with_a_card(folders, tmp_path):
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(folders["checkpoint-4"], checkpoint)
-    export.write_model_card(checkpoint, export.CardInfo(evaluation=["validation loss 5.3 after 4 steps"]))
-    assert export.check_shareable(checkpoint) == []
+    write_model_card(checkpoint, CardInfo(evaluation=["validation loss 5.3 after 4 steps"]))
+    assert check_shareable(checkpoint) == []
     card = ModelCard.load(checkpoint / "README.md")
     assert "validation loss 5.3 after 4 steps" in card.text and "geonorm_gpt2" in card.data.tags
     # re-rendered without CardInfo: metadata, evaluation lines and the repository id are kept
-    export.write_model_card(checkpoint, export.CardInfo(license="mit", repo_id="me/ckpt", evaluation=["x: 1"]))
+    write_model_card(checkpoint, CardInfo(license="mit", repo_id="me/ckpt", evaluation=["x: 1"]))
     first = (checkpoint / "README.md").read_text()
-    export.write_model_card(checkpoint)
+    write_model_card(checkpoint)
     assert (checkpoint / "README.md").read_text() == first
 
 
-def test_plain_saves_never_leave_a_dangling_auto_map(folders, tmp_path):
-    # a stock model saved after `import hf_geonorm`
+def test_plain_saves_of_geonorm_models_carry_their_code(folders, tmp_path):
+    """The issue's example, in this process: a model converted here and saved plainly gets auto_map and its code
+    (the plugin-less load of such a folder is tests/test_export.py's); a stock model saved after
+    ``import hf_geonorm`` stays a stock folder."""
     tiny_model("llama").save_pretrained(tmp_path / "stock")
-    # a GeoNorm model built in this process, saved without export: no auto_map, no code (loads with the plugin)
+    assert "auto_map" not in json.loads((tmp_path / "stock" / "config.json").read_text())
+    assert not list((tmp_path / "stock").glob("*.py"))
     geo = hf_geonorm.convert(tiny_model("gpt2"))
     geo.save_pretrained(tmp_path / "plain")
-    for name in ("stock", "plain"):
-        assert "auto_map" not in json.loads((tmp_path / name / "config.json").read_text()), name
-        assert not list((tmp_path / name).glob("*.py")), name
+    assert check_remote_code(tmp_path / "plain").complete
+    assert json.loads((tmp_path / "plain" / "config.json").read_text())["auto_map"] == auto_map_for("gpt2")
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "plain")) is type(geo)
-    # loaded from an exported folder, saved plainly: auto_map and all of its code
-    assert export.check_remote_code(folders["resaved"]).complete
+    # loaded from a folder, saved plainly: auto_map and all of its code
+    assert check_remote_code(folders["resaved"]).complete
     # the same after the folder's code went missing: save_pretrained writes it again
     model = AutoModelForCausalLM.from_pretrained(folders["converted"])
     model.save_pretrained(tmp_path / "again")
     (tmp_path / "again" / "settings.py").unlink()
-    assert not export.check_remote_code(tmp_path / "again").complete
+    assert not check_remote_code(tmp_path / "again").complete
     model.save_pretrained(tmp_path / "again")
-    assert export.check_remote_code(tmp_path / "again").complete
+    assert check_remote_code(tmp_path / "again").complete
 
 
 # ---- the model card ----
@@ -291,14 +260,14 @@ def test_card_metadata_settings_loading_and_evaluation(folders, tmp_path):
     angles = json.loads(invoke("angles", converted, "--text", TEXT, "--max-tokens", "64", "--json").stdout)
     summary = {**angles["summary"], "text": TEXT.name, "tokens": angles["tokens"], "sublayers": angles["sublayers"]}
     written = (converted / "README.md").read_text()
-    export.write_model_card(converted)  # keeps the metadata and the perplexity lines of the existing card
+    write_model_card(converted)  # re-rendered from the stored facts: the same card
     assert (converted / "README.md").read_text() == written
-    kept = ModelCard.load(converted / "README.md")
-    assert "perplexity on decoder.py" in kept.text and "before conversion" in kept.text
-    info = export.CardInfo(base_model="org/tiny-llama", license="apache-2.0", angles=summary, repo_id="me/geo",
-                           evaluation=[line.removeprefix("- ") for line in kept.text.splitlines()
-                                       if line.startswith("- perplexity")])  # fmt: skip
-    export.write_model_card(converted, info)
+    stored = load_card_info(converted)
+    assert len(stored.evaluation) == 1 and "before conversion" in stored.evaluation[0]
+    info = dataclasses.replace(stored, base_model="org/tiny-llama", license="apache-2.0", angles=summary,
+                               repo_id="me/geo")  # fmt: skip
+    write_model_card(converted, info)
+    assert load_card_info(converted) == info
     text = (converted / "README.md").read_text()
     card = ModelCard(text)
     # YAML metadata, exactly the fields and types the Hub reads
@@ -307,15 +276,15 @@ def test_card_metadata_settings_loading_and_evaluation(folders, tmp_path):
     assert front["library_name"] == "transformers" and front["pipeline_tag"] == "text-generation"
     assert front["license"] == "apache-2.0" and front["base_model"] == "org/tiny-llama"
     assert {"geonorm", "llama", "geonorm_llama", "norm-style-geo"} <= set(front["tags"])
-    assert export.validate_card(card) == [] and export.validate_card(converted / "README.md") == []
+    assert validate_card(card) == [] and validate_card(converted / "README.md") == []
     body = card.text
     # what GeoNorm is, the exact settings, the per-layer step sizes and largest rotations
-    assert "## What GeoNorm is" in body and "exponential map" in body
+    assert "## What GeoNorm is" in body and "exponential map" in body and f"]({METHOD_SPEC})" in body
     config = json.loads((converted / "config.json").read_text())
     assert "| `norm_style` | `geo`" in body and "`geo_decay` | `linear`" in body and "`geo_alpha` | `0.25`" in body
     assert f"`geo_max_angle` | {config['geo_max_angle']:.6g} rad" in body and "`geo_bridge` | `0.25`" in body
     for k, a in enumerate(hf_geonorm.step_sizes("linear", 0.25, 3), start=1):
-        rotation = export.max_rotation(a, config["geo_max_angle"])
+        rotation = max_rotation(a, config["geo_max_angle"])
         assert f"| {k} | {a:.6g} | {rotation:.4g} |" in body
     # loading with and without the plugin
     assert 'import hf_geonorm' in body and 'from_pretrained("me/geo")' in body
@@ -332,7 +301,59 @@ def test_card_without_source_information_has_no_base_model_or_license(folders):
     card = ModelCard.load(folders["final"] / "README.md")
     data = card.data.to_dict()
     assert "base_model" not in data and "license" not in data and "## Evaluation" not in card.text
-    assert {"geonorm", "gpt2", "geonorm_gpt2"} <= set(data["tags"]) and export.validate_card(card) == []
+    assert {"geonorm", "gpt2", "geonorm_gpt2"} <= set(data["tags"]) and validate_card(card) == []
+
+
+def test_model_card_metadata_and_body(tmp_path):
+    model = hf_geonorm.convert(tiny_model("llama"), geo_decay="linear", geo_alpha=0.5, geo_bridge=0.25)
+    info = CardInfo(
+        base_model="HuggingFaceTB/SmolLM2-135M",
+        license="apache-2.0",
+        language="en",
+        evaluation=["perplexity on x.txt: 14.5 before, 14.5 after"],
+        repo_id="me/smol-geonorm",
+    )
+    save_shareable(model, tmp_path, card_info=info)
+    card = ModelCard.load(tmp_path / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text-generation"
+    assert {"geonorm", "llama", "geonorm_llama"} <= set(data["tags"])
+    assert data["base_model"] == "HuggingFaceTB/SmolLM2-135M" and data["license"] == "apache-2.0"
+    body = card.text
+    for k, a in enumerate(hf_geonorm.step_sizes("linear", 0.5, 3), start=1):
+        assert f"| {k} | {a:.6g} |" in body
+    assert "`geo_bridge` | `0.25`" in body and "`geo_decay` | `linear`" in body
+    assert "trust_remote_code=True" in body and 'from_pretrained("me/smol-geonorm")' in body
+    assert "import hf_geonorm" in body and "14.5 before" in body
+    n_params = sum(p.numel() for p in model.parameters())  # no tied weights in the tiny LLaMA
+    assert f"{n_params / 1e3:.1f}K parameters" in body  # counted from the safetensors header
+    # a stock-style member (no step sizes) renders too
+    plain = render_model_card(hf_geonorm.convert(tiny_model("gpt2"), norm_style="pre").config)
+    assert 'apply to `norm_style="geo"` only' in plain.text and "base_model" not in plain.data.to_dict()
+
+
+def test_card_facts_round_trip_as_data_not_markdown(tmp_path):
+    """The card is rendered from geonorm_card.json: a README that was deleted or edited is rendered again from
+    the stored facts, which read back equal to what was given."""
+    info = CardInfo(base_model="org/base", license="mit", language=["en", "fr"], source="stock-folder",
+                    repo_id="me/round-trip", evaluation=["perplexity on a.txt: 9.5 before, 9.6 after"],
+                    angles={"lower_third_mean_angle": 0.3, "upper_third_mean_angle": 0.1,
+                            "lower_to_upper_ratio": 3.0, "text": "a.txt", "tokens": 64,
+                            "sublayers": [{"layer": 0, "sublayer": "attn", "angle": 0.25}]},
+                    tags=["my-run"], model_name="round trip")  # fmt: skip
+    save_shareable(hf_geonorm.convert(tiny_model("llama")), tmp_path, card_info=info)
+    assert load_card_info(tmp_path) == info
+    assert json.loads((tmp_path / CARD_DATA).read_text()) == dataclasses.asdict(info)
+    written = (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").unlink()
+    write_model_card(tmp_path)
+    assert (tmp_path / "README.md").read_text() == written
+    (tmp_path / "README.md").write_text(written.replace("## Evaluation", "## Something else").replace("me/", "x/"))
+    write_model_card(tmp_path)
+    assert (tmp_path / "README.md").read_text() == written
+    (tmp_path / CARD_DATA).write_text(json.dumps({**dataclasses.asdict(info), "licence": "mit"}))
+    with pytest.raises(ValueError, match="unknown card facts licence"):
+        write_model_card(tmp_path)
 
 
 CARD = """---
@@ -367,8 +388,8 @@ tags:
     ],
 )
 def test_validate_card_finds_what_the_hub_rejects(change, problem):
-    assert export.validate_card(CARD) == []
-    problems = export.validate_card(change(CARD))
+    assert validate_card(CARD) == []
+    problems = validate_card(change(CARD))
     assert any(problem in p for p in problems), problems
 
 
@@ -378,5 +399,5 @@ def test_validate_card_accepts_the_spec_forms():
         "license: other\nlicense_name: my-license\nlicense_link: LICENSE\nlanguage: [en, fr]\n"
         "base_model: [org/a, org/b]\ndatasets: [org/data]\nmetrics: [perplexity]",
     )
-    assert export.validate_card(text) == []
-    assert export.validate_card(text.replace("tags:\n- geonorm\n", ""), geonorm=False) == []
+    assert validate_card(text) == []
+    assert validate_card(text.replace("tags:\n- geonorm\n", ""), geonorm=False) == []

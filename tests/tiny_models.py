@@ -1,74 +1,197 @@
-"""Tiny random stock models built from configs (no downloads), and a plain GeoNorm reference written
-from GEONORM.md that the tests compare the library against."""
+"""The registry of test cases: every model the property suites build, in one place.
+
+A case is a stock model type, the keyword arguments of a tiny config for it (no downloads) and the decoder
+block layout it has, named by the written-out reference block in tests/reference.py that the GeoNorm model is
+checked against. Suites parametrize over ``CASES`` (or a named subset of it) and build models with
+``stock_model`` (cached, shared by all tests) or ``tiny_model`` (fresh). Adding a model type or a block
+variant is one entry here.
+"""
 
 from __future__ import annotations
 
-import math
-import types
+import functools
+from dataclasses import dataclass, field
 
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 VOCAB = 128
+LAYERS = 3
 BASE = dict(
     vocab_size=VOCAB,
     hidden_size=32,
     intermediate_size=64,
-    num_hidden_layers=3,
+    num_hidden_layers=LAYERS,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=8,
     max_position_embeddings=64,
+    pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
-    pad_token_id=0,
 )
-MOE = dict(
+NO_HEAD_DIM = {k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")}
+GPT = dict(vocab_size=VOCAB, n_embd=32, n_layer=LAYERS, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
+MOE = dict(  # the names the MoE configs use for the same few things: 4 experts, 2 per token, 1 shared
     moe_intermediate_size=16,
-    num_experts=4,
-    n_routed_experts=4,
-    num_local_experts=4,
     num_experts_per_tok=2,
-    shared_expert_intermediate_size=16,
-)
-DEEPSEEK = dict(
-    kv_lora_rank=16,
-    q_lora_rank=None,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=8,
-    v_head_dim=8,
+    n_routed_experts=4,
+    num_experts=4,
+    num_local_experts=4,
+    moe_num_experts=4,
+    moe_k=2,
     n_shared_experts=1,
-    first_k_dense_replace=1,
+    num_shared_experts=1,
+    moe_num_shared_experts=1,
     n_group=1,
     topk_group=1,
-    head_dim=None,
-    num_key_value_heads=4,
+    first_k_dense_replace=1,
+    shared_expert_intermediate_size=16,
+    shared_experts_intermediate_size=16,
 )
-DEFAULT_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
-OVERRIDES = {
-    "deepseek_v2": DEEPSEEK,
-    "deepseek_v3": DEEPSEEK,
-    "dots1": dict(n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1),
-    "hunyuan_v1_dense": DEFAULT_ROPE,
-    "hunyuan_v1_moe": DEFAULT_ROPE,
-    "ministral": DEFAULT_ROPE,
-    "gpt2": dict(n_embd=32, n_layer=3, n_head=4, bos_token_id=1, eos_token_id=2),
-}
-GPT2_LIKE = {"gpt2"}
+MLA = dict(  # multi-head latent attention (DeepSeek and its descendants)
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=4,
+    v_head_dim=8,
+    head_dim=4,
+    index_topk=8,
+    index_head_dim=8,
+    index_n_heads=2,
+)
+DOTS3_SLIDING = dict(  # its third layer is a sliding-window MLA layer with its own shape
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=4,
+    swa_q_lora_rank=16,
+    swa_kv_lora_rank=16,
+    swa_head_dim=8,
+    swa_qk_nope_head_dim=4,
+    swa_v_head_dim=8,
+)
+DEFAULT_ROPE = dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
-def tiny_config(model_type: str, **kwargs):
-    if model_type in GPT2_LIKE:
-        values = dict(vocab_size=VOCAB, n_positions=64, **OVERRIDES[model_type])
-    else:
-        values = {**BASE, **MOE, **OVERRIDES.get(model_type, {})}
-    values.update(kwargs)
-    return CONFIG_MAPPING[model_type](**values)
+# decoder layers identical to LLaMA's (granite, hunyuan and ministral below, with config settings of their own)
+LLAMA_SHAPED = (
+    "arcee", "bitnet", "cwm", "diffllama", "ernie4_5", "exaone", "gemma", "glm", "helium", "internlm3", "iquestcoder",
+    "jais2", "llama", "ministral3", "mistral", "nanochat", "olmo", "phi3", "qwen2", "qwen3", "seed_oss", "smollm3",
+    "starcoder2",
+)  # fmt: skip
+LLAMA_SHAPED_MOE = (
+    "aria_text", "dots1", "ernie4_5_moe", "exaone_moe", "flint", "glm4_moe", "hy_v3", "laguna", "mellum",
+    "mimo_v2_flash", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "sarvam_moe", "solar_open",
+)  # fmt: skip
 
 
-def tiny_model(model_type: str, seed: int = 0, **kwargs):
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_type: str
+    config: dict = field(repr=False)  # keyword arguments of the stock config class
+    block: str = "llama"  # the layout: a block of tests/reference.py
+
+
+def _cases() -> dict[str, Case]:
+    cases = [
+        *(Case(t, t, BASE) for t in LLAMA_SHAPED),
+        Case("granite", "granite", dict(BASE, residual_multiplier=0.5, embedding_multiplier=2.0)),
+        *(Case(t, t, dict(BASE, **DEFAULT_ROPE)) for t in ("hunyuan_v1_dense", "ministral")),
+        Case("hunyuan_v1_moe", "hunyuan_v1_moe", dict(BASE, **MOE, **DEFAULT_ROPE)),
+        *(Case(t, t, dict(BASE, **MOE)) for t in LLAMA_SHAPED_MOE),
+        *(Case(t, t, dict(BASE, **MOE, **MLA)) for t in ("axk1", "glm4_moe_lite", "sarvam_mla", "youtu")),
+        *(  # these need as many key/value heads as query heads
+            Case(t, t, dict(BASE, **MOE, **MLA, num_key_value_heads=4))
+            for t in ("deepseek_v2", "deepseek_v3", "axk2", "deepseek_v32")
+        ),
+        Case("dots3_note_text", "dots3_note_text", dict(BASE, **MOE, **MLA, num_key_value_heads=4, **DOTS3_SLIDING)),
+        # other layouts
+        Case("gpt2", "gpt2", GPT, "gpt2"),
+        Case("gpt_bigcode", "gpt_bigcode", GPT, "gpt2"),
+        Case(
+            "gpt_neo",
+            "gpt_neo",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                num_layers=LAYERS,
+                num_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=64,
+                attention_types=[[["global", "local"], 1], [["global"], 1]],
+                window_size=4,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            "gpt2",
+        ),
+        Case("gptj", "gptj", dict(GPT, rotary_dim=4), "parallel"),
+        Case("codegen", "codegen", dict(GPT, rotary_dim=4, n_ctx=64), "parallel"),
+        Case("cohere", "cohere", BASE, "parallel"),
+        Case("gpt_neox-parallel", "gpt_neox", dict(BASE, use_parallel_residual=True), "gpt_neox"),
+        Case("gpt_neox-sequential", "gpt_neox", dict(BASE, use_parallel_residual=False), "gpt_neox"),
+        Case("stablelm-parallel", "stablelm", dict(BASE, use_parallel_residual=True), "stablelm"),
+        Case("stablelm-sequential", "stablelm", dict(BASE, use_parallel_residual=False), "stablelm"),
+        Case("phi", "phi", BASE, "phi"),
+        Case("falcon", "falcon", NO_HEAD_DIM, "falcon"),
+        Case("falcon-alibi", "falcon", dict(NO_HEAD_DIM, alibi=True), "falcon"),
+        Case("falcon-new", "falcon", dict(NO_HEAD_DIM, new_decoder_architecture=True, num_kv_heads=2), "falcon"),
+        Case(
+            "falcon-new-1ln",
+            "falcon",
+            dict(NO_HEAD_DIM, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+            "falcon",
+        ),
+        Case("falcon-sequential", "falcon", dict(NO_HEAD_DIM, parallel_attn=False), "falcon"),
+        Case("gemma2", "gemma2", dict(BASE, sliding_window=4), "gemma2"),
+        Case(
+            "gemma3_text",
+            "gemma3_text",
+            dict(BASE, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+            "gemma2",
+        ),
+        Case("glm4", "glm4", BASE, "glm4"),
+        *(Case(t, t, BASE, "olmo2") for t in ("olmo2", "olmo3", "exaone4")),  # no input norms
+        Case("phimoe", "phimoe", dict(BASE, num_local_experts=4, num_experts_per_tok=2)),
+        Case("nemotron", "nemotron", BASE),
+        Case("persimmon", "persimmon", BASE, "persimmon"),
+        Case("apertus", "apertus", BASE, "apertus"),
+    ]
+    return {case.name: case for case in cases}
+
+
+CASES: dict[str, Case] = _cases()
+# The types the project covered first (LLaMA-shaped, and GPT-2): the slower checks that need a saved folder per
+# case (SDPA against eager, LoRA save/reload/merge) run on these only.
+CLASSIC = [
+    "arcee", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "diffllama", "dots1", "ernie4_5", "glm", "glm4_moe",
+    "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "llama", "ministral", "mistral", "mixtral", "olmo", "qwen2",
+    "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "starcoder2", "gemma", "phi3", "granite", "gpt2",
+]  # fmt: skip
+
+
+def tiny_config(name: str, **overrides):
+    """The stock config of a case (or of the model type of the same name), with keyword overrides."""
+    case = CASES[name]
+    return CONFIG_MAPPING[case.model_type](**{**case.config, **overrides})
+
+
+def tiny_model(name: str, seed: int = 0, perturb: bool = False, **overrides):
+    """A fresh tiny random stock model in eval mode. ``perturb`` adds 0.02 N(0, 1) to every parameter: some
+    inits zero the output projections (NanoChat) or set every norm weight alike, which would hide mistakes."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config(model_type, **kwargs)).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config(name, **overrides)).eval()
+    if perturb:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+    return model
+
+
+@functools.cache
+def stock_model(name: str):
+    """The perturbed stock model of a case, built once per test session: tests must not modify it."""
+    return tiny_model(name, perturb=True)
 
 
 def token_ids(batch: int = 2, length: int = 9, seed: int = 1) -> torch.Tensor:
@@ -76,66 +199,7 @@ def token_ids(batch: int = 2, length: int = 9, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (batch, length), generator=g)
 
 
-# ---- the reference: GEONORM.md's block, written out, run on a stock model's own modules ----
-
-
-def step_size(decay: str, alpha: float, k: int, num_layers: int) -> float:
-    """a_k for layer k = 1..T."""
-    return {
-        "harmonic": alpha / k,
-        "sqrt": alpha / math.sqrt(k),
-        "linear": alpha * (num_layers + 1 - k) / num_layers,
-        "constant": alpha,
-    }[decay]
-
-
-def reference_step(x: torch.Tensor, u: torch.Tensor, a: float, max_angle: float | None) -> torch.Tensor:
-    """Rotate x by theta = min(a min(|t|/|x|, m), m) towards unit(t), t = u - (<u,x>/<x,x>) x, in float64."""
-    x64, u64 = x.double(), u.double()
-    xn = x64.norm(dim=-1, keepdim=True)
-    t = u64 - (u64 * x64).sum(-1, keepdim=True) / xn**2 * x64
-    tn = t.norm(dim=-1, keepdim=True)
-    base = tn / xn
-    theta = a * base if max_angle is None else torch.clamp(a * torch.clamp(base, max=max_angle), max=max_angle)
-    out = torch.cos(theta) * x64 + torch.sin(theta) * xn * t / tn
-    return out.to(x.dtype)
-
-
-def install_reference(model, decay="harmonic", alpha=0.25, max_angle=math.pi / 4, radius="embedding"):
-    """Replace each decoder layer's forward of a *stock* model by the reference GeoNorm block (instance-level,
-    test only). The stock model's own norms, attention and MLP are called directly."""
-    gpt2 = model.config.model_type in GPT2_LIKE
-    layers = model.transformer.h if gpt2 else model.model.layers
-    num_layers = len(layers)
-    mult = getattr(model.config, "residual_multiplier", None)
-
-    def block(layer, x, attn_call, k):
-        if k == 1 and radius == "sqrt_d":
-            x = x * (math.sqrt(x.shape[-1]) / x.norm(dim=-1, keepdim=True))
-        a = step_size(decay, alpha, k, num_layers)
-        n1, n2 = (layer.ln_1, layer.ln_2) if gpt2 else (layer.input_layernorm, layer.post_attention_layernorm)
-        u = attn_call(n1(x))[0]
-        if mult is not None:
-            u = u * mult
-        x = reference_step(x, u, a, max_angle)
-        mlp = layer.mlp(n2(x))
-        u = mlp[0] if isinstance(mlp, tuple) else mlp
-        if mult is not None:
-            u = u * mult
-        return reference_step(x, u, a, max_angle)
-
-    for index, layer in enumerate(layers):
-        k = index + 1
-        if gpt2:
-
-            def forward(self, hidden_states, cache=None, attention_mask=None, *args, k=k, **kwargs):
-                kwargs.pop("encoder_attention_mask", None)
-                call = lambda h: self.attn(h, cache=cache, attention_mask=attention_mask, **kwargs)  # noqa: E731
-                return block(self, hidden_states, call, k)
-        else:
-
-            def forward(self, hidden_states, k=k, **kwargs):
-                return block(self, hidden_states, lambda h: self.self_attn(hidden_states=h, **kwargs), k)
-
-        layer.forward = types.MethodType(forward, layer)
-    return model
+def layers_of(model) -> torch.nn.ModuleList:
+    """The decoder layers of a causal LM (``model.layers`` or GPT-2's ``h``), stock or GeoNorm."""
+    base = model.base_model
+    return base.layers if hasattr(base, "layers") else base.h

@@ -1,0 +1,1 @@
+"""The GeoNorm method specification (method.md), installed with the package as ``hf_geonorm.docs``."""

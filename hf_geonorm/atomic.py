@@ -1,0 +1,280 @@
+"""All-or-nothing output folders: build in a hidden temporary folder next to the target, move it into place
+when complete.
+
+What is guaranteed (Linux, where ``renameat2`` moves without replacing and swaps in one step):
+
+- the block raises, Ctrl-C or SIGTERM: the temporary folder is removed and the target is as it was;
+- SIGKILL (or a crash of the machine): the temporary folder ``.NAME.partial-PID-XXXX`` stays behind; the next
+  ``atomic_directory`` for the same target removes it, since process PID no longer runs;
+- without ``force`` the final move never removes anything: a target that appeared while the block ran is left
+  alone and ``FileExistsError`` is raised (an empty folder that was there at the start is replaced, as asked);
+- with ``force`` the new folder and the target swap in one step, so the target is always either the old or the
+  new folder, whole; the old one is then removed, read-only folders included (a symbolic link is replaced by
+  the new folder; the folder it pointed to is left untouched).
+
+Elsewhere the same holds except that the final moves are two steps (a target appearing in between can be an
+empty folder that gets replaced; with ``force`` a SIGKILL between the steps leaves the old folder as
+``.NAME.old-PID-XXXX``, which the next run puts back when the target is missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import os
+import re
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while an output folder was being written (the temporary folder is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _renameat2(source: Path, target: Path, flags: int) -> bool:
+    """``renameat2(source, target, flags)``: True when done, False when the system or the filesystem lacks it."""
+    function = getattr(_libc(), "renameat2", None)
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), ctypes.c_uint(flags)) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(target))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _make_writable(path: Path) -> None:
+    """Give the owner write access to ``path`` and every folder under it (so their entries can be removed)."""
+    os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            folder = os.path.join(root, name)
+            if not os.path.islink(folder):
+                os.chmod(folder, stat.S_IMODE(os.lstat(folder).st_mode) | stat.S_IRWXU)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the folder ``path`` (read-only parts included), or only the link when ``path`` is a symbolic link."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        _make_writable(path)
+        shutil.rmtree(path)
+
+
+def _leftovers(output: Path) -> Iterator[tuple[str, int, Path]]:
+    """(kind, pid, path) of the temporary folders of ``output`` that runs of this module left next to it."""
+    pattern = re.compile(rf"\.{re.escape(output.name)}\.(partial|old)-(\d+)-[^/]+")
+    with contextlib.suppress(OSError):
+        for entry in output.parent.iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match:
+                yield match.group(1), int(match.group(2)), entry
+
+
+def remove_stale_partials(output_dir: str | os.PathLike) -> list[str]:
+    """Clean up after runs that were killed (SIGKILL) while writing ``output_dir``; return what was done.
+
+    A temporary folder ``.NAME.partial-PID-*`` whose process PID no longer runs is removed. A ``.NAME.old-PID-*``
+    (the previous contents during a two-step replacement) is put back when ``output_dir`` is missing, and removed
+    otherwise. Folders of processes that still run are left alone.
+    """
+    output = Path(output_dir).absolute()
+    done = []
+    for kind, pid, path in _leftovers(output):
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        if kind == "old" and not os.path.lexists(output):
+            os.rename(path, output)
+            done.append(f"restored {output} from {path.name}, left by an interrupted run (process {pid})")
+        else:
+            remove_tree(path)
+            done.append(f"removed {path.name}, left next to {output.name} by an interrupted run (process {pid})")
+    return done
+
+
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """Turn SIGTERM into ``Terminated`` for the block (main thread, default handler only), so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back during the final moves; they arrive, unchanged, right after."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _appeared(output: Path) -> FileExistsError:
+    return FileExistsError(
+        f"{output} appeared while the output was being written; it was left as it is and nothing was written "
+        "(choose another folder, or pass --force / force=True to replace it)"
+    )
+
+
+def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
+    """Move ``tmp`` to ``output`` without removing anything but the empty folder that was asked to be replaced."""
+    if replace_empty:
+        try:
+            output.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            raise _appeared(output) from None
+    try:
+        if _renameat2(tmp, output, _RENAME_NOREPLACE):
+            return
+        os.rename(tmp, output)  # POSIX: can replace an empty folder only, never files or a non-empty folder
+    except (FileExistsError, IsADirectoryError, NotADirectoryError) as error:
+        raise _appeared(output) from error
+    except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise _appeared(output) from None
+        raise
+
+
+def _swap_in(tmp: Path, output: Path) -> None:
+    """Replace ``output`` by ``tmp`` and remove the old contents (a warning names them when that fails)."""
+    if _renameat2(tmp, output, _RENAME_EXCHANGE):
+        old = tmp  # the swap put the old contents there
+    else:
+        old = output.with_name(f".{output.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.rename(output, old)
+        try:
+            os.rename(tmp, output)
+        except BaseException:
+            os.rename(old, output)
+            raise
+    try:
+        remove_tree(old)
+    except OSError as error:
+        warnings.warn(
+            f"{output} was replaced, but its previous contents could not be removed from {old}: "
+            f"{error.strerror or error}; remove that folder by hand",
+            stacklevel=4,
+        )
+
+
+def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
+    """The absolute path of ``output_dir``; ``FileExistsError`` when it is a file, or a non-empty folder and not
+    ``force``. ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
+    output = Path(output_dir).expanduser().absolute()
+    if os.path.lexists(output) and not output.is_dir():
+        raise FileExistsError(f"{output_dir} exists and is not a folder")
+    if output.is_dir() and not force and any(output.iterdir()):
+        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force (force=True) to replace it")
+    return output
+
+
+def _missing_ancestors(path: Path) -> list[Path]:
+    missing = []
+    for parent in path.parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary folder next to ``output_dir``; when the block succeeds it becomes ``output_dir``,
+    when it fails, is interrupted (Ctrl-C) or terminated (SIGTERM, raised as ``Terminated``) it is removed and
+    ``output_dir`` is left as it was.
+
+    An existing non-empty ``output_dir`` (or one that appears while the block runs) raises ``FileExistsError``
+    unless ``force``; a file there always does. Temporary folders that killed runs left next to ``output_dir``
+    are cleaned up first (a ``UserWarning`` says what was removed). See the module docstring for what holds on
+    SIGKILL and on other systems.
+    """
+    output = Path(output_dir).expanduser().absolute()
+    for message in remove_stale_partials(output):
+        warnings.warn(message, stacklevel=3)
+    check_target(output_dir, force)
+    existed_empty = output.is_dir() and not output.is_symlink() and not any(output.iterdir())
+    created = _missing_ancestors(output)
+    with terminate_raises():
+        tmp = None
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-{os.getpid()}-", dir=output.parent))
+            os.chmod(tmp, 0o777 & ~_umask())
+            yield tmp
+            with _signals_held():
+                if force and os.path.lexists(output) and not existed_empty:
+                    _swap_in(tmp, output)
+                else:
+                    _move_new(tmp, output, replace_empty=existed_empty)
+        except BaseException:
+            with _signals_held():
+                if tmp is not None:
+                    remove_tree(tmp)
+                for parent in created:  # deepest first
+                    with contextlib.suppress(OSError):
+                        parent.rmdir()
+            raise

@@ -1,0 +1,162 @@
+"""Converting a checkpoint (a folder, a ``.gguf`` file or a Hub id) into a GeoNorm folder, written all or nothing.
+
+``convert_checkpoint`` is ``hf-geonorm convert``: open the source, settle the settings, load the weights strictly,
+optionally measure perplexity before and after, convert, and save weights, config, remote code, tokenizer and
+model card into a temporary folder that becomes the output only when complete (``atomic.atomic_directory``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_directory, check_target
+from .evaluation import check_finite, perplexity, text_windows
+from .gguf_files import gguf_metadata
+from .hub import save_shareable
+from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from .model_card import CardInfo
+from .patching import apply_geonorm
+
+
+def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
+    """The absolute output path; ``FileExistsError`` when it is a file or is not empty (without ``force``),
+    ``ValueError`` when it overlaps the source (which is never modified)."""
+    output = check_target(output_dir, force)
+    if source_path is not None:
+        src, out = source_path.resolve(), output.resolve()
+        if src == out or out in src.parents or src in out.parents:
+            raise ValueError(
+                f"the output {output_dir} overlaps the source {source_path}; the source is never modified, "
+                "choose another folder"
+            )
+    return output
+
+
+def card_metadata(source: Source) -> dict[str, Any]:
+    """base_model, license and language for the model card, where the source tells them (its card, its GGUF
+    metadata, its Hub id)."""
+    found: dict[str, Any] = {}
+    if source.kind == "gguf":
+        return gguf_metadata(source.path)
+    if source.kind == "hub":
+        found["base_model"] = source.spec
+    try:
+        from huggingface_hub import ModelCard
+
+        if source.kind == "hub":
+            data = ModelCard.load(source.spec).data.to_dict()
+        elif (source.path / "README.md").is_file():
+            data = ModelCard.load(source.path / "README.md").data.to_dict()
+        else:
+            return found
+    except Exception:  # noqa: BLE001 - the card is optional
+        return found
+    for key in ("license", "language"):
+        if data.get(key):
+            found[key] = data[key]
+    # a converted GeoNorm folder names its own base model; keep that lineage
+    if data.get("base_model") and "geonorm" in (data.get("tags") or []):
+        found["base_model"] = data["base_model"]
+    return found
+
+
+@dataclass
+class ConversionResult:
+    """What ``convert_checkpoint`` wrote."""
+
+    output: Path
+    files: list[str]
+    model_type: str
+    settings: dict[str, Any]
+    num_layers: int
+    seconds: float
+    perplexity_before: float | None = None
+    perplexity_after: float | None = None
+    evaluation: list[str] = field(default_factory=list)
+
+
+def convert_checkpoint(
+    source: Source | str,
+    output_dir: str | os.PathLike,
+    settings: dict[str, Any] | None = None,
+    *,
+    dtype: str = "auto",
+    force: bool = False,
+    base_model: str | None = None,
+    license: str | None = None,
+    repo_id: str | None = None,
+    eval_text: str | os.PathLike | None = None,
+    eval_tokens: int = 2048,
+    allow_missing: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ConversionResult:
+    """Convert ``source`` (a checkpoint folder, a .gguf file or a Hub id) to a GeoNorm folder ``output_dir``.
+
+    ``settings`` (GeoNorm config fields) update the source's own (a GeoNorm source) or the defaults; with
+    ``geo_bridge=0`` the converted model computes what the source does. The output gets safetensors weights in
+    ``dtype`` (``auto``: the source's; GGUF de-quantises to float32), the config, the remote code, the tokenizer
+    (when the source has one) and a model card naming ``base_model``, ``license`` and ``repo_id`` (defaults from
+    the source's card or GGUF metadata). With ``eval_text`` the perplexity on its first ``eval_tokens`` tokens is
+    measured before and after conversion and put in the card.
+
+    Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
+    ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
+    while the conversion runs; nothing is written then. ``progress`` receives one line per stage.
+    """
+    say = progress or (lambda line: None)
+    check_output(output_dir, force)
+    total = 5 if eval_text else 4
+    say(f"[1/{total}] reading {source.spec if isinstance(source, Source) else source}")
+    src = source if isinstance(source, Source) else open_source(source)
+    check_output(output_dir, force, src.path)
+    chosen = resolve_settings(settings, src)
+    started = time.perf_counter()
+    before = after = None
+    evaluation = []
+    with atomic_directory(output_dir, force=force) as tmp:
+        say(f"[2/{total}] loading the {src.model_type} model ({src.kind})")
+        model = load_model(src, dtype, allow_missing=allow_missing)
+        tokenizer = load_tokenizer(src)
+        if eval_text is not None:
+            windows, how = text_windows(model, tokenizer, eval_text, eval_tokens, label=src.spec)
+            say(f"[3/{total}] perplexity of the source on {Path(eval_text).name}")
+            before = check_finite(perplexity(model, windows, "source perplexity"), "the source's perplexity",
+                                  model, windows)  # fmt: skip
+        say(f"[{total - 1}/{total}] converting to geonorm_{src.stock_type}")
+        apply_geonorm(model, **chosen)
+        if eval_text is not None:
+            after = check_finite(perplexity(model, windows, "converted perplexity"), "the converted perplexity",
+                                 model, windows)  # fmt: skip
+            tokens = sum(len(w) for w in windows)
+            evaluation.append(
+                f"perplexity on {Path(eval_text).name} ({tokens} tokens, {how}): {before:.4f} before conversion "
+                f"(source), {after:.4f} after (this model)"
+            )
+        metadata = card_metadata(src)
+        info = CardInfo(
+            base_model=base_model or metadata.get("base_model"),
+            license=license or metadata.get("license"),
+            language=metadata.get("language"),
+            source=src.spec if src.kind == "hub" else src.label,
+            repo_id=repo_id,
+            evaluation=evaluation,
+        )
+        say(f"[{total}/{total}] writing {output_dir}")
+        save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
+    output = Path(output_dir)
+    return ConversionResult(
+        output=output,
+        files=sorted(p.name for p in output.iterdir()),
+        model_type=model.config.model_type,
+        settings=chosen,
+        num_layers=src.num_layers,
+        seconds=time.perf_counter() - started,
+        perplexity_before=before,
+        perplexity_after=after,
+        evaluation=evaluation,
+    )

@@ -1,0 +1,265 @@
+"""Running a model on real text: reading the text, token windows, perplexity, and finding out why a metric is
+not finite.
+
+``measure_perplexity`` is what ``hf-geonorm perplexity`` prints; ``perplexity`` works on any model and windows.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from .patching import apply_geonorm
+from .residual import GeoNormResidual
+
+BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"
+CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here makes a token of more than 32 characters' worth of text
+MAX_EXP_ARGUMENT = math.log(sys.float_info.max)
+
+
+class NonFiniteError(ValueError):
+    """A metric came out NaN or infinite; the message says where the first non-finite value appeared and why."""
+
+
+def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
+    """The UTF-8 text of ``path`` (its first ``max_chars`` characters).
+
+    A binary file (one with NUL bytes) or an empty one is a ``ValueError``; bytes that are not UTF-8 are replaced
+    by U+FFFD with a warning that names the file and counts them.
+    """
+    path = Path(path)
+    limit = -1 if max_chars is None else max_chars * 4 + 4  # a UTF-8 character is at most 4 bytes
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit)
+            complete = not f.read(1)
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    if b"\0" in data:
+        raise ValueError(f"{path} is a binary file (it holds NUL bytes), not text: give a UTF-8 text file")
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    text = decoder.decode(data, final=complete)
+    bad = sum(1 for c in text if "\udc80" <= c <= "\udcff")
+    if bad:
+        text = "".join("\ufffd" if "\udc80" <= c <= "\udcff" else c for c in text)
+        warnings.warn(
+            f"{path} is not valid UTF-8: {bad} byte(s) were replaced by U+FFFD; convert it to UTF-8 first "
+            "(e.g. iconv -f latin1 -t utf-8)",
+            stacklevel=2,
+        )
+    if not text.strip():
+        raise ValueError(f"{path} contains no text")
+    return text if max_chars is None else text[:max_chars]
+
+
+def context_length(config: Any) -> int:
+    """The longest sequence the model takes (2048 when the config does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def encode(text: str, tokenizer: Any, vocab_size: int, label: str = "the model") -> tuple[list[int], str]:
+    """Token ids of ``text`` and how they were made (the tokenizer, or UTF-8 bytes modulo the vocabulary).
+
+    ``ValueError`` when the tokenizer gives ids the model has no embedding for (a tokenizer of another model).
+    """
+    if tokenizer is None:
+        ids = [b % vocab_size for b in text.encode("utf-8")]
+        return ids, BYTES_TOKENIZATION
+    ids = list(tokenizer(text)["input_ids"])
+    largest = max(ids, default=0)
+    if largest >= vocab_size:
+        raise ValueError(
+            f"{label}: its tokenizer gives token id {largest}, but config.json has vocab_size {vocab_size}; the "
+            "tokenizer does not belong to this model (use the model's own tokenizer, or fix vocab_size)"
+        )
+    return ids, f"the model's tokenizer ({type(tokenizer).__name__})"
+
+
+def split_windows(ids: list[int], max_tokens: int, window: int) -> list[list[int]]:
+    """Consecutive, non-overlapping windows over the first ``max_tokens`` ids (each at least 2 long)."""
+    if window < 2 or max_tokens < 2:
+        raise ValueError(f"window and max_tokens must be at least 2; got {window} and {max_tokens}")
+    ids = ids[:max_tokens]
+    out = [w for w in (ids[i : i + window] for i in range(0, len(ids), window)) if len(w) >= 2]
+    if not out:
+        raise ValueError("the text gives fewer than 2 tokens; give a longer text")
+    return out
+
+
+def text_windows(
+    model: nn.Module,
+    tokenizer: Any,
+    text_path: str | os.PathLike,
+    max_tokens: int,
+    window: int | None = None,
+    label: str = "the model",
+) -> tuple[list[list[int]], str]:
+    """The token windows of the text file for ``model`` (at most its context long) and how they were made."""
+    text = read_text(text_path, max_tokens * CHARS_PER_TOKEN_BOUND)
+    ids, how = encode(text, tokenizer, model.config.vocab_size, label)
+    size = min(window or context_length(model.config), context_length(model.config), max_tokens)
+    return split_windows(ids, max_tokens, size), how
+
+
+def _progress(items: list, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="window", leave=False, disable=len(items) < 2)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexity") -> float:
+    """exp(mean next-token negative log-likelihood) over the windows (NaN or inf when the model's are)."""
+    device = _device(model)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for w in _progress(windows, desc):
+            ids = torch.tensor([w], device=device)
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            count += len(w) - 1
+    mean = total / count
+    return math.exp(mean) if mean < MAX_EXP_ARGUMENT else math.inf  # NaN stays NaN
+
+
+def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:
+    """(layer, sublayer, GeoNormResidual) for every residual update, in order."""
+    found: list[tuple[int, str, GeoNormResidual]] = []
+    for module in model.modules():
+        attn = getattr(module, "geonorm_attn_residual", None)
+        if isinstance(attn, GeoNormResidual):
+            mlp = getattr(module, "geonorm_mlp_residual", None)
+            k = attn.layer_index + 1
+            if isinstance(mlp, GeoNormResidual):
+                found += [(k, "attn", attn), (k, "mlp", mlp)]
+            else:
+                found.append((k, "attn+mlp", attn))
+    return sorted(found, key=lambda item: (item[0], item[1] == "mlp"))
+
+
+def _settings_text(module: GeoNormResidual) -> str:
+    if module.norm_style != "geo":
+        return "the stock update" if module.norm_style == "pre" else f"norm_style {module.norm_style}"
+    config = module.config
+    clamp = config.geo_max_angle
+    return (
+        f"step size {module.step_size:.4g} from geo_alpha and geo_decay, geo_max_angle "
+        f"{'None (no clamp)' if clamp is None else f'{clamp:.4g}'}, geo_bridge {config.geo_bridge:.4g}"
+    )
+
+
+def explain_non_finite(model: nn.Module, windows: list[list[int]]) -> str:
+    """Why the model's outputs on ``windows`` are not finite: the weights, the dtype, or the residual update
+    (with its GeoNorm settings) where the first non-finite value appears."""
+    dtype = next(model.parameters()).dtype
+    half = dtype in (torch.float16, torch.bfloat16)
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        hint = f" (in {dtype}: values beyond its range; use dtype float32)" if half else ""
+        return f"the weights hold non-finite values{hint}: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"
+    first: list[str] = []
+
+    def make_hook(layer: int, sublayer: str) -> Any:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            if not first and torch.isfinite(args[0]).all() and not torch.isfinite(out).all():
+                first.append(f"the {sublayer} update of layer {layer} ({_settings_text(module)})")
+
+        return hook
+
+    handles = [module.register_forward_hook(make_hook(k, name)) for k, name, module in residual_modules(model)]
+    finite_outputs = True
+    try:
+        with torch.no_grad():
+            for w in windows:
+                logits = model(input_ids=torch.tensor([w], device=_device(model))).logits
+                finite_outputs = finite_outputs and bool(torch.isfinite(logits).all())
+                if first or not finite_outputs:
+                    break
+    finally:
+        for handle in handles:
+            handle.remove()
+    if finite_outputs:
+        return "the outputs are finite, but the mean loss is too large for exp (the model is confidently wrong)"
+    where = first[0] if first else "outside the residual updates (embedding, final norm or output head)"
+    if half:
+        return f"the first non-finite value comes from {where}, in {dtype} (use dtype float32)"
+    return f"the first non-finite value comes from {where}"
+
+
+def check_finite(value: float, what: str, model: nn.Module, windows: list[list[int]]) -> float:
+    """``value``, or ``NonFiniteError`` saying why the model made it NaN or infinite."""
+    if math.isfinite(value):
+        return value
+    raise NonFiniteError(f"{what} is {value}: {explain_non_finite(model, windows)}")
+
+
+def prepare_model(
+    source: Source | str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    settings: dict[str, Any] | None = None,
+    allow_missing: bool = False,
+) -> tuple[nn.Module, Any, Source]:
+    """The model to measure, its tokenizer and its ``Source``: loaded, converted in memory when ``settings``
+    are given (a stock model otherwise becomes ``norm_style="pre"``: the same computation, with residual
+    modules to observe), and moved to ``device``."""
+    src = source if isinstance(source, Source) else open_source(source)
+    chosen = resolve_settings(settings, src) if settings else None
+    model = load_model(src, dtype, allow_missing=allow_missing)
+    tokenizer = load_tokenizer(src)
+    if chosen is not None:
+        apply_geonorm(model, **chosen)
+    elif not src.is_geonorm:
+        apply_geonorm(model, norm_style="pre")
+    try:
+        model.to(device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"cannot use device {device!r}: {str(error).splitlines()[0]}") from None
+    return model, tokenizer, src
+
+
+@dataclass
+class PerplexityReport:
+    """What ``measure_perplexity`` found."""
+
+    perplexity: float
+    tokens: int
+    windows: int
+    tokenization: str
+
+
+def measure_perplexity(
+    source: Source | str,
+    text_path: str | os.PathLike,
+    max_tokens: int = 1024,
+    window: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    settings: dict[str, Any] | None = None,
+    allow_missing: bool = False,
+) -> PerplexityReport:
+    """Perplexity of ``source`` (folder, .gguf or Hub id; converted in memory with ``settings``) on the first
+    ``max_tokens`` tokens of a text file, over non-overlapping windows. ``NonFiniteError`` (a ``ValueError``)
+    when it is not finite, saying where and why."""
+    model, tokenizer, src = prepare_model(source, dtype, device, settings, allow_missing)
+    windows, how = text_windows(model, tokenizer, text_path, max_tokens, window, src.spec)
+    value = check_finite(perplexity(model, windows), "the perplexity", model, windows)
+    return PerplexityReport(value, sum(len(w) for w in windows), len(windows), how)

@@ -1,0 +1,120 @@
+"""What a checkpoint folder holds (``hf-geonorm info``) and which architectures GeoNorm patches, and how
+(``hf-geonorm architectures``); read from headers and configs, loading no weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from .card_checks import check_remote_code
+from .folders import saved_parameter_count
+from .geometry import step_sizes
+from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
+from .patching import family_for, supported_architectures
+from .scratch import parameter_count
+
+LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
+    """The facts of a checkpoint folder as a JSON-ready dict: type and family, sizes, parameter count (from the
+    safetensors headers, else from the config), GeoNorm settings and step sizes, remote code, model card and
+    tokenizer. ``ValueError`` naming the file for a corrupt config, bad stored settings or damaged weights."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such folder")
+    config = read_config_json(path)
+    model_type = config["model_type"]
+    check_supported(model_type, str(path))
+    family = family_for(model_type)
+    source = Source(str(path), "folder", str(path), None, config, path)
+    num_layers = source.num_layers
+    out: dict[str, Any] = {
+        "path": str(path),
+        "model_type": model_type,
+        "family": family.stock_type,
+        "geonorm": source.is_geonorm,
+        "architectures": config.get("architectures"),
+        "num_layers": num_layers,
+        "hidden_size": config.get("hidden_size", config.get("n_embd")),
+        "vocab_size": config.get("vocab_size"),
+        "dtype": config.get("dtype", config.get("torch_dtype")),
+    }
+    try:
+        counted = saved_parameter_count(path)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"{path}: the safetensors weights are corrupt ({first_line(error)})") from None
+    if counted is not None:
+        out["parameters"], out["parameters_by_dtype"] = counted
+        out["parameters_from"] = "safetensors header"
+    else:
+        config_class = family.config_class if source.is_geonorm else family.stock_config_class
+        try:
+            out["parameters"] = parameter_count(config_class.from_dict(config))
+            out["parameters_from"] = "config (no weights in the folder)"
+        except Exception:  # noqa: BLE001 - an unknown size is fine here
+            out["parameters"] = None
+    if source.is_geonorm:
+        settings = resolve_settings({}, source)
+        out["settings"] = settings
+        if settings["norm_style"] == "geo":
+            out["step_sizes"] = step_sizes(settings["geo_decay"], settings["geo_alpha"], num_layers)
+    status = check_remote_code(path, config)
+    out["remote_code"] = {
+        "auto_map": status.auto_map,
+        "files": status.files,
+        "missing": status.missing,
+        "complete": status.complete,
+    }
+    out["model_card"] = _card_facts(path / "README.md")
+    out["tokenizer"] = any((path / name).is_file() for name in TOKENIZER_FILES)
+    return out
+
+
+def _card_facts(readme: Path) -> dict[str, Any] | None:
+    if not readme.is_file():
+        return None
+    card: dict[str, Any] = {"file": readme.name}
+    try:
+        from huggingface_hub import ModelCard
+
+        data = ModelCard.load(readme).data.to_dict()
+        card.update({k: data.get(k) for k in ("base_model", "license", "tags", "pipeline_tag", "library_name")})
+    except Exception as error:  # noqa: BLE001 - a card without valid metadata is still reported
+        card["error"] = first_line(error)
+    return card
+
+
+def _layout_value(value: Any) -> Any:
+    if callable(value):
+        return f"chosen by config ({getattr(value, '__name__', 'function')})"
+    return value
+
+
+def architecture_rows() -> list[dict[str, Any]]:
+    """One row per supported stock model type: its block layout (where a decoder layer keeps its norms,
+    attention and MLP), whether it adds one parallel update (``parallel_text``), and the layout fields that
+    differ from their defaults (``extras``)."""
+    rows = []
+    for model_type in supported_architectures():
+        layout = family_for(model_type).layout
+        row: dict[str, Any] = {"model_type": model_type}
+        extras = {}
+        for f in dataclasses.fields(layout):
+            value = _layout_value(getattr(layout, f.name))
+            row[f.name] = value
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.name not in LAYOUT_COLUMNS and f.name not in ("parallel", "parallel_flag") and value != default:
+                extras[f.name] = value
+        if layout.parallel_flag:
+            row["parallel_text"] = f"config.{layout.parallel_flag}"
+        elif callable(getattr(layout, "select", None)):
+            row["parallel_text"] = ("yes" if layout.parallel else "no") + " (layout chosen by config)"
+        else:
+            row["parallel_text"] = "yes" if layout.parallel else "no"
+        row["extras"] = extras
+        rows.append(row)
+    return rows

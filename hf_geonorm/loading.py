@@ -1,0 +1,357 @@
+"""Where a model comes from (a checkpoint folder, a ``.gguf`` file or a Hugging Face Hub id) and loading it
+strictly.
+
+``open_source`` reads only the config. ``load_model`` loads the weights and, where transformers would fill a
+missing or wrong-shape tensor with random values and only log it, raises a ``ValueError`` that names the keys.
+Every user mistake (no such path, a corrupt config, damaged weights, an unsupported architecture) is a
+one-line ``ValueError`` that names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .folders import safetensors_header, weight_files
+from .gguf_files import dequantize_gguf
+from .patching import family_for, supported_architectures
+from .residual import GeoNormResidual
+from .settings import GeoNormSettings
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"
+)  # fmt: skip
+PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an error message, at most ``limit`` characters."""
+    text = str(error).strip() or type(error).__name__
+    line = text.splitlines()[0].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@dataclass
+class Source:
+    """A checkpoint to load: what ``open_source`` made of a folder, a ``.gguf`` file or a Hub id."""
+
+    spec: str
+    kind: str  # "folder", "gguf" or "hub"
+    load_dir: str  # what from_pretrained gets
+    gguf_file: str | None
+    config: dict[str, Any]  # config.json as a dict
+    path: Path | None = None  # the local file or folder
+
+    @property
+    def model_type(self) -> str:
+        return self.config["model_type"]
+
+    @property
+    def stock_type(self) -> str:
+        return self.model_type.removeprefix("geonorm_")
+
+    @property
+    def is_geonorm(self) -> bool:
+        return self.model_type.startswith("geonorm_")
+
+    @property
+    def label(self) -> str:
+        """How messages name the source: the folder or file name, or the Hub id."""
+        return self.spec if self.kind == "hub" else Path(self.spec).name or self.spec
+
+    @property
+    def num_layers(self) -> int:
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(self.config.get(key), int):
+                return self.config[key]
+        raise ValueError(f"{self.spec}: the config has no number of layers (num_hidden_layers); fix config.json")
+
+    @property
+    def weight_files(self) -> list[Path]:
+        """The safetensors files of a folder source (empty for a config-only folder, a .gguf file or a Hub id)."""
+        if self.kind != "folder":
+            return []
+        try:
+            return weight_files(self.path)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"{self.path / 'model.safetensors.index.json'} is not a valid safetensors index ({first_line(error)}); "
+                "save the model again"
+            ) from None
+
+    def load_kwargs(self) -> dict[str, Any]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.startswith((".", "/", "~"))
+        or spec.count("/") > 1
+        or (os.sep != "/" and os.sep in spec)
+        or spec.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
+    )
+
+
+def read_config_json(folder: str | os.PathLike) -> dict[str, Any]:
+    """The folder's ``config.json`` as a dict; a missing or corrupt file is a ``ValueError`` naming it."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{folder} has no config.json: not a transformers checkpoint folder")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{config_path} is corrupt (not valid JSON: {first_line(error)}); fix or download it again"
+        ) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ValueError(f"{config_path} is corrupt: it has no model_type")
+    return config
+
+
+def check_supported(model_type: str, where: str | None = None) -> None:
+    """``ValueError`` unless GeoNorm has a family for ``model_type`` (stock ``X`` or ``geonorm_X``)."""
+    try:
+        family_for(model_type)
+    except ValueError:
+        n = len(supported_architectures())
+        raise ValueError(
+            f"unsupported architecture {model_type!r}{f' in {where}' if where else ''}: GeoNorm supports {n} "
+            "decoder-only model types (list them with: hf-geonorm architectures)"
+        ) from None
+
+
+def _hub_config(spec: str) -> dict[str, Any]:
+    from huggingface_hub import is_offline_mode
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from transformers import AutoConfig
+
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        raise ValueError(f"{spec}: no such file or folder, and not a valid Hugging Face Hub model id") from None
+    try:
+        config = AutoConfig.from_pretrained(spec)
+    except (OSError, ValueError, KeyError) as error:
+        if is_offline_mode():
+            reason = "the Hub is offline (HF_HUB_OFFLINE=1) and the model is not in the local cache"
+        else:
+            reason = first_line(error)
+        raise ValueError(
+            f"{spec} is not a local folder or .gguf file, and loading it from the Hugging Face Hub failed: {reason}"
+        ) from None
+    return config.to_dict()
+
+
+def _gguf_config(path: Path) -> dict[str, Any]:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"cannot read {path}: reading .gguf files needs the gguf package (pip install gguf, or hf-geonorm[gguf])"
+        ) from None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as error:  # noqa: BLE001 - a corrupt or unsupported file, reported in one line
+        raise ValueError(f"cannot read {path} as a GGUF checkpoint: {first_line(error)}") from None
+    return config.to_dict()
+
+
+def open_source(spec: str | os.PathLike) -> Source:
+    """Classify ``spec`` (a checkpoint folder, a ``.gguf`` file or a Hub id), read its config, and check that
+    GeoNorm supports its architecture. Loads no weights."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(
+                f"{spec} is a file but not a .gguf checkpoint; give a checkpoint folder, a .gguf file or a Hub id"
+            )
+        source = Source(spec, "gguf", str(path.parent), path.name, _gguf_config(path), path)
+    elif path.is_dir():
+        source = Source(spec, "folder", str(path), None, read_config_json(path), path)
+    elif _looks_like_path(spec):
+        raise ValueError(f"{spec}: no such file or folder")
+    else:
+        source = Source(spec, "hub", spec, None, _hub_config(spec))
+    check_supported(source.model_type, source.spec)
+    return source
+
+
+def torch_dtype(dtype: str) -> Any:
+    """``"auto"`` or the torch dtype named ``dtype`` (one of ``DTYPES``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def check_weight_files(source: Source) -> list[Path]:
+    """The safetensors files of a folder source, each checked against its header; ``ValueError`` naming the file
+    for a pickle-only folder, a folder without weights, a missing shard or a damaged file."""
+    files = source.weight_files
+    if not files:
+        pickles = sorted({p.name for pattern in PICKLE_WEIGHTS for p in source.path.glob(pattern)})
+        if pickles:
+            raise ValueError(
+                f"{source.spec} holds pickle weights only ({', '.join(pickles)}); hf-geonorm loads safetensors, "
+                "never pickle files: save the model again with save_pretrained (it writes model.safetensors)"
+            )
+        raise ValueError(
+            f"{source.spec} has a config.json but no weights (model.safetensors); give a folder with its weights"
+        )
+    for file in files:
+        if not file.is_file():
+            raise ValueError(f"{file} is missing (named by model.safetensors.index.json); download or save it again")
+        try:
+            safetensors_header(file)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{file} is damaged ({first_line(error)}); download or save the model again") from None
+    return files
+
+
+def geonorm_keys(model: nn.Module) -> set[str]:
+    """The state-dict keys of the parameters GeoNorm adds on purpose (those of its residual modules)."""
+    keys = set()
+    for name, module in model.named_modules():
+        if isinstance(module, GeoNormResidual):
+            keys.update(f"{name}.{key}" for key in module.state_dict())
+    return keys
+
+
+def _is_geonorm_key(key: str) -> bool:
+    return any(part.startswith("geonorm_") for part in key.split("."))
+
+
+def check_loading_info(source: Source, model: nn.Module, info: dict[str, Any], allow_missing: bool = False) -> None:
+    """Refuse what transformers accepts with a log line: tensors missing from the checkpoint (left at their
+    random initialisation), tensors the model has no place for, and tensors of the wrong shape. The tensors
+    GeoNorm adds on purpose (its residual modules') may be missing or left over. ``allow_missing`` turns missing
+    and unexpected keys into a warning; a wrong shape is always an error."""
+    where = source.spec if source.kind != "folder" else str(source.path / "model.safetensors")
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    if mismatched:
+        key, found, expected = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise ValueError(
+            f"{where}: tensor {key} has shape {list(found)}, but config.json asks for {list(expected)}{more}; "
+            "the weights do not belong to this config (fix config.json or use the matching weights)"
+        )
+    own = geonorm_keys(model)
+    missing = sorted(k for k in info.get("missing_keys") or [] if k not in own)
+    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not _is_geonorm_key(k))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) missing ({_names(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_names(unexpected)})")
+    if not problems:
+        return
+    message = f"{where}: {' and '.join(problems)}"
+    if allow_missing:
+        warnings.warn(f"{message}; the missing ones keep their random initialisation", stacklevel=3)
+        return
+    raise ValueError(
+        f"{message}: the checkpoint does not match its config (missing tensors would be random); use complete "
+        "weights, or allow it (--allow-missing, allow_missing=True)"
+    )
+
+
+def _names(keys: list[str], limit: int = 4) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def load_model(source: Source, dtype: str = "auto", config: Any = None, allow_missing: bool = False) -> nn.Module:
+    """The source's causal LM (stock or GeoNorm class, or the class of ``config`` when given), in eval mode and
+    never marked quantised (a GGUF file is de-quantised to float32, then cast to ``dtype``).
+
+    Raises ``ValueError`` (naming the file) for damaged, pickle-only or missing weights, and for any tensor that
+    is missing, unexpected or of the wrong shape, except the ones GeoNorm adds on purpose (``allow_missing``
+    lets missing and unexpected ones through with a warning).
+    """
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {
+        **source.load_kwargs(),
+        "output_loading_info": True,
+        "ignore_mismatched_sizes": True,  # so they come back in the loading info; refused below
+    }
+    if source.kind == "folder":
+        check_weight_files(source)
+    if source.kind != "gguf":
+        kwargs["dtype"] = torch_dtype(dtype)
+        kwargs["use_safetensors"] = True
+    if config is not None:
+        kwargs["config"] = config
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(source.load_dir, **kwargs)
+    except SafetensorError as error:
+        raise ValueError(
+            f"{source.spec}: a safetensors file is damaged ({first_line(error)}); download or save it again"
+        ) from None
+    except (OSError, ValueError, RuntimeError, KeyError, ImportError) as error:
+        raise ValueError(f"cannot load the model from {source.spec}: {first_line(error)}") from None
+    check_loading_info(source, model, info, allow_missing)
+    if source.kind == "gguf":
+        dequantize_gguf(model)
+        if dtype != "auto":
+            model = model.to(torch_dtype(dtype))
+    return model.eval()
+
+
+def has_tokenizer(source: Source) -> bool:
+    if source.kind == "folder":
+        return any((source.path / name).is_file() for name in TOKENIZER_FILES)
+    return True  # a GGUF file carries one; a Hub repository may
+
+
+def load_tokenizer(source: Source) -> Any:
+    """The source's tokenizer, or None when it has none (a warning when a tokenizer is there but fails to load)."""
+    if not has_tokenizer(source):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs())
+    except Exception as error:  # noqa: BLE001 - a source without a usable tokenizer is still usable
+        if source.kind != "hub":
+            warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
+        return None
+
+
+class SettingsError(ValueError):
+    """A GeoNorm setting given by the caller is out of range (the message names the setting)."""
+
+
+def current_settings(source: Source) -> dict[str, Any]:
+    """The GeoNorm settings stored in a GeoNorm source's config (empty for a stock source)."""
+    if not source.is_geonorm:
+        return {}
+    return {k: v for k, v in source.config.items() if k in GeoNormSettings.names()}
+
+
+def resolve_settings(given: dict[str, Any] | None, source: Source) -> dict[str, Any]:
+    """The full settings for ``source``: its stored ones (or the defaults) updated with ``given``, validated for
+    its number of layers. ``SettingsError`` for a bad given value; ``ValueError`` naming config.json for a bad
+    stored one that ``given`` does not override."""
+    given = dict(given or {})
+    stored = {k: v for k, v in current_settings(source).items() if k not in given}
+    try:
+        GeoNormSettings(**stored).validate(source.num_layers)
+    except ValueError as error:
+        where = source.path / "config.json" if source.kind == "folder" else source.spec
+        raise ValueError(f"{where}: {first_line(error)} (fix the file)") from None
+    try:
+        return GeoNormSettings(**{**stored, **given}).validate(source.num_layers).to_dict()
+    except ValueError as error:
+        raise SettingsError(first_line(error)) from None

@@ -1,0 +1,229 @@
+"""The model card of a GeoNorm folder: ``README.md`` rendered from the folder's ``config.json`` and the card
+facts (``CardInfo``), which are stored as data beside it in ``geonorm_card.json``.
+
+A card is always rendered from data, never read back from Markdown: ``write_model_card(path)`` without new
+facts re-renders from ``geonorm_card.json``. The card links the method specification that the model's
+``save_pretrained`` copies beside the code (``remote_code.METHOD_SPEC``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .folders import saved_parameter_count
+from .geometry import step_sizes
+from .patching import family_for
+from .remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
+from .settings import GeoNormSettings
+
+CARD_TEMPLATE = "geonorm_model_card.md"
+CARD_DATA = "geonorm_card.json"
+CARD_REPO_PLACEHOLDER = "path/to/this/folder"
+STYLE_DESCRIPTIONS = {
+    "pre": "Pre-Norm, x + F(N(x)): the stock model",
+    "post": "Post-Norm, N(x + F(x))",
+    "sandwich": "Sandwich-Norm, x + N'(F(N(x)))",
+    "deepnorm": "DeepNorm, N(alpha x + F(x))",
+    "geo": "GeoNorm: geodesic steps on the sphere",
+}
+
+
+@dataclass
+class CardInfo:
+    """What the model card says beyond the config: where the model came from and how it was evaluated.
+
+    ``evaluation`` holds lines such as "perplexity on X: 14.50 before, 14.50 after conversion".
+    ``angles`` is the summary ``hf-geonorm angles --json`` prints (``lower_third_mean_angle``,
+    ``upper_third_mean_angle``, ``lower_to_upper_ratio``), optionally with ``text`` and ``tokens`` (what it was
+    measured on) and ``sublayers`` (its per-sublayer rows: ``layer``, ``sublayer``, ``angle``).
+    ``repo_id`` is used in the loading snippets (the Hub id the folder will be pushed to, when known; otherwise
+    the placeholder ``CARD_REPO_PLACEHOLDER``, which ``hub.push_folder`` replaces by the repository it pushes to).
+    ``num_parameters`` defaults to the count in the folder's safetensors headers.
+    """
+
+    model_name: str | None = None
+    base_model: str | None = None
+    license: str | None = None
+    language: str | list[str] | None = None
+    source: str | None = None
+    repo_id: str | None = None
+    evaluation: list[str] = field(default_factory=list)
+    angles: dict[str, Any] | None = None
+    tags: list[str] = field(default_factory=list)
+    num_parameters: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CardInfo:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown card facts {', '.join(unknown)}; CardInfo has {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def save_card_info(path: str | os.PathLike, info: CardInfo) -> Path:
+    """Store the card facts of the folder ``path`` in ``path/geonorm_card.json``."""
+    target = Path(path) / CARD_DATA
+    target.write_text(json.dumps(info.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return target
+
+
+def load_card_info(path: str | os.PathLike) -> CardInfo | None:
+    """The card facts stored in the folder ``path`` (None when it has none)."""
+    source = Path(path) / CARD_DATA
+    if not source.is_file():
+        return None
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{source} is not valid JSON ({error}); rewrite it with write_model_card") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{source} holds a JSON {type(data).__name__}, not an object of card facts")
+    return CardInfo.from_dict(data)
+
+
+def card_template() -> str:
+    """The Jinja template of the model card (package data of ``hf_geonorm.model_cards``; the repository's
+    ``model_cards/`` folder when running from a source checkout)."""
+    try:
+        return resources.files("hf_geonorm.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        fallback = Path(__file__).resolve().parent.parent / "model_cards" / CARD_TEMPLATE
+        if not fallback.is_file():
+            raise FileNotFoundError(f"the model card template {CARD_TEMPLATE} is not installed") from None
+        return fallback.read_text(encoding="utf-8")
+
+
+def max_rotation(a: float, max_angle: float | None) -> float:
+    """The largest angle one update with step size ``a`` can make (inf without a clamp)."""
+    return math.inf if max_angle is None else min(a * max_angle, max_angle)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("hf-geonorm")
+    except Exception:  # noqa: BLE001 - running from a source tree
+        return ""
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _angles_for_card(angles: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The angles summary in the form the template reads; rows with a non-numeric angle are dropped."""
+    if not angles:
+        return None
+    keys = ("lower_third_mean_angle", "upper_third_mean_angle", "lower_to_upper_ratio")
+    missing = [k for k in keys if not isinstance(angles.get(k), (int, float))]
+    if missing:
+        raise ValueError(f"CardInfo.angles needs the numbers {', '.join(missing)} (hf-geonorm angles --json: summary)")
+    rows = [
+        {"layer": row["layer"], "sublayer": row.get("sublayer", ""), "angle": float(row["angle"])}
+        for row in angles.get("sublayers") or []
+        if isinstance(row, dict) and isinstance(row.get("angle"), (int, float)) and "layer" in row
+    ]
+    return {**{k: float(angles[k]) for k in keys}, "text": angles.get("text"), "tokens": angles.get("tokens"),
+            "sublayers": rows}  # fmt: skip
+
+
+def render_model_card(
+    config: Any,
+    info: CardInfo | None = None,
+    has_tokenizer: bool = False,
+    remote_code: list[str] | None = None,
+) -> Any:
+    """The ``huggingface_hub.ModelCard`` of a GeoNorm model with ``config``; ``remote_code`` names the source
+    files beside the weights (default: those ``save_pretrained`` writes)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    info = info or CardInfo()
+    family = family_for(config.model_type)
+    settings = GeoNormSettings.from_object(config)
+    num_layers = config.num_hidden_layers
+    steps = []
+    if settings.norm_style == "geo":
+        max_angle = settings.geo_max_angle
+        for k, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers), start=1):
+            steps.append({"layer": k, "a": a, "max_rotation": max_rotation(a, max_angle)})
+    tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
+    tags += [t for t in info.tags if t not in tags]
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=tags,
+        base_model=info.base_model,
+        license=info.license,
+        language=info.language,
+    )
+    name = info.model_name or (
+        f"{info.base_model.split('/')[-1]}-GeoNorm" if info.base_model else f"GeoNorm {family.stock_type}"
+    )
+    card = ModelCard.from_template(
+        data,
+        template_str=card_template(),
+        model_name=name,
+        stock_type=family.stock_type,
+        model_type=family.model_type,
+        base_model=info.base_model,
+        source=info.source,
+        tool_version=_version(),
+        num_layers=num_layers,
+        hidden_size=getattr(config, "hidden_size", "?"),
+        num_parameters=_human(info.num_parameters) if info.num_parameters else None,
+        settings=settings.to_dict(),
+        style_description=STYLE_DESCRIPTIONS[settings.norm_style],
+        steps=steps,
+        evaluation=info.evaluation,
+        angles=_angles_for_card(info.angles),
+        repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
+        has_tokenizer=has_tokenizer,
+        remote_code_files=remote_code or [p.name for p in remote_code_files()],
+        method_spec=METHOD_SPEC,
+    )
+    return ModelCard(re.sub(r"\n{3,}", "\n\n", card.content))
+
+
+def write_model_card(path: str | os.PathLike, card_info: CardInfo | None = None) -> Path:
+    """Render the model card of the saved GeoNorm folder ``path`` (from its ``config.json``) into
+    ``path/README.md``.
+
+    ``card_info`` is stored as ``path/geonorm_card.json``; without it, the facts stored there are used (none: a
+    card with no base model, license or evaluation). A Trainer checkpoint, say, gets its card this way, and a
+    card gets new evaluation numbers by passing the stored facts with more lines.
+    """
+    path = Path(path)
+    config_dict = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    model_type = config_dict.get("model_type", "")
+    if not str(model_type).startswith("geonorm_"):
+        raise ValueError(f"{path}/config.json has model_type {model_type!r}; cards are written for GeoNorm models")
+    config = family_for(model_type).config_class.from_dict(config_dict)
+    if card_info is not None:
+        save_card_info(path, card_info)
+    info = card_info or load_card_info(path) or CardInfo()
+    if info.num_parameters is None:
+        try:
+            counted = saved_parameter_count(path)
+        except (OSError, ValueError, KeyError):
+            counted = None
+        info = CardInfo.from_dict({**info.to_dict(), "num_parameters": counted[0] if counted else None})
+    has_tokenizer = any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    code, _ = module_closure(path / f"{ENTRY_MODULE}.py")
+    card = render_model_card(config, info, has_tokenizer=has_tokenizer, remote_code=[p.name for p in code] or None)
+    card.save(path / "README.md")
+    return path / "README.md"

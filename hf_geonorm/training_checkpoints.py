@@ -1,0 +1,195 @@
+"""Trainer checkpoints that are whole or absent, and the checkpoint a resumed run starts from.
+
+transformers' Trainer writes ``checkpoint-N`` in place: a kill during the save leaves a folder with a config and
+no weights, which a resumed run then takes as the latest. ``AtomicCheckpointTrainer`` has every process write
+into one hidden folder ``.checkpoint-N.partial-PID-staging`` next to it and moves the complete checkpoint into
+place when all of them are done. ``resume_checkpoint`` checks the checkpoints newest first and falls back past
+damaged ones, saying why. ``remove_leftovers`` removes what killed runs left (``hf_geonorm.atomic`` naming).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from .atomic import remove_stale_partials, remove_tree
+from .folders import safetensors_header, weight_files
+from .loading import first_line, read_config_json
+from .settings import GeoNormSettings
+
+CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.atomic's temporary names
+
+
+class AtomicCheckpointTrainer(Trainer):
+    """A Trainer whose checkpoints appear whole or not at all.
+
+    Every process saves into the same hidden staging folder (the Trainer's own ``_save_checkpoint``, pointed
+    there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
+    the output folder and rotates the checkpoints by step (``save_total_limit``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._staging: Path | None = None
+        self._owner: int | None = None
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        output = Path(self.args.output_dir)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._staging = output / f".{name}.partial-{self._owner_pid()}-staging"
+        try:
+            super()._save_checkpoint(model, trial)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                publish(self._staging / name, output / name)
+                rotate_checkpoints(str(output), self.args.save_total_limit)
+        finally:
+            staging, self._staging = self._staging, None
+            if self.args.should_save:
+                remove_tree(staging)
+
+    def _owner_pid(self) -> int:
+        """The main process's id, the same in every process (it names the staging folder)."""
+        if self._owner is None:
+            pid = [os.getpid()]
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.broadcast_object_list(pid, src=0)
+            self._owner = pid[0]
+        return self._owner
+
+
+def publish(built: Path, target: Path) -> None:
+    """Move the complete folder ``built`` to ``target``, replacing a ``target`` that is there (a checkpoint of
+    the same step from an earlier run, or a damaged one)."""
+    if not os.path.lexists(target):
+        os.rename(built, target)
+        return
+    old = target.with_name(f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.rename(target, old)
+    os.rename(built, target)
+    remove_tree(old)
+
+
+def checkpoints(output: Path) -> list[tuple[int, Path]]:
+    """The ``checkpoint-N`` folders of ``output``, newest (largest N) first."""
+    found = []
+    if output.is_dir():
+        for entry in output.iterdir():
+            match = CHECKPOINT.fullmatch(entry.name)
+            if match and entry.is_dir():
+                found.append((int(match.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the Trainer checkpoint ``folder`` cannot be resumed from (naming the file), or None when it is whole."""
+    state_file = folder / "trainer_state.json"
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"{state_file} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{state_file} is not valid JSON ({first_line(error)})"
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return f"{state_file} has no global_step"
+    if (folder / "adapter_config.json").is_file():  # a LoRA run saves the adapters only
+        files = [folder / "adapter_model.safetensors"]
+    else:
+        try:
+            read_config_json(folder)
+            files = weight_files(folder)
+        except (ValueError, KeyError, TypeError) as error:
+            return first_line(error)
+        if not files:
+            return f"{folder / 'model.safetensors'} is missing"
+    for file in files:
+        try:
+            safetensors_header(file)
+        except FileNotFoundError:
+            return f"{file} is missing"
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            return f"{file}: {first_line(error)}"
+    for name in ("optimizer.pt", "scheduler.pt"):
+        if (folder / name).exists() and not zipfile.is_zipfile(folder / name):
+            return f"{folder / name} is truncated or damaged"
+    if not any((folder / name).exists() for name in ("optimizer.pt", "optimizer.bin", "optimizer_0")):
+        return f"{folder} has no optimizer state (optimizer.pt)"
+    return None
+
+
+def resume_checkpoint(output: Path, warn: bool = True) -> tuple[Path, int]:
+    """The newest whole checkpoint in ``output`` and its step. Damaged newer ones are skipped with a warning
+    that names them; ``ValueError`` when there is none to resume from."""
+    found = checkpoints(output)
+    if not found:
+        raise ValueError(f"--resume: no checkpoint-* folder in {output}; start without --resume")
+    damaged = []
+    for _, folder in found:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            if damaged and warn:
+                warnings.warn(f"{'; '.join(damaged)}: resuming from {folder.name} instead", stacklevel=2)
+            state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+            return folder, state["global_step"]
+        damaged.append(f"{folder.name} is damaged ({problem})")
+    raise ValueError(
+        f"--resume: no whole checkpoint in {output}: {'; '.join(damaged)}; remove the damaged folders and start "
+        "without --resume"
+    )
+
+
+def check_resumable(model: torch.nn.Module, checkpoint: Path, ignore: tuple[str, ...] = ()) -> None:
+    """``ValueError`` naming the difference when the model built for a resumed run does not fit ``checkpoint``:
+    another GeoNorm setting (the optimizer state would not match the parameters), or other tensor shapes."""
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():  # adapters only (LoRA): the base model is rebuilt as before
+        return
+    saved = read_config_json(checkpoint)
+    for name in sorted(set(GeoNormSettings.names()) - set(ignore)):
+        ours = getattr(model.config, name, None)
+        if name in saved and saved[name] != ours:
+            raise ValueError(
+                f"{config_path} was trained with {name} {saved[name]!r}, this run asks for {ours!r}; resume with "
+                f"the checkpoint's settings, or start a new run from its weights (--model {checkpoint})"
+            )
+    shapes = {key: list(value.shape) for key, value in model.state_dict().items()}
+    for file in weight_files(checkpoint):
+        for key, entry in safetensors_header(file).items():
+            if key != "__metadata__" and key in shapes and shapes[key] != entry["shape"]:
+                raise ValueError(
+                    f"{file}: tensor {key} has shape {entry['shape']}, the model of this run {shapes[key]}; "
+                    "resume with the same --model, or --arch and --preset"
+                )
+
+
+def remove_leftovers(output: Path) -> list[str]:
+    """Remove the temporary folders and files that killed runs left in ``output`` (a checkpoint, ``final``,
+    metrics or plot being written); return what was done."""
+    names = set()
+    if output.is_dir():
+        for entry in output.iterdir():
+            match = LEFTOVER.fullmatch(entry.name)
+            if match:
+                names.add(match.group(1))
+    done = []
+    for name in sorted(names):
+        done += remove_stale_partials(output / name)
+    return done
+
+
+def is_leftover(entry: Path) -> bool:
+    return LEFTOVER.fullmatch(entry.name) is not None

@@ -1,0 +1,249 @@
+"""Output folders written all or nothing (hf_geonorm.atomic), on their own and through ``hf-geonorm convert``
+killed with SIGTERM or SIGKILL, or raced, at points the test controls (issue 15, items 3 and 8).
+
+The kill tests run the real command line in a child process that stops at a named point (the weights are
+written into the temporary folder) and waits on a FIFO; the test then signals it for real.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from tiny_models import tiny_model
+
+from hf_geonorm import atomic, conversion
+
+
+@pytest.fixture(params=["renameat2", "plain rename"])
+def move_kind(request, monkeypatch):
+    """Every test runs with Linux's one-step moves and with the two-step moves of other systems."""
+    if request.param == "plain rename":
+        monkeypatch.setattr(atomic, "_renameat2", lambda source, target, flags: False)
+    return request.param
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_all_or_nothing(tmp_path, move_kind):
+    target = tmp_path / "deep" / "er" / "out"
+    with pytest.raises(RuntimeError), atomic.atomic_directory(target) as tmp:
+        (tmp / "half.txt").write_text("x")
+        raise RuntimeError("interrupted")
+    assert not (tmp_path / "deep").exists()  # no output, no temp folder, no created parents
+    with atomic.atomic_directory(target) as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert names(target.parent) == ["out"] and (target / "a.txt").read_text() == "a"
+    assert stat.S_IMODE(target.stat().st_mode) != 0o700  # usual permissions, not mkdtemp's
+    with pytest.raises(FileExistsError, match="not empty"), atomic.atomic_directory(target):
+        pass
+    with pytest.raises(KeyboardInterrupt), atomic.atomic_directory(target, force=True) as tmp:
+        (tmp / "b.txt").write_text("b")
+        raise KeyboardInterrupt
+    assert names(target.parent) == ["out"] and names(target) == ["a.txt"]
+    with atomic.atomic_directory(target, force=True) as tmp:
+        (tmp / "b.txt").write_text("b")
+    assert names(target) == ["b.txt"] and names(target.parent) == ["out"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic.atomic_directory(empty) as tmp:  # an empty folder is replaced without force
+        (tmp / "c.txt").write_text("c")
+    assert names(empty) == ["c.txt"]
+
+
+def test_without_force_a_folder_that_appears_meanwhile_is_left_alone(tmp_path, move_kind):
+    target = tmp_path / "out"
+    with pytest.raises(FileExistsError, match="appeared while"), atomic.atomic_directory(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+        target.mkdir()
+        (target / "mine.txt").write_text("mine")
+    assert names(tmp_path) == ["out"] and names(target) == ["mine.txt"]
+    if move_kind == "renameat2":  # with one-step moves not even an empty folder is replaced
+        other = tmp_path / "other"
+        with pytest.raises(FileExistsError, match="appeared while"), atomic.atomic_directory(other) as tmp:
+            (tmp / "new.txt").write_text("new")
+            other.mkdir()
+        assert names(other) == []
+    file_target = tmp_path / "file"
+    with pytest.raises(FileExistsError), atomic.atomic_directory(file_target) as tmp:
+        file_target.write_text("mine")
+    assert file_target.read_text() == "mine"
+
+
+def test_force_replaces_read_only_folders_and_symlinks_without_leftovers(tmp_path, move_kind):
+    target = tmp_path / "out"
+    (target / "sub").mkdir(parents=True)
+    (target / "sub" / "old.txt").write_text("old")
+    for folder in (target / "sub", target):
+        folder.chmod(0o555)
+    with atomic.atomic_directory(target, force=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert names(tmp_path) == ["out"] and names(target) == ["new.txt"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    with atomic.atomic_directory(link, force=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert not link.is_symlink() and names(link) == ["new.txt"]
+    assert names(elsewhere) == ["keep.txt"]  # the folder the link pointed to is not touched
+    assert names(tmp_path) == ["elsewhere", "link", "out"]
+
+
+def test_leftovers_of_dead_processes_are_cleaned_up_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # a process that has exited (and been reaped)
+    target = tmp_path / "out"
+    (tmp_path / f".out.partial-{dead_pid}-abcd").mkdir()
+    (tmp_path / f".out.partial-{dead_pid}-abcd" / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / f".out.partial-{os.getppid()}-live").mkdir()  # a running process's (pytest's parent)
+    (tmp_path / f".other.partial-{dead_pid}-abcd").mkdir()  # another output's
+    (tmp_path / f".out.old-{dead_pid}-abcd").mkdir()  # a two-step replacement killed half-way: the old output
+    (tmp_path / f".out.old-{dead_pid}-abcd" / "old.txt").write_text("old")
+    done = atomic.remove_stale_partials(target)
+    assert len(done) == 2 and any("restored" in line for line in done)
+    assert (target / "old.txt").read_text() == "old"  # the old output, which was missing, is back
+    assert names(tmp_path) == [f".other.partial-{dead_pid}-abcd", f".out.partial-{os.getppid()}-live", "out"]
+    (tmp_path / f".out.partial-{dead_pid}-efgh").mkdir()
+    with pytest.warns(UserWarning, match=f"removed .out.partial-{dead_pid}-efgh"):
+        with atomic.atomic_directory(target, force=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert names(target) == ["new.txt"]
+
+
+# ---- hf-geonorm convert, for real ----
+
+
+CHILD = """
+import os, sys
+import hf_geonorm.conversion as conversion
+
+def pause_after_saving(*args, **kwargs):
+    result = save(*args, **kwargs)
+    open(os.environ["PAUSE_READY"], "w").close()
+    with open(os.environ["PAUSE_FIFO"]) as fifo:  # blocks until the test writes to the FIFO
+        fifo.read()
+    return result
+
+save, conversion.save_shareable = conversion.save_shareable, pause_after_saving
+from hf_geonorm_cli.main import cli
+cli(sys.argv[1:], prog_name="hf-geonorm")
+"""
+
+
+def _drop_dac_override() -> None:
+    """In a child of root: lose the right to ignore file permissions, as any other user has it."""
+    if ctypes.CDLL(None, use_errno=True).prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def start_convert(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """``hf-geonorm convert ARGS`` in a child process, stopped once the weights are written (waiting on a FIFO)."""
+    fifo, ready = tmp_path / "fifo", tmp_path / "ready"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PAUSE_FIFO": str(fifo), "PAUSE_READY": str(ready), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "convert", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        if child.poll() is not None or time.monotonic() > deadline:
+            child.kill()
+            pytest.fail(f"the child did not reach the pause point: {child.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    return child
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("source") / "stock_gpt2"
+    tiny_model("gpt2").save_pretrained(folder)
+    return folder
+
+
+def partials(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+
+
+def test_sigterm_during_convert_removes_the_temporary_folder(tmp_path, stock):
+    child = start_convert(tmp_path, str(stock), str(tmp_path / "out"))
+    (partial,) = partials(tmp_path)
+    assert (partial / "model.safetensors").stat().st_size > 10_000  # stopped with the weights written
+    child.send_signal(signal.SIGTERM)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert stderr.rstrip().splitlines()[-1] == "Error: terminated (SIGTERM); no partial output is left"
+    assert names(tmp_path) == ["fifo", "ready"]  # no output, no temporary folder
+
+
+def test_sigkill_during_convert_leaves_a_partial_that_the_next_run_removes(tmp_path, stock):
+    child = start_convert(tmp_path, str(stock), str(tmp_path / "out"))
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=120)
+    (partial,) = partials(tmp_path)  # nothing can clean up after SIGKILL ...
+    assert f"partial-{child.pid}-" in partial.name and not (tmp_path / "out").exists()
+    result = CliRunner().invoke(cli, ["convert", str(stock), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"warning: removed {partial.name}" in result.stderr  # ... but the next run for that output does
+    assert names(tmp_path) == ["fifo", "out", "ready"] and (tmp_path / "out" / "model.safetensors").exists()
+
+
+READ_ONLY_CHILD = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("atomic", sys.argv[1])  # the module alone: no torch to import
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
+with atomic.atomic_directory(sys.argv[2], force=True) as tmp:
+    (tmp / "new.txt").write_text("new")
+"""
+
+
+def test_force_onto_a_read_only_folder_leaves_nothing_behind(tmp_path):
+    """As any user but root (a child of root gives up the right to ignore permissions): the old contents of a
+    read-only folder cannot be deleted until the folder is made writable again."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "old.txt").write_text("old")
+    for folder in (out / "sub", out):
+        folder.chmod(0o555)
+    child = subprocess.run(
+        [sys.executable, "-c", READ_ONLY_CHILD, atomic.__file__, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_drop_dac_override if os.geteuid() == 0 else None,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert names(tmp_path) == ["out"] and names(out) == ["new.txt"]
+
+
+def test_convert_never_removes_an_output_that_appears_while_it_runs(tmp_path, stock, monkeypatch):
+    out = tmp_path / "out"
+    save = conversion.save_shareable
+
+    def someone_else_writes_the_output(model, path, **kwargs):
+        save(model, path, **kwargs)
+        out.mkdir()
+        (out / "theirs.txt").write_text("theirs")
+
+    monkeypatch.setattr(conversion, "save_shareable", someone_else_writes_the_output)
+    result = CliRunner().invoke(cli, ["convert", str(stock), str(out)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.rstrip().splitlines()[-1].startswith(f"Error: {out} appeared while")
+    assert names(tmp_path) == ["out"] and names(out) == ["theirs.txt"]
