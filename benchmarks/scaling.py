@@ -15,14 +15,16 @@ written out so that a later change of a default does not change the runs), then 
 best alpha. One seed per grid run.
 
 The grid runs on two corpora, the Python standard library's source (``stdlib``) and Debian's ``fortunes``
-(``prose``): the defaults are chosen on them. The third corpus, the GNU dictionary GCIDE (``dict``), is held
-out: it appears only in the final comparison, the chosen defaults against Pre-Norm at the middle size and the
-largest budget, 3 seeds, every corpus, both shapes.
+(``prose``). The defaults are chosen on the budget and depth axes of those two corpora only. Two checks the
+choice never saw follow: the third corpus, the GNU dictionary GCIDE (``dict``), held out for the final
+comparison (the chosen setting against Pre-Norm at the middle size and the largest budget, 3 seeds, every
+corpus, both shapes), and the width axis, run after the choice.
 
 The work is ordered so that a cut-short session still answers the question: the budget axis first (the one a
-default chosen at one budget failed on), then depth, then width, then the final comparison. Every finished run
+default chosen at one budget failed on), then depth, then the final comparison, then width. Every finished run
 is appended to ``scaling_runs.jsonl`` at once and reused by the next invocation with the same specification,
-and the tables, JSON and figure are rewritten after every cell, marking the cells still to run.
+and the tables, JSON and figure are rewritten after every cell, marking the cells still to run
+(``--report`` rewrites them from the journal without running anything).
 
     python benchmarks/scaling.py                          # the CPU study (many hours on 2 cores; resumable)
     python benchmarks/scaling.py --phases budget          # only the budget axis
@@ -52,7 +54,8 @@ FIXED = {"geo_max_angle": math.pi / 4, "geo_learnable_step": False, "geo_radius"
 PRE = {"norm_style": "pre", "geo_alpha": 0.25, "geo_decay": "harmonic", **FIXED}
 CHOICE_CORPORA = ("stdlib", "prose")
 HELDOUT_CORPUS = "dict"
-PHASES = ("budget", "depth", "width", "final")
+PHASES = ("budget", "depth", "final", "width")  # in the order they run
+CHOICE_AXES = ("budget", "depth")  # the cells the rule is chosen on; width is a check run after the choice
 
 
 def geo(alpha: float, decay: str = "harmonic") -> dict[str, Any]:
@@ -211,6 +214,12 @@ def cell_tables(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dic
     return tables
 
 
+def choice_tables(tables: dict[tuple[str, str, str], dict[str, float]], smoke: bool) -> dict:
+    """The tables of the cells the rule is chosen on (the budget and depth axes)."""
+    names = {c.name for axis in CHOICE_AXES for c in grid(smoke)[axis]}
+    return {key: table for key, table in tables.items() if key[0] in names}
+
+
 def complete(table: dict[str, float]) -> bool:
     return "pre" in table and all(alpha_label(a) in table for a in ALPHAS)
 
@@ -286,7 +295,8 @@ def write(study: Study, pending: list[str], chosen: tuple[float, str] | None) ->
                     continue
                 lines.append(row(cell, arch, corpus, table, args))
         lines.append("")
-    lines += decision_lines(tables, chosen)
+    lines += decision_lines(choice_tables(tables, args.smoke), chosen)
+    lines += chosen_lines(tables, chosen, args)
     lines += final_lines(results, args, study.final_arm, study.final_cell())
     lines += [f"![best alpha by axis]({name}.png)", ""]
     payload = common.write_results(args, name, lines, env, wall, pending=pending, chosen=chosen,
@@ -316,8 +326,9 @@ def decision_lines(tables: dict, chosen: tuple[float, str] | None) -> list[str]:
     lines = [
         "## The rule",
         "",
-        f"Mean regret of each fixed alpha (harmonic decay) over the {n} complete grid cells (shape x corpus x cell; "
-        "regret = its validation loss minus the best harmonic alpha's in that cell):",
+        f"Mean regret of each fixed alpha (harmonic decay) over the {n} complete cells of the budget and depth axes "
+        "(shape x corpus x cell; regret = its validation loss minus the best harmonic alpha's in that cell; the "
+        "width axis is left out: it checks the choice):",
         "",
         "| alpha | mean regret | worst regret | cells where it is best |",
         "|---|---|---|---|",
@@ -334,6 +345,33 @@ def decision_lines(tables: dict, chosen: tuple[float, str] | None) -> list[str]:
             f"constant decay at a cell's best alpha beats harmonic in most cells: **alpha {chosen[0]:g}, "
             f"{chosen[1]} decay**.",
         ]
+    return lines + [""]
+
+
+def chosen_lines(tables: dict, chosen: tuple[float, str] | None, args: argparse.Namespace) -> list[str]:
+    """The chosen setting against Pre-Norm and against the cell's best alpha in every complete cell (one seed):
+    where it wins and where it loses; the width axis is marked as a check."""
+    if chosen is None:
+        return []
+    arm = alpha_label(*chosen)
+    widths = {c.name for c in grid(args.smoke)["width"]}
+    lines = [f"## {arm} in every cell (one seed)", "",
+             "| cell | tokens | shape | corpus | pre | chosen | chosen - pre | regret | |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    cells = {c.name: c for axis in grid(args.smoke).values() for c in axis}
+
+    def order(item: tuple) -> tuple:
+        cell = cells[item[0][0]]
+        return cell.steps, cell.layers, cell.width, item[0][1:]
+
+    for (cname, arch, corpus), table in sorted(tables.items(), key=order):
+        if not complete(table) or arm not in table:
+            continue
+        best = min(table[alpha_label(a)] for a in ALPHAS)
+        tokens = cells[cname].steps * args.batch * args.seq_len
+        lines.append(f"| {cname} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {common.fmt(table['pre'])} | "
+                     f"{common.fmt(table[arm])} | {table[arm] - table['pre']:+.3f} | {table[arm] - best:.3f} | "
+                     f"{'check (width)' if cname in widths else ''} |")  # fmt: skip
     return lines + [""]
 
 
@@ -425,27 +463,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return scale_run(args)
     study = Study(args)
     phases = args.phases.split(",")
-    todo = [c for axis in PHASES[:3] if axis in phases for c in grid(args.smoke)[axis]]
+    axes = grid(args.smoke)
     if args.report:
-        study.load_journal()
-        tables = cell_tables(list(study.results.values()))
-        finished = {name for (name, _, _), table in tables.items() if complete(table)}
-        pending = [c.name + (" (partly run)" if c.name in {n for n, _, _ in tables} else "")
-                   for c in todo if c.name not in finished or any(
-                       not complete(tables.get((c.name, a, k), {})) for a in study.archs for k in args.choice_corpora)]
-        return write(study, pending + ["final"], chosen_rule(tables))
+        return report(study, phases)
     chosen = None
-    for i, cell in enumerate(todo):
-        study.run_cell(cell)
-        chosen = chosen_rule(cell_tables(list(study.results.values())))
-        write(study, [c.name for c in todo[i + 1 :]] + (["final"] if "final" in phases else []), chosen)
-    if "final" in phases:
-        chosen = chosen or chosen_rule(cell_tables(list(study.results.values())))
-        alpha, decay = args.final_alpha or chosen[0], args.final_decay or chosen[1]
-        study.run_final(alpha, decay)
+    for index, phase in enumerate(phases):
+        after = phases[index + 1 :]
+        later = [c.name for p in after for c in axes.get(p, [])] + (["final"] if "final" in after else [])
+        if phase == "final":
+            chosen = chosen_rule(choice_tables(cell_tables(list(study.results.values())), args.smoke))
+            study.run_final(args.final_alpha or chosen[0], args.final_decay or chosen[1])
+            write(study, later, chosen)
+            continue
+        for i, cell in enumerate(axes[phase]):
+            study.run_cell(cell)
+            chosen = chosen_rule(choice_tables(cell_tables(list(study.results.values())), args.smoke))
+            write(study, [c.name for c in axes[phase][i + 1 :]] + later, chosen)
     payload = write(study, [], chosen)
     print(f"wrote {args.out / common.stem('scaling', args)}.md/.json/.png")
     return payload
+
+
+def report(study: Study, phases: list[str]) -> dict[str, Any]:
+    """``--report``: the results of every run in the journal, the final comparison's arm read from its runs."""
+    args = study.args
+    study.load_journal()
+    results = list(study.results.values())
+    tables = cell_tables(results)
+    final = study.final_cell().name
+    arms = {variant(r) for r in results if cell_name(r) == final and variant(r) != "pre"
+            and (r["spec"]["seed"] > 0 or r["spec"]["corpus"] == args.heldout)}  # fmt: skip
+    study.final_arm = min(arms) if arms else None
+    pending = [c.name for p in phases for c in grid(args.smoke).get(p, []) if not all(
+               complete(tables.get((c.name, a, k), {})) for a in study.archs for k in args.choice_corpora)]  # fmt: skip
+    if "final" in phases and study.final_arm is None:
+        pending.append("final")
+    return write(study, pending, chosen_rule(choice_tables(tables, args.smoke)))
 
 
 def scale_run(args: argparse.Namespace) -> dict[str, Any]:

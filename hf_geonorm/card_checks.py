@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .folders import safetensors_header, weight_files
+from .model_card import HEAD_PIPELINE_TAGS
 from .patching import family_for
 from .remote_code import METHOD_SPEC, auto_map, module_closure
+
+GEONORM_PIPELINE_TAGS = ("text-generation", *HEAD_PIPELINE_TAGS.values())  # the causal LM's task, the heads'
 
 # The license identifiers the Hub accepts in card metadata: the list of hub-docs' repositories-licenses.md (the
 # Hub's reference) and the Llama 3 licenses real Meta cards use. A license missing here: license: other + license_name.
@@ -85,7 +88,7 @@ def validate_card(card: Any, geonorm: bool = True) -> list[str]:
       ``library_name`` a library name, ``tags``/``datasets``/``metrics`` lists of strings, ``language`` ISO codes,
       ``base_model`` and ``datasets`` well-formed Hub ids;
     - with ``geonorm``: what a GeoNorm card must say (``library_name: transformers``, ``pipeline_tag:
-      text-generation``, the ``geonorm`` tag).
+      text-generation`` or the task of a GeoNorm head, the ``geonorm`` tag).
 
     Not checked (the Hub's ``/api/validate-yaml``, which ``ModelCard.validate()`` calls, is online only): that
     ``base_model`` and ``datasets`` exist on the Hub, and any server-side rule beyond the published spec.
@@ -153,8 +156,9 @@ def validate_card(card: Any, geonorm: bool = True) -> list[str]:
     if geonorm:
         if library != "transformers":
             problems.append(f"a GeoNorm card needs library_name: transformers (found {library!r})")
-        if tag != "text-generation":
-            problems.append(f"a GeoNorm card needs pipeline_tag: text-generation (found {tag!r})")
+        if tag not in GEONORM_PIPELINE_TAGS:
+            tasks = ", ".join(GEONORM_PIPELINE_TAGS)
+            problems.append(f"a GeoNorm card needs pipeline_tag: one of {tasks} (found {tag!r})")
         if "geonorm" not in (_string_list(raw.get("tags")) or []):
             problems.append("a GeoNorm card needs the tag geonorm")
     return problems

@@ -142,6 +142,24 @@ def _angles_for_card(angles: dict[str, Any] | None) -> dict[str, Any] | None:
             "sublayers": rows}  # fmt: skip
 
 
+# The Hub task of each GeoNorm head, by the end of its class name; anything else is a causal LM.
+HEAD_PIPELINE_TAGS = {
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+
+
+def head_of(config: Any) -> tuple[str, str]:
+    """The card's ``pipeline_tag`` and the Auto class its loading examples use, from the head named in
+    ``config.architectures`` (a causal LM where none is)."""
+    for architecture in getattr(config, "architectures", None) or []:
+        for suffix, tag in HEAD_PIPELINE_TAGS.items():
+            if architecture.endswith(suffix):
+                return tag, f"AutoModel{suffix}"
+    return "text-generation", "AutoModelForCausalLM"
+
+
 def render_model_card(
     config: Any,
     info: CardInfo | None = None,
@@ -161,11 +179,12 @@ def render_model_card(
         max_angle = settings.geo_max_angle
         for k, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers), start=1):
             steps.append({"layer": k, "a": a, "max_rotation": max_rotation(a, max_angle)})
+    pipeline_tag, auto_class = head_of(config)
     tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
     tags += [t for t in info.tags if t not in tags]
     data = ModelCardData(
         library_name="transformers",
-        pipeline_tag="text-generation",
+        pipeline_tag=pipeline_tag,
         tags=tags,
         base_model=info.base_model,
         license=info.license,
@@ -193,6 +212,7 @@ def render_model_card(
         angles=_angles_for_card(info.angles),
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
         has_tokenizer=has_tokenizer,
+        auto_class=auto_class,
         remote_code_files=remote_code or [p.name for p in remote_code_files()],
         method_spec=METHOD_SPEC,
     )

@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, Trai
 from .atomic import atomic_directory, remove_tree, terminate_raises
 from .hub import save_shareable
 from .loading import PICKLE_WEIGHTS, check_weight_files, first_line, load_model, open_source, resolve_settings
-from .patching import config_class_for
+from .patching import config_class_for, family_for
 from .presets import fit_token_ids, preset_sizes
 from .settings import GeoNormSettings
 from .training_checkpoints import (
@@ -299,8 +299,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     if options.lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, fan_in_fan_out=model.config.model_type
-                                                 == "geonorm_gpt2"))  # fmt: skip
+        conv1d = family_for(model.config.model_type).layout.conv1d  # GPT-2's Conv1D stores weights transposed
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, fan_in_fan_out=conv1d))
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"data: {label}: {len(train_blocks)} train and {len(val_blocks)} validation blocks of {options.seq_len} "

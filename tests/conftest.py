@@ -1,5 +1,6 @@
 """Shared pytest setup.
 
+- ``pytest -q`` runs on two pytest-xdist workers (``addopts`` in pyproject.toml); ``-n 0`` runs in one process.
 - ``--runslow`` runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
 - Every test runs torch with one intra-op thread (the models are tiny; more threads only cost time on a busy
   machine).
@@ -9,18 +10,28 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
-import pytest
-import torch
-import transformers.dynamic_module_utils as dynamic_module_utils
-from safetensors.torch import load_file
+# Remote code is copied into the Hub modules cache under the folder's name, so two pytest-xdist workers loading
+# folders of the same name would write the same files at once: each process gets its own cache, set before
+# transformers reads the variable (and the user's cache is left alone).
+MODULES_CACHE = tempfile.mkdtemp(prefix="hf-geonorm-test-modules-")
+os.environ["HF_MODULES_CACHE"] = MODULES_CACHE
+atexit.register(shutil.rmtree, MODULES_CACHE, ignore_errors=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers.dynamic_module_utils as dynamic_module_utils  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 # A folder with remote code loaded without trust_remote_code=True raises at once instead of waiting 15 s for an
 # answer on stdin (here and in the plugin-free child below).

@@ -323,7 +323,8 @@ def test_triton_kernels_through_the_interpreter():
     """Run this file's interpreter tests in a child pytest with TRITON_INTERPRET=1 set from the start."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "interpreter and not through"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
+         "-k", "interpreter and not through"],
         cwd=Path(__file__).parent, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900,
     )  # fmt: skip
     tail = (child.stdout + child.stderr)[-4000:]

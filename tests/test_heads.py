@@ -293,3 +293,31 @@ def test_head_folders_load_as_remote_code_without_the_plugin(plugin_free_python,
         assert class_name == type(model).__name__ and package == "transformers_modules", name
         assert base_name == type(model.base_model).__name__
         assert_outputs_close(results[name], outputs(model, ids), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("auto", "task"),
+    [
+        ("AutoModelForCausalLM", "text-generation"),
+        ("AutoModelForSequenceClassification", "text-classification"),
+        ("AutoModelForTokenClassification", "token-classification"),
+        ("AutoModelForQuestionAnswering", "question-answering"),
+    ],
+)
+def test_the_card_of_a_head_names_its_task_and_auto_class(auto, task, tmp_path):
+    """A head's card is not a text-generation card: the Hub task and the loading examples follow the head."""
+    import yaml
+
+    from hf_geonorm.card_checks import validate_card
+    from hf_geonorm.model_card import write_model_card
+
+    config = hf_geonorm.convert(stock_model("llama")).config
+    getattr(transformers, auto).from_config(config).save_pretrained(tmp_path)
+    card = write_model_card(tmp_path).read_text()
+    front = yaml.safe_load(card.split("---")[1])
+    assert front["pipeline_tag"] == task
+    assert f"{auto}.from_pretrained(" in card
+    others = {"AutoModelForCausalLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+              "AutoModelForQuestionAnswering"} - {auto}  # fmt: skip
+    assert not any(other in card for other in others)
+    assert validate_card(card, geonorm=True) == []

@@ -21,6 +21,7 @@ import torch
 from reference import PI4, geodesic_step, geonorm_logits, plain_logits, reference_logits
 from tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_config, tiny_model, token_ids
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Trainer, TrainingArguments
+from transformers.pytorch_utils import Conv1D
 
 import hf_geonorm
 
@@ -213,8 +214,9 @@ def test_lora_train_save_reload_merge(case, tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
 
     base_dir = tmp_path / "base"
-    hf_geonorm.convert(stock_model(case)).save_pretrained(base_dir)
-    conv1d = CASES[case].model_type == "gpt2"
+    stock = stock_model(case)
+    hf_geonorm.convert(stock).save_pretrained(base_dir)
+    conv1d = any(isinstance(module, Conv1D) for module in stock.modules())  # weights stored transposed
     model = get_peft_model(
         AutoModelForCausalLM.from_pretrained(base_dir),
         LoraConfig(r=4, lora_alpha=8, fan_in_fan_out=conv1d, init_lora_weights=False),

@@ -1,9 +1,11 @@
 """Properties of the repository as a whole: its documents link only to files it has, nothing points at the
-specification's old home outside the repository, and the package's modules import without cycles."""
+specification's old home outside the repository, the README's settings table states the library's defaults, and
+the package's modules import without cycles."""
 
 from __future__ import annotations
 
 import ast
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -106,3 +108,22 @@ def test_the_package_modules_import_without_cycles():
 
     for module in sorted(graph):
         visit(module)
+
+
+def test_the_readme_settings_table_states_the_library_defaults():
+    """GeoNormSettings is the one place the defaults live; the README's table must say the same."""
+    from hf_geonorm import GeoNormSettings
+
+    stated = dict(re.findall(r"^\| `(\w+)` \| [^|]* \| `([^`]*)` \|", (ROOT / "README.md").read_text(), re.MULTILINE))
+    defaults = GeoNormSettings()
+    angle = defaults.geo_max_angle
+    expected = {
+        "norm_style": defaults.norm_style,
+        "geo_alpha": f"{defaults.geo_alpha:g}",
+        "geo_decay": defaults.geo_decay,
+        "geo_max_angle": "None" if angle is None else f"pi/{math.pi / angle:g}",
+        "geo_learnable_step": str(defaults.geo_learnable_step),
+        "geo_radius": defaults.geo_radius,
+        "geo_bridge": f"{defaults.geo_bridge:.1f}",
+    }
+    assert {field: stated.get(field) for field in expected} == expected
