@@ -5,8 +5,8 @@ or ``--prose PATH``), each member below is trained with the same initial seed, d
 and schedule, for ``--seeds`` seeds:
 
     pre, post, sandwich, deepnorm (built through the GeoNorm config, so DeepNet's init scaling applies),
-    geo with harmonic / sqrt / linear / constant decay (the library's defaults otherwise:
-    alpha 0.25, max angle pi/4, embedding radius)
+    geo with harmonic / sqrt / linear / constant decay (the library's defaults otherwise, as
+    ``hf_geonorm.GeoNormSettings`` has them when the script runs; the table names them)
 
 Writes ``ablation.md`` (final validation loss mean and spread over seeds, loss spikes, tokens/s),
 ``ablation.json`` (every run's losses) and ``ablation.png`` (seed-mean validation curves) to ``--out``.

@@ -1,10 +1,10 @@
 """Knobs: GeoNorm's own settings swept at the ablation's scale, against Pre-Norm and the library's defaults.
 
-One setting changes at a time from the library's defaults (harmonic decay, alpha 0.25, max angle pi/4, embedding
-radius, no learnable step; ``hf_geonorm.GeoNormSettings``):
+One setting changes at a time from the library's defaults (``hf_geonorm.GeoNormSettings``: harmonic decay, max
+angle pi/4, embedding radius, no learnable step, and its default alpha):
 
-    alpha 0.125 / 0.5 / 1 (the spec's value) / 2 / 4; decay sqrt / linear / constant; max angle pi/2 / none;
-    radius sqrt_d (alpha 0.25 and 8); learnable step
+    alpha 0.125 / 0.25 / 0.5 / 1 (the spec's value) / 2 / 4 other than the default; decay sqrt / linear /
+    constant; max angle pi/2 / none; radius sqrt_d (default alpha and 8); learnable step
 
 Same model, data, seeds, token budget and lr as ``benchmarks/ablation.py``. Writes ``knobs.md`` (with a
 verdict per default: confirmed or overturned, at this scale), ``knobs.json`` and ``knobs.png`` to ``--out``.
@@ -24,15 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
+from hf_geonorm.settings import GeoNormSettings  # noqa: E402
+
 GEO = {"norm_style": "geo"}
+DEFAULT_ALPHA = GeoNormSettings().geo_alpha
+OTHER_ALPHAS = [a for a in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0) if a != DEFAULT_ALPHA]
 VARIANTS: dict[str, dict] = {
     "pre (reference)": {"norm_style": "pre"},
     "geo defaults": dict(GEO),
-    "alpha 0.125": {**GEO, "geo_alpha": 0.125},
-    "alpha 0.5": {**GEO, "geo_alpha": 0.5},
-    "alpha 1": {**GEO, "geo_alpha": 1.0},
-    "alpha 2": {**GEO, "geo_alpha": 2.0},
-    "alpha 4": {**GEO, "geo_alpha": 4.0},
+    **{f"alpha {a:g}": {**GEO, "geo_alpha": a} for a in OTHER_ALPHAS},
     "decay sqrt": {**GEO, "geo_decay": "sqrt"},
     "decay linear": {**GEO, "geo_decay": "linear"},
     "decay constant": {**GEO, "geo_decay": "constant"},
@@ -44,7 +44,7 @@ VARIANTS: dict[str, dict] = {
 }
 # which variants challenge which default
 DEFAULTS = {
-    "alpha 0.25": ["alpha 0.125", "alpha 0.5", "alpha 1", "alpha 2", "alpha 4"],
+    f"alpha {DEFAULT_ALPHA:g}": [f"alpha {a:g}" for a in OTHER_ALPHAS],
     "decay harmonic": ["decay sqrt", "decay linear", "decay constant"],
     "max angle pi/4": ["max angle pi/2", "max angle none"],
     "radius embedding": ["radius sqrt_d", "radius sqrt_d, alpha 8"],

@@ -106,7 +106,7 @@ def _setting_options(show_defaults: bool) -> list[Callable]:
             "--alpha",
             type=AlphaType(),
             help=note(
-                "Base step size a, or a comma-separated list of T per-layer step sizes (used as given). [default: 0.25]"
+                "Base step size a, or a comma-separated list of T per-layer step sizes (used as given). [default: 0.5]"
             ),
         ),
         click.option(

@@ -206,7 +206,7 @@ def geonorm_logits(
     block: str,
     ids: torch.Tensor,
     geo_decay: str = "harmonic",
-    geo_alpha: float = 0.25,  # the documented defaults (README, Settings)
+    geo_alpha: float = 0.5,  # the documented defaults (README, Settings)
     geo_max_angle: float | None = PI4,
     geo_radius: str = "embedding",
     clamped: list[int] | None = None,

@@ -288,7 +288,7 @@ def test_geo_intermediate_bridge_in_stack():
     lam = 0.4
     settings = GeoNormSettings(norm_style="geo", geo_bridge=lam, geo_radius="sqrt_d")
     out = run_module(stack, residuals(stack, settings), h0)
-    sizes = ref_step_sizes("harmonic", 0.25, T)  # the documented default alpha
+    sizes = ref_step_sizes("harmonic", 0.5, T)  # the documented default alpha
     h = h0 * (math.sqrt(D) / _nrm(h0)) ** lam
     for i in range(2 * T):
         u = stack.subs[i](stack.norms[i](h))
@@ -368,7 +368,7 @@ def test_step_size_stored_per_layer():
 # ----------------------------------------------------------------------------------------------------------
 def test_settings_defaults():
     s = GeoNormSettings()
-    assert (s.norm_style, s.geo_alpha, s.geo_decay, s.geo_max_angle) == ("geo", 0.25, "harmonic", math.pi / 4)
+    assert (s.norm_style, s.geo_alpha, s.geo_decay, s.geo_max_angle) == ("geo", 0.5, "harmonic", math.pi / 4)
     assert (s.geo_learnable_step, s.geo_radius, s.geo_bridge) == (False, "embedding", 1.0)
 
 

@@ -254,7 +254,7 @@ def test_plain_saves_of_geonorm_models_carry_their_code(folders, tmp_path):
 def test_card_metadata_settings_loading_and_evaluation(folders, tmp_path):
     converted = tmp_path / "eval"
     result = invoke("convert", folders["root"] / "stock", converted, "--bridge", "0.25", "--decay", "linear",
-                    "--license", "apache-2.0", "--base-model", "org/tiny-llama", "--eval-text", TEXT,
+                    "--alpha", "0.25", "--license", "apache-2.0", "--base-model", "org/tiny-llama", "--eval-text", TEXT,
                     "--eval-tokens", "64")  # fmt: skip
     assert "source perplexity" in result.output
     angles = json.loads(invoke("angles", converted, "--text", TEXT, "--max-tokens", "64", "--json").stdout)
