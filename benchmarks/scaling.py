@@ -470,7 +470,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for index, phase in enumerate(phases):
         after = phases[index + 1 :]
         later = [c.name for p in after for c in axes.get(p, [])] + (["final"] if "final" in after else [])
-        if phase == "final":
+        if phase == "final":  # the rule over every choice cell finished so far, this invocation's or earlier
+            study.load_journal()
             chosen = chosen_rule(choice_tables(cell_tables(list(study.results.values())), args.smoke))
             study.run_final(args.final_alpha or chosen[0], args.final_decay or chosen[1])
             write(study, later, chosen)
@@ -491,14 +492,20 @@ def report(study: Study, phases: list[str]) -> dict[str, Any]:
     results = list(study.results.values())
     tables = cell_tables(results)
     final = study.final_cell().name
-    arms = {variant(r) for r in results if cell_name(r) == final and variant(r) != "pre"
-            and (r["spec"]["seed"] > 0 or r["spec"]["corpus"] == args.heldout)}  # fmt: skip
-    study.final_arm = min(arms) if arms else None
+    chosen = chosen_rule(choice_tables(tables, args.smoke))
+    counts: dict[str, int] = {}
+    for r in results:
+        extra = r["spec"]["seed"] > 0 or r["spec"]["corpus"] == args.heldout  # not a grid run
+        if cell_name(r) == final and variant(r) != "pre" and extra:
+            counts[variant(r)] = counts.get(variant(r), 0) + 1
+    # the final comparison's arm: the rule's setting, else the arm with the most final runs
+    arm = alpha_label(*chosen)
+    study.final_arm = arm if arm in counts else max(counts, key=counts.get, default=None)
     pending = [c.name for p in phases for c in grid(args.smoke).get(p, []) if not all(
                complete(tables.get((c.name, a, k), {})) for a in study.archs for k in args.choice_corpora)]  # fmt: skip
     if "final" in phases and study.final_arm is None:
         pending.append("final")
-    return write(study, pending, chosen_rule(choice_tables(tables, args.smoke)))
+    return write(study, pending, chosen)
 
 
 def scale_run(args: argparse.Namespace) -> dict[str, Any]:

@@ -51,3 +51,8 @@ def test_benchmark_runs_at_smoke_scale_and_writes_its_results(name, tmp_path, pr
     raw = json.loads((out / f"{name}_smoke.json").read_text())
     assert raw["environment"]["torch"]
     assert (out / f"{name}_smoke.png").stat().st_size > 5000
+    if name == "scaling":  # --report rebuilds the same tables, final comparison included, from the journal alone
+        load(name).main(["--smoke", "--report", "--out", str(out), "--prose", str(prose)])
+        rebuilt = (out / f"{name}_smoke.md").read_text()
+        assert "## Final comparison" in table
+        assert rebuilt.split("\n", 3)[3] == table.split("\n", 3)[3]  # all but the title and the timing line
