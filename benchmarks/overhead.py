@@ -301,6 +301,7 @@ def markdown(result: dict) -> str:
         f"- `step ms` / `time`: {CLOCKS[a['clock']]}; `wall ms` / `wall`: wall-clock time, beside it",
         f"- one step: forward + loss + backward + AdamW step{', bf16 autocast' if result['device'] == 'cuda' else ''}",
         f"- peak memory: {result['memory_method']}",
+        f"- the fused update of `geo` ran as: {result['fused_backend_geo']}",
         "- `time`: median over rounds of the step time / the stock Pre-Norm model's (`stock`) step time in the same "
         "round and mode; `time (minima)`: fastest step / stock's fastest; `memory`: peak / stock's peak; `geo` has "
         "the fused update on, `geo_unfused` off",
@@ -412,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             block = run_arch(arch, chosen, size, args, compiled=mode == "compiled")
             block["seconds"] = round(time.perf_counter() - t0, 1)
             result["results"].setdefault(arch, {})[mode] = block
+            if fused.kernel_failure() is not None:  # the kernel fell back: what ran is the composed path
+                result["fused_backend_geo"]["eager"] = f"composed (kernel check failed: {fused.kernel_failure()})"
             result["seconds"] = round(time.perf_counter() - started, 1)
             (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
             (out / f"{stem}.md").write_text(markdown(result), encoding="utf-8")

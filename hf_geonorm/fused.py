@@ -419,6 +419,11 @@ def check_kernel(
     return None
 
 
+def kernel_failure() -> str | None:
+    """What made the kernel fail its first-use check in this process (then the composed path runs), or None."""
+    return _kernel_failure
+
+
 def kernel_passes_check(x: torch.Tensor, u: torch.Tensor, max_angle: float | None) -> bool:
     """Whether ``geonorm_step`` may use the Triton kernel for these tensors: ``check_kernel`` runs on first use
     per device, dtypes, clamp and saved tensor; after any failure (warned once) never again in this process."""
