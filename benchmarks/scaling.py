@@ -144,6 +144,10 @@ class Study:
                     s = r["spec"]
                     self.results[f"{s['label']}|{s['arch']}|{s['corpus']}|{s['seed']}"] = r
 
+    def rule(self) -> tuple[float, str]:
+        """The rule's setting over the choice cells among the runs known so far."""
+        return chosen_rule(choice_tables(cell_tables(list(self.results.values())), self.args.smoke))
+
     def run(self, specs: list[common.RunSpec]) -> list[dict[str, Any]]:
         corpora = {s.corpus: self.corpus(s.corpus) for s in specs}
         runs = common.run_all(specs, corpora, self.args.workers, self.args.threads, reuse=self.journal,
@@ -472,13 +476,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         later = [c.name for p in after for c in axes.get(p, [])] + (["final"] if "final" in after else [])
         if phase == "final":  # the rule over every choice cell finished so far, this invocation's or earlier
             study.load_journal()
-            chosen = chosen_rule(choice_tables(cell_tables(list(study.results.values())), args.smoke))
+            chosen = study.rule()
             study.run_final(args.final_alpha or chosen[0], args.final_decay or chosen[1])
             write(study, later, chosen)
             continue
         for i, cell in enumerate(axes[phase]):
             study.run_cell(cell)
-            chosen = chosen_rule(choice_tables(cell_tables(list(study.results.values())), args.smoke))
+            chosen = study.rule()
             write(study, [c.name for c in axes[phase][i + 1 :]] + later, chosen)
     payload = write(study, [], chosen)
     print(f"wrote {args.out / common.stem('scaling', args)}.md/.json/.png")
@@ -492,7 +496,7 @@ def report(study: Study, phases: list[str]) -> dict[str, Any]:
     results = list(study.results.values())
     tables = cell_tables(results)
     final = study.final_cell().name
-    chosen = chosen_rule(choice_tables(tables, args.smoke))
+    chosen = study.rule()
     counts: dict[str, int] = {}
     for r in results:
         extra = r["spec"]["seed"] > 0 or r["spec"]["corpus"] == args.heldout  # not a grid run

@@ -142,21 +142,21 @@ def _angles_for_card(angles: dict[str, Any] | None) -> dict[str, Any] | None:
             "sublayers": rows}  # fmt: skip
 
 
-# The Hub task of each GeoNorm head, by the end of its class name; anything else is a causal LM.
+# The Hub task of each GeoNorm head, by its Auto class (the keys of GeoNormFamily.head_classes).
 HEAD_PIPELINE_TAGS = {
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
 }
 
 
-def head_of(config: Any) -> tuple[str, str]:
-    """The card's ``pipeline_tag`` and the Auto class its loading examples use, from the head named in
-    ``config.architectures`` (a causal LM where none is)."""
-    for architecture in getattr(config, "architectures", None) or []:
-        for suffix, tag in HEAD_PIPELINE_TAGS.items():
-            if architecture.endswith(suffix):
-                return tag, f"AutoModel{suffix}"
+def head_of(config: Any, family: Any) -> tuple[str, str]:
+    """The card's ``pipeline_tag`` and the Auto class its loading examples use: those of the family's head named
+    in ``config.architectures``, or the causal LM's."""
+    architectures = set(getattr(config, "architectures", None) or [])
+    for auto, head_class in family.head_classes.items():
+        if head_class.__name__ in architectures:
+            return HEAD_PIPELINE_TAGS[auto], auto
     return "text-generation", "AutoModelForCausalLM"
 
 
@@ -179,7 +179,7 @@ def render_model_card(
         max_angle = settings.geo_max_angle
         for k, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers), start=1):
             steps.append({"layer": k, "a": a, "max_rotation": max_rotation(a, max_angle)})
-    pipeline_tag, auto_class = head_of(config)
+    pipeline_tag, auto_class = head_of(config, family)
     tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
     tags += [t for t in info.tags if t not in tags]
     data = ModelCardData(
