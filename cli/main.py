@@ -56,13 +56,15 @@ def _settings_line(settings: dict[str, Any]) -> str:
 
 
 def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> str:
-    from hf_geonorm import step_sizes
+    from hf_geonorm.geometry import step_sizes, updates_per_layer
 
     if settings["norm_style"] != "geo":
         return f"(norm_style {settings['norm_style']}: no step sizes)"
-    steps = step_sizes(settings["geo_decay"], settings["geo_alpha"], num_layers)
+    per = updates_per_layer(settings["geo_alpha"], num_layers)
+    steps = step_sizes(settings["geo_decay"], settings["geo_alpha"], num_layers, per)
     shown = ", ".join(f"{a:.4g}" for a in steps[:limit])
-    return shown + (f", ... ({num_layers} layers, last {steps[-1]:.4g})" if num_layers > limit else "")
+    unit = f"{num_layers} layers" if per == 1 else f"{len(steps)} updates, {per} per layer"
+    return shown + (f", ... ({unit}, last {steps[-1]:.4g})" if len(steps) > limit else "")
 
 
 def _cannot_write(output_dir: str, error: OSError) -> click.ClickException:
@@ -123,10 +125,15 @@ def architectures(as_json: bool) -> None:
               "card).")  # fmt: skip
 @click.option("--eval-tokens", type=click.IntRange(min=2), default=2048, show_default=True,
               help="Tokens of --eval-text to use.")  # fmt: skip
+@click.option("--calibrate", "calibrate_text", type=click.Path(exists=True, dir_okay=False),
+              help="Set geo_alpha to one step size per update measured on this text through the Pre-Norm source "
+              "(and no clamp unless --max-angle is given); see README, 'Converting a pretrained model'.")  # fmt: skip
+@click.option("--calibrate-tokens", type=click.IntRange(min=2), default=4096, show_default=True,
+              help="Tokens of --calibrate to use.")  # fmt: skip
 @allow_missing_option
 def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: str | None, license_: str | None,
-            repo_id: str | None, eval_text: str | None, eval_tokens: int, allow_missing: bool,
-            **kwargs: Any) -> None:  # fmt: skip
+            repo_id: str | None, eval_text: str | None, eval_tokens: int, calibrate_text: str | None,
+            calibrate_tokens: int, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Convert SOURCE to a GeoNorm checkpoint in OUTPUT_DIR.
 
     SOURCE is a local checkpoint folder, a .gguf file, or a Hugging Face Hub model id. OUTPUT_DIR gets
@@ -144,7 +151,8 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
         result = convert_checkpoint(
             source, output_dir, pop_settings(kwargs), dtype=dtype, force=force, base_model=base_model,
             license=license_, repo_id=repo_id, eval_text=eval_text, eval_tokens=eval_tokens,
-            allow_missing=allow_missing, progress=_progress,
+            calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens, allow_missing=allow_missing,
+            progress=_progress,
         )  # fmt: skip
     except OSError as error:
         raise _cannot_write(output_dir, error) from None

@@ -21,7 +21,7 @@ from torch import nn
 from .evaluation import check_finite, prepare_model, residual_modules, text_windows
 from .geometry import prenorm_angle
 from .loading import Source
-from .settings import GeoNormSettings
+from .settings import GeoNormSettings, computes_prenorm
 
 
 @dataclass
@@ -59,10 +59,7 @@ class SublayerAngles:
 
 def regime(config: Any) -> str:
     """'pre-norm' when the model computes Pre-Norm (stock, norm_style pre, geo with bridge 0), else its style."""
-    style = getattr(config, "norm_style", "pre")
-    if style == "pre" or (style == "geo" and getattr(config, "geo_bridge", 1.0) == 0.0):
-        return "pre-norm"
-    return style
+    return "pre-norm" if computes_prenorm(config) else config.norm_style
 
 
 def measure_angles(model: nn.Module, windows: list[list[int]]) -> list[SublayerAngles]:

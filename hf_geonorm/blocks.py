@@ -238,7 +238,15 @@ def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, setting
     """Raise ``ValueError`` if ``base_model`` (with ``config``) cannot become GeoNorm with ``settings``; return
     the layout of the block variant it builds. Changes nothing, so callers validate before they patch."""
     layout = layout.for_config(config)
-    settings.validate(len(_get_path(base_model, layout.layers)))
+    num_layers = len(_get_path(base_model, layout.layers))
+    settings.validate(num_layers)
+    alpha = settings.geo_alpha
+    if layout.is_parallel(config) and isinstance(alpha, list) and len(alpha) != num_layers:
+        raise ValueError(
+            f"geo_alpha given as a list must have one value per layer ({num_layers}) for "
+            f"{getattr(config, 'model_type', 'this model')}: its parallel blocks make one update per layer; "
+            f"got {len(alpha)}"
+        )
     check_settings_fit(layout, settings, getattr(config, "model_type", "this model"))
     if getattr(config, "add_cross_attention", False):
         raise ValueError("GeoNorm supports decoder-only models; set add_cross_attention=False")
@@ -285,15 +293,16 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
         layer.geonorm_layer_index = k
         layer.geonorm_parallel = parallel
         sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
-        for part, norm_name in sublayers:
+        for index, (part, norm_name) in enumerate(sublayers):
             existing = getattr(layer, f"geonorm_{part}_residual", None)
             if isinstance(existing, GeoNormResidual) and existing.fits(settings):
                 existing.config, existing.layer_index, existing.num_layers = config, k, num_layers
+                existing.sublayer, existing.sublayers = index, len(sublayers)
                 continue
             out_norm = None
             if settings.norm_style == "sandwich":
                 out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
-            residual = GeoNormResidual(config, k, num_layers, output_norm=out_norm)
+            residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers))
             norm = getattr(layer, norm_name) if norm_name is not None else None
             reference = next((norm if norm is not None else layer).parameters(), None)
             if reference is not None:

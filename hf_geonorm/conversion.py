@@ -7,20 +7,24 @@ model card into a temporary folder that becomes the output only when complete (`
 
 from __future__ import annotations
 
+import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_directory, check_target
+from .calibration import calibrate_step_sizes
 from .evaluation import check_finite, perplexity, text_windows
 from .gguf_files import gguf_metadata
 from .hub import save_shareable
-from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .model_card import CardInfo
 from .patching import apply_geonorm
+from .settings import GeoNormSettings, computes_prenorm
 
 
 def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
@@ -65,6 +69,58 @@ def card_metadata(source: Source) -> dict[str, Any]:
     return found
 
 
+def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
+    """One line when converting a Pre-Norm checkpoint to settings that compute something else (its trained
+    outputs change), saying how to keep them; None when the conversion keeps what the source computes."""
+    if not computes_prenorm(current_settings(source)) or computes_prenorm(chosen):
+        return None
+    style = chosen["norm_style"]
+    what = f"geo_bridge={chosen['geo_bridge']:g}" if style == "geo" else f"norm_style={style}"
+    return (
+        f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity "
+        "rises, see README 'Converting a pretrained model'); to keep its outputs convert with --bridge 0, then "
+        "uptrain towards GeoNorm with `hf-geonorm train --bridge-anneal STEPS`"
+    )
+
+
+def check_calibration(source: Source, chosen: dict[str, Any], given: dict[str, Any]) -> None:
+    """``ValueError`` when calibrated step sizes cannot apply: a source that is not Pre-Norm, a style other than
+    ``geo``, or a ``geo_alpha`` given as well."""
+    if not computes_prenorm(current_settings(source)):
+        raise ValueError(
+            f"calibration measures a Pre-Norm model's step sizes; {source.label} is a GeoNorm model with "
+            f"norm_style={source.config.get('norm_style')!r}, geo_bridge={source.config.get('geo_bridge')} "
+            "(calibrate its Pre-Norm original instead)"
+        )
+    if chosen["norm_style"] != "geo":
+        raise ValueError(f"calibration sets GeoNorm step sizes; it needs norm_style geo, got {chosen['norm_style']!r}")
+    if "geo_alpha" in given:
+        raise ValueError("calibration sets geo_alpha itself; give either a calibration text or geo_alpha, not both")
+
+
+def calibrated_settings(
+    model: Any,
+    tokenizer: Any,
+    source: Source,
+    chosen: dict[str, Any],
+    given: dict[str, Any],
+    text: str | os.PathLike,
+    tokens: int,
+) -> dict[str, Any]:
+    """``chosen`` with ``geo_alpha`` measured on ``text`` through the (Pre-Norm) ``model``, and no clamp unless
+    ``given`` names one."""
+    if not getattr(model.config, "norm_style", None):
+        apply_geonorm(model, norm_style="pre")  # the stock computation, with residual modules to observe
+    windows, _ = text_windows(model, tokenizer, text, tokens, label=source.spec)
+    alphas = calibrate_step_sizes(model, windows, chosen["geo_radius"])
+    if not all(math.isfinite(a) for a in alphas):
+        raise ValueError(f"the calibration on {Path(text).name} gave non-finite step sizes; use more or other text")
+    updated = {**chosen, "geo_alpha": alphas}
+    if "geo_max_angle" not in given:
+        updated["geo_max_angle"] = None
+    return GeoNormSettings(**updated).validate(source.num_layers).to_dict()
+
+
 @dataclass
 class ConversionResult:
     """What ``convert_checkpoint`` wrote."""
@@ -92,6 +148,8 @@ def convert_checkpoint(
     repo_id: str | None = None,
     eval_text: str | os.PathLike | None = None,
     eval_tokens: int = 2048,
+    calibrate_text: str | os.PathLike | None = None,
+    calibrate_tokens: int = 4096,
     allow_missing: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ConversionResult:
@@ -102,32 +160,48 @@ def convert_checkpoint(
     ``dtype`` (``auto``: the source's; GGUF de-quantises to float32), the config, the remote code, the tokenizer
     (when the source has one) and a model card naming ``base_model``, ``license`` and ``repo_id`` (defaults from
     the source's card or GGUF metadata). With ``eval_text`` the perplexity on its first ``eval_tokens`` tokens is
-    measured before and after conversion and put in the card.
+    measured before and after conversion and put in the card. With ``calibrate_text`` (a Pre-Norm source, ``geo``
+    settings) ``geo_alpha`` becomes one step size per update measured on its first ``calibrate_tokens`` tokens
+    (``calibration.calibrate_step_sizes``) and ``geo_max_angle`` None unless ``settings`` name one.
 
     Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
     ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
     while the conversion runs; nothing is written then. ``progress`` receives one line per stage.
     """
-    say = progress or (lambda line: None)
+    total = 4 + (eval_text is not None) + (calibrate_text is not None)
+    stage = iter(range(1, total + 1))
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(f"[{next(stage)}/{total}] {line}")
+
     check_output(output_dir, force)
-    total = 5 if eval_text else 4
-    say(f"[1/{total}] reading {source.spec if isinstance(source, Source) else source}")
+    say(f"reading {source.spec if isinstance(source, Source) else source}")
     src = source if isinstance(source, Source) else open_source(source)
     check_output(output_dir, force, src.path)
     chosen = resolve_settings(settings, src)
+    if calibrate_text is not None:
+        check_calibration(src, chosen, settings or {})
+    change = output_change_warning(src, chosen)
+    if change is not None:
+        warnings.warn(change, stacklevel=2)
     started = time.perf_counter()
     before = after = None
     evaluation = []
     with atomic_directory(output_dir, force=force) as tmp:
-        say(f"[2/{total}] loading the {src.model_type} model ({src.kind})")
+        say(f"loading the {src.model_type} model ({src.kind})")
         model = load_model(src, dtype, allow_missing=allow_missing)
         tokenizer = load_tokenizer(src)
         if eval_text is not None:
             windows, how = text_windows(model, tokenizer, eval_text, eval_tokens, label=src.spec)
-            say(f"[3/{total}] perplexity of the source on {Path(eval_text).name}")
+            say(f"perplexity of the source on {Path(eval_text).name}")
             before = check_finite(perplexity(model, windows, "source perplexity"), "the source's perplexity",
                                   model, windows)  # fmt: skip
-        say(f"[{total - 1}/{total}] converting to geonorm_{src.stock_type}")
+        if calibrate_text is not None:
+            say(f"calibrating the step sizes on {Path(calibrate_text).name}")
+            chosen = calibrated_settings(model, tokenizer, src, chosen, settings or {}, calibrate_text,
+                                         calibrate_tokens)  # fmt: skip
+        say(f"converting to geonorm_{src.stock_type}")
         apply_geonorm(model, **chosen)
         if eval_text is not None:
             after = check_finite(perplexity(model, windows, "converted perplexity"), "the converted perplexity",
@@ -146,7 +220,7 @@ def convert_checkpoint(
             repo_id=repo_id,
             evaluation=evaluation,
         )
-        say(f"[{total}/{total}] writing {output_dir}")
+        say(f"writing {output_dir}")
         save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
     output = Path(output_dir)
     return ConversionResult(

@@ -165,31 +165,45 @@ def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tenso
     return composed_geonorm_step(x, u, alpha, max_angle=None)
 
 
-def step_sizes(decay: str, alpha: float | list[float] | tuple[float, ...], num_layers: int) -> list[float]:
-    """The per-layer step sizes a_k, k = 1..num_layers.
+def step_sizes(
+    decay: str, alpha: float | list[float] | tuple[float, ...], num_layers: int, sublayers: int = 1
+) -> list[float]:
+    """The step sizes a_k in the order the updates run: layer 1's ``sublayers`` updates, then layer 2's, and so on.
 
-    harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a. A sequence of ``num_layers`` values is
-    taken as the a_k themselves (no decay applied on top).
+    harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a; every sublayer of layer k takes layer k's value.
+    A sequence of ``num_layers`` values is taken as the a_k themselves (no decay applied on top), one of
+    ``num_layers * sublayers`` values as one step size per update (attention, then feed-forward, of each layer).
     """
     if decay not in DECAYS:
         raise ValueError(f"geo_decay must be one of {', '.join(DECAYS)}; got {decay!r}")
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"num_layers must be a positive integer; got {num_layers!r}")
     if isinstance(alpha, (list, tuple)):
+        if len(alpha) == num_layers * sublayers:
+            return [float(a) for a in alpha]
         if len(alpha) != num_layers:
+            per_update = f" or one per update ({num_layers * sublayers})" if sublayers > 1 else ""
             raise ValueError(
-                f"geo_alpha given as a list must have one value per layer ({num_layers}); got {len(alpha)}"
+                f"geo_alpha given as a list must have one value per layer ({num_layers}){per_update}; got {len(alpha)}"
             )
-        return [float(a) for a in alpha]
-    a = float(alpha)
-    ks = range(1, num_layers + 1)
-    if decay == "harmonic":
-        return [a / k for k in ks]
-    if decay == "sqrt":
-        return [a / math.sqrt(k) for k in ks]
-    if decay == "linear":
-        return [a * (num_layers + 1 - k) / num_layers for k in ks]
-    return [a for _ in ks]
+        per_layer = [float(a) for a in alpha]
+    else:
+        a = float(alpha)
+        ks = range(1, num_layers + 1)
+        if decay == "harmonic":
+            per_layer = [a / k for k in ks]
+        elif decay == "sqrt":
+            per_layer = [a / math.sqrt(k) for k in ks]
+        elif decay == "linear":
+            per_layer = [a * (num_layers + 1 - k) / num_layers for k in ks]
+        else:
+            per_layer = [a for _ in ks]
+    return [a for a in per_layer for _ in range(sublayers)]
+
+
+def updates_per_layer(alpha: float | list[float] | tuple[float, ...], num_layers: int) -> int:
+    """2 when ``geo_alpha`` is a list with one value per update of a two-update block, else 1 (for display)."""
+    return 2 if isinstance(alpha, (list, tuple)) and len(alpha) == 2 * num_layers != num_layers else 1
 
 
 def composed_geonorm_step(

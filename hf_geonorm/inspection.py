@@ -10,7 +10,7 @@ from typing import Any
 
 from .card_checks import check_remote_code
 from .folders import saved_parameter_count
-from .geometry import step_sizes
+from .geometry import step_sizes, updates_per_layer
 from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
 from .patching import family_for, supported_architectures
 from .scratch import parameter_count
@@ -61,7 +61,8 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
         settings = resolve_settings({}, source)
         out["settings"] = settings
         if settings["norm_style"] == "geo":
-            out["step_sizes"] = step_sizes(settings["geo_decay"], settings["geo_alpha"], num_layers)
+            per = updates_per_layer(settings["geo_alpha"], num_layers)
+            out["step_sizes"] = step_sizes(settings["geo_decay"], settings["geo_alpha"], num_layers, per)
     status = check_remote_code(path, config)
     out["remote_code"] = {
         "auto_map": status.auto_map,

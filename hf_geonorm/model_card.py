@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .folders import saved_parameter_count
-from .geometry import step_sizes
+from .geometry import step_sizes, updates_per_layer
 from .patching import family_for
 from .remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from .settings import GeoNormSettings
@@ -177,8 +177,10 @@ def render_model_card(
     steps = []
     if settings.norm_style == "geo":
         max_angle = settings.geo_max_angle
-        for k, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers), start=1):
-            steps.append({"layer": k, "a": a, "max_rotation": max_rotation(a, max_angle)})
+        per = updates_per_layer(settings.geo_alpha, num_layers)
+        for i, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers, per)):
+            layer = f"{i // per + 1}" + ("" if per == 1 else (" attention", " feed-forward")[i % per])
+            steps.append({"layer": layer, "a": a, "max_rotation": max_rotation(a, max_angle)})
     pipeline_tag, auto_class = head_of(config, family)
     tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
     tags += [t for t in info.tags if t not in tags]
@@ -208,6 +210,7 @@ def render_model_card(
         settings=settings.to_dict(),
         style_description=STYLE_DESCRIPTIONS[settings.norm_style],
         steps=steps,
+        per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,
         angles=_angles_for_card(info.angles),
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,

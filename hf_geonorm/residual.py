@@ -49,6 +49,8 @@ class GeoNormResidual(nn.Module):
     """The residual update of one sublayer (or one parallel pair) of decoder layer ``layer_index``.
 
     ``config`` holds the settings (a model's config, or a ``GeoNormSettings``); it is read at every forward.
+    ``sublayer`` is this update's place in its layer (0 attention, 1 feed-forward) and ``sublayers`` the layer's
+    number of updates (1 for parallel blocks): a ``geo_alpha`` list with one value per update is read by them.
     """
 
     def __init__(
@@ -57,6 +59,8 @@ class GeoNormResidual(nn.Module):
         layer_index: int,
         num_layers: int,
         output_norm: nn.Module | None = None,
+        sublayer: int = 0,
+        sublayers: int = 1,
     ) -> None:
         super().__init__()
         settings = GeoNormSettings.from_object(config).validate(num_layers)
@@ -64,6 +68,8 @@ class GeoNormResidual(nn.Module):
         self.norm_style = settings.norm_style
         self.layer_index = layer_index
         self.num_layers = num_layers
+        self.sublayer = sublayer
+        self.sublayers = sublayers
         if self.norm_style == "sandwich":
             if output_norm is None:
                 raise ValueError("norm_style='sandwich' needs an output norm for each sublayer")
@@ -93,8 +99,9 @@ class GeoNormResidual(nn.Module):
 
     @property
     def step_size(self) -> float:
-        """a_k of this layer, from the config's ``geo_alpha`` and ``geo_decay``."""
-        return step_sizes(self.config.geo_decay, self.config.geo_alpha, self.num_layers)[self.layer_index]
+        """a_k of this update, from the config's ``geo_alpha`` and ``geo_decay``."""
+        sizes = step_sizes(self.config.geo_decay, self.config.geo_alpha, self.num_layers, self.sublayers)
+        return sizes[self.layer_index * self.sublayers + self.sublayer]
 
     def extra_repr(self) -> str:
         if self.norm_style != "geo":

@@ -16,6 +16,14 @@ NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 RADII = ("embedding", "sqrt_d")
 
 
+def computes_prenorm(settings: Any) -> bool:
+    """Whether a model with these settings (a mapping or a config; none at all: a stock model) computes the stock
+    Pre-Norm update: ``norm_style="pre"``, or ``geo`` with ``geo_bridge=0``."""
+    get = settings.get if isinstance(settings, dict) else lambda name, default: getattr(settings, name, default)
+    style = get("norm_style", "pre")
+    return style == "pre" or (style == "geo" and get("geo_bridge", 1.0) == 0.0)
+
+
 @dataclass
 class GeoNormSettings:
     """Which residual update every block uses; ``geo`` with the defaults is the paper's GeoNorm.
@@ -50,8 +58,7 @@ class GeoNormSettings:
         for a in values:
             if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) or a < 0:
                 raise ValueError(
-                    "geo_alpha must be a finite number >= 0 or a list of them, one per layer; "
-                    f"got {alpha!r}"
+                    f"geo_alpha must be a finite number >= 0 or a list of them, one per layer; got {alpha!r}"
                 )
             if a > MAX_ALPHA:
                 raise ValueError(
@@ -60,9 +67,10 @@ class GeoNormSettings:
                     f"and bfloat16; got {alpha!r}"
                 )
         if isinstance(alpha, (list, tuple)):
-            if num_layers is not None and len(alpha) != num_layers:
+            if num_layers is not None and len(alpha) not in (num_layers, 2 * num_layers):
                 raise ValueError(
-                    f"geo_alpha given as a list must have one value per layer ({num_layers}); got {len(alpha)}"
+                    f"geo_alpha given as a list must have one value per layer ({num_layers}) or one per update "
+                    f"({2 * num_layers}: attention, then feed-forward, of each layer); got {len(alpha)}"
                 )
             self.geo_alpha = [float(a) for a in alpha]
         else:

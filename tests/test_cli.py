@@ -267,6 +267,66 @@ def test_convert_eval_text_reports_perplexity_in_stdout_and_card(work, tmp_path)
     assert "before conversion" in (tmp_path / "e" / "README.md").read_text()
 
 
+def stock_llama_updates(model, windows):
+    """(state, update) of every update of the stock LLaMA in the order they run, read from its own modules, and
+    the embedding output: the calibration's inputs, taken without hf_geonorm."""
+    seen: dict[int, list] = {}
+    handles = []
+    for k, layer in enumerate(model.model.layers):
+        for i, (norm, sublayer) in enumerate(
+            ((layer.input_layernorm, layer.self_attn), (layer.post_attention_layernorm, layer.mlp))
+        ):
+            j, box = 2 * k + i, {}
+            handles.append(norm.register_forward_pre_hook(lambda m, a, box=box: box.update(h=a[0])))
+            handles.append(sublayer.register_forward_hook(
+                lambda m, a, o, j=j, box=box: seen.setdefault(j, []).append((box["h"], o[0] if isinstance(o, tuple)
+                                                                              else o))))  # fmt: skip
+    with torch.no_grad():
+        for ids in windows:
+            model(ids)
+    for handle in handles:
+        handle.remove()
+    entry = [h for h, _ in seen[0]]
+    return [list(zip(entry, [u for _, u in seen[j]], [h for h, _ in seen[j]])) for j in sorted(seen)]
+
+
+def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(work, tmp_path):
+    source = work / "stock_llama"
+    result = run("convert", source, tmp_path / "c", "--calibrate", TEXT, "--calibrate-tokens", "128")
+    assert "calibrating the step sizes on decoder.py" in result.stderr
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert config["geo_max_angle"] is None and config["geo_bridge"] == 1.0
+    model = AutoModelForCausalLM.from_pretrained(source).eval()
+    updates = stock_llama_updates(model, token_windows(source, 128, 64))
+    expected = []
+    for per_window in updates:  # a = theta_pre |h_0| / |tangent|, median over the tokens after the first
+        needs = []
+        for h0, u, h in per_window:
+            h, u, h0 = h[0, 1:].double(), u[0, 1:].double(), h0[0, 1:].double()
+            cos = ((h * (h + u)).sum(-1) / (h.norm(dim=-1) * (h + u).norm(dim=-1))).clamp(-1, 1)
+            tangent = u - ((u * h).sum(-1) / (h * h).sum(-1))[:, None] * h
+            needs.append(torch.acos(cos) * h0.norm(dim=-1) / tangent.norm(dim=-1))
+        expected.append(torch.cat(needs).median().item())
+    assert config["geo_alpha"] == pytest.approx(expected, rel=1e-6)
+    card = (tmp_path / "c" / "README.md").read_text()
+    assert "1 attention" in card and "3 feed-forward" in card  # one step size per update in the card
+    run("perplexity", tmp_path / "c", "--text", TEXT, "--max-tokens", "128")  # finite, or the command fails
+    assert fails("convert", source, tmp_path / "x", "--calibrate", TEXT, "--alpha", "0.3").endswith("not both")
+    assert "needs norm_style geo" in fails("convert", source, tmp_path / "x", "--calibrate", TEXT, "--norm-style", "post")
+    assert "Pre-Norm model's step sizes" in fails("convert", tmp_path / "c", tmp_path / "x", "--calibrate", TEXT)
+
+
+def test_convert_warns_in_one_line_when_a_prenorm_checkpoint_changes_its_outputs(work, tmp_path):
+    source = work / "stock_llama"
+    changed = run("convert", source, tmp_path / "geo").stderr.splitlines()
+    warned = [line for line in changed if "changes what it computes" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: stock_llama is a trained Pre-Norm model")
+    assert "--bridge 0" in warned[0] and "--bridge-anneal" in warned[0]
+    assert "changes what it computes" not in run("convert", source, tmp_path / "b0", "--bridge", "0").stderr
+    assert "changes what it computes" not in run("convert", tmp_path / "geo", tmp_path / "again").stderr
+    assert "changes what it computes" in run("convert", tmp_path / "b0", tmp_path / "b1", "--bridge", "1").stderr
+
+
 def test_existing_output_needs_force(work, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

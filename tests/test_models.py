@@ -290,6 +290,28 @@ def test_per_layer_alpha_list_is_used_as_the_step_sizes():
     torch.testing.assert_close(logits(geo, ids), expected, atol=1e-6, rtol=1e-5)
 
 
+def test_alpha_list_with_one_value_per_update_steps_attention_and_feed_forward_apart():
+    stock, ids = stock_model("llama"), token_ids()
+    num_layers = len(layers_of(stock))
+    steps = [0.3 / (i + 1) + 0.05 * (i % 2) for i in range(2 * num_layers)]  # attention, feed-forward, ...
+    geo = hf_geonorm.convert(stock, geo_alpha=steps, geo_max_angle=None)
+
+    def layer_steps(k):
+        sizes = iter(steps[2 * k : 2 * k + 2])  # the written-out block updates attention first
+        return lambda x, u: geodesic_step(x, u, next(sizes), None)
+
+    torch.testing.assert_close(logits(geo, ids), reference_logits(stock, "llama", ids, layer_steps), atol=1e-6,
+                               rtol=1e-5)  # fmt: skip
+    per_layer = hf_geonorm.convert(stock, geo_alpha=steps[::2], geo_max_angle=None)
+    doubled = hf_geonorm.convert(stock, geo_alpha=[a for a in steps[::2] for _ in (0, 1)], geo_max_angle=None)
+    torch.testing.assert_close(logits(doubled, ids), logits(per_layer, ids), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=rf"one value per layer \({num_layers}\) or one per update"):
+        hf_geonorm.convert(stock, geo_alpha=steps[:-1])
+    parallel = stock_model("gpt_neox-parallel")
+    with pytest.raises(ValueError, match="parallel blocks make one update per layer"):
+        hf_geonorm.convert(parallel, geo_alpha=[0.1] * (2 * len(layers_of(parallel))))
+
+
 def test_apply_geonorm_patches_in_place_and_through_peft():
     from peft import LoraConfig, get_peft_model
 

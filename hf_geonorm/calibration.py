@@ -1,0 +1,72 @@
+"""Step sizes for converting a pretrained Pre-Norm model, measured from the model itself.
+
+Pre-Norm is GeoNorm with a step size 1/s_k that differs per token and per update (docs/method.md, "Pre-Norm as
+GeoNorm"). ``calibrate_step_sizes`` reads text through the Pre-Norm model and, for every update, takes the median
+over tokens of the step size a GeoNorm update would need to turn the state by the angle Pre-Norm turned it:
+
+    a = θ_pre · R / |t|,    θ_pre = angle between h and h + u,    t = tangent(h, u)
+
+with R the radius the token has on GeoNorm's sphere (``|h_0|`` for ``geo_radius="embedding"``, ``sqrt(d)`` for
+``"sqrt_d"``). The result is a ``geo_alpha`` list with one value per update, meant for ``geo_max_angle=None``:
+a pretrained model's base angles ``|t| / R`` are far above any clamp. The first position of every window is
+left out: in pretrained models it carries a far larger norm than the other tokens (the attention sink) and a
+step size a hundred times smaller (docs/method.md, "Converting a pretrained model").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .evaluation import residual_modules
+from .geometry import prenorm_angle
+from .settings import computes_prenorm
+
+RADII = ("embedding", "sqrt_d")
+
+
+def calibrate_step_sizes(model: nn.Module, windows: list[list[int]], radius: str = "embedding") -> list[float]:
+    """One GeoNorm step size per residual update of the Pre-Norm ``model`` (patched, with residual modules), in
+    the order the updates run, measured on the token ``windows`` (each at least two tokens long)."""
+    if radius not in RADII:
+        raise ValueError(f"radius must be one of {', '.join(RADII)}; got {radius!r}")
+    if not computes_prenorm(model.config):
+        raise ValueError(
+            "calibration measures the step sizes a Pre-Norm model takes; this model computes "
+            f"norm_style={model.config.norm_style!r} with geo_bridge={getattr(model.config, 'geo_bridge', None)} "
+            "(calibrate the stock checkpoint, or a conversion with geo_bridge=0)"
+        )
+    if not windows or any(len(w) < 2 for w in windows):
+        raise ValueError("calibration needs text windows of at least two tokens each")
+    modules = [module for _, _, module in residual_modules(model)]
+    if not modules:
+        raise ValueError("the model has no GeoNorm residual modules (patch it with apply_geonorm first)")
+    ratios: list[list[torch.Tensor]] = [[] for _ in modules]
+    entry_norm: list[torch.Tensor] = []
+
+    def make_hook(index: int) -> Any:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            x, u = args[0].detach().double(), args[1].detach().double()
+            if index == 0:
+                entry_norm.append(torch.linalg.vector_norm(x, dim=-1))
+            sphere = entry_norm[-1] if radius == "embedding" else torch.full_like(x[..., 0], math.sqrt(x.shape[-1]))
+            x_norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+            t = u - (u * x).sum(-1, keepdim=True) / x_norm.square() * x
+            need = prenorm_angle(x, u) * sphere / torch.linalg.vector_norm(t, dim=-1).clamp_min(1e-30)
+            ratios[index].append(need[:, 1:].flatten())
+
+        return hook
+
+    handles = [module.register_forward_hook(make_hook(i)) for i, module in enumerate(modules)]
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for window in windows:
+                model(input_ids=torch.tensor([window], device=device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [float(torch.cat(r).median()) for r in ratios]
