@@ -287,7 +287,7 @@ def stock_llama_updates(model, windows):
     for handle in handles:
         handle.remove()
     entry = [h for h, _ in seen[0]]
-    return [list(zip(entry, [u for _, u in seen[j]], [h for h, _ in seen[j]])) for j in sorted(seen)]
+    return [list(zip(entry, [u for _, u in seen[j]], [h for h, _ in seen[j]], strict=True)) for j in sorted(seen)]
 
 
 def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(work, tmp_path):
@@ -312,7 +312,8 @@ def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(wo
     assert "1 attention" in card and "3 feed-forward" in card  # one step size per update in the card
     run("perplexity", tmp_path / "c", "--text", TEXT, "--max-tokens", "128")  # finite, or the command fails
     assert fails("convert", source, tmp_path / "x", "--calibrate", TEXT, "--alpha", "0.3").endswith("not both")
-    assert "needs norm_style geo" in fails("convert", source, tmp_path / "x", "--calibrate", TEXT, "--norm-style", "post")
+    post = fails("convert", source, tmp_path / "x", "--calibrate", TEXT, "--norm-style", "post")
+    assert "needs norm_style geo" in post
     assert "Pre-Norm model's step sizes" in fails("convert", tmp_path / "c", tmp_path / "x", "--calibrate", TEXT)
 
 
