@@ -65,7 +65,8 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         f"{spec['layers']} layers, width {spec['width']}, {spec['heads']} heads"
         + (f" (preset {spec['preset']})" if spec["preset"] else "")
         + f"; {len({r['spec']['seed'] for r in results})} seeds. GeoNorm members: the library's defaults "
-        f"({common.defaults_text()}) with the decay named." + common.reuse_note(results),
+        f"({common.defaults_text()}) with the decay named."
+        + common.reuse_note(results),
         "",
         "Corpora (byte-level BPE of "
         + ", ".join(f"{c.vocab} tokens for {n}" for n, c in corpora.items())
@@ -97,11 +98,8 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         lines.append("")
     lines += [
         "Validation loss: mean token cross-entropy on the held-out blocks after the last step; std is the sample "
-        "standard deviation over seeds. Spike: "
-        + common.SPIKE_DEFINITION
-        + ". Diverged: "
-        + common.DIVERGED_DEFINITION
-        + ". Tokens/s: median over seeds of training tokens / training-step wall "
+        "standard deviation over seeds. Spike: " + common.SPIKE_DEFINITION + ". Diverged: "
+        + common.DIVERGED_DEFINITION + ". Tokens/s: median over seeds of training tokens / training-step wall "
         "time, measured with runs in parallel on shared, contended CPU cores: noisy, compare only roughly "
         "(benchmarks/overhead.py measures cost properly).",
         "",

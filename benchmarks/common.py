@@ -407,7 +407,9 @@ def run_grid(args: argparse.Namespace, variants: dict[str, dict[str, Any]]) -> t
     results, the corpora and the wall time in seconds."""
     archs, corpora_names = args.archs.split(","), args.corpora.split(",")
     start = time.perf_counter()
-    corpora = {name: load_corpus(name, args.vocab, args.seq_len, max_chars(args), args.prose) for name in corpora_names}
+    corpora = {
+        name: load_corpus(name, args.vocab, args.seq_len, max_chars(args), args.prose) for name in corpora_names
+    }
     specs = [
         base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
         for corpus in corpora_names

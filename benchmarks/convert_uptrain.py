@@ -104,15 +104,8 @@ def smollm2_study(path: Path, args: argparse.Namespace) -> dict:
         spec = common.RunSpec(label="smollm2", steps=args.smollm2_steps, batch=args.smollm2_batch, seq_len=seq, lr=1e-4,
                               warmup=2, eval_every=max(1, args.smollm2_steps // 4), seed=1)  # fmt: skip
         anneal = max(1, round(args.anneal_fraction * args.smollm2_steps))
-        result["uptrain_conditions"] = {
-            "steps": spec.steps,
-            "batch": spec.batch,
-            "seq_len": seq,
-            "lr": spec.lr,
-            "warmup": spec.warmup,
-            "anneal_steps": anneal,
-            "train_blocks": len(train),
-        }
+        result["uptrain_conditions"] = {"steps": spec.steps, "batch": spec.batch, "seq_len": seq, "lr": spec.lr,
+                                        "warmup": spec.warmup, "anneal_steps": anneal, "train_blocks": len(train)}
         ppl = lambda m: math.exp(common.eval_loss(m, val, 4))  # noqa: E731
         geo = hf_geonorm.convert(model, norm_style="geo", geo_bridge=0.0)
         for name, arm, hook in (("pre (continue)", model, None), ("geo, bridge anneal", geo,
@@ -204,18 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     return write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, anneal_steps, wall, smollm2)
 
 
-def write(
-    args,
-    corpus,
-    pretrain,
-    ppl_original,
-    ppl_bridge0,
-    ppl_pure,
-    arms,
-    anneal_steps,
-    wall,  # noqa: ANN001
-    smollm2=None,
-) -> dict:  # noqa: ANN001
+def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, anneal_steps, wall,  # noqa: ANN001
+          smollm2=None) -> dict:  # noqa: ANN001
     name = common.stem("convert_uptrain", args)
     env = common.environment()
     steps = [s for s, _ in arms["pre (continue)"]["evals"]]
@@ -246,11 +229,8 @@ def write(
     final = {label: arm["evals"][-1][1] for label, arm in arms.items()}
     lines += [
         "",
-        "Final perplexity: "
-        + ", ".join(f"{k} {v:.3f}" for k, v in final.items())
-        + ". Spike: "
-        + common.SPIKE_DEFINITION
-        + ".",
+        "Final perplexity: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()) + ". Spike: "
+        + common.SPIKE_DEFINITION + ".",
         "",
         f"![perplexity over uptraining steps]({name}.png)",
         "",

@@ -157,7 +157,9 @@ def cpu_peak_bytes(cfg: Config, ids: torch.Tensor) -> tuple[int, int]:
     resident = resident_bytes(cfg)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         cfg.step(ids)
-    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
+    events = sorted(
+        (e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage
+    )
     live = high = 0
     for _, delta in events:
         live += delta

@@ -79,7 +79,7 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
     ]
     for label, s in sorted(stats.items(), key=lambda kv: kv[1]["mean"] if kv[1]["mean"] == kv[1]["mean"] else 1e9):
         runs = [r for r in results if r["spec"]["label"] == label]
-        peak = max(max(r["losses"][spec["warmup"] :] or [float("nan")]) for r in runs)
+        peak = max(max(r["losses"][spec["warmup"]:] or [float("nan")]) for r in runs)
         lines.append(
             f"| {label} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {common.fmt(s['min'])} - "
             f"{common.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} "

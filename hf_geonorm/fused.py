@@ -303,7 +303,7 @@ def fused_backend(x: torch.Tensor, u: torch.Tensor | None = None) -> str:
 
 
 def kept_for_backward(x: torch.Tensor, max_angle: float | None) -> str:
-    """ "output" where the state's dtype is float32/float64 and the angle is clamped at most pi/2, else
+    """"output" where the state's dtype is float32/float64 and the angle is clamped at most pi/2, else
     "update" (see the module docstring)."""
     if x.dtype in (torch.float32, torch.float64) and max_angle is not None and max_angle <= math.pi / 2:
         return "output"

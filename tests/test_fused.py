@@ -153,6 +153,7 @@ def test_torch_twin_matches_the_composed_path(keep, dtype, alpha, max_angle):
     check_against_reference(fn, dtype, alpha, max_angle, grad_noise=output_kept_noise(keep, dtype))
 
 
+
 def test_torch_twin_mixed_dtypes_like_autocast():
     """Under autocast the state is float32 and the sublayer's update bfloat16: out and dx keep x's dtype,
     du u's dtype, computed in float32."""
@@ -210,6 +211,7 @@ def test_what_the_backward_keeps(dtype):
     for max_angle in (None, math.pi):
         with pytest.raises(ValueError, match="max_angle <= pi/2"):
             fused.fused_geonorm_step(x, u, 0.7, max_angle, "torch", "output")
+
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -57,15 +57,12 @@ out["after_model"] = families_built(modeling_geonorm)
 print(json.dumps(out))
 """
 
-REMOTE = (
-    REPORT
-    + """
+REMOTE = REPORT + """
 from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True)
 report["model"] = type(model).__name__
 report.update(families_built(sys.modules[type(model).__module__]))
 """
-)
 
 
 def run_child(python, script: str, *args: str, cwd) -> dict:

@@ -287,7 +287,7 @@ def test_card_metadata_settings_loading_and_evaluation(folders, tmp_path):
         rotation = max_rotation(a, config["geo_max_angle"])
         assert f"| {k} | {a:.6g} | {rotation:.4g} |" in body
     # loading with and without the plugin
-    assert "import hf_geonorm" in body and 'from_pretrained("me/geo")' in body
+    assert 'import hf_geonorm' in body and 'from_pretrained("me/geo")' in body
     assert 'from_pretrained("me/geo", trust_remote_code=True)' in body and "modeling_geonorm.py" in body
     # the evaluation numbers the project produced: perplexity before/after conversion, the angles summary
     assert "before conversion (source)" in body and "after (this model)" in body
@@ -383,10 +383,8 @@ tags:
         (lambda t: t.replace("library_name: transformers\n", ""), "needs library_name: transformers"),
         (lambda t: "# no metadata\n", "no YAML metadata block"),
         (lambda t: "---\n- a\n- b\n---\n", "not a mapping"),
-        (
-            lambda t: t.replace("license: mit", "license: mit\nmodel-index:\n- name: x\n  results:\n  - task: 3"),
-            "cannot parse the metadata",
-        ),
+        (lambda t: t.replace("license: mit", "license: mit\nmodel-index:\n- name: x\n  results:\n  - task: 3"),
+         "cannot parse the metadata"),
     ],
 )
 def test_validate_card_finds_what_the_hub_rejects(change, problem):
