@@ -78,6 +78,7 @@ SETTING_OPTIONS = {
     "radius": "geo_radius",
     "learnable_step": "geo_learnable_step",
     "bridge": "geo_bridge",
+    "first_token_prenorm": "geo_first_token_prenorm",
 }
 
 
@@ -106,7 +107,8 @@ def _setting_options(show_defaults: bool) -> list[Callable]:
             "--alpha",
             type=AlphaType(),
             help=note(
-                "Base step size a, or a comma-separated list of T per-layer step sizes (used as given). [default: 0.5]"
+                "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used as "
+                "given). [default: 0.5]"
             ),
         ),
         click.option(
@@ -130,6 +132,14 @@ def _setting_options(show_defaults: bool) -> list[Callable]:
             help=note(
                 "0 = exact Pre-Norm (the source model's outputs), 1 = pure GeoNorm; in between interpolates. "
                 "[default: 1.0]"
+            ),
+        ),
+        click.option(
+            "--first-token-prenorm/--no-first-token-prenorm",
+            default=None,
+            help=note(
+                "The first token of each sequence (position id 0) takes the Pre-Norm update x + u, for models "
+                "converted from Pre-Norm. [default: off]"
             ),
         ),
     ]

@@ -83,6 +83,7 @@ class GeoNormDecoderLayerMixin:
         # Without an input norm a sublayer reads the state itself; only 'pre' and 'geo' allow that
         # (check_settings_fit), and those pass the norm to the residual update unused.
         attn_in = attn_res.sublayer_input(x, attn_norm) if attn_norm is not None else x
+        first = self._first_tokens(attn_kwargs)
         if self.geonorm_parallel:
             if mlp_norm is None:
                 mlp_norm, mlp_in = attn_norm, attn_in
@@ -90,11 +91,25 @@ class GeoNormDecoderLayerMixin:
                 mlp_in = attn_res.sublayer_input(x, mlp_norm)
             u = self._attn_update(attn_in, attn_kwargs)
             u = self._dropout(lay.update_dropout, u + self._mlp_update(mlp_in))
-            return attn_res(x, u, attn_norm)
-        x = attn_res(x, self._attn_update(attn_in, attn_kwargs), attn_norm)
+            return attn_res(x, u, attn_norm, first)
+        x = attn_res(x, self._attn_update(attn_in, attn_kwargs), attn_norm, first)
         mlp_res: GeoNormResidual = self.geonorm_mlp_residual
         mlp_in = mlp_res.sublayer_input(x, mlp_norm) if mlp_norm is not None else x
-        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm)
+        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm, first)
+
+    def _first_tokens(self, attn_kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """Where ``position_ids`` is 0 (the first token of each sequence, also left-padded or packed ones), when
+        ``geo_first_token_prenorm`` keeps those tokens on the Pre-Norm update; else None."""
+        config = self.geonorm_attn_residual.config
+        if config.norm_style != "geo" or not config.geo_first_token_prenorm:
+            return None
+        position_ids = attn_kwargs.get("position_ids")
+        if position_ids is None:
+            raise ValueError(
+                f"geo_first_token_prenorm needs the position ids, and {config.model_type}'s decoder layers are not "
+                "given them; set geo_first_token_prenorm=False for this model"
+            )
+        return position_ids == 0
 
 
 class GeoNormKeywordLayerMixin(GeoNormDecoderLayerMixin):

@@ -315,6 +315,7 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
         "geo_learnable_step": bool,
         "geo_radius": str,
         "geo_bridge": float,
+        "geo_first_token_prenorm": bool,
     }
     config_ns = {
         "__module__": __name__,

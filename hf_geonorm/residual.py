@@ -123,16 +123,23 @@ class GeoNormResidual(nn.Module):
             return x
         return norm(x)
 
-    def forward(self, x: torch.Tensor, update: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """The new state from the state ``x`` and the sublayer's ``update``."""
+    def forward(
+        self, x: torch.Tensor, update: torch.Tensor, norm: nn.Module, first_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The new state from the state ``x`` and the sublayer's ``update``. ``first_tokens`` (bool, broadcast
+        against ``x[..., 0]``) marks the rows at position 0 that take the Pre-Norm update ``x + u`` under
+        ``geo_first_token_prenorm`` (docs/method.md, "Converting a pretrained model")."""
         style = self.norm_style
         if style == "pre":
             return x + update
         if style == "geo":
             config = self.config
-            return geonorm_step(
+            out = geonorm_step(
                 x, update, self.step_size, config.geo_max_angle, config.geo_bridge, self.step_scale, self.step_bias
             )
+            if first_tokens is not None and config.geo_first_token_prenorm:
+                out = torch.where(first_tokens.unsqueeze(-1), x + update, out)
+            return out
         if style == "post":
             return norm(x + update)
         if style == "deepnorm":

@@ -41,6 +41,7 @@ class GeoNormSettings:
     geo_learnable_step: bool = False
     geo_radius: str = "embedding"
     geo_bridge: float = 1.0
+    geo_first_token_prenorm: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,8 +81,9 @@ class GeoNormSettings:
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 < m <= math.pi):
                 raise ValueError(f"geo_max_angle must be None or a number of radians in (0, pi]; got {m!r}")
             self.geo_max_angle = float(m)
-        if not isinstance(self.geo_learnable_step, bool):
-            raise ValueError(f"geo_learnable_step must be True or False; got {self.geo_learnable_step!r}")
+        for flag in ("geo_learnable_step", "geo_first_token_prenorm"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False; got {getattr(self, flag)!r}")
         b = self.geo_bridge
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not (0.0 <= b <= 1.0):
             raise ValueError(f"geo_bridge must be a number in [0, 1] (1 = GeoNorm, 0 = Pre-Norm); got {b!r}")

@@ -170,6 +170,7 @@ def test_option_help_states_the_library_defaults():
         "radius": defaults.geo_radius,
         "learnable_step": "on" if defaults.geo_learnable_step else "off",
         "bridge": f"{defaults.geo_bridge:.1f}",
+        "first_token_prenorm": "on" if defaults.geo_first_token_prenorm else "off",
     }
     assert stated == expected
 

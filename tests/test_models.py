@@ -312,6 +312,44 @@ def test_alpha_list_with_one_value_per_update_steps_attention_and_feed_forward_a
         hf_geonorm.convert(parallel, geo_alpha=[0.1] * (2 * len(layers_of(parallel))))
 
 
+def test_first_token_prenorm_moves_position_zero_by_x_plus_u_with_and_without_cache():
+    stock, ids = stock_model("llama"), token_ids()
+    num_layers = len(layers_of(stock))
+    geo = hf_geonorm.convert(stock, geo_first_token_prenorm=True)
+    sizes = [0.5 / k for k in range(1, num_layers + 1)]  # the documented default: harmonic, alpha 0.5
+
+    def layer_steps(k):
+        def step(x, u):
+            first = torch.zeros(x.shape[:-1] + (1,), dtype=torch.bool)
+            first[:, 0] = True  # no cache, no padding: position id 0 is the first column
+            return torch.where(first, x + u, geodesic_step(x, u, sizes[k], PI4))
+
+        return step
+
+    torch.testing.assert_close(logits(geo, ids), reference_logits(stock, "llama", ids, layer_steps), atol=1e-6,
+                               rtol=1e-5)  # fmt: skip
+    # decoding with the cache (later positions are not 0) gives the full forward's logits
+    with torch.no_grad():
+        prefix = geo(ids[:, :-3], use_cache=True)
+        cache, steps = prefix.past_key_values, []
+        for i in range(ids.shape[1] - 3, ids.shape[1]):
+            out = geo(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), logits(geo, ids)[:, -3:], atol=1e-5, rtol=1e-5)
+    # left padding: the first real token has position id 0 (as generate computes it), the pads do not matter
+    pad = torch.full((1, 3), 0)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(ids[:1])], 1)
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        padded = geo(torch.cat([pad, ids[:1]], 1), attention_mask=mask, position_ids=position_ids).logits[:, 3:]
+    torch.testing.assert_close(padded, logits(geo, ids[:1]), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits(hf_geonorm.convert(stock), ids), logits(geo, ids))  # the option acts
+    no_positions = hf_geonorm.convert(stock_model("gpt_neo"), geo_first_token_prenorm=True)  # layers get no ids
+    with pytest.raises(ValueError, match="geo_first_token_prenorm needs the position ids"):
+        logits(no_positions, ids)
+
+
 def test_apply_geonorm_patches_in_place_and_through_peft():
     from peft import LoraConfig, get_peft_model
 
