@@ -128,7 +128,8 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, data_
 def test_bridge_anneal_moves_a_converted_prenorm_checkpoint_to_geonorm(tmp_path, data_file):
     stock = tmp_path / "stock"
     tiny_model("gpt2", vocab_size=320).save_pretrained(stock)
-    convert = CliRunner().invoke(cli, ["convert", str(stock), str(tmp_path / "bridged"), "--bridge", "0"])
+    recipe = ["--bridge", "0", "--calibrate", str(data_file), "--calibrate-tokens", "64", "--first-token-prenorm"]
+    convert = CliRunner().invoke(cli, ["convert", str(stock), str(tmp_path / "bridged"), *recipe])
     assert convert.exit_code == 0, convert.output
     out = tmp_path / "anneal"
     result = train(
@@ -139,7 +140,9 @@ def test_bridge_anneal_moves_a_converted_prenorm_checkpoint_to_geonorm(tmp_path,
     history = json.loads((out / "metrics.json").read_text())["log_history"]
     bridges = [h["geo_bridge"] for h in history if "geo_bridge" in h]
     assert bridges == sorted(bridges) and bridges[0] < 1.0 and bridges[-1] == 1.0
-    assert json.loads((out / "final" / "config.json").read_text())["geo_bridge"] == 1.0
+    final = json.loads((out / "final" / "config.json").read_text())
+    assert final["geo_bridge"] == 1.0 and final["geo_first_token_prenorm"] and final["geo_max_angle"] is None
+    assert len(final["geo_alpha"]) == 2 * final["n_layer"]  # the calibrated step sizes, one per update
     anneal = BridgeAnneal(model=None, steps=4, start=0.2)
     assert [anneal.value_at(s) for s in (0, 2, 4, 9)] == pytest.approx([0.2, 0.6, 1.0, 1.0])
 
