@@ -454,8 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     record = args.out / f"{common.stem('convert_uptrain', args)}.json"
-    results = json.loads(record.read_text()) if record.exists() else {}
-    results = {k: results[k] for k in PARTS if k in results}
+    results = earlier_parts(record)
     if "small" in parts:
         results["small"] = part_small(args)
     smol_parts = [p for p in parts if p != "small"]
@@ -471,9 +470,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["static"] = part_static(smol)
         if "uptrain" in parts:
             results["uptrain"] = part_uptrain(smol, args, results.get("uptrain") or {})
-    results["ran"] = parts
+    # another run may have finished parts meanwhile: keep those, replace only what this one measured
+    results = {**earlier_parts(record), **{p: results[p] for p in parts}, "ran": parts}
     write(args, results, time.perf_counter() - start)
     return results
+
+
+def earlier_parts(record: Path) -> dict[str, Any]:
+    """The parts stored in an earlier results JSON (empty when there is none)."""
+    stored = json.loads(record.read_text()) if record.exists() else {}
+    return {k: stored[k] for k in PARTS if k in stored}
 
 
 if __name__ == "__main__":

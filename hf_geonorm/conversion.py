@@ -77,9 +77,10 @@ def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
     style = chosen["norm_style"]
     what = f"geo_bridge={chosen['geo_bridge']:g}" if style == "geo" else f"norm_style={style}"
     return (
-        f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity "
-        "rises, see README 'Converting a pretrained model'); to keep its outputs convert with --bridge 0, then "
-        "uptrain towards GeoNorm with `hf-geonorm train --bridge-anneal STEPS`"
+        f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity rises); "
+        "--bridge 0 keeps its outputs exactly, and the measured way on from there is --calibrate TEXT "
+        "--first-token-prenorm, then `hf-geonorm train --bridge-anneal` over half the steps (README, 'Converting a "
+        "pretrained model', says for which models it held)"
     )
 
 
