@@ -11,6 +11,10 @@ rewritten from every part present, so a slow part can run in another session or 
            the first token and the median of the others, the median angle, the calibrated step size and its
            spread over tokens (``hf_geonorm.calibration``), and how often the default clamp would bind.
   static   SmolLM2-135M converted with no training under each starting point, and the recipe along the bridge.
+  frames   Research, not in the library: SmolLM2-135M with no training along a bridge whose Pre-Norm part runs in
+           a rescaled frame (the state before update j is c_j times the Pre-Norm state, c_j the median of
+           |h_0| / |h_j|: exact at bridge 0 for any c, and both ends act on states of GeoNorm's size), and with
+           only some updates converted (the others Pre-Norm in that frame): which updates carry the damage.
   uptrain  SmolLM2-135M uptrained for each of ``--smollm2-budgets`` steps: continued Pre-Norm and the recipe.
 
 The recipe: ``convert --bridge 0 --calibrate TEXT --first-token-prenorm`` (one step size per update measured on
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import torch  # noqa: E402
 
-PARTS = ("small", "anatomy", "static", "uptrain")
+PARTS = ("small", "anatomy", "static", "frames", "uptrain")
 BRIDGES = (0.1, 0.25, 0.5, 0.75, 1.0)
 SMOL_SEQ = 256
 
@@ -240,6 +244,65 @@ def part_static(smol: Smol) -> dict[str, Any]:
             "at_bridge1": at_bridge1, "recipe_path": path, "default_path": default_path}  # fmt: skip
 
 
+def framed_forward(module: torch.nn.Module, index: int, frames: list[float], bridge: list[float]) -> Any:
+    """The forward of residual module ``index`` under the framed bridge: Pre-Norm in frame c (x' = (c_next / c)
+    (x + c u)), GeoNorm's step (no clamp) with the module's own a, angle and radius interpolated by the module's
+    bridge value; the first token always takes the Pre-Norm update."""
+    from hf_geonorm.geometry import prenorm_angle
+
+    def forward(x: torch.Tensor, u: torch.Tensor, norm: Any, first_tokens: Any = None) -> torch.Tensor:
+        c, lam = frames[index], bridge[index]
+        ratio = (frames[index + 1] if index + 1 < len(frames) else c) / c
+        pre = ratio * (x + c * u)
+        x_norm = x.norm(dim=-1, keepdim=True)
+        t = u - (u * x).sum(-1, keepdim=True) / x_norm.square() * x
+        t_norm = t.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        theta = (1 - lam) * prenorm_angle(x, c * u).unsqueeze(-1) + lam * module.step_size * t_norm / x_norm
+        radius = (1 - lam) * pre.norm(dim=-1, keepdim=True) + lam * x_norm
+        out = radius * (torch.cos(theta) * x / x_norm + torch.sin(theta) * t / t_norm)
+        return torch.cat([pre[:, :1], out[:, 1:]], 1) if x.shape[1] > 1 else out
+
+    return forward
+
+
+def part_frames(smol: Smol) -> dict[str, Any]:
+    """The framed bridge along lambda, and single blocks of updates converted, with no training."""
+    import hf_geonorm
+    from hf_geonorm.evaluation import residual_modules
+
+    alphas = calibrated(smol.model, smol.calibration)
+    pre = hf_geonorm.convert(smol.model, norm_style="pre")
+    entry: list[torch.Tensor] = []
+    ratios: list[float] = []
+    modules = [m for _, _, m in residual_modules(pre)]
+
+    def hook(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
+        if not entry:
+            entry.append(inputs[0].norm(dim=-1))
+        ratios.append((entry[0] / inputs[0].norm(dim=-1))[:, 1:].median().item())
+
+    handles = [m.register_forward_hook(hook) for m in modules]
+    with torch.no_grad():
+        pre(smol.calibration)
+    for handle in handles:
+        handle.remove()
+    model = recipe(smol.model, alphas, 1.0)
+    converted = [m for _, _, m in residual_modules(model)]
+    n = len(converted)
+
+    def ppl_with(bridge: list[float]) -> float:
+        for i, m in enumerate(converted):
+            m.forward = framed_forward(m, i, ratios, bridge)
+        return smol.ppl(model)
+
+    path = {lam: ppl_with([lam] * n) for lam in BRIDGES}
+    blocks = {f"last {k} of {n}": ppl_with([0.0] * (n - k) + [1.0] * k) for k in (20, 40)}
+    blocks |= {f"first {k} of {n}": ppl_with([1.0] * k + [0.0] * (n - k)) for k in (2, 6)}
+    blocks["layer 1 feed-forward only"] = ppl_with([0.0, 1.0] + [0.0] * (n - 2))
+    print("SmolLM2 frames:", path, blocks, flush=True)
+    return {**smol.conditions(), "original": smol.ppl(smol.model), "frames": ratios, "path": path, "blocks": blocks}
+
+
 def part_uptrain(smol: Smol, args: argparse.Namespace, previous: dict[str, Any]) -> dict[str, Any]:
     """Continued Pre-Norm against the recipe at every budget (steps of ``batch`` x 256 tokens, the anneal over the
     first half); budgets already in ``previous`` are kept."""
@@ -278,6 +341,7 @@ def write(args: argparse.Namespace, results: dict[str, Any], wall: float) -> Non
     lines += small_lines(results.get("small"))
     lines += anatomy_lines(results.get("anatomy"))
     lines += static_lines(results.get("static"))
+    lines += frames_lines(results.get("frames"))
     lines += uptrain_lines(results.get("uptrain"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
@@ -364,6 +428,33 @@ def static_lines(static: dict[str, Any] | None) -> list[str]:
               "| default settings | " + " | ".join(f"{v:.4g}" for v in static["default_path"].values()) + " |",
               "| recipe | " + " | ".join(f"{v:.4g}" for v in static["recipe_path"].values()) + " |", ""]  # fmt: skip
     return lines
+
+
+def frames_lines(frames: dict[str, Any] | None) -> list[str]:
+    if not frames:
+        return ["## Research: a framed bridge, and which updates carry the damage", "", "Not run yet "
+                "(`--parts frames`).", ""]  # fmt: skip
+    original = frames["original"]
+    return [
+        "## Research: a framed bridge, and which updates carry the damage",
+        "",
+        "Not in the library: computed by this script on SmolLM2-135M with no training, calibrated steps, no clamp "
+        "and the first token on Pre-Norm. The Pre-Norm part of the bridge runs in a rescaled frame (the state "
+        "before update j is c_j times the Pre-Norm state, c_j the median of |h_0| / |h_j| over the calibration "
+        "tokens), exact at bridge 0 for any c, so that both ends act on states of GeoNorm's size. Perplexity on "
+        f"the held-out tokens (original {original:.3f}):",
+        "",
+        "| framed bridge | " + " | ".join(str(k) for k in frames["path"]) + " |",
+        "|---|" + "---|" * len(frames["path"]),
+        "| perplexity | " + " | ".join(f"{v:.4g}" for v in frames["path"].values()) + " |",
+        "",
+        "Only some updates pure GeoNorm (bridge 1), the others Pre-Norm in the frame:",
+        "",
+        "| updates converted | perplexity | / original |",
+        "|---|---|---|",
+        *[f"| {k} | {v:.4g} | {v / original:.3g}x |" for k, v in frames["blocks"].items()],
+        "",
+    ]
 
 
 def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
@@ -468,6 +559,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["anatomy"] = part_anatomy(smol)
         if "static" in parts:
             results["static"] = part_static(smol)
+        if "frames" in parts:
+            results["frames"] = part_frames(smol)
         if "uptrain" in parts:
             results["uptrain"] = part_uptrain(smol, args, results.get("uptrain") or {})
     # another run may have finished parts meanwhile: keep those, replace only what this one measured
