@@ -179,7 +179,7 @@ def part_anatomy(smol: Smol) -> dict[str, Any]:
     embedding radius exceeds pi/4 (where the default clamp binds)."""
     import hf_geonorm
     from hf_geonorm.evaluation import residual_modules
-    from hf_geonorm.geometry import prenorm_angle
+    from hf_geonorm.geometry import prenorm_angle, tangent
 
     model = hf_geonorm.convert(smol.model, norm_style="pre")
     rows: list[dict[str, Any]] = []
@@ -190,7 +190,7 @@ def part_anatomy(smol: Smol) -> dict[str, Any]:
         if not entry:
             entry.append(x.norm(dim=-1))
         mass = x.norm(dim=-1) / math.sqrt(x.shape[-1])
-        t = u - (u * x).sum(-1, keepdim=True) / x.square().sum(-1, keepdim=True) * x
+        t = tangent(x, u)
         angle = prenorm_angle(x, u)
         base = t.norm(dim=-1) / entry[0]  # GeoNorm's base angle at the embedding radius
         need = (angle / base)[:, 1:].flatten()
@@ -248,14 +248,14 @@ def framed_forward(module: torch.nn.Module, index: int, frames: list[float], bri
     """The forward of residual module ``index`` under the framed bridge: Pre-Norm in frame c (x' = (c_next / c)
     (x + c u)), GeoNorm's step (no clamp) with the module's own a, angle and radius interpolated by the module's
     bridge value; the first token always takes the Pre-Norm update."""
-    from hf_geonorm.geometry import prenorm_angle
+    from hf_geonorm.geometry import prenorm_angle, tangent
 
     def forward(x: torch.Tensor, u: torch.Tensor, norm: Any, first_tokens: Any = None) -> torch.Tensor:
         c, lam = frames[index], bridge[index]
         ratio = (frames[index + 1] if index + 1 < len(frames) else c) / c
         pre = ratio * (x + c * u)
         x_norm = x.norm(dim=-1, keepdim=True)
-        t = u - (u * x).sum(-1, keepdim=True) / x_norm.square() * x
+        t = tangent(x, u)
         t_norm = t.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         theta = (1 - lam) * prenorm_angle(x, c * u).unsqueeze(-1) + lam * module.step_size * t_norm / x_norm
         radius = (1 - lam) * pre.norm(dim=-1, keepdim=True) + lam * x_norm

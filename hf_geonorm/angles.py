@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evaluation import check_finite, prepare_model, residual_modules, text_windows
+from .evaluation import check_finite, prepare_model, read_with_hooks, residual_modules, text_windows
 from .geometry import prenorm_angle
 from .loading import Source
 from .settings import GeoNormSettings, computes_prenorm
@@ -84,17 +84,8 @@ def measure_angles(model: nn.Module, windows: list[list[int]]) -> list[SublayerA
 
         return hook
 
-    handles = [
-        module.register_forward_hook(make_hook(entry)) for entry, (_, _, module) in zip(stats, modules, strict=True)
-    ]
-    device = next(model.parameters()).device
-    try:
-        with torch.no_grad():
-            for w in windows:
-                model(input_ids=torch.tensor([w], device=device))
-    finally:
-        for handle in handles:
-            handle.remove()
+    read_with_hooks(model, windows, [(module, make_hook(entry)) for entry, (_, _, module) in
+                                     zip(stats, modules, strict=True)])  # fmt: skip
     return stats
 
 

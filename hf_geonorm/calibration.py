@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evaluation import residual_modules
-from .geometry import prenorm_angle
+from .evaluation import read_with_hooks, residual_modules
+from .geometry import prenorm_angle, tangent
 from .settings import computes_prenorm
 
 RADII = ("embedding", "sqrt_d")
@@ -53,20 +53,11 @@ def calibrate_step_sizes(model: nn.Module, windows: list[list[int]], radius: str
             if index == 0:
                 entry_norm.append(torch.linalg.vector_norm(x, dim=-1))
             sphere = entry_norm[-1] if radius == "embedding" else torch.full_like(x[..., 0], math.sqrt(x.shape[-1]))
-            x_norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-            t = u - (u * x).sum(-1, keepdim=True) / x_norm.square() * x
+            t = tangent(x, u)
             need = prenorm_angle(x, u) * sphere / torch.linalg.vector_norm(t, dim=-1).clamp_min(1e-30)
             ratios[index].append(need[:, 1:].flatten())
 
         return hook
 
-    handles = [module.register_forward_hook(make_hook(i)) for i, module in enumerate(modules)]
-    device = next(model.parameters()).device
-    try:
-        with torch.no_grad():
-            for window in windows:
-                model(input_ids=torch.tensor([window], device=device))
-    finally:
-        for handle in handles:
-            handle.remove()
+    read_with_hooks(model, windows, [(module, make_hook(i)) for i, module in enumerate(modules)])
     return [float(torch.cat(r).median()) for r in ratios]

@@ -154,6 +154,20 @@ def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]
     return sorted(found, key=lambda item: (item[0], item[1] == "mlp"))
 
 
+def read_with_hooks(model: nn.Module, windows: list[list[int]], hooks: list[tuple[nn.Module, Any]]) -> None:
+    """Run ``model`` over the token ``windows`` (one forward each, no gradients) with each ``(module, hook)``
+    registered as a forward hook; the hooks are removed afterwards, also on an error."""
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for window in windows:
+                model(input_ids=torch.tensor([window], device=device))
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _settings_text(module: GeoNormResidual) -> str:
     if module.norm_style != "geo":
         return "the stock update" if module.norm_style == "pre" else f"norm_style {module.norm_style}"
