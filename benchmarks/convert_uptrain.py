@@ -11,15 +11,16 @@ rewritten from every part present, so a slow part can run in another session or 
            the first token and the median of the others, the median angle, the calibrated step size and its
            spread over tokens (``hf_geonorm.calibration``), and how often the default clamp would bind.
   static   SmolLM2-135M converted with no training under each starting point, and the recipe along the bridge.
-  frames   Research, not in the library: SmolLM2-135M with no training along a bridge whose Pre-Norm part runs in
-           a rescaled frame (the state before update j is c_j times the Pre-Norm state, c_j the median of
-           |h_0| / |h_j|: exact at bridge 0 for any c, and both ends act on states of GeoNorm's size), and with
-           only some updates converted (the others Pre-Norm in that frame): which updates carry the damage.
   uptrain  SmolLM2-135M uptrained for each of ``--smollm2-budgets`` steps: continued Pre-Norm and the recipe.
+  layerwise SmolLM2-135M under the layer-wise recipe: its path with no training, then uptrained for each of
+           ``--layerwise-budgets`` steps against continued Pre-Norm.
 
 The recipe: ``convert --bridge 0 --calibrate TEXT --first-token-prenorm`` (one step size per update measured on
 training text, no clamp, the first token kept on the Pre-Norm update), then ``train --bridge-anneal`` over half of
-the steps. Every perplexity is on held-out text the calibration and the training never see.
+the steps. The layer-wise recipe: the same conversion with ``--max-angle pi/2 --clamp final`` (the calibration
+also stores the Pre-Norm frames), then ``train --bridge-anneal --bridge-order last-first`` over three quarters
+of the steps: one update at a time from the last, each over a share of the steps that grows with how much its
+Pre-Norm update grows the state. Every perplexity is on held-out text the calibration and the training never see.
 
     python benchmarks/convert_uptrain.py --threads 2                                    # every part (CPU: hours)
     python benchmarks/convert_uptrain.py --parts uptrain --smollm2-budgets 200,800 --device cuda   # on a GPU
@@ -43,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import torch  # noqa: E402
 
-PARTS = ("small", "anatomy", "static", "frames", "uptrain")
+LAYERWISE = "layer-wise recipe: frames, final clamp pi/2, last-first anneal"
+PARTS = ("small", "anatomy", "static", "uptrain", "layerwise")
+PROGRESS = (0.25, 0.5, 0.75, 0.9, 1.0)  # points of the layer-wise anneal evaluated with no training
 BRIDGES = (0.1, 0.25, 0.5, 0.75, 1.0)
 SMOL_SEQ = 256
 
@@ -64,12 +67,12 @@ def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Mod
     return model
 
 
-def calibrated(model: torch.nn.Module, blocks: torch.Tensor) -> list[float]:
-    """One step size per update of the stock ``model``, measured on ``blocks`` (hf_geonorm.calibration)."""
+def calibrated(model: torch.nn.Module, blocks: torch.Tensor) -> Any:
+    """Step sizes and frames of the stock ``model``, measured on ``blocks`` (hf_geonorm.calibration)."""
     import hf_geonorm
-    from hf_geonorm.calibration import calibrate_step_sizes
+    from hf_geonorm.calibration import calibrate
 
-    return calibrate_step_sizes(hf_geonorm.convert(model, norm_style="pre"), [b.tolist() for b in blocks])
+    return calibrate(hf_geonorm.convert(model, norm_style="pre"), [b.tolist() for b in blocks])
 
 
 def recipe(model: torch.nn.Module, alphas: list[float], bridge: float) -> torch.nn.Module:
@@ -80,8 +83,26 @@ def recipe(model: torch.nn.Module, alphas: list[float], bridge: float) -> torch.
                               geo_first_token_prenorm=True, geo_bridge=bridge)  # fmt: skip
 
 
+def layerwise(model: torch.nn.Module, calibration: Any) -> torch.nn.Module:
+    """The converted model of the layer-wise recipe at bridge 0: calibrated steps and frames, only the final
+    angle clamped at pi/2, the first token on the Pre-Norm update."""
+    import hf_geonorm
+
+    return hf_geonorm.convert(model, norm_style="geo", geo_alpha=calibration.step_sizes,
+                              geo_frames=calibration.frames, geo_max_angle=math.pi / 2, geo_clamp="final",
+                              geo_first_token_prenorm=True, geo_bridge=0.0)  # fmt: skip
+
+
 def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
     return lambda step: setattr(model.config, "geo_bridge", min(1.0, step / steps))
+
+
+def layerwise_hook(model: torch.nn.Module, steps: int) -> Any:
+    """The schedule of ``hf-geonorm train --bridge-anneal STEPS --bridge-order last-first``."""
+    from hf_geonorm.training import BridgeAnneal
+
+    anneal = BridgeAnneal(model, steps, 0.0, "last-first")
+    return lambda step: setattr(model.config, "geo_bridge", anneal.value_at(step))
 
 
 def uptrain(arms: dict[str, tuple[torch.nn.Module, Any]], spec: common.RunSpec, corpus: common.Corpus,
@@ -122,8 +143,11 @@ def part_small(args: argparse.Namespace) -> dict[str, Any]:
     original = ppl(base)
     bridge0 = ppl(hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0))
     assert math.isclose(bridge0, original, rel_tol=1e-4), (bridge0, original)
-    alphas = calibrated(base, corpus.train[-32:])
+    calibration = calibrated(base, corpus.train[-32:])
+    alphas = calibration.step_sizes
     anneal = max(1, args.steps // 2)
+    layerwise_steps = max(1, 3 * args.steps // 4)
+    layerwise0 = layerwise(base, calibration)
     default0 = hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0)
     recipe0 = recipe(base, alphas, 0.0)
     arms = {
@@ -133,12 +157,14 @@ def part_small(args: argparse.Namespace) -> dict[str, Any]:
         "geo calibrated (no clamp), at once": (recipe(base, alphas, 1.0), None),
         "geo default, bridge anneal": (default0, anneal_hook(default0, anneal)),
         "recipe: calibrated, bridge anneal": (recipe0, anneal_hook(recipe0, anneal)),
+        LAYERWISE: (layerwise0, layerwise_hook(layerwise0, layerwise_steps)),
     }
     spec = common.base_spec(args, label="uptrain", arch=args.arch, corpus=args.corpus, lr=args.uptrain_lr,
                             warmup=min(args.warmup, 10), seed=1)  # fmt: skip
     return {"corpus": corpus.label, "arch": args.arch, "layers": args.layers, "width": args.width,
             "pretrain_steps": args.pretrain_steps, "original": original, "bridge0": bridge0, "alphas": alphas,
-            "steps": spec.steps, "batch": spec.batch, "seq_len": spec.seq_len, "lr": spec.lr, "anneal": anneal,
+            "frames": calibration.frames, "steps": spec.steps, "batch": spec.batch, "seq_len": spec.seq_len,
+            "lr": spec.lr, "anneal": anneal, "layerwise_anneal": layerwise_steps,
             "val_blocks": len(corpus.val), "arms": uptrain(arms, spec, corpus, ppl, original)}  # fmt: skip
 
 
@@ -213,7 +239,7 @@ def part_static(smol: Smol) -> dict[str, Any]:
     """Perplexity of each starting point with no training, and of the recipe along the bridge."""
     import hf_geonorm
 
-    alphas = calibrated(smol.model, smol.calibration)
+    alphas = calibrated(smol.model, smol.calibration).step_sizes
     per_layer = [math.sqrt(a * b) for a, b in zip(alphas[::2], alphas[1::2], strict=True)]
     geo = dict(norm_style="geo")
     starts = {
@@ -244,84 +270,67 @@ def part_static(smol: Smol) -> dict[str, Any]:
             "at_bridge1": at_bridge1, "recipe_path": path, "default_path": default_path}  # fmt: skip
 
 
-def framed_forward(module: torch.nn.Module, index: int, frames: list[float], bridge: list[float]) -> Any:
-    """The forward of residual module ``index`` under the framed bridge: Pre-Norm in frame c (x' = (c_next / c)
-    (x + c u)), GeoNorm's step (no clamp) with the module's own a, angle and radius interpolated by the module's
-    bridge value; the first token always takes the Pre-Norm update."""
-    from hf_geonorm.geometry import prenorm_angle, tangent
-
-    def forward(x: torch.Tensor, u: torch.Tensor, norm: Any, first_tokens: Any = None) -> torch.Tensor:
-        c, lam = frames[index], bridge[index]
-        ratio = (frames[index + 1] if index + 1 < len(frames) else c) / c
-        pre = ratio * (x + c * u)
-        x_norm = x.norm(dim=-1, keepdim=True)
-        t = tangent(x, u)
-        t_norm = t.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        theta = (1 - lam) * prenorm_angle(x, c * u).unsqueeze(-1) + lam * module.step_size * t_norm / x_norm
-        radius = (1 - lam) * pre.norm(dim=-1, keepdim=True) + lam * x_norm
-        out = radius * (torch.cos(theta) * x / x_norm + torch.sin(theta) * t / t_norm)
-        return torch.cat([pre[:, :1], out[:, 1:]], 1) if x.shape[1] > 1 else out
-
-    return forward
-
-
-def part_frames(smol: Smol) -> dict[str, Any]:
-    """The framed bridge along lambda, and single blocks of updates converted, with no training."""
-    import hf_geonorm
-    from hf_geonorm.evaluation import residual_modules
-
-    alphas = calibrated(smol.model, smol.calibration)
-    pre = hf_geonorm.convert(smol.model, norm_style="pre")
-    entry: list[torch.Tensor] = []
-    ratios: list[float] = []
-    modules = [m for _, _, m in residual_modules(pre)]
-
-    def hook(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
-        if not entry:
-            entry.append(inputs[0].norm(dim=-1))
-        ratios.append((entry[0] / inputs[0].norm(dim=-1))[:, 1:].median().item())
-
-    handles = [m.register_forward_hook(hook) for m in modules]
-    with torch.no_grad():
-        pre(smol.calibration)
-    for handle in handles:
-        handle.remove()
-    model = recipe(smol.model, alphas, 1.0)
-    converted = [m for _, _, m in residual_modules(model)]
-    n = len(converted)
-
-    def ppl_with(bridge: list[float]) -> float:
-        for i, m in enumerate(converted):
-            m.forward = framed_forward(m, i, ratios, bridge)
-        return smol.ppl(model)
-
-    path = {lam: ppl_with([lam] * n) for lam in BRIDGES}
-    blocks = {f"last {k} of {n}": ppl_with([0.0] * (n - k) + [1.0] * k) for k in (20, 40)}
-    blocks |= {f"first {k} of {n}": ppl_with([1.0] * k + [0.0] * (n - k)) for k in (2, 6)}
-    blocks["layer 1 feed-forward only"] = ppl_with([0.0, 1.0] + [0.0] * (n - 2))
-    print("SmolLM2 frames:", path, blocks, flush=True)
-    return {**smol.conditions(), "original": smol.ppl(smol.model), "frames": ratios, "path": path, "blocks": blocks}
-
-
 def part_uptrain(smol: Smol, args: argparse.Namespace, previous: dict[str, Any]) -> dict[str, Any]:
     """Continued Pre-Norm against the recipe at every budget (steps of ``batch`` x 256 tokens, the anneal over the
     first half); budgets already in ``previous`` are kept."""
-    alphas = calibrated(smol.model, smol.calibration)
+    alphas = calibrated(smol.model, smol.calibration).step_sizes
     original = smol.ppl(smol.model)
     corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
     budgets = dict(previous.get("budgets", {}))
     for steps in args.smollm2_budgets:
         if str(steps) in budgets:
             continue
-        spec = common.RunSpec(label="smollm2", steps=steps, batch=smol.batch, seq_len=SMOL_SEQ, lr=args.smollm2_lr,
-                              warmup=max(1, steps // 20), eval_every=max(1, steps // 8), seed=1,
-                              device=args.device)  # fmt: skip
+        spec = smol_spec(args, steps, smol.batch)
         converted = recipe(smol.model, alphas, 0.0)
         arms = {"pre (continue)": (copy.deepcopy(smol.model), None),
                 "recipe: calibrated, bridge anneal": (converted, anneal_hook(converted, max(1, steps // 2)))}
         budgets[str(steps)] = {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": max(1, steps // 2),
                                "arms": uptrain(arms, spec, corpus, smol.ppl, original)}  # fmt: skip
     return {**smol.conditions(), "original": original, "batch": smol.batch, "budgets": budgets}
+
+
+def smol_spec(args: argparse.Namespace, steps: int, batch: int) -> common.RunSpec:
+    return common.RunSpec(label="smollm2", steps=steps, batch=batch, seq_len=SMOL_SEQ, lr=args.smollm2_lr,
+                          warmup=max(1, steps // 20), eval_every=max(1, steps // 8), seed=1,
+                          device=args.device)  # fmt: skip
+
+
+def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any], pre_runs: dict[str, Any]
+                   ) -> dict[str, Any]:  # fmt: skip
+    """The layer-wise recipe on SmolLM2: its path with no training (points of the last-first anneal), then each
+    budget against continued Pre-Norm (taken from the uptrain part where it ran the same steps); the anneal runs
+    over the first three quarters of the steps. Budgets already in ``previous`` are kept."""
+    from hf_geonorm.training import BridgeAnneal, last_first_bridges
+
+    calibration = calibrated(smol.model, smol.calibration)
+    original = smol.ppl(smol.model)
+    model = layerwise(smol.model, calibration)
+    bridge0 = smol.ppl(model)
+    assert math.isclose(bridge0, original, rel_tol=1e-3), (bridge0, original)
+    weights = BridgeAnneal(model, 1, 0.0, "last-first").weights
+    path = dict(previous.get("path", {}))
+    for progress in PROGRESS:
+        if str(progress) not in path:
+            model.config.geo_bridge = last_first_bridges(progress, weights)
+            path[str(progress)] = smol.ppl(model)
+    print("SmolLM2 layer-wise path, no training:", path, flush=True)
+    corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
+    budgets = dict(previous.get("budgets", {}))
+    for steps in args.layerwise_budgets:
+        if str(steps) in budgets:
+            continue
+        spec, anneal = smol_spec(args, steps, smol.batch), max(1, 3 * steps // 4)
+        converted = layerwise(smol.model, calibration)
+        arms = {LAYERWISE: (converted, layerwise_hook(converted, anneal))}
+        reused = pre_runs.get(str(steps), {}).get("arms", {}).get("pre (continue)")
+        if reused is None:
+            arms = {"pre (continue)": (copy.deepcopy(smol.model), None), **arms}
+        measured = uptrain(arms, spec, corpus, smol.ppl, original)
+        budgets[str(steps)] = {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": anneal,
+                               "pre_from_uptrain": reused is not None,
+                               "arms": {"pre (continue)": reused, **measured} if reused else measured}  # fmt: skip
+    return {**smol.conditions(), "original": original, "bridge0": bridge0, "weights": weights, "path": path,
+            "batch": smol.batch, "budgets": budgets}  # fmt: skip
 
 
 # ---- the record ----
@@ -341,8 +350,8 @@ def write(args: argparse.Namespace, results: dict[str, Any], wall: float) -> Non
     lines += small_lines(results.get("small"))
     lines += anatomy_lines(results.get("anatomy"))
     lines += static_lines(results.get("static"))
-    lines += frames_lines(results.get("frames"))
     lines += uptrain_lines(results.get("uptrain"))
+    lines += layerwise_lines(results.get("layerwise"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
     common.write_json(args.out / f"{name}.json", {"environment": env, "wall_seconds": wall, **results})
@@ -430,33 +439,6 @@ def static_lines(static: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def frames_lines(frames: dict[str, Any] | None) -> list[str]:
-    if not frames:
-        return ["## Research: a framed bridge, and which updates carry the damage", "", "Not run yet "
-                "(`--parts frames`).", ""]  # fmt: skip
-    original = frames["original"]
-    return [
-        "## Research: a framed bridge, and which updates carry the damage",
-        "",
-        "Not in the library: computed by this script on SmolLM2-135M with no training, calibrated steps, no clamp "
-        "and the first token on Pre-Norm. The Pre-Norm part of the bridge runs in a rescaled frame (the state "
-        "before update j is c_j times the Pre-Norm state, c_j the median of |h_0| / |h_j| over the calibration "
-        "tokens), exact at bridge 0 for any c, so that both ends act on states of GeoNorm's size. Perplexity on "
-        f"the held-out tokens (original {original:.3f}):",
-        "",
-        "| framed bridge | " + " | ".join(str(k) for k in frames["path"]) + " |",
-        "|---|" + "---|" * len(frames["path"]),
-        "| perplexity | " + " | ".join(f"{v:.4g}" for v in frames["path"].values()) + " |",
-        "",
-        "Only some updates pure GeoNorm (bridge 1), the others Pre-Norm in the frame:",
-        "",
-        "| updates converted | perplexity | / original |",
-        "|---|---|---|",
-        *[f"| {k} | {v:.4g} | {v / original:.3g}x |" for k, v in frames["blocks"].items()],
-        "",
-    ]
-
-
 def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
     if not up or not up.get("budgets"):
         return ["## SmolLM2-135M uptrained", "", "Not run yet (`--parts uptrain`).", ""]
@@ -481,6 +463,43 @@ def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
             "original on the path |", "|---|---|---|---|---|---|", *trend, ""]  # fmt: skip
 
 
+def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
+    title = "## SmolLM2-135M under the layer-wise recipe"
+    if not lw:
+        return [title, "", "Not run yet (`--parts layerwise`).", ""]
+    original = lw["original"]
+    lines = [
+        title,
+        "",
+        f"Converted with calibrated steps and frames, only the final angle clamped at pi/2, the first token on the "
+        f"Pre-Norm update; bridge 0 gives {lw['bridge0']:.3f} (original {original:.3f}, asserted equal). The "
+        "last-first anneal converts one update at a time from the last; a share of the anneal in proportion to "
+        f"the growth weights (layer 1: {lw['weights'][0]:.3g} / {lw['weights'][1]:.3g}, median "
+        f"{statistics.median(lw['weights']):.3g}, the first three layers "
+        f"{sum(lw['weights'][:6]) / sum(lw['weights']):.0%} of the total). With no training, along the anneal:",
+        "",
+        "| share of the anneal done | " + " | ".join(lw["path"]) + " |",
+        "|---|" + "---|" * len(lw["path"]),
+        "| perplexity | " + " | ".join(f"{v:.4g}" for v in lw["path"].values()) + " |",
+        "| / original | " + " | ".join(f"{v / original:.3g}x" for v in lw["path"].values()) + " |",
+        "",
+        f"Uptrained: steps of {lw['batch']} x {SMOL_SEQ} tokens, the anneal over the first three quarters of the "
+        "steps, then pure GeoNorm; continued Pre-Norm on the same batches (from the uptrain part where it ran the "
+        "same steps).",
+        "",
+    ]
+    trend = []
+    for steps, budget in sorted(lw["budgets"].items(), key=lambda kv: int(kv[0])):
+        arms = budget["arms"]
+        lines += [f"### {steps} steps ({budget['tokens'] / 1e6:.2f}M tokens, lr {budget['lr']})", "",
+                  *arm_rows(arms, "pre (continue)"), ""]  # fmt: skip
+        pre, geo, worst = arms["pre (continue)"]["final"], arms[LAYERWISE]["final"], arms[LAYERWISE]["worst_ratio"]
+        trend.append(f"| {steps} | {budget['tokens'] / 1e6:.2f}M | {pre:.3f} | {geo:.3f} | {geo / pre - 1:+.1%} | "
+                     f"{worst:.2f}x |")  # fmt: skip
+    return [*lines, "Trend over budgets:", "", "| steps | tokens | Pre-Norm | layer-wise at bridge 1 | gap | worst / "
+            "original on the path |", "|---|---|---|---|---|---|", *trend, ""]  # fmt: skip
+
+
 def plot(path: Path, results: dict[str, Any]) -> None:
     import matplotlib
 
@@ -490,8 +509,9 @@ def plot(path: Path, results: dict[str, Any]) -> None:
     panels = []
     if results.get("small"):
         panels.append(("small LLaMA pretrained here", results["small"]["arms"], results["small"]["original"]))
-    for steps, budget in sorted((results.get("uptrain") or {}).get("budgets", {}).items(), key=lambda kv: int(kv[0])):
-        panels.append((f"SmolLM2-135M, {steps} steps", budget["arms"], results["uptrain"]["original"]))
+    for part, name in (("uptrain", "recipe"), ("layerwise", "layer-wise")):
+        for steps, budget in sorted((results.get(part) or {}).get("budgets", {}).items(), key=lambda kv: int(kv[0])):
+            panels.append((f"SmolLM2-135M, {name}, {steps} steps", budget["arms"], results[part]["original"]))
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.2), squeeze=False)
     for ax, (title, arms, original) in zip(axes[0], panels, strict=False):
         for label, arm in arms.items():
@@ -529,6 +549,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--uptrain-lr", type=float, default=1e-3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--smollm2-budgets", default="20,60", help="SmolLM2 uptraining steps, comma-separated")
+    parser.add_argument("--layerwise-budgets", default="60,120", help="SmolLM2 layer-wise recipe steps, "
+                        "comma-separated")
     parser.add_argument("--smollm2-batch", type=int, default=2, help="SmolLM2 batch (x 256 tokens)")
     parser.add_argument("--smollm2-lr", type=float, default=1e-4)
     parser.add_argument("--smollm2-tokens", type=int, default=2048, help="held-out tokens for SmolLM2 perplexity")
@@ -536,6 +558,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.set_defaults(eval_every=25, seeds=1)
     args = parser.parse_args(argv)
     args.smollm2_budgets = [int(s) for s in args.smollm2_budgets.split(",") if s]
+    args.layerwise_budgets = [int(s) for s in args.layerwise_budgets.split(",") if s]
     parts = [p for p in args.parts.split(",") if p]
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
@@ -559,10 +582,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["anatomy"] = part_anatomy(smol)
         if "static" in parts:
             results["static"] = part_static(smol)
-        if "frames" in parts:
-            results["frames"] = part_frames(smol)
         if "uptrain" in parts:
             results["uptrain"] = part_uptrain(smol, args, results.get("uptrain") or {})
+        if "layerwise" in parts:
+            pre_runs = (results.get("uptrain") or {}).get("budgets", {})
+            results["layerwise"] = part_layerwise(smol, args, results.get("layerwise") or {}, pre_runs)
     # another run may have finished parts meanwhile: keep those, replace only what this one measured
     results = {**earlier_parts(record), **{p: results[p] for p in parts}, "ran": parts}
     write(args, results, time.perf_counter() - start)

@@ -16,6 +16,8 @@ import click
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
 RADII = ("embedding", "sqrt_d")
+CLAMPS = ("both", "final")
+BRIDGE_ORDERS = ("together", "last-first")  # hf_geonorm.training.BRIDGE_ORDERS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
 PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # hf_geonorm.presets.PRESETS, without importing torch
@@ -75,6 +77,7 @@ SETTING_OPTIONS = {
     "decay": "geo_decay",
     "alpha": "geo_alpha",
     "max_angle": "geo_max_angle",
+    "clamp": "geo_clamp",
     "radius": "geo_radius",
     "learnable_step": "geo_learnable_step",
     "bridge": "geo_bridge",
@@ -115,6 +118,14 @@ def _setting_options(show_defaults: bool) -> list[Callable]:
             "--max-angle",
             type=MaxAngleType(),
             help=note("Clamp on each rotation, in radians (a number, pi/4, ...) or 'none'. [default: pi/4]"),
+        ),
+        click.option(
+            "--clamp",
+            type=click.Choice(CLAMPS),
+            help=note(
+                "What --max-angle clamps: both the base angle |t|/|x| and the final angle (the paper's rule), or "
+                "the final angle only (for small calibrated steps). [default: both]"
+            ),
         ),
         click.option(
             "--radius",

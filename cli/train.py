@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from .errors import first_line
-from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
+from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, settings_options
 
 
 @click.command()
@@ -40,6 +40,10 @@ from .options import PRESET_NAMES, _option_words, pop_settings, settings_options
 @click.option("--bridge-anneal", type=click.IntRange(min=1), metavar="STEPS",
               help="Anneal geo_bridge from the model's value to 1.0 over STEPS steps (uptraining a converted "
               "Pre-Norm checkpoint into GeoNorm).")  # fmt: skip
+@click.option("--bridge-order", type=click.Choice(BRIDGE_ORDERS), default="together", show_default=True,
+              help="together: every update's bridge moves at once; last-first: one update at a time from the "
+              "last, the updates that grow the state most taking longest (needs a checkpoint converted with "
+              "--calibrate).")  # fmt: skip
 @click.option("--output", default="geonorm-run", show_default=True, type=click.Path(file_okay=False),
               help="Folder for checkpoints, the final model, metrics.json and loss_curve.png.")  # fmt: skip
 @click.option("--resume", is_flag=True, help="Resume from the newest whole checkpoint in --output.")
@@ -65,6 +69,7 @@ def train(
     lora: bool,
     eval_every: int,
     bridge_anneal: int | None,
+    bridge_order: str,
     output: str,
     resume: bool,
     force: bool,
@@ -86,7 +91,7 @@ def train(
         vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, max_steps=max_steps, lr=lr,
         warmup_steps=warmup_steps, precision=precision or "fp32", compile=use_compile,
         gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every, output=output,
-        bridge_anneal=bridge_anneal, resume=resume, force=force, seed=seed,
+        bridge_anneal=bridge_anneal, bridge_order=bridge_order, resume=resume, force=force, seed=seed,
     )  # fmt: skip
     try:
         options.validate()

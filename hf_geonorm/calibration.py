@@ -1,8 +1,8 @@
 """Step sizes for converting a pretrained Pre-Norm model, measured from the model itself.
 
 Pre-Norm is GeoNorm with a step size 1/s_k that differs per token and per update (docs/method.md, "Pre-Norm as
-GeoNorm"). ``calibrate_step_sizes`` reads text through the Pre-Norm model and, for every update, takes the median
-over tokens of the step size a GeoNorm update would need to turn the state by the angle Pre-Norm turned it:
+GeoNorm"). ``calibrate`` reads text through the Pre-Norm model and, for every update, takes the median over
+tokens of the step size a GeoNorm update would need to turn the state by the angle Pre-Norm turned it:
 
     a = θ_pre · R / |t|,    θ_pre = angle between h and h + u,    t = tangent(h, u)
 
@@ -11,11 +11,16 @@ with R the radius the token has on GeoNorm's sphere (``|h_0|`` for ``geo_radius=
 a pretrained model's base angles ``|t| / R`` are far above any clamp. The first position of every window is
 left out: in pretrained models it carries a far larger norm than the other tokens (the attention sink) and a
 step size a hundred times smaller (docs/method.md, "Converting a pretrained model").
+
+It also measures the frames: c = median |h_0| / |h| before every update, the scale that brings the Pre-Norm state
+to the embeddings' size. Along the bridge the Pre-Norm part of each update then runs on c times the Pre-Norm state
+(``geo_frames``), next to GeoNorm updates that keep that size, so that layers can be bridged one at a time.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +33,18 @@ from .settings import computes_prenorm
 RADII = ("embedding", "sqrt_d")
 
 
-def calibrate_step_sizes(model: nn.Module, windows: list[list[int]], radius: str = "embedding") -> list[float]:
-    """One GeoNorm step size per residual update of the Pre-Norm ``model`` (patched, with residual modules), in
-    the order the updates run, measured on the token ``windows`` (each at least two tokens long)."""
+@dataclass
+class Calibration:
+    """What ``calibrate`` measured, one value per update in the order the updates run: the GeoNorm step sizes
+    (for ``geo_alpha``) and the Pre-Norm frames (for ``geo_frames``)."""
+
+    step_sizes: list[float]
+    frames: list[float]
+
+
+def calibrate(model: nn.Module, windows: list[list[int]], radius: str = "embedding") -> Calibration:
+    """Step sizes and frames of the Pre-Norm ``model`` (patched, with residual modules), measured on the token
+    ``windows`` (each at least two tokens long)."""
     if radius not in RADII:
         raise ValueError(f"radius must be one of {', '.join(RADII)}; got {radius!r}")
     if not computes_prenorm(model.config):
@@ -44,20 +58,25 @@ def calibrate_step_sizes(model: nn.Module, windows: list[list[int]], radius: str
     modules = [module for _, _, module in residual_modules(model)]
     if not modules:
         raise ValueError("the model has no GeoNorm residual modules (patch it with apply_geonorm first)")
-    ratios: list[list[torch.Tensor]] = [[] for _ in modules]
+    steps: list[list[torch.Tensor]] = [[] for _ in modules]
+    scales: list[list[torch.Tensor]] = [[] for _ in modules]
     entry_norm: list[torch.Tensor] = []
 
     def make_hook(index: int) -> Any:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             x, u = args[0].detach().double(), args[1].detach().double()
+            x_norm = torch.linalg.vector_norm(x, dim=-1)
             if index == 0:
-                entry_norm.append(torch.linalg.vector_norm(x, dim=-1))
-            sphere = entry_norm[-1] if radius == "embedding" else torch.full_like(x[..., 0], math.sqrt(x.shape[-1]))
+                entry_norm.append(x_norm)
+            sphere = entry_norm[-1] if radius == "embedding" else torch.full_like(x_norm, math.sqrt(x.shape[-1]))
             t = tangent(x, u)
             need = prenorm_angle(x, u) * sphere / torch.linalg.vector_norm(t, dim=-1).clamp_min(1e-30)
-            ratios[index].append(need[:, 1:].flatten())
+            steps[index].append(need[:, 1:].flatten())
+            scales[index].append((entry_norm[-1] / x_norm.clamp_min(1e-30))[:, 1:].flatten())
 
         return hook
 
     read_with_hooks(model, windows, [(module, make_hook(i)) for i, module in enumerate(modules)])
-    return [float(torch.cat(r).median()) for r in ratios]
+    medians = [[float(torch.cat(v).median()) for v in measured] for measured in (steps, scales)]
+    medians[1][0] = 1.0  # the state enters the first update as it is: its frame is 1 for bridge 0 to be exact
+    return Calibration(*medians)

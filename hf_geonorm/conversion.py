@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_directory, check_target
-from .calibration import calibrate_step_sizes
+from .calibration import calibrate
 from .evaluation import check_finite, perplexity, text_windows
 from .gguf_files import gguf_metadata
 from .hub import save_shareable
@@ -75,7 +75,7 @@ def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
     if not computes_prenorm(current_settings(source)) or computes_prenorm(chosen):
         return None
     style = chosen["norm_style"]
-    what = f"geo_bridge={chosen['geo_bridge']:g}" if style == "geo" else f"norm_style={style}"
+    what = f"geo_bridge={chosen['geo_bridge']}" if style == "geo" else f"norm_style={style}"
     return (
         f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity rises); "
         "--bridge 0 keeps its outputs exactly, and the measured way on from there is --calibrate TEXT "
@@ -108,15 +108,15 @@ def calibrated_settings(
     text: str | os.PathLike,
     tokens: int,
 ) -> dict[str, Any]:
-    """``chosen`` with ``geo_alpha`` measured on ``text`` through the (Pre-Norm) ``model``, and no clamp unless
-    ``given`` names one."""
+    """``chosen`` with ``geo_alpha`` and ``geo_frames`` measured on ``text`` through the (Pre-Norm) ``model``, and no
+    clamp unless ``given`` names one."""
     if not getattr(model.config, "norm_style", None):
         apply_geonorm(model, norm_style="pre")  # the stock computation, with residual modules to observe
     windows, _ = text_windows(model, tokenizer, text, tokens, label=source.spec)
-    alphas = calibrate_step_sizes(model, windows, chosen["geo_radius"])
-    if not all(math.isfinite(a) for a in alphas):
+    measured = calibrate(model, windows, chosen["geo_radius"])
+    if not all(math.isfinite(a) for a in measured.step_sizes + measured.frames):
         raise ValueError(f"the calibration on {Path(text).name} gave non-finite step sizes; use more or other text")
-    updated = {**chosen, "geo_alpha": alphas}
+    updated = {**chosen, "geo_alpha": measured.step_sizes, "geo_frames": measured.frames}
     if "geo_max_angle" not in given:
         updated["geo_max_angle"] = None
     return GeoNormSettings(**updated).validate(source.num_layers).to_dict()
@@ -162,8 +162,9 @@ def convert_checkpoint(
     (when the source has one) and a model card naming ``base_model``, ``license`` and ``repo_id`` (defaults from
     the source's card or GGUF metadata). With ``eval_text`` the perplexity on its first ``eval_tokens`` tokens is
     measured before and after conversion and put in the card. With ``calibrate_text`` (a Pre-Norm source, ``geo``
-    settings) ``geo_alpha`` becomes one step size per update measured on its first ``calibrate_tokens`` tokens
-    (``calibration.calibrate_step_sizes``) and ``geo_max_angle`` None unless ``settings`` name one.
+    settings) ``geo_alpha`` becomes one step size per update and ``geo_frames`` the Pre-Norm frames, measured on its
+    first ``calibrate_tokens`` tokens (``calibration.calibrate``), and ``geo_max_angle`` None unless ``settings``
+    name one.
 
     Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
     ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears

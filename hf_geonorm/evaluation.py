@@ -175,7 +175,7 @@ def _settings_text(module: GeoNormResidual) -> str:
     clamp = config.geo_max_angle
     return (
         f"step size {module.step_size:.4g} from geo_alpha and geo_decay, geo_max_angle "
-        f"{'None (no clamp)' if clamp is None else f'{clamp:.4g}'}, geo_bridge {config.geo_bridge:.4g}"
+        f"{'None (no clamp)' if clamp is None else f'{clamp:.4g}'}, geo_bridge {module.bridge:.4g}"
     )
 
 

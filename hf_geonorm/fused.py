@@ -27,11 +27,11 @@ GeoNorm step costs no activation memory beyond a Pre-Norm residual add (which ke
 bfloat16/float16 state, no clamp or a clamp above pi/2 keep u instead. (As for any saved tensor, changing
 ``out`` in place before the backward makes autograd raise its usual error.)
 
-Not fused (``geometry.composed_geonorm_step`` is used): ``bridge < 1``, the learnable step scale/bias, a tensor
-``alpha``, x and u of different shapes, other dtypes. The Triton kernel computes in float32, so float64 takes
-the torch twin; rows wider than ``MAX_FUSED_WIDTH`` take the twin too. Double backward (``create_graph=True``)
-differentiates the composed path where u was kept, and raises where ``out`` was kept (turn the fused update off
-for higher-order gradients).
+Not fused (``geometry.composed_geonorm_step`` is used): ``bridge < 1``, ``geo_clamp="final"``, the learnable
+step scale/bias, a tensor ``alpha``, x and u of different shapes, other dtypes. The Triton kernel computes in
+float32, so float64 takes the torch twin; rows wider than ``MAX_FUSED_WIDTH`` take the twin too. Double backward
+(``create_graph=True``) differentiates the composed path where u was kept, and raises where ``out`` was kept (turn
+the fused update off for higher-order gradients).
 
 Under ``torch.compile`` the torch twin is traced (Inductor fuses it into its own kernels), never the
 hand-written kernel, so compiled graphs contain no opaque call and no graph break.
@@ -310,11 +310,12 @@ def kept_for_backward(x: torch.Tensor, max_angle: float | None) -> str:
     return "update"
 
 
-def can_fuse(x: torch.Tensor, u: torch.Tensor, alpha, bridge, step_scale, step_bias) -> bool:
+def can_fuse(x: torch.Tensor, u: torch.Tensor, alpha, bridge, step_scale, step_bias, clamp: str = "both") -> bool:
     """Whether ``geonorm_step`` with these arguments is computed by the fused Function."""
     return (
         _ENABLED
         and bridge == 1.0
+        and clamp == "both"
         and step_scale is None
         and step_bias is None
         and isinstance(alpha, (int, float))
@@ -462,19 +463,21 @@ def geonorm_step(
     bridge: float = 1.0,
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
+    frame: tuple[float, float] | None = None,
+    clamp: str = "both",
 ) -> torch.Tensor:
     """The model-level residual update of the ``geo`` style, with the Pre-Norm bridge.
 
-    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between the angle
-    and radius interpolate (docs/method.md, "The update" and "The bridge").
+    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly (x + u, or
+    in the ``frame``); in between the angle and radius interpolate (docs/method.md, "The update" and "The bridge").
 
     With bridge 1, a number ``alpha`` and no learnable step, the fused Function computes it (the Triton kernel
     on CUDA once it has passed its first-use check, the torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or
     ``set_fused_enabled(False)`` turns that off); everything else takes ``geometry.composed_geonorm_step``.
     Values and gradients are finite for 0 <= alpha <= ``geometry.MAX_ALPHA``, the range the settings accept.
     """
-    if can_fuse(x, u, alpha, bridge, step_scale, step_bias):
+    if can_fuse(x, u, alpha, bridge, step_scale, step_bias, clamp):
         backend = fused_backend(x, u)
         if backend == "torch" or kernel_passes_check(x, u, max_angle):
             return fused_geonorm_step(x, u, alpha, max_angle, backend)
-    return composed_geonorm_step(x, u, alpha, max_angle, bridge, step_scale, step_bias)
+    return composed_geonorm_step(x, u, alpha, max_angle, bridge, step_scale, step_bias, frame, clamp)

@@ -73,13 +73,15 @@ def geonorm_angle(
     max_angle: float | None,
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
+    clamp: str = "both",
 ) -> torch.Tensor:
     """The clamp rule: GeoNorm's rotation angle from the base angle |tangent|/|x|.
 
     theta = min(a (c min(base, max) + b), max); without the learnable step c = 1 and b = 0; with
-    ``max_angle=None`` both clamps are off and theta = a base.
+    ``max_angle=None`` both clamps are off and theta = a base. ``clamp="final"`` leaves the base angle
+    unclamped: theta = min(a (c base + b), max), the rule for small calibrated steps on large base angles.
     """
-    base = base_angle if max_angle is None else base_angle.clamp_max(max_angle)
+    base = base_angle if max_angle is None or clamp == "final" else base_angle.clamp_max(max_angle)
     if step_scale is not None:
         base = step_scale * base
     if step_bias is not None:
@@ -96,6 +98,7 @@ def geonorm_rotation(
     max_angle: float | None,
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
+    clamp: str = "both",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(theta, step, clamped) of the GeoNorm step for rows with |t| = ``t_norm`` and floored |x| = ``x_norm``.
 
@@ -106,12 +109,14 @@ def geonorm_rotation(
     cos(theta) x + sin_over(theta) step t.
     """
     base = t_norm / x_norm
-    theta = geonorm_angle(base, alpha, max_angle, step_scale, step_bias)
+    theta = geonorm_angle(base, alpha, max_angle, step_scale, step_bias, clamp)
     slope = alpha * step_scale if step_scale is not None else alpha
     linear = slope * torch.ones_like(base)
     has_t = base > 0
     base_safe = torch.where(has_t, base, torch.ones_like(base))
-    clamped = None if max_angle is None else (base > max_angle) | (slope * base > max_angle)
+    clamped = None if max_angle is None else (slope * base > max_angle)
+    if clamped is not None and clamp == "both":
+        clamped = clamped | (base > max_angle)
     if step_bias is not None:  # theta is not linear in |t|: no turn without a direction
         theta = torch.where(has_t, theta, torch.zeros_like(theta))
         step = torch.where(has_t, theta / base_safe, linear)
@@ -179,26 +184,31 @@ def step_sizes(
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"num_layers must be a positive integer; got {num_layers!r}")
     if isinstance(alpha, (list, tuple)):
-        if len(alpha) == num_layers * sublayers:
-            return [float(a) for a in alpha]
-        if len(alpha) != num_layers:
-            per_update = f" or one per update ({num_layers * sublayers})" if sublayers > 1 else ""
-            raise ValueError(
-                f"geo_alpha given as a list must have one value per layer ({num_layers}){per_update}; got {len(alpha)}"
-            )
-        per_layer = [float(a) for a in alpha]
+        return per_update("geo_alpha", alpha, num_layers, sublayers)
+    a = float(alpha)
+    ks = range(1, num_layers + 1)
+    if decay == "harmonic":
+        per_layer = [a / k for k in ks]
+    elif decay == "sqrt":
+        per_layer = [a / math.sqrt(k) for k in ks]
+    elif decay == "linear":
+        per_layer = [a * (num_layers + 1 - k) / num_layers for k in ks]
     else:
-        a = float(alpha)
-        ks = range(1, num_layers + 1)
-        if decay == "harmonic":
-            per_layer = [a / k for k in ks]
-        elif decay == "sqrt":
-            per_layer = [a / math.sqrt(k) for k in ks]
-        elif decay == "linear":
-            per_layer = [a * (num_layers + 1 - k) / num_layers for k in ks]
-        else:
-            per_layer = [a for _ in ks]
+        per_layer = [a for _ in ks]
     return [a for a in per_layer for _ in range(sublayers)]
+
+
+def per_update(name: str, values: list[float] | tuple[float, ...], num_layers: int, sublayers: int) -> list[float]:
+    """One value per update from a setting's list: ``num_layers * sublayers`` values as they are, ``num_layers``
+    values each repeated for the layer's ``sublayers`` updates."""
+    if len(values) == num_layers * sublayers:
+        return [float(v) for v in values]
+    if len(values) != num_layers:
+        each = f" or one per update ({num_layers * sublayers})" if sublayers > 1 else ""
+        raise ValueError(
+            f"{name} given as a list must have one value per layer ({num_layers}){each}; got {len(values)}"
+        )
+    return [float(v) for v in values for _ in range(sublayers)]
 
 
 def updates_per_layer(alpha: float | list[float] | tuple[float, ...], num_layers: int) -> int:
@@ -214,13 +224,18 @@ def composed_geonorm_step(
     bridge: float = 1.0,
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
+    frame: tuple[float, float] | None = None,
+    clamp: str = "both",
 ) -> torch.Tensor:
     """The model-level residual update of the ``geo`` style, composed of torch operations and differentiated by
     autograd (every setting; ``fused.geonorm_step`` dispatches here or to the fused Function).
 
-    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is x + u exactly; in between the angle
-    and the radius interpolate (docs/method.md, "The bridge").
+    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly; in between
+    the angle and the radius interpolate (docs/method.md, "The bridge"). The Pre-Norm update is x + u, or with a
+    ``frame`` (c, r) the same update on a state rescaled by c: r (x + c u) (``prenorm_update``).
     """
+    if bridge == 0.0:
+        return prenorm_update(x, u, frame)
     dtype = x.dtype
     cd = compute_dtype(x.dtype, u.dtype)
     x, u = x.to(cd), u.to(cd)
@@ -228,16 +243,30 @@ def composed_geonorm_step(
     c = tangent_coefficient(row_dot(u, x), x_norm)
     t = tangent_from(u, x, c)
     t_norm = row_norm(t)
-    theta, step, _ = geonorm_rotation(t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias)
+    theta, step, _ = geonorm_rotation(
+        t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias, clamp
+    )
     # |x| (cos(th) x/|x| + sin(th) t/|t|) = cos(th) x + (sin(th)/th) (th/base) t,  base = |t|/|x|
     if bridge == 1.0:
         return (torch.cos(theta) * x + sin_over(theta) * step * t).to(dtype)
     lam = float(bridge)
-    theta_pre, step_pre = prenorm_rotation(t_norm, x_norm, c)
+    scale = 1.0 if frame is None else frame[0]  # the Pre-Norm update in the frame is c u on x
+    theta_pre, step_pre = prenorm_rotation(scale * t_norm, x_norm, scale * c)
     theta = (1.0 - lam) * theta_pre + lam * theta
-    step = (1.0 - lam) * step_pre + lam * step
-    radius = (1.0 - lam) * row_norm(x + u) + lam * x_norm
+    step = (1.0 - lam) * scale * step_pre + lam * step
+    radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * x_norm
     return (radius / x_norm * (torch.cos(theta) * x + sin_over(theta) * step * t)).to(dtype)
+
+
+def prenorm_update(x: torch.Tensor, u: torch.Tensor, frame: tuple[float, float] | None = None) -> torch.Tensor:
+    """The Pre-Norm update x + u; with a ``frame`` (c, r), on a state that is c times the Pre-Norm state and is
+    handed on as the next update's frame (r = c_next / c): r (x + c u). A chain of framed updates is the Pre-Norm
+    model's state times the last c, which the final norm does not see (docs/method.md, "Converting a pretrained
+    model")."""
+    if frame is None:
+        return x + u
+    c, ratio = frame
+    return ratio * (x + c * u)
 
 
 def prenorm_angle(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

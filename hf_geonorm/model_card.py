@@ -104,9 +104,24 @@ def card_template() -> str:
         return fallback.read_text(encoding="utf-8")
 
 
-def max_rotation(a: float, max_angle: float | None) -> float:
-    """The largest angle one update with step size ``a`` can make (inf without a clamp)."""
-    return math.inf if max_angle is None else min(a * max_angle, max_angle)
+def max_rotation(a: float, max_angle: float | None, clamp: str = "both") -> float:
+    """The largest angle one update with step size ``a`` can make (inf without a clamp; ``max_angle`` when only
+    the final angle is clamped)."""
+    if max_angle is None:
+        return math.inf
+    return max_angle if clamp == "final" else min(a * max_angle, max_angle)
+
+
+def bridge_text(settings: GeoNormSettings) -> str:
+    """What ``geo_bridge`` makes of the model, in words."""
+    if settings.norm_style != "geo":
+        return "used by `geo` only"
+    bridges = settings.geo_bridge if isinstance(settings.geo_bridge, list) else [settings.geo_bridge]
+    if all(b == 0.0 for b in bridges):
+        return "exactly the Pre-Norm model"
+    if all(b == 1.0 for b in bridges):
+        return "pure GeoNorm"
+    return "between Pre-Norm and GeoNorm" + (", update by update" if len(bridges) > 1 else "")
 
 
 def _version() -> str:
@@ -180,7 +195,7 @@ def render_model_card(
         per = updates_per_layer(settings.geo_alpha, num_layers)
         for i, a in enumerate(step_sizes(settings.geo_decay, settings.geo_alpha, num_layers, per)):
             layer = f"{i // per + 1}" + ("" if per == 1 else (" attention", " feed-forward")[i % per])
-            steps.append({"layer": layer, "a": a, "max_rotation": max_rotation(a, max_angle)})
+            steps.append({"layer": layer, "a": a, "max_rotation": max_rotation(a, max_angle, settings.geo_clamp)})
     pipeline_tag, auto_class = head_of(config, family)
     tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
     tags += [t for t in info.tags if t not in tags]
@@ -208,6 +223,7 @@ def render_model_card(
         hidden_size=getattr(config, "hidden_size", "?"),
         num_parameters=_human(info.num_parameters) if info.num_parameters else None,
         settings=settings.to_dict(),
+        bridge_text=bridge_text(settings),
         style_description=STYLE_DESCRIPTIONS[settings.norm_style],
         steps=steps,
         per_update_steps=len(steps) > num_layers,

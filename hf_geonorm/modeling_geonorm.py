@@ -312,9 +312,11 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
         "geo_alpha": float | list[float],
         "geo_decay": str,
         "geo_max_angle": float | None,
+        "geo_clamp": str,
         "geo_learnable_step": bool,
         "geo_radius": str,
-        "geo_bridge": float,
+        "geo_bridge": float | list[float],
+        "geo_frames": list[float] | None,
         "geo_first_token_prenorm": bool,
     }
     config_ns = {

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .fused import geonorm_step
-from .geometry import entry_rescale, step_sizes
+from .geometry import entry_rescale, per_update, prenorm_update, step_sizes
 from .settings import GeoNormSettings
 
 _LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
@@ -98,24 +98,48 @@ class GeoNormResidual(nn.Module):
         return (2.0 * self.num_layers) ** 0.25
 
     @property
+    def update_index(self) -> int:
+        """This update's place among all the model's updates, in the order they run."""
+        return self.layer_index * self.sublayers + self.sublayer
+
+    @property
     def step_size(self) -> float:
         """a_k of this update, from the config's ``geo_alpha`` and ``geo_decay``."""
         sizes = step_sizes(self.config.geo_decay, self.config.geo_alpha, self.num_layers, self.sublayers)
-        return sizes[self.layer_index * self.sublayers + self.sublayer]
+        return sizes[self.update_index]
+
+    @property
+    def bridge(self) -> float:
+        """This update's ``geo_bridge`` (a number, or a list with one value per layer or per update)."""
+        bridge = self.config.geo_bridge
+        if not isinstance(bridge, list):
+            return bridge
+        return per_update("geo_bridge", bridge, self.num_layers, self.sublayers)[self.update_index]
+
+    @property
+    def frame(self) -> tuple[float, float] | None:
+        """(c, c_next / c) of this update from ``geo_frames``: the scale of the Pre-Norm state before it and the
+        change to the next update's scale (none after the last update). None without frames."""
+        frames = self.config.geo_frames
+        if frames is None:
+            return None
+        scales = per_update("geo_frames", frames, self.num_layers, self.sublayers)
+        i = self.update_index
+        return scales[i], (scales[i + 1] / scales[i] if i + 1 < len(scales) else 1.0)
 
     def extra_repr(self) -> str:
         if self.norm_style != "geo":
             return f"norm_style={self.norm_style!r}"
         return (
             f"norm_style='geo', step_size={self.step_size:.4g}, max_angle={self.config.geo_max_angle}, "
-            f"bridge={self.config.geo_bridge}, radius={self.config.geo_radius!r}"
+            f"bridge={self.bridge:g}, radius={self.config.geo_radius!r}"
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         """Put the state on its sphere before the first block (``geo`` with ``geo_radius='sqrt_d'``)."""
         if self.norm_style != "geo":
             return x
-        return entry_rescale(x, self.config.geo_radius, self.config.geo_bridge)
+        return entry_rescale(x, self.config.geo_radius, self.bridge)
 
     def sublayer_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """What the sublayer reads: N(x), or x itself for the post-normalising styles."""
@@ -127,18 +151,17 @@ class GeoNormResidual(nn.Module):
         self, x: torch.Tensor, update: torch.Tensor, norm: nn.Module, first_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The new state from the state ``x`` and the sublayer's ``update``. ``first_tokens`` (bool, broadcast
-        against ``x[..., 0]``) marks the rows at position 0 that take the Pre-Norm update ``x + u`` under
-        ``geo_first_token_prenorm`` (docs/method.md, "Converting a pretrained model")."""
+        against ``x[..., 0]``) marks the rows at position 0 that take the Pre-Norm update (``x + u``, or in the
+        frame of ``geo_frames``) under ``geo_first_token_prenorm`` (docs/method.md, "Converting a pretrained model")."""
         style = self.norm_style
         if style == "pre":
             return x + update
         if style == "geo":
-            config = self.config
-            out = geonorm_step(
-                x, update, self.step_size, config.geo_max_angle, config.geo_bridge, self.step_scale, self.step_bias
-            )
+            config, frame = self.config, self.frame
+            out = geonorm_step(x, update, self.step_size, config.geo_max_angle, self.bridge, self.step_scale,
+                               self.step_bias, frame, config.geo_clamp)  # fmt: skip
             if first_tokens is not None and config.geo_first_token_prenorm:
-                out = torch.where(first_tokens.unsqueeze(-1), x + update, out)
+                out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
             return out
         if style == "post":
             return norm(x + update)

@@ -14,6 +14,7 @@ from .geometry import DECAYS, MAX_ALPHA
 
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 RADII = ("embedding", "sqrt_d")
+CLAMPS = ("both", "final")
 
 
 def computes_prenorm(settings: Any) -> bool:
@@ -21,7 +22,9 @@ def computes_prenorm(settings: Any) -> bool:
     Pre-Norm update: ``norm_style="pre"``, or ``geo`` with ``geo_bridge=0``."""
     get = settings.get if isinstance(settings, dict) else lambda name, default: getattr(settings, name, default)
     style = get("norm_style", "pre")
-    return style == "pre" or (style == "geo" and get("geo_bridge", 1.0) == 0.0)
+    bridges = get("geo_bridge", 1.0)
+    bridges = bridges if isinstance(bridges, list) else [bridges]
+    return style == "pre" or (style == "geo" and all(b == 0.0 for b in bridges))
 
 
 @dataclass
@@ -38,9 +41,11 @@ class GeoNormSettings:
     geo_alpha: float | list[float] = 0.5
     geo_decay: str = "harmonic"
     geo_max_angle: float | None = math.pi / 4
+    geo_clamp: str = "both"
     geo_learnable_step: bool = False
     geo_radius: str = "embedding"
-    geo_bridge: float = 1.0
+    geo_bridge: float | list[float] = 1.0
+    geo_frames: list[float] | None = None
     geo_first_token_prenorm: bool = False
 
     def __post_init__(self) -> None:
@@ -54,6 +59,8 @@ class GeoNormSettings:
             raise ValueError(f"geo_decay must be one of {', '.join(DECAYS)}; got {self.geo_decay!r}")
         if self.geo_radius not in RADII:
             raise ValueError(f"geo_radius must be one of {', '.join(RADII)}; got {self.geo_radius!r}")
+        if self.geo_clamp not in CLAMPS:
+            raise ValueError(f"geo_clamp must be one of {', '.join(CLAMPS)}; got {self.geo_clamp!r}")
         alpha = self.geo_alpha
         values = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
         for a in values:
@@ -68,11 +75,6 @@ class GeoNormSettings:
                     f"and bfloat16; got {alpha!r}"
                 )
         if isinstance(alpha, (list, tuple)):
-            if num_layers is not None and len(alpha) not in (num_layers, 2 * num_layers):
-                raise ValueError(
-                    f"geo_alpha given as a list must have one value per layer ({num_layers}) or one per update "
-                    f"({2 * num_layers}: attention, then feed-forward, of each layer); got {len(alpha)}"
-                )
             self.geo_alpha = [float(a) for a in alpha]
         else:
             self.geo_alpha = float(alpha)
@@ -85,9 +87,33 @@ class GeoNormSettings:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False; got {getattr(self, flag)!r}")
         b = self.geo_bridge
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not (0.0 <= b <= 1.0):
-            raise ValueError(f"geo_bridge must be a number in [0, 1] (1 = GeoNorm, 0 = Pre-Norm); got {b!r}")
-        self.geo_bridge = float(b)
+        bridges = list(b) if isinstance(b, (list, tuple)) else [b]
+        if not bridges or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0
+                              for v in bridges):  # fmt: skip
+            raise ValueError(
+                "geo_bridge must be a number in [0, 1] (1 = GeoNorm, 0 = Pre-Norm) or a list of them, one per layer "
+                f"or per update; got {b!r}"
+            )
+        self.geo_bridge = [float(v) for v in bridges] if isinstance(b, (list, tuple)) else float(b)
+        frames = self.geo_frames
+        if frames is not None:
+            if not isinstance(frames, (list, tuple)) or not frames or any(
+                isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0
+                for c in frames
+            ):
+                raise ValueError(
+                    "geo_frames must be None or a list of positive numbers, one per update (the scale of the "
+                    f"Pre-Norm state before each update; `convert --calibrate` measures it); got {frames!r}"
+                )
+            self.geo_frames = [float(c) for c in frames]
+        if num_layers is not None:
+            for name in ("geo_alpha", "geo_bridge", "geo_frames"):
+                values = getattr(self, name)
+                if isinstance(values, list) and len(values) not in (num_layers, 2 * num_layers):
+                    raise ValueError(
+                        f"{name} given as a list must have one value per layer ({num_layers}) or one per update "
+                        f"({2 * num_layers}: attention, then feed-forward, of each layer); got {len(values)}"
+                    )
         return self
 
     def to_dict(self) -> dict[str, Any]:

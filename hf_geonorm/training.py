@@ -31,6 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, TrainerState, TrainingArguments
 
 from .atomic import atomic_directory, remove_tree, terminate_raises
+from .evaluation import residual_modules
 from .hub import save_shareable
 from .loading import PICKLE_WEIGHTS, check_weight_files, first_line, load_model, open_source, resolve_settings
 from .patching import config_class_for, family_for
@@ -73,6 +74,7 @@ class TrainOptions:
     save_every: int | None = None
     output: str = "geonorm-run"
     bridge_anneal: int | None = None
+    bridge_order: str = "together"
     resume: bool = False
     force: bool = False
     seed: int = 0
@@ -90,6 +92,8 @@ class TrainOptions:
             raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
         if self.bridge_anneal is not None and self.bridge_anneal < 1:
             raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
+        if self.bridge_order not in BRIDGE_ORDERS:
+            raise ValueError(f"bridge_order must be one of {', '.join(BRIDGE_ORDERS)}; got {self.bridge_order!r}")
         if self.fsdp and not torch.accelerator.is_available():
             raise ValueError(
                 "--fsdp: accelerate shards with FSDP on GPUs only, and this machine has none; drop --fsdp (under "
@@ -157,23 +161,62 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config)
 
 
+BRIDGE_ORDERS = ("together", "last-first")
+MIN_GROWTH = 0.02  # the least share weight of an update in a last-first anneal (a growth of 2% of the state)
+
+
+def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
+    """Per-update bridge values ``progress`` (0 to 1) of the way through a last-first anneal: the updates reach 1
+    one at a time, from the last to the first, update j over a share of the anneal proportional to weights[j]."""
+    total, values, done = sum(weights), [0.0] * len(weights), 0.0
+    for j in reversed(range(len(weights))):
+        values[j] = min(1.0, max(0.0, (progress * total - done) / weights[j]))
+        done += weights[j]
+    return values
+
+
+def anneal_weights(frames: list[tuple[float, float] | None]) -> list[float]:
+    """The share weight of each update in a last-first anneal: how much the Pre-Norm update grows the state,
+    log(c_j / c_j+1) from its frame (the updates that move the state most take longest), at least ``MIN_GROWTH``;
+    equal shares without frames."""
+    return [MIN_GROWTH if f is None else max(-math.log(f[1]), MIN_GROWTH) for f in frames]
+
+
 class BridgeAnneal(TrainerCallback):
-    """Anneal ``geo_bridge`` linearly from its starting value to 1.0 over ``steps`` optimiser steps: the path
-    from a converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md,
-    "The bridge")."""
+    """Anneal ``geo_bridge`` from its starting value to 1.0 over ``steps`` optimiser steps: the path from a
+    converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md, "The bridge").
 
-    def __init__(self, model: torch.nn.Module, steps: int, start: float) -> None:
-        self.model, self.steps, self.start = model, steps, float(start)
+    ``order="together"`` moves every update's bridge linearly at once; ``"last-first"`` converts the updates one at
+    a time from the last to the first, each over a share of the steps weighted by ``anneal_weights`` (it needs the
+    frames of ``convert --calibrate``: without them the Pre-Norm part of a half-bridged model is off scale)."""
 
-    def value_at(self, step: int) -> float:
-        return min(1.0, self.start + (1.0 - self.start) * step / self.steps)
+    def __init__(self, model: torch.nn.Module | None, steps: int, start: float, order: str = "together") -> None:
+        if order not in BRIDGE_ORDERS:
+            raise ValueError(f"the bridge order must be one of {', '.join(BRIDGE_ORDERS)}; got {order!r}")
+        self.model, self.steps, self.start, self.order = model, steps, start, order
+        if order == "last-first":
+            modules = [module for _, _, module in residual_modules(model)]
+            self.weights = anneal_weights([module.frame for module in modules])
+            self.start = [module.bridge for module in modules]
+
+    def value_at(self, step: int) -> float | list[float]:
+        progress = min(1.0, step / self.steps)
+        if not isinstance(self.start, list):  # together, from one value
+            return self.start + (1.0 - self.start) * progress
+        if self.order == "together":
+            shares = [progress] * len(self.start)
+        else:
+            shares = last_first_bridges(progress, self.weights)
+        values = [b + (1.0 - b) * share for b, share in zip(self.start, shares, strict=True)]
+        return 1.0 if all(v == 1.0 for v in values) else values
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's callback signature
         self.model.config.geo_bridge = self.value_at(state.global_step)  # the model reads its config
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-        if state.log_history:  # the Trainer has already stored a copy of ``logs`` there
-            state.log_history[-1]["geo_bridge"] = self.value_at(state.global_step)
+        if state.log_history:  # the Trainer has already stored a copy of ``logs`` there (a list: its mean)
+            value = self.value_at(state.global_step)
+            state.log_history[-1]["geo_bridge"] = value if isinstance(value, float) else sum(value) / len(value)
 
 
 # ---- outputs ----
@@ -309,7 +352,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     )
     callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
-        callbacks.append(BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge))
+        callbacks.append(BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order))
     args = TrainingArguments(
         output_dir=str(output),
         max_steps=options.max_steps,

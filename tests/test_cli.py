@@ -140,11 +140,13 @@ def test_option_choices_match_the_library():
     """The CLI spells these out so that --help needs no torch; they must be the library's."""
     from hf_geonorm_cli import main
 
-    from hf_geonorm import loading, presets
+    from hf_geonorm import loading, presets, settings, training
     from hf_geonorm.geometry import DECAYS
 
     assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
     assert options.RADII == hf_geonorm.RADII
+    assert options.CLAMPS == settings.CLAMPS
+    assert options.BRIDGE_ORDERS == training.BRIDGE_ORDERS
     assert options.DECAYS == DECAYS
     assert options.DTYPES == loading.DTYPES
     assert options.PRESET_NAMES == tuple(presets.PRESETS)
@@ -309,6 +311,8 @@ def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(wo
             needs.append(torch.acos(cos) * h0.norm(dim=-1) / tangent.norm(dim=-1))
         expected.append(torch.cat(needs).median().item())
     assert config["geo_alpha"] == pytest.approx(expected, rel=1e-6)
+    scales = [torch.cat([h0[0, 1:].norm(dim=-1) / h[0, 1:].norm(dim=-1) for h0, _, h in w]) for w in updates]
+    assert config["geo_frames"] == pytest.approx([1.0] + [s.median().item() for s in scales[1:]], rel=1e-5)
     card = (tmp_path / "c" / "README.md").read_text()
     assert "1 attention" in card and "3 feed-forward" in card  # one step size per update in the card
     run("perplexity", tmp_path / "c", "--text", TEXT, "--max-tokens", "128")  # finite, or the command fails

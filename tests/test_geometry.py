@@ -515,6 +515,30 @@ def test_bridge_intermediate_formula(lam, max_angle):
     np.testing.assert_allclose(angle_between(x, out), th[..., 0], rtol=0, atol=1e-7)
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_framed_bridge_and_final_clamp_formula(lam):
+    """With a frame (c, r) the Pre-Norm side of the bridge is r (x + c u): its angle atan2(c|t|, |x| + c<u,x>/|x|)
+    and its radius |r (x + c u)|; geo_clamp="final" clamps only a |t|/|x|, never the base angle."""
+    x, u = rand(SHAPE, 70), rand(SHAPE, 71, 1.5)
+    c, r, a, m = 0.6, 0.8, 0.3, 1.2
+    t = ref_tangent(x, u)
+    nx, nt = nnorm(x), nnorm(t)
+    theta_pre = np.arctan2(c * nt, nx + c * ndot(u, x) / nx)
+    theta_geo = np.minimum(a * nt / nx, m)
+    assert (nt / nx > m).any() and (a * nt / nx < m).all()  # here "both" would clamp the base angle, "final" not
+    theta = (1 - lam) * theta_pre + lam * theta_geo
+    radius = (1 - lam) * nnorm(r * (x + c * u)) + lam * nx
+    expected = radius * (np.cos(theta) * x / nx + np.sin(theta) * t / nt)
+    got = geonorm_step(T(x), T(u), a, m, lam, frame=(c, r), clamp="final")
+    close(got, expected, 1e-9)
+    if lam == 0.0:
+        assert torch.equal(got, T(r * (x + c * u)))  # exactly the framed Pre-Norm update
+    both = ref_geonorm_step(x, u, a, m, lam) if lam == 1.0 else None
+    if both is not None:  # the paper's clamp differs where the base angle passes max_angle
+        assert np.abs(N(geonorm_step(T(x), T(u), a, m, lam)) - both).max() < 1e-9
+        assert np.abs(both - expected).max() > 1e-3
+
+
 def test_bridge_approaches_geonorm_continuously():
     x, u = rand(SHAPE, 67), rand(SHAPE, 68, 1.5)
     at_one = N(geonorm_step(T(x), T(u), 0.7))

@@ -350,6 +350,47 @@ def test_first_token_prenorm_moves_position_zero_by_x_plus_u_with_and_without_ca
         logits(no_positions, ids)
 
 
+def test_per_update_bridges_frames_and_final_clamp_equal_the_written_out_updates():
+    """A LLaMA with some updates Pre-Norm (in the frame c: x -> (c_next / c)(x + c u)), some pure GeoNorm with
+    only the final angle clamped, one half-way: each update computes its own formula, the first token the framed
+    Pre-Norm update; all bridges 0 is the stock model."""
+    stock, ids = stock_model("llama"), token_ids()
+    n = 2 * len(layers_of(stock))
+    bridges = [0.0, 1.0, 0.5, 0.0, 1.0, 1.0][:n]
+    frames = [1.0, 0.5, 0.4, 0.3, 0.25, 0.2][:n]
+    alphas = [0.4, 0.05, 0.3, 0.2, 0.1, 0.15][:n]
+    settings = dict(geo_alpha=alphas, geo_frames=frames, geo_clamp="final", geo_max_angle=1.0,
+                    geo_first_token_prenorm=True)  # fmt: skip
+    geo = hf_geonorm.convert(stock, geo_bridge=bridges, **settings)
+
+    def update(j, x, u):
+        x, u = x.double(), u.double()
+        c, r = frames[j], (frames[j + 1] / frames[j] if j + 1 < n else 1.0)
+        pre = r * (x + c * u)
+        xn = x.norm(dim=-1, keepdim=True)
+        t = u - (u * x).sum(-1, keepdim=True) / xn**2 * x
+        tn = t.norm(dim=-1, keepdim=True)
+        theta_pre = torch.atan2(c * tn, xn + c * (u * x).sum(-1, keepdim=True) / xn)
+        theta = (1 - bridges[j]) * theta_pre + bridges[j] * torch.clamp(alphas[j] * tn / xn, max=1.0)
+        radius = (1 - bridges[j]) * pre.norm(dim=-1, keepdim=True) + bridges[j] * xn
+        out = pre if bridges[j] == 0.0 else radius * (torch.cos(theta) * x / xn + torch.sin(theta) * t / tn)
+        out[:, 0] = pre[:, 0]
+        return out.float()
+
+    def layer_steps(k):
+        calls = iter(range(2 * k, 2 * k + 2))  # attention, then feed-forward
+        return lambda x, u: update(next(calls), x, u)
+
+    torch.testing.assert_close(logits(geo, ids), reference_logits(stock, "llama", ids, layer_steps), atol=1e-5,
+                               rtol=1e-5)  # fmt: skip
+    assert len({round(v, 4) for v in (logits(geo, ids)[0, -1, :3].tolist())}) > 1
+    for module in stock.modules():  # every update Pre-Norm in its frame is the stock model, but for the norms' eps
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = 1e-12
+    exact = hf_geonorm.convert(stock, geo_bridge=[0.0] * n, **settings)
+    torch.testing.assert_close(logits(exact, ids), logits(stock, ids), atol=1e-5, rtol=1e-5)
+
+
 def test_apply_geonorm_patches_in_place_and_through_peft():
     from peft import LoraConfig, get_peft_model
 

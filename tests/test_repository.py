@@ -122,8 +122,11 @@ def test_the_readme_settings_table_states_the_library_defaults():
         "geo_alpha": f"{defaults.geo_alpha:g}",
         "geo_decay": defaults.geo_decay,
         "geo_max_angle": "None" if angle is None else f"pi/{math.pi / angle:g}",
+        "geo_clamp": defaults.geo_clamp,
         "geo_learnable_step": str(defaults.geo_learnable_step),
         "geo_radius": defaults.geo_radius,
         "geo_bridge": f"{defaults.geo_bridge:.1f}",
+        "geo_frames": str(defaults.geo_frames),
+        "geo_first_token_prenorm": str(defaults.geo_first_token_prenorm),
     }
     assert {field: stated.get(field) for field in expected} == expected

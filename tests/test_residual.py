@@ -424,6 +424,12 @@ NAN = float("nan")
         ({"geo_bridge": 1.01}, r"geo_bridge.*\[0, 1\]"),
         ({"geo_bridge": NAN}, r"geo_bridge.*\[0, 1\]"),
         ({"geo_bridge": True}, r"geo_bridge.*\[0, 1\]"),
+        ({"geo_bridge": [0.0, 1.5, 1.0]}, r"geo_bridge.*\[0, 1\] .*or a list"),
+        ({"geo_bridge": []}, r"geo_bridge.*\[0, 1\] .*or a list"),
+        ({"geo_frames": [1.0, 0.0, 0.5]}, r"geo_frames.*positive numbers"),
+        ({"geo_frames": 0.5}, r"geo_frames.*positive numbers"),
+        ({"geo_frames": [1.0, NAN]}, r"geo_frames.*positive numbers"),
+        ({"geo_clamp": "base"}, r"geo_clamp.*both, final"),
     ],
 )
 def test_settings_invalid(kwargs, message):
@@ -437,11 +443,16 @@ def test_settings_invalid(kwargs, message):
         s.validate()
 
 
-def test_settings_alpha_list_length():
+def test_settings_list_lengths():
     s = GeoNormSettings(geo_alpha=[1.0, 0.5, 0.25])
     assert s.validate(num_layers=3) is s
     with pytest.raises(ValueError, match=r"one value per layer \(4\).*3"):
         s.validate(num_layers=4)
+    for name in ("geo_bridge", "geo_frames"):  # the per-update lists are checked the same way
+        given = GeoNormSettings(**{name: [0.5] * 6})
+        assert given.validate(num_layers=3) is given and given.validate(num_layers=6) is given
+        with pytest.raises(ValueError, match=rf"{name} given as a list.*per layer \(4\).*per update \(8:.*got 6"):
+            given.validate(num_layers=4)
 
 
 def test_settings_from_object():

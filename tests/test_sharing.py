@@ -330,6 +330,15 @@ def test_model_card_metadata_and_body(tmp_path):
     # a stock-style member (no step sizes) renders too
     plain = render_model_card(hf_geonorm.convert(tiny_model("gpt2"), norm_style="pre").config)
     assert 'apply to `norm_style="geo"` only' in plain.text and "base_model" not in plain.data.to_dict()
+    # a half-way layer-wise conversion: per-update bridges, frames, only the final angle clamped at 1.5 rad
+    layerwise = hf_geonorm.convert(tiny_model("llama"), geo_alpha=[0.1] * 6, geo_bridge=[0.0, 0.0, 0.5, 1.0, 1.0, 1.0],
+                                   geo_frames=[1.0, 0.5, 0.4, 0.3, 0.2, 0.125], geo_clamp="final", geo_max_angle=1.5)
+    body = render_model_card(layerwise.config).text
+    assert "`geo_clamp` | `final` (only the final angle is clamped)" in body
+    assert "(between Pre-Norm and GeoNorm, update by update)" in body
+    assert "| `geo_frames` | 6 Pre-Norm frames, from the calibration (`1` ... `0.125`)" in body
+    assert "| 1 attention | 0.1 | 1.5 |" in body  # the final clamp caps every update at 1.5 rad, not 0.1 x 1.5
+    assert "`geo_clamp` | `both` (the base angle, then the scaled angle)" in render_model_card(model.config).text
 
 
 def test_card_facts_round_trip_as_data_not_markdown(tmp_path):

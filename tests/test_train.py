@@ -21,7 +21,7 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm.training import BridgeAnneal
+from hf_geonorm.training import MIN_GROWTH, BridgeAnneal, anneal_weights, last_first_bridges
 from hf_geonorm.training_data import read_texts, split_blocks, stdlib_files, token_blocks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -145,6 +145,33 @@ def test_bridge_anneal_moves_a_converted_prenorm_checkpoint_to_geonorm(tmp_path,
     assert len(final["geo_alpha"]) == 2 * final["n_layer"]  # the calibrated step sizes, one per update
     anneal = BridgeAnneal(model=None, steps=4, start=0.2)
     assert [anneal.value_at(s) for s in (0, 2, 4, 9)] == pytest.approx([0.2, 0.6, 1.0, 1.0])
+    # last-first: one update at a time from the last, each over its share of the steps
+    out = tmp_path / "last-first"
+    result = train(
+        "--model", str(tmp_path / "bridged"), "--data", str(data_file), *SMALL, "--max-steps", "6",
+        "--eval-every", "2", "--bridge-anneal", "4", "--bridge-order", "last-first", "--output", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    history = json.loads((out / "metrics.json").read_text())["log_history"]
+    bridges = [h["geo_bridge"] for h in history if "geo_bridge" in h]  # the mean over the updates
+    assert bridges == sorted(bridges) and 0.0 < bridges[0] < 1.0 and bridges[-1] == 1.0
+    assert json.loads((out / "final" / "config.json").read_text())["geo_bridge"] == 1.0
+
+
+def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth():
+    # weights 1, 2, 1 of 4: the last update over progress 0-0.25, the middle one 0.25-0.75, the first 0.75-1
+    expected = {0.0: [0, 0, 0], 0.125: [0, 0, 0.5], 0.5: [0, 0.5, 1], 0.875: [0.5, 1, 1], 1.0: [1, 1, 1]}
+    for progress, values in expected.items():
+        assert last_first_bridges(progress, [1.0, 2.0, 1.0]) == pytest.approx(values)
+    # the weight of an update is the log of how much the Pre-Norm update grows the state (c / c_next), floored
+    assert anneal_weights([(1.0, 0.5), (0.5, 0.99), None]) == pytest.approx([math.log(2), MIN_GROWTH, MIN_GROWTH])
+    model = hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, geo_frames=[1.0, 0.5, 0.5, 0.25, 0.25, 0.25])
+    anneal = BridgeAnneal(model, steps=10, start=0.0, order="last-first")
+    assert anneal.weights == pytest.approx([math.log(2), MIN_GROWTH, math.log(2), MIN_GROWTH, MIN_GROWTH, MIN_GROWTH])
+    assert anneal.value_at(0) == [0.0] * 6 and anneal.value_at(10) == 1.0
+    assert anneal.value_at(5) == pytest.approx(last_first_bridges(0.5, anneal.weights))
+    with pytest.raises(ValueError, match="together, last-first"):
+        BridgeAnneal(model, steps=10, start=0.0, order="first-last")
 
 
 def test_lora_and_gradient_checkpointing_train(tmp_path, data_file):
