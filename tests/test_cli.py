@@ -169,6 +169,7 @@ def test_option_help_states_the_library_defaults():
         "decay": defaults.geo_decay,
         "alpha": f"{defaults.geo_alpha:g}",
         "max_angle": "none" if angle is None else f"pi/{math.pi / angle:g}",
+        "clamp": defaults.geo_clamp,
         "radius": defaults.geo_radius,
         "learnable_step": "on" if defaults.geo_learnable_step else "off",
         "bridge": f"{defaults.geo_bridge:.1f}",
