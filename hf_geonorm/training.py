@@ -168,6 +168,8 @@ MIN_GROWTH = 0.02  # the least share weight of an update in a last-first anneal 
 def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
     """Per-update bridge values ``progress`` (0 to 1) of the way through a last-first anneal: the updates reach 1
     one at a time, from the last to the first, update j over a share of the anneal proportional to weights[j]."""
+    if progress >= 1.0:
+        return [1.0] * len(weights)  # exactly: the sum of the shares may differ from the total by rounding
     total, values, done = sum(weights), [0.0] * len(weights), 0.0
     for j in reversed(range(len(weights))):
         values[j] = min(1.0, max(0.0, (progress * total - done) / weights[j]))
@@ -207,7 +209,7 @@ class BridgeAnneal(TrainerCallback):
             shares = [progress] * len(self.start)
         else:
             shares = last_first_bridges(progress, self.weights)
-        values = [b + (1.0 - b) * share for b, share in zip(self.start, shares, strict=True)]
+        values = [1.0 if share >= 1.0 else b + (1.0 - b) * share for b, share in zip(self.start, shares, strict=True)]
         return 1.0 if all(v == 1.0 for v in values) else values
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's callback signature

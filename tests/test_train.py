@@ -169,6 +169,9 @@ def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth(
     anneal = BridgeAnneal(model, steps=10, start=0.0, order="last-first")
     assert anneal.weights == pytest.approx([math.log(2), MIN_GROWTH, math.log(2), MIN_GROWTH, MIN_GROWTH, MIN_GROWTH])
     assert anneal.value_at(0) == [0.0] * 6 and anneal.value_at(10) == 1.0
+    uneven = [0.24, 0.54, 0.37, 0.6, 0.63, 0.07, 0.01]  # shares whose sum differs from the total by rounding
+    assert last_first_bridges(1.0, uneven) == [1.0] * 7 and last_first_bridges(0.999, uneven)[0] < 1.0
+    assert BridgeAnneal(model, steps=3, start=0.1).value_at(3) == 1.0
     assert anneal.value_at(5) == pytest.approx(last_first_bridges(0.5, anneal.weights))
     with pytest.raises(ValueError, match="together, last-first"):
         BridgeAnneal(model, steps=10, start=0.0, order="first-last")
