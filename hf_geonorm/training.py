@@ -177,11 +177,10 @@ def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
     return values
 
 
-def anneal_weights(frames: list[tuple[float, float] | None]) -> list[float]:
+def anneal_weights(frames: list[tuple[float, float]]) -> list[float]:
     """The share weight of each update in a last-first anneal: how much the Pre-Norm update grows the state,
-    log(c_j / c_j+1) from its frame (the updates that move the state most take longest), at least ``MIN_GROWTH``;
-    equal shares without frames."""
-    return [MIN_GROWTH if f is None else max(-math.log(f[1]), MIN_GROWTH) for f in frames]
+    log(c_j / c_j+1) from its frame (the updates that move the state most take longest), at least ``MIN_GROWTH``."""
+    return [max(-math.log(ratio), MIN_GROWTH) for _, ratio in frames]
 
 
 class BridgeAnneal(TrainerCallback):
@@ -189,8 +188,8 @@ class BridgeAnneal(TrainerCallback):
     converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md, "The bridge").
 
     ``order="together"`` moves every update's bridge linearly at once; ``"last-first"`` converts the updates one at
-    a time from the last to the first, each over a share of the steps weighted by ``anneal_weights`` (it needs the
-    frames of ``convert --calibrate``: without them the Pre-Norm part of a half-bridged model is off scale)."""
+    a time from the last to the first, each over a share of the steps weighted by ``anneal_weights``; it needs the
+    frames of ``convert --calibrate`` (without them the Pre-Norm part of a half-bridged model is off scale)."""
 
     def __init__(self, model: torch.nn.Module | None, steps: int, start: float, order: str = "together") -> None:
         if order not in BRIDGE_ORDERS:
@@ -198,6 +197,11 @@ class BridgeAnneal(TrainerCallback):
         self.model, self.steps, self.start, self.order = model, steps, start, order
         if order == "last-first":
             modules = [module for _, _, module in residual_modules(model)]
+            if not modules or any(module.frame is None for module in modules):
+                raise ValueError(
+                    "the last-first bridge order needs the Pre-Norm frames (geo_frames) of a calibrated conversion: "
+                    "convert the Pre-Norm checkpoint with --bridge 0 --calibrate TEXT first"
+                )
             self.weights = anneal_weights([module.frame for module in modules])
             self.start = [module.bridge for module in modules]
 

@@ -164,7 +164,7 @@ def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth(
     for progress, values in expected.items():
         assert last_first_bridges(progress, [1.0, 2.0, 1.0]) == pytest.approx(values)
     # the weight of an update is the log of how much the Pre-Norm update grows the state (c / c_next), floored
-    assert anneal_weights([(1.0, 0.5), (0.5, 0.99), None]) == pytest.approx([math.log(2), MIN_GROWTH, MIN_GROWTH])
+    assert anneal_weights([(1.0, 0.5), (0.5, 0.99), (0.5, 1.0)]) == pytest.approx([math.log(2), MIN_GROWTH, MIN_GROWTH])
     model = hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, geo_frames=[1.0, 0.5, 0.5, 0.25, 0.25, 0.25])
     anneal = BridgeAnneal(model, steps=10, start=0.0, order="last-first")
     assert anneal.weights == pytest.approx([math.log(2), MIN_GROWTH, math.log(2), MIN_GROWTH, MIN_GROWTH, MIN_GROWTH])
@@ -175,6 +175,8 @@ def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth(
     assert anneal.value_at(5) == pytest.approx(last_first_bridges(0.5, anneal.weights))
     with pytest.raises(ValueError, match="together, last-first"):
         BridgeAnneal(model, steps=10, start=0.0, order="first-last")
+    with pytest.raises(ValueError, match="needs the Pre-Norm frames.*--calibrate"):
+        BridgeAnneal(hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0), steps=10, start=0.0, order="last-first")
 
 
 def test_lora_and_gradient_checkpointing_train(tmp_path, data_file):
