@@ -78,9 +78,10 @@ def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
     what = f"geo_bridge={chosen['geo_bridge']}" if style == "geo" else f"norm_style={style}"
     return (
         f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity rises); "
-        "--bridge 0 keeps its outputs exactly, and the measured way on from there is --calibrate TEXT "
-        "--first-token-prenorm, then `hf-geonorm train --bridge-anneal` over half the steps (README, 'Converting a "
-        "pretrained model', says for which models it held)"
+        "--bridge 0 keeps its outputs exactly, and the measured ways on from there are --calibrate TEXT "
+        "--first-token-prenorm (with --max-angle pi/2 --clamp final for the layer-wise one), then `hf-geonorm train "
+        "--bridge-anneal STEPS` (with --bridge-order last-first); README, 'Converting a pretrained model', says for "
+        "which models they held"
     )
 
 

@@ -328,7 +328,7 @@ def test_convert_warns_in_one_line_when_a_prenorm_checkpoint_changes_its_outputs
     changed = run("convert", source, tmp_path / "geo").stderr.splitlines()
     warned = [line for line in changed if "changes what it computes" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: stock_llama is a trained Pre-Norm model")
-    assert "--bridge 0" in warned[0] and "--bridge-anneal" in warned[0]
+    assert "--bridge 0" in warned[0] and "--bridge-anneal" in warned[0] and "--bridge-order last-first" in warned[0]
     assert "changes what it computes" not in run("convert", source, tmp_path / "b0", "--bridge", "0").stderr
     assert "changes what it computes" not in run("convert", tmp_path / "geo", tmp_path / "again").stderr
     assert "changes what it computes" in run("convert", tmp_path / "b0", tmp_path / "b1", "--bridge", "1").stderr
