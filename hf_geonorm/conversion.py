@@ -77,11 +77,9 @@ def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
     style = chosen["norm_style"]
     what = f"geo_bridge={chosen['geo_bridge']}" if style == "geo" else f"norm_style={style}"
     return (
-        f"{source.label} is a trained Pre-Norm model and {what} changes what it computes (its perplexity rises); "
-        "--bridge 0 keeps its outputs exactly, and the measured ways on from there are --calibrate TEXT "
-        "--first-token-prenorm (with --max-angle pi/2 --clamp final for the layer-wise one), then `hf-geonorm train "
-        "--bridge-anneal STEPS` (with --bridge-order last-first); README, 'Converting a pretrained model', says for "
-        "which models they held"
+        f"{source.label} is a trained Pre-Norm model and {what} changes what it computes; --bridge 0 keeps it "
+        "exactly, then --calibrate TEXT and `train --bridge-anneal` (--bridge-order last-first) are the measured "
+        "ways on (README, 'Converting a pretrained model': for which models they held)"
     )
 
 
