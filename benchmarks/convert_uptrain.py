@@ -450,17 +450,7 @@ def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
         "the recipe anneals the bridge 0 -> 1 over the first half of the steps, then trains pure GeoNorm.",
         "",
     ]
-    trend = []
-    for steps, budget in sorted(up["budgets"].items(), key=lambda kv: int(kv[0])):
-        arms = budget["arms"]
-        lines += [f"### {steps} steps ({budget['tokens'] / 1e6:.2f}M tokens, lr {budget['lr']})", "",
-                  *arm_rows(arms, "pre (continue)"), ""]  # fmt: skip
-        pre, geo = arms["pre (continue)"]["final"], arms["recipe: calibrated, bridge anneal"]["final"]
-        worst = arms["recipe: calibrated, bridge anneal"]["worst_ratio"]
-        trend.append(f"| {steps} | {budget['tokens'] / 1e6:.2f}M | {pre:.3f} | {geo:.3f} | {geo / pre - 1:+.1%} | "
-                     f"{worst:.2f}x |")  # fmt: skip
-    return [*lines, "Trend over budgets:", "", "| steps | tokens | Pre-Norm | recipe at bridge 1 | gap | worst / "
-            "original on the path |", "|---|---|---|---|---|---|", *trend, ""]  # fmt: skip
+    return [*lines, *budget_lines(up["budgets"], "recipe: calibrated, bridge anneal", "recipe")]
 
 
 def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
@@ -488,15 +478,20 @@ def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
         "same steps).",
         "",
     ]
-    trend = []
-    for steps, budget in sorted(lw["budgets"].items(), key=lambda kv: int(kv[0])):
+    return [*lines, *budget_lines(lw["budgets"], LAYERWISE, "layer-wise")]
+
+
+def budget_lines(budgets: dict[str, Any], arm: str, name: str) -> list[str]:
+    """Each budget's arm table, then the trend of ``arm`` against continued Pre-Norm over the budgets."""
+    lines, trend = [], []
+    for steps, budget in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         arms = budget["arms"]
         lines += [f"### {steps} steps ({budget['tokens'] / 1e6:.2f}M tokens, lr {budget['lr']})", "",
                   *arm_rows(arms, "pre (continue)"), ""]  # fmt: skip
-        pre, geo, worst = arms["pre (continue)"]["final"], arms[LAYERWISE]["final"], arms[LAYERWISE]["worst_ratio"]
+        pre, geo, worst = arms["pre (continue)"]["final"], arms[arm]["final"], arms[arm]["worst_ratio"]
         trend.append(f"| {steps} | {budget['tokens'] / 1e6:.2f}M | {pre:.3f} | {geo:.3f} | {geo / pre - 1:+.1%} | "
                      f"{worst:.2f}x |")  # fmt: skip
-    return [*lines, "Trend over budgets:", "", "| steps | tokens | Pre-Norm | layer-wise at bridge 1 | gap | worst / "
+    return [*lines, "Trend over budgets:", "", f"| steps | tokens | Pre-Norm | {name} at bridge 1 | gap | worst / "
             "original on the path |", "|---|---|---|---|---|---|", *trend, ""]  # fmt: skip
 
 
