@@ -49,6 +49,7 @@ PARTS = ("small", "anatomy", "static", "uptrain", "layerwise")
 PROGRESS = (0.25, 0.5, 0.75, 0.9, 1.0)  # points of the layer-wise anneal evaluated with no training
 BRIDGES = (0.1, 0.25, 0.5, 0.75, 1.0)
 SMOL_SEQ = 256
+COST_BLOCKS = 4  # SmolLM2 calibration blocks (x 256 tokens) the bridge costs are measured on
 
 
 def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Module:
@@ -83,14 +84,18 @@ def recipe(model: torch.nn.Module, alphas: list[float], bridge: float) -> torch.
                               geo_first_token_prenorm=True, geo_bridge=bridge)  # fmt: skip
 
 
-def layerwise(model: torch.nn.Module, calibration: Any) -> torch.nn.Module:
+def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor) -> torch.nn.Module:
     """The converted model of the layer-wise recipe at bridge 0: calibrated steps and frames, only the final
-    angle clamped at pi/2, the first token on the Pre-Norm update."""
+    angle clamped at pi/2, the first token on the Pre-Norm update, and the bridge costs measured on ``blocks``
+    (what ``convert --bridge 0 --calibrate`` stores)."""
     import hf_geonorm
+    from hf_geonorm.calibration import bridge_costs
 
-    return hf_geonorm.convert(model, norm_style="geo", geo_alpha=calibration.step_sizes,
-                              geo_frames=calibration.frames, geo_max_angle=math.pi / 2, geo_clamp="final",
-                              geo_first_token_prenorm=True, geo_bridge=0.0)  # fmt: skip
+    converted = hf_geonorm.convert(model, norm_style="geo", geo_alpha=calibration.step_sizes,
+                                   geo_frames=calibration.frames, geo_max_angle=math.pi / 2, geo_clamp="final",
+                                   geo_first_token_prenorm=True, geo_bridge=0.0)  # fmt: skip
+    converted.config.geo_bridge_costs = bridge_costs(converted, [b.tolist() for b in blocks])
+    return converted
 
 
 def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
@@ -147,7 +152,7 @@ def part_small(args: argparse.Namespace) -> dict[str, Any]:
     alphas = calibration.step_sizes
     anneal = max(1, args.steps // 2)
     layerwise_steps = max(1, 3 * args.steps // 4)
-    layerwise0 = layerwise(base, calibration)
+    layerwise0 = layerwise(base, calibration, corpus.train[-32:])
     default0 = hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0)
     recipe0 = recipe(base, alphas, 0.0)
     arms = {
@@ -163,7 +168,8 @@ def part_small(args: argparse.Namespace) -> dict[str, Any]:
                             warmup=min(args.warmup, 10), seed=1)  # fmt: skip
     return {"corpus": corpus.label, "arch": args.arch, "layers": args.layers, "width": args.width,
             "pretrain_steps": args.pretrain_steps, "original": original, "bridge0": bridge0, "alphas": alphas,
-            "frames": calibration.frames, "steps": spec.steps, "batch": spec.batch, "seq_len": spec.seq_len,
+            "frames": calibration.frames, "costs": layerwise0.config.geo_bridge_costs, "steps": spec.steps,
+            "batch": spec.batch, "seq_len": spec.seq_len,
             "lr": spec.lr, "anneal": anneal, "layerwise_anneal": layerwise_steps,
             "val_blocks": len(corpus.val), "arms": uptrain(arms, spec, corpus, ppl, original)}  # fmt: skip
 
@@ -299,20 +305,24 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
                    ) -> dict[str, Any]:  # fmt: skip
     """The layer-wise recipe on SmolLM2: its path with no training (points of the last-first anneal), then each
     budget against continued Pre-Norm (taken from the uptrain part where it ran the same steps); the anneal runs
-    over the first three quarters of the steps. Budgets already in ``previous`` are kept."""
+    over the first three quarters of the steps. Budgets already in ``previous`` are kept when they ran under the
+    same anneal weights (the bridge costs of ``COST_BLOCKS`` calibration blocks)."""
     from hf_geonorm.training import BridgeAnneal, last_first_bridges
 
     calibration = calibrated(smol.model, smol.calibration)
     original = smol.ppl(smol.model)
-    model = layerwise(smol.model, calibration)
+    model = layerwise(smol.model, calibration, smol.calibration[:COST_BLOCKS])
     bridge0 = smol.ppl(model)
     assert math.isclose(bridge0, original, rel_tol=1e-3), (bridge0, original)
     weights = BridgeAnneal(model, 1, 0.0, "last-first").weights
+    if previous.get("weights") != weights:
+        previous = {}
     path = dict(previous.get("path", {}))
     for progress in PROGRESS:
         if str(progress) not in path:
             model.config.geo_bridge = last_first_bridges(progress, weights)
             path[str(progress)] = smol.ppl(model)
+    model.config.geo_bridge = 0.0
     print("SmolLM2 layer-wise path, no training:", path, flush=True)
     corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
     budgets = dict(previous.get("budgets", {}))
@@ -320,7 +330,7 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
         if str(steps) in budgets:
             continue
         spec, anneal = smol_spec(args, steps, smol.batch), max(1, 3 * steps // 4)
-        converted = layerwise(smol.model, calibration)
+        converted = copy.deepcopy(model)
         arms = {LAYERWISE: (converted, layerwise_hook(converted, anneal))}
         reused = pre_runs.get(str(steps), {}).get("arms", {}).get("pre (continue)")
         if reused is None:
@@ -329,8 +339,8 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
         budgets[str(steps)] = {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": anneal,
                                "pre_from_uptrain": reused is not None,
                                "arms": {"pre (continue)": reused, **measured} if reused else measured}  # fmt: skip
-    return {**smol.conditions(), "original": original, "bridge0": bridge0, "weights": weights, "path": path,
-            "batch": smol.batch, "budgets": budgets}  # fmt: skip
+    return {**smol.conditions(), "original": original, "bridge0": bridge0, "costs": model.config.geo_bridge_costs,
+            "weights": weights, "path": path, "batch": smol.batch, "budgets": budgets}  # fmt: skip
 
 
 # ---- the record ----

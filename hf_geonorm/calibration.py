@@ -15,6 +15,10 @@ step size a hundred times smaller (docs/method.md, "Converting a pretrained mode
 It also measures the frames: c = median |h_0| / |h| before every update, the scale that brings the Pre-Norm state
 to the embeddings' size. Along the bridge the Pre-Norm part of each update then runs on c times the Pre-Norm state
 (``geo_frames``), next to GeoNorm updates that keep that size, so that layers can be bridged one at a time.
+
+``bridge_costs`` then measures, on the converted model, what each update costs when it alone becomes GeoNorm:
+the loss it adds to the text. A last-first bridge anneal gives each update time in proportion
+(``geo_bridge_costs``; in SmolLM2-135M the feed-forward updates of the first three layers carry most of it).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evaluation import read_with_hooks, residual_modules
+from .evaluation import perplexity, read_with_hooks, residual_modules
 from .geometry import prenorm_angle, tangent
 from .settings import computes_prenorm
 
@@ -80,3 +84,27 @@ def calibrate(model: nn.Module, windows: list[list[int]], radius: str = "embeddi
     medians = [[float(torch.cat(v).median()) for v in measured] for measured in (steps, scales)]
     medians[1][0] = 1.0  # the state enters the first update as it is: its frame is 1 for bridge 0 to be exact
     return Calibration(*medians)
+
+
+def bridge_costs(model: nn.Module, windows: list[list[int]]) -> list[float]:
+    """Per update, in nats per token: the loss on the token ``windows`` when only that update of the converted
+    ``model`` (GeoNorm at bridge 0, with its frames) is at bridge 1, less the loss at bridge 0. One forward pass over
+    the windows per update, plus one."""
+    modules = [module for _, _, module in residual_modules(model)]
+    if not computes_prenorm(model.config) or not modules or any(module.frame is None for module in modules):
+        raise ValueError(
+            "bridge costs are measured on a GeoNorm conversion at geo_bridge=0 with geo_frames (convert the "
+            "Pre-Norm checkpoint with --bridge 0 --calibrate TEXT)"
+        )
+    saved = model.config.geo_bridge
+    try:
+        base = math.log(perplexity(model, windows, "bridge costs"))
+        costs = []
+        for j in range(len(modules)):
+            model.config.geo_bridge = [1.0 if i == j else 0.0 for i in range(len(modules))]
+            costs.append(math.log(perplexity(model, windows, "bridge costs")) - base)
+    finally:
+        model.config.geo_bridge = saved
+    if not all(math.isfinite(c) for c in costs):
+        raise ValueError("an update gave a non-finite loss at bridge 1; use more or other calibration text")
+    return costs

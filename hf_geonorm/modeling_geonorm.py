@@ -317,6 +317,7 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
         "geo_radius": str,
         "geo_bridge": float | list[float],
         "geo_frames": list[float] | None,
+        "geo_bridge_costs": list[float] | None,
         "geo_first_token_prenorm": bool,
     }
     config_ns = {

@@ -46,6 +46,7 @@ class GeoNormSettings:
     geo_radius: str = "embedding"
     geo_bridge: float | list[float] = 1.0
     geo_frames: list[float] | None = None
+    geo_bridge_costs: list[float] | None = None
     geo_first_token_prenorm: bool = False
 
     def __post_init__(self) -> None:
@@ -106,8 +107,19 @@ class GeoNormSettings:
                     f"Pre-Norm state before each update; `convert --calibrate` measures it); got {frames!r}"
                 )
             self.geo_frames = [float(c) for c in frames]
+        costs = self.geo_bridge_costs
+        if costs is not None:
+            if not isinstance(costs, (list, tuple)) or not costs or any(
+                isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) for c in costs
+            ):
+                raise ValueError(
+                    "geo_bridge_costs must be None or a list of finite numbers, one per update (the loss in nats "
+                    "that moving that update alone to bridge 1 adds; `convert --calibrate` measures it); got "
+                    f"{costs!r}"
+                )
+            self.geo_bridge_costs = [float(c) for c in costs]
         if num_layers is not None:
-            for name in ("geo_alpha", "geo_bridge", "geo_frames"):
+            for name in ("geo_alpha", "geo_bridge", "geo_frames", "geo_bridge_costs"):
                 values = getattr(self, name)
                 if isinstance(values, list) and len(values) not in (num_layers, 2 * num_layers):
                     raise ValueError(

@@ -32,6 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, Trai
 
 from .atomic import atomic_directory, remove_tree, terminate_raises
 from .evaluation import residual_modules
+from .geometry import per_update
 from .hub import save_shareable
 from .loading import PICKLE_WEIGHTS, check_weight_files, first_line, load_model, open_source, resolve_settings
 from .patching import config_class_for, family_for
@@ -162,7 +163,7 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
 
 
 BRIDGE_ORDERS = ("together", "last-first")
-MIN_GROWTH = 0.02  # the least share weight of an update in a last-first anneal (a growth of 2% of the state)
+MIN_COST = 0.01  # nats: the least share weight of an update in a last-first anneal
 
 
 def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
@@ -177,10 +178,10 @@ def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
     return values
 
 
-def anneal_weights(frames: list[tuple[float, float]]) -> list[float]:
-    """The share weight of each update in a last-first anneal: how much the Pre-Norm update grows the state,
-    log(c_j / c_j+1) from its frame (the updates that move the state most take longest), at least ``MIN_GROWTH``."""
-    return [max(-math.log(ratio), MIN_GROWTH) for _, ratio in frames]
+def anneal_weights(costs: list[float]) -> list[float]:
+    """The share weight of each update in a last-first anneal: the loss its conversion alone costs
+    (``geo_bridge_costs``), at least ``MIN_COST`` (the updates that cost most take longest)."""
+    return [max(cost, MIN_COST) for cost in costs]
 
 
 class BridgeAnneal(TrainerCallback):
@@ -189,20 +190,24 @@ class BridgeAnneal(TrainerCallback):
 
     ``order="together"`` moves every update's bridge linearly at once; ``"last-first"`` converts the updates one at
     a time from the last to the first, each over a share of the steps weighted by ``anneal_weights``; it needs the
-    frames of ``convert --calibrate`` (without them the Pre-Norm part of a half-bridged model is off scale)."""
+    frames and bridge costs of ``convert --calibrate`` (without frames the Pre-Norm part of a half-bridged model is
+    off scale)."""
 
     def __init__(self, model: torch.nn.Module | None, steps: int, start: float, order: str = "together") -> None:
         if order not in BRIDGE_ORDERS:
             raise ValueError(f"the bridge order must be one of {', '.join(BRIDGE_ORDERS)}; got {order!r}")
         self.model, self.steps, self.start, self.order = model, steps, start, order
         if order == "last-first":
-            modules = [module for _, _, module in residual_modules(model)]
-            if not modules or any(module.frame is None for module in modules):
+            found = residual_modules(model)
+            modules, layers = [module for _, _, module in found], len({layer for layer, _, _ in found})
+            costs = getattr(model.config, "geo_bridge_costs", None)
+            if not modules or any(module.frame is None for module in modules) or costs is None:
                 raise ValueError(
-                    "the last-first bridge order needs the Pre-Norm frames (geo_frames) of a calibrated conversion: "
-                    "convert the Pre-Norm checkpoint with --bridge 0 --calibrate TEXT first"
+                    "the last-first bridge order needs the Pre-Norm frames and bridge costs (geo_frames, "
+                    "geo_bridge_costs) of a calibrated conversion: convert the Pre-Norm checkpoint with --bridge 0 "
+                    "--calibrate TEXT first"
                 )
-            self.weights = anneal_weights([module.frame for module in modules])
+            self.weights = anneal_weights(per_update("geo_bridge_costs", costs, layers, len(modules) // max(layers, 1)))
             self.start = [module.bridge for module in modules]
 
     def value_at(self, step: int) -> float | list[float]:
