@@ -127,13 +127,16 @@ def architectures(as_json: bool) -> None:
               help="Tokens of --eval-text to use.")  # fmt: skip
 @click.option("--calibrate", "calibrate_text", type=click.Path(exists=True, dir_okay=False),
               help="Set geo_alpha to one step size per update measured on this text through the Pre-Norm source "
-              "(and no clamp unless --max-angle is given); see README, 'Converting a pretrained model'.")  # fmt: skip
+              "(and no clamp unless --max-angle is given), and store the Pre-Norm frames and each update's bridge "
+              "cost for `train --bridge-order last-first`; see README, 'Converting a pretrained model'.")  # fmt: skip
 @click.option("--calibrate-tokens", type=click.IntRange(min=2), default=4096, show_default=True,
               help="Tokens of --calibrate to use.")  # fmt: skip
+@click.option("--cost-tokens", type=click.IntRange(min=2), default=1024, show_default=True,
+              help="Tokens of --calibrate the bridge costs are measured on (one forward pass per update).")  # fmt: skip
 @allow_missing_option
 def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: str | None, license_: str | None,
             repo_id: str | None, eval_text: str | None, eval_tokens: int, calibrate_text: str | None,
-            calibrate_tokens: int, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
+            calibrate_tokens: int, cost_tokens: int, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Convert SOURCE to a GeoNorm checkpoint in OUTPUT_DIR.
 
     SOURCE is a local checkpoint folder, a .gguf file, or a Hugging Face Hub model id. OUTPUT_DIR gets
@@ -151,7 +154,8 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
         result = convert_checkpoint(
             source, output_dir, pop_settings(kwargs), dtype=dtype, force=force, base_model=base_model,
             license=license_, repo_id=repo_id, eval_text=eval_text, eval_tokens=eval_tokens,
-            calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens, allow_missing=allow_missing,
+            calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens, cost_tokens=cost_tokens,
+            allow_missing=allow_missing,
             progress=_progress,
         )  # fmt: skip
     except OSError as error:

@@ -88,23 +88,22 @@ def calibrate(model: nn.Module, windows: list[list[int]], radius: str = "embeddi
 
 def bridge_costs(model: nn.Module, windows: list[list[int]]) -> list[float]:
     """Per update, in nats per token: the loss on the token ``windows`` when only that update of the converted
-    ``model`` (GeoNorm at bridge 0, with its frames) is at bridge 1, less the loss at bridge 0. One forward pass over
-    the windows per update, plus one."""
+    ``model`` (GeoNorm with ``geo_frames``) is at bridge 1, less the loss with every update at bridge 0 (the Pre-Norm
+    original). One forward pass over the windows per update, plus one; the model's own bridge is left as it was."""
     modules = [module for _, _, module in residual_modules(model)]
-    if not computes_prenorm(model.config) or not modules or any(module.frame is None for module in modules):
+    if getattr(model.config, "norm_style", None) != "geo" or not modules or any(m.frame is None for m in modules):
         raise ValueError(
-            "bridge costs are measured on a GeoNorm conversion at geo_bridge=0 with geo_frames (convert the "
-            "Pre-Norm checkpoint with --bridge 0 --calibrate TEXT)"
+            "bridge costs are measured on a GeoNorm conversion with geo_frames (convert the Pre-Norm checkpoint "
+            "with --calibrate TEXT)"
         )
     saved = model.config.geo_bridge
+    losses = []
     try:
-        base = math.log(perplexity(model, windows, "bridge costs"))
-        costs = []
-        for j in range(len(modules)):
+        for j in range(-1, len(modules)):
             model.config.geo_bridge = [1.0 if i == j else 0.0 for i in range(len(modules))]
-            costs.append(math.log(perplexity(model, windows, "bridge costs")) - base)
+            losses.append(math.log(perplexity(model, windows, "bridge costs")))
     finally:
         model.config.geo_bridge = saved
-    if not all(math.isfinite(c) for c in costs):
+    if not all(math.isfinite(loss) for loss in losses):
         raise ValueError("an update gave a non-finite loss at bridge 1; use more or other calibration text")
-    return costs
+    return [loss - losses[0] for loss in losses[1:]]

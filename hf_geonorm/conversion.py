@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_directory, check_target
-from .calibration import calibrate
+from .calibration import bridge_costs, calibrate
 from .evaluation import check_finite, perplexity, text_windows
 from .gguf_files import gguf_metadata
 from .hub import save_shareable
@@ -150,6 +150,7 @@ def convert_checkpoint(
     eval_tokens: int = 2048,
     calibrate_text: str | os.PathLike | None = None,
     calibrate_tokens: int = 4096,
+    cost_tokens: int = 1024,
     allow_missing: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ConversionResult:
@@ -162,8 +163,9 @@ def convert_checkpoint(
     the source's card or GGUF metadata). With ``eval_text`` the perplexity on its first ``eval_tokens`` tokens is
     measured before and after conversion and put in the card. With ``calibrate_text`` (a Pre-Norm source, ``geo``
     settings) ``geo_alpha`` becomes one step size per update and ``geo_frames`` the Pre-Norm frames, measured on its
-    first ``calibrate_tokens`` tokens (``calibration.calibrate``), and ``geo_max_angle`` None unless ``settings``
-    name one.
+    first ``calibrate_tokens`` tokens (``calibration.calibrate``), ``geo_max_angle`` None unless ``settings``
+    name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on the first ``cost_tokens`` tokens
+    (``calibration.bridge_costs``: one forward pass over them per update).
 
     Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
     ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
@@ -204,6 +206,10 @@ def convert_checkpoint(
                                          calibrate_tokens)  # fmt: skip
         say(f"converting to geonorm_{src.stock_type}")
         apply_geonorm(model, **chosen)
+        if calibrate_text is not None:
+            windows_for_costs, _ = text_windows(model, tokenizer, calibrate_text, cost_tokens, label=src.spec)
+            chosen["geo_bridge_costs"] = bridge_costs(model, windows_for_costs)
+            model.config.geo_bridge_costs = chosen["geo_bridge_costs"]
         if eval_text is not None:
             after = check_finite(perplexity(model, windows, "converted perplexity"), "the converted perplexity",
                                  model, windows)  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from click.testing import CliRunner
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
@@ -296,7 +297,8 @@ def stock_llama_updates(model, windows):
 
 def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(work, tmp_path):
     source = work / "stock_llama"
-    result = run("convert", source, tmp_path / "c", "--calibrate", TEXT, "--calibrate-tokens", "128")
+    result = run("convert", source, tmp_path / "c", "--calibrate", TEXT, "--calibrate-tokens", "128",
+                 "--cost-tokens", "96")  # fmt: skip
     assert "calibrating the step sizes on decoder.py" in result.stderr
     config = json.loads((tmp_path / "c" / "config.json").read_text())
     assert config["geo_max_angle"] is None and config["geo_bridge"] == 1.0
@@ -314,6 +316,21 @@ def test_convert_calibrate_sets_each_updates_median_prenorm_step_and_no_clamp(wo
     assert config["geo_alpha"] == pytest.approx(expected, rel=1e-6)
     scales = [torch.cat([h0[0, 1:].norm(dim=-1) / h[0, 1:].norm(dim=-1) for h0, _, h in w]) for w in updates]
     assert config["geo_frames"] == pytest.approx([1.0] + [s.median().item() for s in scales[1:]], rel=1e-5)
+    # bridge costs: the loss with one update at bridge 1 (the others at 0), less the stock model's loss
+    cost_windows = token_windows(source, 96, 64)
+
+    def loss(m):
+        with torch.no_grad():
+            nll = [F.cross_entropy(m(w).logits[0, :-1], w[0, 1:], reduction="sum") for w in cost_windows]
+        return float(sum(nll)) / sum(w.shape[1] - 1 for w in cost_windows)
+
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "c").eval()
+    expected_costs = []
+    for j in range(len(config["geo_alpha"])):
+        converted.config.geo_bridge = [float(i == j) for i in range(len(config["geo_alpha"]))]
+        expected_costs.append(loss(converted) - loss(model))
+    assert config["geo_bridge_costs"] == pytest.approx(expected_costs, rel=1e-3, abs=2e-6)
+    assert max(expected_costs) - min(expected_costs) > 1e-4  # a spread the tolerance can tell apart
     card = (tmp_path / "c" / "README.md").read_text()
     assert "1 attention" in card and "3 feed-forward" in card  # one step size per update in the card
     run("perplexity", tmp_path / "c", "--text", TEXT, "--max-tokens", "128")  # finite, or the command fails

@@ -127,6 +127,7 @@ def test_the_readme_settings_table_states_the_library_defaults():
         "geo_radius": defaults.geo_radius,
         "geo_bridge": f"{defaults.geo_bridge:.1f}",
         "geo_frames": str(defaults.geo_frames),
+        "geo_bridge_costs": str(defaults.geo_bridge_costs),
         "geo_first_token_prenorm": str(defaults.geo_first_token_prenorm),
     }
     assert {field: stated.get(field) for field in expected} == expected

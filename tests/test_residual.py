@@ -429,6 +429,9 @@ NAN = float("nan")
         ({"geo_frames": [1.0, 0.0, 0.5]}, r"geo_frames.*positive numbers"),
         ({"geo_frames": 0.5}, r"geo_frames.*positive numbers"),
         ({"geo_frames": [1.0, NAN]}, r"geo_frames.*positive numbers"),
+        ({"geo_bridge_costs": [0.1, math.inf]}, r"geo_bridge_costs.*finite numbers"),
+        ({"geo_bridge_costs": 0.1}, r"geo_bridge_costs.*finite numbers"),
+        ({"geo_bridge_costs": [0.1, True]}, r"geo_bridge_costs.*finite numbers"),
         ({"geo_clamp": "base"}, r"geo_clamp.*both, final"),
     ],
 )
@@ -448,7 +451,7 @@ def test_settings_list_lengths():
     assert s.validate(num_layers=3) is s
     with pytest.raises(ValueError, match=r"one value per layer \(4\).*3"):
         s.validate(num_layers=4)
-    for name in ("geo_bridge", "geo_frames"):  # the per-update lists are checked the same way
+    for name in ("geo_bridge", "geo_frames", "geo_bridge_costs"):  # the per-update lists are checked the same way
         given = GeoNormSettings(**{name: [0.5] * 6})
         assert given.validate(num_layers=3) is given and given.validate(num_layers=6) is given
         with pytest.raises(ValueError, match=rf"{name} given as a list.*per layer \(4\).*per update \(8:.*got 6"):

@@ -332,11 +332,13 @@ def test_model_card_metadata_and_body(tmp_path):
     assert 'apply to `norm_style="geo"` only' in plain.text and "base_model" not in plain.data.to_dict()
     # a half-way layer-wise conversion: per-update bridges, frames, only the final angle clamped at 1.5 rad
     layerwise = hf_geonorm.convert(tiny_model("llama"), geo_alpha=[0.1] * 6, geo_bridge=[0.0, 0.0, 0.5, 1.0, 1.0, 1.0],
-                                   geo_frames=[1.0, 0.5, 0.4, 0.3, 0.2, 0.125], geo_clamp="final", geo_max_angle=1.5)
+                                   geo_frames=[1.0, 0.5, 0.4, 0.3, 0.2, 0.125], geo_clamp="final", geo_max_angle=1.5,
+                                   geo_bridge_costs=[0.5, 0.25, -0.01, 0.01, 0.125, 0.0])
     body = render_model_card(layerwise.config).text
     assert "`geo_clamp` | `final` (only the final angle is clamped)" in body
     assert "(between Pre-Norm and GeoNorm, update by update)" in body
     assert "| `geo_frames` | 6 Pre-Norm frames, from the calibration (`1` ... `0.125`)" in body
+    assert "| `geo_bridge_costs` | 6 bridge costs in nats, from the calibration (largest `0.5`, sum `0.875`)" in body
     assert "| 1 attention | 0.1 | 1.5 |" in body  # the final clamp caps every update at 1.5 rad, not 0.1 x 1.5
     assert "`geo_clamp` | `both` (the base angle, then the scaled angle)" in render_model_card(model.config).text
 

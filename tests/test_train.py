@@ -21,7 +21,7 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm.training import MIN_GROWTH, BridgeAnneal, anneal_weights, last_first_bridges
+from hf_geonorm.training import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
 from hf_geonorm.training_data import read_texts, split_blocks, stdlib_files, token_blocks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -158,16 +158,20 @@ def test_bridge_anneal_moves_a_converted_prenorm_checkpoint_to_geonorm(tmp_path,
     assert json.loads((out / "final" / "config.json").read_text())["geo_bridge"] == 1.0
 
 
-def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth():
+def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_bridge_cost():
     # weights 1, 2, 1 of 4: the last update over progress 0-0.25, the middle one 0.25-0.75, the first 0.75-1
     expected = {0.0: [0, 0, 0], 0.125: [0, 0, 0.5], 0.5: [0, 0.5, 1], 0.875: [0.5, 1, 1], 1.0: [1, 1, 1]}
     for progress, values in expected.items():
         assert last_first_bridges(progress, [1.0, 2.0, 1.0]) == pytest.approx(values)
-    # the weight of an update is the log of how much the Pre-Norm update grows the state (c / c_next), floored
-    assert anneal_weights([(1.0, 0.5), (0.5, 0.99), (0.5, 1.0)]) == pytest.approx([math.log(2), MIN_GROWTH, MIN_GROWTH])
-    model = hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, geo_frames=[1.0, 0.5, 0.5, 0.25, 0.25, 0.25])
+    # the weight of an update is the loss its conversion alone costs, at least MIN_COST
+    assert anneal_weights([0.7, MIN_COST / 2, -0.01]) == pytest.approx([0.7, MIN_COST, MIN_COST])
+    frames = [1.0, 0.5, 0.5, 0.25, 0.25, 0.25]
+    model = hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, geo_frames=frames,
+                               geo_bridge_costs=[0.3, 0.0, 0.6, 0.001, -0.02, 0.1])  # fmt: skip
     anneal = BridgeAnneal(model, steps=10, start=0.0, order="last-first")
-    assert anneal.weights == pytest.approx([math.log(2), MIN_GROWTH, math.log(2), MIN_GROWTH, MIN_GROWTH, MIN_GROWTH])
+    assert anneal.weights == pytest.approx([0.3, MIN_COST, 0.6, MIN_COST, MIN_COST, 0.1])
+    per_layer = hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, geo_frames=frames, geo_bridge_costs=[1, 2, 3])
+    assert BridgeAnneal(per_layer, steps=10, start=0.0, order="last-first").weights == [1, 1, 2, 2, 3, 3]
     assert anneal.value_at(0) == [0.0] * 6 and anneal.value_at(10) == 1.0
     uneven = [0.24, 0.54, 0.37, 0.6, 0.63, 0.07, 0.01]  # shares whose sum differs from the total by rounding
     assert last_first_bridges(1.0, uneven) == [1.0] * 7 and last_first_bridges(0.999, uneven)[0] < 1.0
@@ -175,8 +179,10 @@ def test_last_first_anneal_converts_one_update_at_a_time_weighted_by_its_growth(
     assert anneal.value_at(5) == pytest.approx(last_first_bridges(0.5, anneal.weights))
     with pytest.raises(ValueError, match="together, last-first"):
         BridgeAnneal(model, steps=10, start=0.0, order="first-last")
-    with pytest.raises(ValueError, match="needs the Pre-Norm frames.*--calibrate"):
-        BridgeAnneal(hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0), steps=10, start=0.0, order="last-first")
+    for missing in ({"geo_bridge_costs": [0.1] * 6}, {"geo_frames": frames}):
+        with pytest.raises(ValueError, match="needs the Pre-Norm frames and bridge costs.*--calibrate"):
+            BridgeAnneal(hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0, **missing), steps=10, start=0.0,
+                         order="last-first")  # fmt: skip
 
 
 def test_lora_and_gradient_checkpointing_train(tmp_path, data_file):
