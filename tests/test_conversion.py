@@ -301,3 +301,19 @@ def test_write_scratch_config_sizes_and_counts(tmp_path):
     with pytest.raises(ValueError, match="unsupported architecture 'bert'"):
         scratch.write_scratch_config("bert", tmp_path / "bad", "tiny")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]
+
+
+def test_bridge_costs_need_frames_and_leave_the_bridge_as_it_was():
+    from hf_geonorm.calibration import bridge_costs
+
+    windows = [token_ids(16, seed=s)[0].tolist() for s in range(2)]
+    with pytest.raises(ValueError, match="geo_frames.*--calibrate"):
+        bridge_costs(hf_geonorm.convert(tiny_model("llama"), geo_bridge=0.0), windows)
+    frames = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
+    model = hf_geonorm.convert(tiny_model("llama"), geo_bridge=[0.5] * 6, geo_frames=frames, geo_max_angle=None).eval()
+    costs = bridge_costs(model, windows)
+    assert model.config.geo_bridge == [0.5] * 6 and len(costs) == 6
+    model.config.geo_bridge = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # the fourth update alone, against all at 0
+    alone = evaluation.perplexity(model, windows)
+    model.config.geo_bridge = 0.0
+    assert costs[3] == pytest.approx(math.log(alone) - math.log(evaluation.perplexity(model, windows)), abs=1e-6)
