@@ -18,9 +18,10 @@ rewritten from every part present, so a slow part can run in another session or 
 The recipe: ``convert --bridge 0 --calibrate TEXT --first-token-prenorm`` (one step size per update measured on
 training text, no clamp, the first token kept on the Pre-Norm update), then ``train --bridge-anneal`` over half of
 the steps. The layer-wise recipe: the same conversion with ``--max-angle pi/2 --clamp final`` (the calibration
-also stores the Pre-Norm frames), then ``train --bridge-anneal --bridge-order last-first`` over three quarters
-of the steps: one update at a time from the last, each over a share of the steps that grows with how much its
-Pre-Norm update grows the state. Every perplexity is on held-out text the calibration and the training never see.
+also stores the Pre-Norm frames and each update's bridge cost), then ``train --bridge-anneal --bridge-order
+last-first`` over three quarters of the steps: one update at a time from the last, each over a share of the steps
+in proportion to the loss its conversion alone costs. Every perplexity is on held-out text the calibration and
+the training never see.
 
     python benchmarks/convert_uptrain.py --threads 2                                    # every part (CPU: hours)
     python benchmarks/convert_uptrain.py --parts uptrain --smollm2-budgets 200,800 --device cuda   # on a GPU
@@ -464,6 +465,8 @@ def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
 
 
 def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
+    from hf_geonorm.training import MIN_COST
+
     title = "## SmolLM2-135M under the layer-wise recipe"
     if not lw:
         return [title, "", "Not run yet (`--parts layerwise`).", ""]
@@ -473,10 +476,12 @@ def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
         "",
         f"Converted with calibrated steps and frames, only the final angle clamped at pi/2, the first token on the "
         f"Pre-Norm update; bridge 0 gives {lw['bridge0']:.3f} (original {original:.3f}, asserted equal). The "
-        "last-first anneal converts one update at a time from the last; a share of the anneal in proportion to "
-        f"the growth weights (layer 1: {lw['weights'][0]:.3g} / {lw['weights'][1]:.3g}, median "
-        f"{statistics.median(lw['weights']):.3g}, the first three layers "
-        f"{sum(lw['weights'][:6]) / sum(lw['weights']):.0%} of the total). With no training, along the anneal:",
+        "last-first anneal converts one update at a time from the last, each over a share of the anneal in "
+        f"proportion to its bridge cost (measured on {COST_BLOCKS} x {SMOL_SEQ} calibration tokens, at least "
+        f"{MIN_COST}): the feed-forward updates of layers 1-3 cost {costs_text(lw['costs'][1:6:2])} nats, the "
+        f"largest other {max(lw['costs'][0:6:2] + lw['costs'][6:]):.3f}, median {statistics.median(lw['costs']):.3f};"
+        f" the first three layers take {sum(lw['weights'][:6]) / sum(lw['weights']):.0%} of the anneal. With no "
+        "training, along the anneal:",
         "",
         "| share of the anneal done | " + " | ".join(lw["path"]) + " |",
         "|---|" + "---|" * len(lw["path"]),
@@ -489,6 +494,10 @@ def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
         "",
     ]
     return [*lines, *budget_lines(lw["budgets"], LAYERWISE, "layer-wise")]
+
+
+def costs_text(costs: list[float]) -> str:
+    return ", ".join(f"{c:.3f}" for c in costs)
 
 
 def budget_lines(budgets: dict[str, Any], arm: str, name: str) -> list[str]:
