@@ -46,6 +46,7 @@ import common  # noqa: E402
 import torch  # noqa: E402
 
 LAYERWISE = "layer-wise recipe: frames, final clamp pi/2, last-first anneal"
+GROWTH = "the same, shares by growth (first version)"
 PARTS = ("small", "anatomy", "static", "uptrain", "layerwise")
 PROGRESS = (0.25, 0.5, 0.75, 0.9, 1.0)  # points of the layer-wise anneal evaluated with no training
 BRIDGES = (0.1, 0.25, 0.5, 0.75, 1.0)
@@ -97,6 +98,16 @@ def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor) ->
                                    geo_first_token_prenorm=True, geo_bridge=0.0)  # fmt: skip
     converted.config.geo_bridge_costs = bridge_costs(converted, [b.tolist() for b in blocks])
     return converted
+
+
+def growth_hook(model: torch.nn.Module, steps: int) -> Any:
+    """The last-first anneal of the first version, for comparison: shares in proportion to how much each update's
+    Pre-Norm update grows the state, max(log(c_j / c_j+1), 0.02), from the frames."""
+    from hf_geonorm.evaluation import residual_modules
+    from hf_geonorm.training import last_first_bridges
+
+    weights = [max(-math.log(module.frame[1]), 0.02) for _, _, module in residual_modules(model)]
+    return lambda step: setattr(model.config, "geo_bridge", last_first_bridges(min(1.0, step / steps), weights))
 
 
 def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
@@ -328,18 +339,27 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
     corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
     budgets = dict(previous.get("budgets", {}))
     for steps in args.layerwise_budgets:
-        if str(steps) in budgets:
-            continue
         spec, anneal = smol_spec(args, steps, smol.batch), max(1, 3 * steps // 4)
-        converted = copy.deepcopy(model)
-        arms = {LAYERWISE: (converted, layerwise_hook(converted, anneal))}
-        reused = pre_runs.get(str(steps), {}).get("arms", {}).get("pre (continue)")
+        record = budgets.get(str(steps), {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": anneal,
+                                          "arms": {}})  # fmt: skip
+        arms = {}
+        if LAYERWISE not in record["arms"]:
+            converted = copy.deepcopy(model)
+            arms[LAYERWISE] = (converted, layerwise_hook(converted, anneal))
+        if steps in args.growth_budgets and GROWTH not in record["arms"]:
+            converted = copy.deepcopy(model)
+            arms[GROWTH] = (converted, growth_hook(converted, anneal))
+        if not arms:
+            continue
+        reused = record["arms"].get("pre (continue)") or pre_runs.get(str(steps), {}).get("arms", {}).get(
+            "pre (continue)")  # fmt: skip
         if reused is None:
             arms = {"pre (continue)": (copy.deepcopy(smol.model), None), **arms}
+        else:
+            record["pre_from_uptrain"] = record.get("pre_from_uptrain", str(steps) in pre_runs)
         measured = uptrain(arms, spec, corpus, smol.ppl, original)
-        budgets[str(steps)] = {"tokens": steps * smol.batch * SMOL_SEQ, "lr": spec.lr, "anneal": anneal,
-                               "pre_from_uptrain": reused is not None,
-                               "arms": {"pre (continue)": reused, **measured} if reused else measured}  # fmt: skip
+        record["arms"] = {"pre (continue)": reused, **record["arms"], **measured} if reused else measured
+        budgets[str(steps)] = record
     return {**smol.conditions(), "original": original, "bridge0": bridge0, "costs": model.config.geo_bridge_costs,
             "weights": weights, "path": path, "batch": smol.batch, "budgets": budgets}  # fmt: skip
 
@@ -565,6 +585,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--smollm2-budgets", default="20,60", help="SmolLM2 uptraining steps, comma-separated")
     parser.add_argument("--layerwise-budgets", default="60,120", help="SmolLM2 layer-wise recipe steps, "
                         "comma-separated")
+    parser.add_argument("--growth-budgets", default="", help="layer-wise budgets that also run the first version's "
+                        "growth-weighted shares, comma-separated")
     parser.add_argument("--smollm2-batch", type=int, default=2, help="SmolLM2 batch (x 256 tokens)")
     parser.add_argument("--smollm2-lr", type=float, default=1e-4)
     parser.add_argument("--smollm2-tokens", type=int, default=2048, help="held-out tokens for SmolLM2 perplexity")
@@ -573,6 +595,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.smollm2_budgets = [int(s) for s in args.smollm2_budgets.split(",") if s]
     args.layerwise_budgets = [int(s) for s in args.layerwise_budgets.split(",") if s]
+    args.growth_budgets = [int(s) for s in args.growth_budgets.split(",") if s]
     parts = [p for p in args.parts.split(",") if p]
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
