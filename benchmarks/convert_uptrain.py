@@ -86,17 +86,18 @@ def recipe(model: torch.nn.Module, alphas: list[float], bridge: float) -> torch.
                               geo_first_token_prenorm=True, geo_bridge=bridge)  # fmt: skip
 
 
-def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor) -> torch.nn.Module:
+def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor, costs: list[float] | None = None
+              ) -> torch.nn.Module:  # fmt: skip
     """The converted model of the layer-wise recipe at bridge 0: calibrated steps and frames, only the final
     angle clamped at pi/2, the first token on the Pre-Norm update, and the bridge costs measured on ``blocks``
-    (what ``convert --bridge 0 --calibrate`` stores)."""
+    (what ``convert --bridge 0 --calibrate`` stores; ``costs`` when they were measured before)."""
     import hf_geonorm
     from hf_geonorm.calibration import bridge_costs
 
     converted = hf_geonorm.convert(model, norm_style="geo", geo_alpha=calibration.step_sizes,
                                    geo_frames=calibration.frames, geo_max_angle=math.pi / 2, geo_clamp="final",
                                    geo_first_token_prenorm=True, geo_bridge=0.0)  # fmt: skip
-    converted.config.geo_bridge_costs = bridge_costs(converted, [b.tolist() for b in blocks])
+    converted.config.geo_bridge_costs = costs or bridge_costs(converted, [b.tolist() for b in blocks])
     return converted
 
 
@@ -107,7 +108,8 @@ def growth_hook(model: torch.nn.Module, steps: int) -> Any:
     from hf_geonorm.training import last_first_bridges
 
     weights = [max(-math.log(module.frame[1]), 0.02) for _, _, module in residual_modules(model)]
-    return lambda step: setattr(model.config, "geo_bridge", last_first_bridges(min(1.0, step / steps), weights))
+    return lambda step: setattr(model.config, "geo_bridge", 1.0 if step >= steps else last_first_bridges(step / steps,
+                                                                                                       weights))
 
 
 def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
@@ -318,12 +320,13 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
     """The layer-wise recipe on SmolLM2: its path with no training (points of the last-first anneal), then each
     budget against continued Pre-Norm (taken from the uptrain part where it ran the same steps); the anneal runs
     over the first three quarters of the steps. Budgets already in ``previous`` are kept when they ran under the
-    same anneal weights (the bridge costs of ``COST_BLOCKS`` calibration blocks)."""
+    same anneal weights (the bridge costs of ``COST_BLOCKS`` calibration blocks, kept from ``previous`` when there:
+    the same model, blocks and code measure the same)."""
     from hf_geonorm.training import BridgeAnneal, last_first_bridges
 
     calibration = calibrated(smol.model, smol.calibration)
     original = smol.ppl(smol.model)
-    model = layerwise(smol.model, calibration, smol.calibration[:COST_BLOCKS])
+    model = layerwise(smol.model, calibration, smol.calibration[:COST_BLOCKS], previous.get("costs"))
     bridge0 = smol.ppl(model)
     assert math.isclose(bridge0, original, rel_tol=1e-3), (bridge0, original)
     weights = BridgeAnneal(model, 1, 0.0, "last-first").weights
