@@ -501,7 +501,8 @@ def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
         f"Pre-Norm update; bridge 0 gives {lw['bridge0']:.3f} (original {original:.3f}, asserted equal). The "
         "last-first anneal converts one update at a time from the last, each over a share of the anneal in "
         f"proportion to its bridge cost (measured on {COST_BLOCKS} x {SMOL_SEQ} calibration tokens, at least "
-        f"{MIN_COST}): the feed-forward updates of layers 1-3 cost {costs_text(lw['costs'][1:6:2])} nats, the "
+        f"{MIN_COST}): the feed-forward updates of layers 1-3 cost "
+        f"{', '.join(f'{c:.3f}' for c in lw['costs'][1:6:2])} nats, the "
         f"largest other {max(lw['costs'][0:6:2] + lw['costs'][6:]):.3f}, median {statistics.median(lw['costs']):.3f};"
         f" the first three layers take {sum(lw['weights'][:6]) / sum(lw['weights']):.0%} of the anneal. With no "
         "training, along the anneal:",
@@ -517,10 +518,6 @@ def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
         "",
     ]
     return [*lines, *budget_lines(lw["budgets"], LAYERWISE, "layer-wise")]
-
-
-def costs_text(costs: list[float]) -> str:
-    return ", ".join(f"{c:.3f}" for c in costs)
 
 
 def budget_lines(budgets: dict[str, Any], arm: str, name: str) -> list[str]:
@@ -596,9 +593,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--calibrate-blocks", type=int, default=16, help="SmolLM2 calibration blocks (x 256)")
     parser.set_defaults(eval_every=25, seeds=1)
     args = parser.parse_args(argv)
-    args.smollm2_budgets = [int(s) for s in args.smollm2_budgets.split(",") if s]
-    args.layerwise_budgets = [int(s) for s in args.layerwise_budgets.split(",") if s]
-    args.growth_budgets = [int(s) for s in args.growth_budgets.split(",") if s]
+    for name in ("smollm2_budgets", "layerwise_budgets", "growth_budgets"):  # comma-separated step counts
+        setattr(args, name, [int(s) for s in getattr(args, name).split(",") if s])
     parts = [p for p in args.parts.split(",") if p]
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
