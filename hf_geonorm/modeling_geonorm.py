@@ -328,6 +328,7 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
         "geonorm_stock_type": model_type,
         **SETTING_DEFAULTS,
     }
+    stock_models = (stock_base, stock_causal, *stock_heads.values())
     config_class = type(config_name, (GeoNormConfigMixin, stock_config), config_ns)
     common = {"__module__": __name__, "config_class": config_class, "geonorm_layout": layout}
     base_class = type(
@@ -357,9 +358,31 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     }
     for cls in (config_class, base_class, causal_class, *head_classes.values()):
         globals()[cls.__name__] = cls
+    _register_checkpoint_layout(
+        family.model_type,
+        model_type,
+        {stock.__name__: ours for stock, ours in zip(stock_models, (base_class, causal_class, *head_classes.values()))},
+    )
     return FamilyClasses(
         stock_config, stock_base, stock_causal, config_class, base_class, causal_class, stock_heads, head_classes
     )
+
+
+def _register_checkpoint_layout(model_type: str, stock_type: str, classes: dict[str, type]) -> None:
+    """Give the GeoNorm type the checkpoint conversion of its stock type. transformers keeps some weights in memory
+    in another layout than in files (MoE experts fused, gpt_neox's ``embed_out``, exaone's GPT-style names) and
+    translates on load and save by ``model_type`` and class name; without this, a stock folder would load into a
+    GeoNorm class with random tensors. Registered by name, so that transformers also applies it to the classes when
+    they run as remote code; ``classes``: stock class name -> the GeoNorm class made from it."""
+    from transformers import conversion_mapping
+
+    by_type = conversion_mapping.get_checkpoint_conversion_mapping(stock_type)
+    if by_type is not None:
+        conversion_mapping.register_checkpoint_conversion_mapping(model_type, by_type, overwrite=True)
+    for stock_name, cls in classes.items():
+        by_class = conversion_mapping.get_checkpoint_conversion_mapping(stock_name)
+        if by_class is not None:
+            conversion_mapping.register_checkpoint_conversion_mapping(cls.__name__, by_class, overwrite=True)
 
 
 def _families() -> dict[str, GeoNormFamily]:
