@@ -208,8 +208,9 @@ def check_remote_code(path: str | os.PathLike, config: dict[str, Any] | None = N
 def check_shareable(path: str | os.PathLike) -> list[str]:
     """Why the folder ``path`` cannot be pushed as a GeoNorm model (an empty list: it can).
 
-    It needs safetensors weights whose headers match their sizes, a ``config.json`` of a GeoNorm type this
-    hf-geonorm supports, complete remote code (``auto_map`` for AutoConfig, AutoModel, AutoModelForCausalLM and
+    It needs safetensors weights whose headers match their sizes and that its config's model loads whole (every
+    tensor it has, nothing left over, every shape right), a ``config.json`` of a GeoNorm type this hf-geonorm
+    supports, complete remote code (``auto_map`` for AutoConfig, AutoModel, AutoModelForCausalLM and
     the family's heads naming this family's classes, every file they import present and compiling), the method
     specification the card links, and a README.md model card that passes ``validate_card``.
     """
@@ -235,6 +236,8 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
     except ValueError:
         return [f"{path} is {model_type!r}, which this hf-geonorm does not support"]
     problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map)
+    if not problems:
+        problems = _loading_problems(path, config)
     readme = path / "README.md"
     if not readme.is_file():
         problems.append(
@@ -292,4 +295,39 @@ def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str
             problems.append(f"the remote code file {name} does not compile ({type(error).__name__}: {error})")
     if not (path / METHOD_SPEC).is_file():
         problems.append(f"the method specification {METHOD_SPEC}, which the card links, is missing ({hint})")
+    return problems
+
+
+def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:
+    """What the folder's own model class reports when it reads these weights: tensors it would leave at random
+    values, tensors it would drop, shapes that do not fit. Loaded on the meta device: no tensor data is read, so
+    this costs the same for a 135M and a 70B folder."""
+    import transformers
+
+    family = family_for(config["model_type"])
+    architecture = (config.get("architectures") or [family.causal_class.__name__])[0]
+    classes = {cls.__name__: cls for cls in (family.causal_class, family.base_class, *family.head_classes.values())}
+    if architecture not in classes:
+        return [f"config.json: architectures names {architecture!r}, which is not a class of {config['model_type']}"]
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        _, info = classes[architecture].from_pretrained(path, device_map="meta", output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        reason = " ".join(str(error).split())[:300]
+        if "CONVERSION" in reason:  # transformers points at its load report, which names no tensor
+            reason = f"the tensors are not in the layout of a {family.stock_type} checkpoint (weight conversion failed)"
+        return [f"{architecture} cannot load these weights: {reason}; save the model again with save_pretrained"]
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    problems = []
+    for key, what in (("missing_keys", "missing (they would be random)"), ("unexpected_keys", "unexpected"),
+                      ("mismatched_keys", "of the wrong shape")):  # fmt: skip
+        names = sorted(str(name if isinstance(name, str) else name[0]) for name in info.get(key) or [])
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            problems.append(
+                f"the weights do not match the config's model ({architecture}): {len(names)} tensor(s) {what}: "
+                f"{shown}; save the model again with save_pretrained (or hf-geonorm convert)"
+            )
     return problems

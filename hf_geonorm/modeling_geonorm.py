@@ -124,6 +124,10 @@ class GeoNormPreTrainedMixin:
                 "save_pretrained(push_to_hub=True) would upload before the GeoNorm remote code is written; "
                 "call model.push_to_hub(repo_id) instead"
             )
+        # a model loaded as a stock one and converted carries the stock conversion, which would rename GeoNorm's
+        # own tensors on the way out
+        if getattr(self, "_weight_conversions", None):
+            self._weight_conversions = guarded_conversions(self._weight_conversions)
         result = super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         adapters_only = getattr(self, "_hf_peft_config_loaded", False)
         if self.should_save_on_this_rank(is_main_process) and not adapters_only:
@@ -361,11 +365,35 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     _register_checkpoint_layout(
         family.model_type,
         model_type,
-        {stock.__name__: ours for stock, ours in zip(stock_models, (base_class, causal_class, *head_classes.values()))},
+        {
+            stock.__name__: ours
+            for stock, ours in zip(stock_models, (base_class, causal_class, *head_classes.values()), strict=True)
+        },
     )
     return FamilyClasses(
         stock_config, stock_base, stock_causal, config_class, base_class, causal_class, stock_heads, head_classes
     )
+
+
+# The modules GeoNorm adds to a decoder layer (blocks.py); their parameters are the learnable step.
+RESIDUAL_MODULES = ("geonorm_attn_residual", "geonorm_mlp_residual")
+
+
+def guarded_conversions(conversions: list[Any] | None) -> list[Any] | None:
+    """A stock checkpoint conversion that leaves GeoNorm's own tensors alone. Its renamings are regular
+    expressions over whole keys, and some match GeoNorm's names (Mixtral's reversed ``.mlp.`` matches
+    ``_mlp_`` in ``geonorm_mlp_residual``): the names are swapped for ones no stock pattern matches before the
+    stock transforms run and swapped back after, in both directions (transformers reverses the list to save)."""
+    if not conversions:
+        return conversions
+    from transformers.conversion_mapping import WeightRenaming
+
+    hidden = {name: name.upper().replace("_", "") for name in RESIDUAL_MODULES}
+    if any(isinstance(t, WeightRenaming) and t.target_patterns == [hidden[RESIDUAL_MODULES[0]]] for t in conversions):
+        return conversions
+    hide = [WeightRenaming(name, alias) for name, alias in hidden.items()]
+    show = [WeightRenaming(alias, name) for name, alias in hidden.items()]
+    return [*hide, *conversions, *show]
 
 
 def _register_checkpoint_layout(model_type: str, stock_type: str, classes: dict[str, type]) -> None:
@@ -378,11 +406,11 @@ def _register_checkpoint_layout(model_type: str, stock_type: str, classes: dict[
 
     by_type = conversion_mapping.get_checkpoint_conversion_mapping(stock_type)
     if by_type is not None:
-        conversion_mapping.register_checkpoint_conversion_mapping(model_type, by_type, overwrite=True)
+        conversion_mapping.register_checkpoint_conversion_mapping(model_type, guarded_conversions(by_type), True)
     for stock_name, cls in classes.items():
         by_class = conversion_mapping.get_checkpoint_conversion_mapping(stock_name)
         if by_class is not None:
-            conversion_mapping.register_checkpoint_conversion_mapping(cls.__name__, by_class, overwrite=True)
+            conversion_mapping.register_checkpoint_conversion_mapping(cls.__name__, guarded_conversions(by_class), True)
 
 
 def _families() -> dict[str, GeoNormFamily]:
