@@ -15,6 +15,15 @@ from .geometry import DECAYS, MAX_ALPHA
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 RADII = ("embedding", "sqrt_d")
 CLAMPS = ("both", "final")
+# How far ``geo_frames`` may rise in all: the product of c_next / c over every update where the frame grows,
+# counted from 1 before the first update. Between bridge 0 and 1 the state's radius interpolates between the
+# framed Pre-Norm update's and the GeoNorm update's, so a rising frame scales the state up and the next falling
+# frame does not scale it back: rises compound with depth, and at 1e7 between two neighbours a 3-layer model's
+# state already overflows float32 at bridge 0.5. Calibrated frames (|h_0| / |h| before each update) fall with
+# depth and rise only by noise.
+MAX_FRAME_RISE = 1e4
+# The smallest frame: below it the framed state is lost against the norms' epsilon and its gradients underflow.
+MIN_FRAME = 1e-9
 
 
 def computes_prenorm(settings: Any) -> bool:
@@ -25,6 +34,34 @@ def computes_prenorm(settings: Any) -> bool:
     bridges = get("geo_bridge", 1.0)
     bridges = bridges if isinstance(bridges, list) else [bridges]
     return style == "pre" or (style == "geo" and all(b == 0.0 for b in bridges))
+
+
+def frame_rise(frames: list[float]) -> float:
+    """The product of c_next / c over the updates where ``frames`` grow, counted from 1 before the first."""
+    rise, previous = 1.0, 1.0
+    for c in frames:
+        rise *= max(c / previous, 1.0)
+        previous = c
+    return rise
+
+
+def check_frames(frames: list[float]) -> None:
+    """``ValueError`` for positive frames that would make the bridge overflow (``MAX_FRAME_RISE``) or underflow
+    (``MIN_FRAME``); every other list gives finite outputs and gradients on a finite model."""
+    smallest = min(frames)
+    if smallest < MIN_FRAME:
+        raise ValueError(
+            f"geo_frames must each be at least {MIN_FRAME:g}: a smaller frame shrinks the state below the norms' "
+            f"epsilon and its gradients underflow; got {smallest:g}"
+        )
+    rise = frame_rise(frames)
+    if rise > MAX_FRAME_RISE * (1.0 + 1e-9):
+        raise ValueError(
+            f"geo_frames may rise by at most a factor of {MAX_FRAME_RISE:g} in all (the product of c_next / c over "
+            "the updates where the frame grows, from 1 before the first): between bridge 0 and 1 a rising frame "
+            "scales the state up and a falling one does not scale it back, so larger rises overflow float32; got "
+            f"a rise of {rise:.4g} (calibrated frames, `convert --calibrate`, fall with depth)"
+        )
 
 
 @dataclass
@@ -107,6 +144,7 @@ class GeoNormSettings:
                     f"Pre-Norm state before each update; `convert --calibrate` measures it); got {frames!r}"
                 )
             self.geo_frames = [float(c) for c in frames]
+            check_frames(self.geo_frames)
         costs = self.geo_bridge_costs
         if costs is not None:
             if not isinstance(costs, (list, tuple)) or not costs or any(
