@@ -110,7 +110,7 @@ class RowStep(NamedTuple):
     t_norm: torch.Tensor
     theta: torch.Tensor
     sinc: torch.Tensor
-    clamped: torch.Tensor | None
+    clamped: torch.Tensor
     moves: torch.Tensor
 
 
@@ -143,11 +143,10 @@ def _gradient_scalars(gx, gu, s: RowStep, alpha: float):
     k1 = alpha / xn
     k = k1 * (k1 * sg)  # (alpha/|x|)^2 S
     gn = -(theta / xn) * (theta * sg)  # d loss / d|x| through theta
-    if s.clamped is not None:
-        tn_safe = torch.where(s.clamped, tn, torch.ones_like(tn))
-        sin = torch.sin(theta)
-        k = torch.where(s.clamped, -sin * (xn / tn_safe) * (gt / tn_safe) / tn_safe, k)
-        gn = torch.where(s.clamped, gt * sin / tn_safe, gn)
+    tn_safe = torch.where(s.clamped, tn, torch.ones_like(tn))
+    sin = torch.sin(theta)
+    k = torch.where(s.clamped, -sin * (xn / tn_safe) * (gt / tn_safe) / tn_safe, k)
+    gn = torch.where(s.clamped, gt * sin / tn_safe, gn)
     bt = s.b * gx  # <dL/dt, x>
     p = -(c * k) - bt / xn / xn
     a3 = c * (c * k) + (gn + 2.0 * bt * c / xn) / xn

@@ -26,7 +26,7 @@ try:  # transformers' remote-code check skips imports inside try: checkpoints lo
 except ImportError as missing:
     raise ImportError("the fused GeoNorm kernels need triton (pip install triton)") from missing
 
-from .geometry import NORM_FLOOR
+from .geometry import MAX_TURN, NORM_FLOOR
 
 
 @triton.jit
@@ -47,9 +47,9 @@ def _row_step(xx, ux, tt, alpha, max_angle, floor, CLAMP: tl.constexpr):
     if CLAMP:
         theta = tl.minimum(alpha * tl.minimum(base, max_angle), max_angle)
         clamped = (base > max_angle) | (alpha * base > max_angle)
-    else:
-        theta = alpha * base
-        clamped = base < 0.0  # never
+    else:  # no clamp: max_angle is geometry.MAX_TURN, which only the final angle meets
+        theta = tl.minimum(alpha * base, max_angle)
+        clamped = alpha * base > max_angle
     step = tl.where(clamped, theta / tl.where(base > 0.0, base, 1.0), alpha)
     theta = tl.where(moves, theta, 0.0)
     step = tl.where(moves, step, 0.0)
@@ -142,6 +142,11 @@ def _launch_config(width: int) -> tuple[int, int]:
     return block, warps
 
 
+def _limit(max_angle: float | None) -> float:
+    """The angle the kernels clamp at: ``max_angle``, or with no clamp ``geometry.MAX_TURN`` (final angle only)."""
+    return MAX_TURN if max_angle is None else float(max_angle)
+
+
 def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
     """The forward kernel on [rows, width] tensors with unit column stride: (out, [rows, 3] float32 stats)."""
     rows, width = x2.shape
@@ -152,7 +157,7 @@ def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: 
     block, warps = _launch_config(width)
     _geonorm_fwd_kernel[(rows,)](
         x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
-        float(max_angle or 0.0), NORM_FLOOR, CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
+        _limit(max_angle), NORM_FLOOR, CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return out, stats
 
@@ -168,7 +173,7 @@ def triton_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, fr
     block, warps = _launch_config(width)
     _geonorm_bwd_kernel[(rows,)](
         x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
-        float(alpha), float(max_angle or 0.0), NORM_FLOOR,
+        float(alpha), _limit(max_angle), NORM_FLOOR,
         CLAMP=max_angle is not None, FROM_OUT=from_out, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return dx, du

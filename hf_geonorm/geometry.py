@@ -23,6 +23,11 @@ DECAYS = ("harmonic", "sqrt", "linear", "constant")
 # times that float32 keeps none of its digits; and the gradients, of the order of alpha per step, overflow
 # float32 and bfloat16 within a few layers.
 MAX_ALPHA = 1e6
+# No step turns a state further than this, also with no clamp (``max_angle=None``): pi takes a state to its
+# antipode, the end of every geodesic that is the shortest path (the exponential map is one-to-one only up to
+# there). Turning further winds back around the circle; its angle, linear in alpha, has gradients of order alpha
+# per step, which compound over the layers past float16's range from alpha ~ 1e2 and past float32's from ~1e4.
+MAX_TURN = math.pi
 # States shorter than this have no usable direction (torch.nn.functional.normalize uses the same eps): the
 # GeoNorm step leaves them where they are, and every division by |x| is by at least this.
 NORM_FLOOR = 1e-12
@@ -78,16 +83,16 @@ def geonorm_angle(
     """The clamp rule: GeoNorm's rotation angle from the base angle |tangent|/|x|.
 
     theta = min(a (c min(base, max) + b), max); without the learnable step c = 1 and b = 0; with
-    ``max_angle=None`` both clamps are off and theta = a base. ``clamp="final"`` leaves the base angle
-    unclamped: theta = min(a (c base + b), max), the rule for small calibrated steps on large base angles.
+    ``max_angle=None`` the base angle is not clamped and theta = min(a base, ``MAX_TURN``): no step passes the
+    antipode. ``clamp="final"`` leaves the base angle unclamped: theta = min(a (c base + b), max), the rule for
+    small calibrated steps on large base angles.
     """
     base = base_angle if max_angle is None or clamp == "final" else base_angle.clamp_max(max_angle)
     if step_scale is not None:
         base = step_scale * base
     if step_bias is not None:
         base = base + step_bias
-    theta = alpha * base
-    return theta if max_angle is None else theta.clamp_max(max_angle)
+    return (alpha * base).clamp_max(MAX_TURN if max_angle is None else max_angle)
 
 
 def geonorm_rotation(
@@ -99,14 +104,14 @@ def geonorm_rotation(
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
     clamp: str = "both",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(theta, step, clamped) of the GeoNorm step for rows with |t| = ``t_norm`` and floored |x| = ``x_norm``.
 
     theta is ``geonorm_angle`` of the base angle |t|/|x|, and step = theta/base the step size actually applied:
     alpha (times the learnable scale) where theta is linear in |t| (no clamp active, no bias), which keeps value
     and gradient finite as t -> 0; less where a clamp is active. ``clamped`` marks the rows where a clamp is
-    active (None without a clamp). Rows that do not move (``moves`` false) get theta = step = 0. The step is then
-    cos(theta) x + sin_over(theta) step t.
+    active (with ``max_angle=None``, where theta stops at ``MAX_TURN``). Rows that do not move (``moves`` false)
+    get theta = step = 0. The step is then cos(theta) x + sin_over(theta) step t.
     """
     base = t_norm / x_norm
     theta = geonorm_angle(base, alpha, max_angle, step_scale, step_bias, clamp)
@@ -114,14 +119,12 @@ def geonorm_rotation(
     linear = slope * torch.ones_like(base)
     has_t = base > 0
     base_safe = torch.where(has_t, base, torch.ones_like(base))
-    clamped = None if max_angle is None else (slope * base > max_angle)
-    if clamped is not None and clamp == "both":
+    clamped = slope * base > (MAX_TURN if max_angle is None else max_angle)
+    if max_angle is not None and clamp == "both":
         clamped = clamped | (base > max_angle)
     if step_bias is not None:  # theta is not linear in |t|: no turn without a direction
         theta = torch.where(has_t, theta, torch.zeros_like(theta))
         step = torch.where(has_t, theta / base_safe, linear)
-    elif clamped is None:
-        step = linear
     else:  # a clamp is active only where |t| > 0
         step = torch.where(clamped, theta / base_safe, linear)
     zero = torch.zeros_like(theta)

@@ -36,14 +36,15 @@ def geodesic_step(
     x: torch.Tensor, u: torch.Tensor, a: float, max_angle: float | None, clamped: list[int] | None = None
 ) -> torch.Tensor:
     """Rotate x by theta = min(a min(|t|/|x|, m), m) towards unit(t), t = u - (<u,x>/<x,x>) x, in float64
-    (theta = a |t|/|x| without the clamp). ``clamped`` collects how many rows the clamp changed."""
+    (theta = min(a |t|/|x|, pi) without the clamp: no turn past the antipode). ``clamped`` collects how many rows
+    the clamp changed."""
     x64, u64 = x.double(), u.double()
     xn = x64.norm(dim=-1, keepdim=True)
     t = u64 - (u64 * x64).sum(-1, keepdim=True) / xn**2 * x64
     tn = t.norm(dim=-1, keepdim=True)
     base = tn / xn
     if max_angle is None:
-        theta = a * base
+        theta = torch.clamp(a * base, max=math.pi)
     else:
         theta = torch.clamp(a * torch.clamp(base, max=max_angle), max=max_angle)
         if clamped is not None:

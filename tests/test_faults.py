@@ -4,6 +4,8 @@ model, a formula written out here) or checks the error a user gets."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tiny_models import LAYERS, tiny_model, token_ids
@@ -51,3 +53,39 @@ def test_frames_beyond_the_bound_are_refused_with_the_bound_and_why(frames, matc
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=match):
         hf_geonorm.apply_geonorm(model, geo_bridge=0.5, geo_frames=frames)
+
+
+# ---- 2. no clamp in float16: finite for every accepted alpha ----
+
+
+@pytest.mark.parametrize("alpha", [1e3, 1e4, 1e6])
+def test_no_clamp_float16_gives_finite_logits_and_gradients(alpha):
+    model = tiny_model("llama", perturb=True).to(torch.float16)
+    hf_geonorm.apply_geonorm(model, geo_alpha=alpha, geo_max_angle=None)
+    assert finite_logits_and_gradients(model, token_ids()) == (True, True)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_no_clamp_step_stops_at_the_antipode_in_float16(fused):
+    """The step in float16, against the formula written out in float64: x turns towards t = u - <u,x>/|x|^2 x by
+    theta = min(alpha |t|/|x|, pi) (pi: the antipode, beyond which the circle winds back), keeping |x|. Base
+    angles 0.01-10: rows turned by less than pi have gradients of order alpha, which float16 cannot hold."""
+    from hf_geonorm.fused import set_fused_enabled
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 16, generator=g, dtype=torch.float64)
+    u = torch.randn(6, 16, generator=g, dtype=torch.float64) * torch.logspace(-2, 1, 6, dtype=torch.float64)[:, None]
+    t = u - (u * x).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+    x_norm, t_norm = x.norm(dim=-1, keepdim=True), t.norm(dim=-1, keepdim=True)
+    set_fused_enabled(fused)
+    try:
+        for alpha in (1e3, 1e4, 1e6):
+            theta = (alpha * t_norm / x_norm).clamp_max(math.pi)
+            expected = torch.cos(theta) * x + torch.sin(theta) * x_norm * t / t_norm
+            xs, us = x.half().requires_grad_(), u.half().requires_grad_()
+            out = hf_geonorm.geonorm_step(xs, us, alpha, None)
+            out.float().pow(2).sum().backward()
+            assert torch.isfinite(out).all() and torch.isfinite(xs.grad).all() and torch.isfinite(us.grad).all()
+            torch.testing.assert_close(out.double(), expected, atol=2e-2 * x_norm.max().item(), rtol=0)
+    finally:
+        set_fused_enabled(True)

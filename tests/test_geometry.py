@@ -50,12 +50,15 @@ def ref_exp_map(x, v):
 
 
 def ref_geodesic_update(x, u, a):
-    return ref_exp_map(x, a * ref_tangent(x, u))
+    """exp_map(x, a t), the turn stopping at the antipode (pi, geometry.MAX_TURN)."""
+    t = ref_tangent(x, u)
+    angle = a * nnorm(t) / nnorm(x)
+    return ref_exp_map(x, a * t * np.minimum(1.0, np.pi / np.maximum(angle, 1e-300)))
 
 
 def ref_geo_angle(base, a, max_angle, c=1.0, b=0.0):
     if max_angle is None:
-        return a * (c * base + b)
+        return np.minimum(a * (c * base + b), np.pi)
     return np.minimum(a * (c * np.minimum(base, max_angle) + b), max_angle)
 
 

@@ -112,13 +112,14 @@ def _nrm(a: torch.Tensor) -> torch.Tensor:
 
 
 def ref_geo_step(x, u, a, max_angle=PI4, c=1.0, b=0.0):
-    """Clamped GeoNorm step: rotate x by theta = min(a (c min(|t|/|x|, max) + b), max) towards t."""
+    """Clamped GeoNorm step: rotate x by theta = min(a (c min(|t|/|x|, max) + b), max) towards t; with no clamp
+    theta = min(a (c |t|/|x| + b), pi), no turn past the antipode."""
     xn = _nrm(x)
     t = u - ((u * x).sum(-1, keepdim=True) / (xn * xn)) * x
     tn = _nrm(t)
     base = tn / xn
     if max_angle is None:
-        theta = a * (c * base + b)
+        theta = torch.clamp(a * (c * base + b), max=math.pi)
     else:
         theta = torch.clamp(a * (c * torch.clamp(base, max=max_angle) + b), max=max_angle)
     return torch.cos(theta) * x + torch.sin(theta) * xn * t / tn
