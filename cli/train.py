@@ -83,6 +83,7 @@ def train(
     model with its remote code, metrics.json and loss_curve.png to --output.
     """
     settings = pop_settings(kwargs)
+    from hf_geonorm.evaluation import NonFiniteError
     from hf_geonorm.loading import SettingsError
     from hf_geonorm.training import TrainOptions, run_training
 
@@ -100,7 +101,9 @@ def train(
 
             hf_geonorm.family_for(arch)
         run_training(options, log=click.echo)
-    except SettingsError as error:
+    except SettingsError as error:  # a setting given on the command line: named as its option
         raise click.UsageError(_option_words(first_line(error))) from None
-    except ValueError as error:
+    except NonFiniteError as error:  # names the model's settings, as perplexity does
         raise click.ClickException(_option_words(first_line(error, limit=600))) from None
+    except ValueError as error:  # settings from a config.json keep their field names and name the file
+        raise click.ClickException(first_line(error, limit=600)) from None

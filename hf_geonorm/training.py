@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 import uuid
 import warnings
@@ -31,17 +32,28 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, TrainerState, TrainingArguments
 
 from .atomic import atomic_directory, remove_tree, terminate_raises
-from .evaluation import residual_modules
+from .evaluation import NonFiniteError, explain_non_finite, residual_modules
 from .geometry import per_update
 from .hub import save_shareable
-from .loading import PICKLE_WEIGHTS, check_weight_files, first_line, load_model, open_source, resolve_settings
+from .loading import (
+    PICKLE_WEIGHTS,
+    SettingsError,
+    check_weight_files,
+    first_line,
+    load_model,
+    open_source,
+    resolve_settings,
+)
 from .patching import config_class_for, family_for
 from .presets import fit_token_ids, preset_sizes
 from .settings import GeoNormSettings
 from .training_checkpoints import (
+    CHECKPOINT,
     AtomicCheckpointTrainer,
     check_resumable,
+    check_resumable_adapters,
     checkpoints,
+    disk_full_named,
     is_leftover,
     remove_leftovers,
     resume_checkpoint,
@@ -95,6 +107,16 @@ class TrainOptions:
             raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
         if self.bridge_order not in BRIDGE_ORDERS:
             raise ValueError(f"bridge_order must be one of {', '.join(BRIDGE_ORDERS)}; got {self.bridge_order!r}")
+        if self.bridge_anneal is not None and self.bridge_anneal > self.max_steps:
+            raise ValueError(
+                f"--bridge-anneal {self.bridge_anneal} is longer than --max-steps {self.max_steps}: the bridge would "
+                f"stop short of 1.0; give a --bridge-anneal of at most {self.max_steps}, or more --max-steps"
+            )
+        if self.bridge_order != "together" and self.bridge_anneal is None:
+            raise ValueError(
+                f"--bridge-order {self.bridge_order} needs --bridge-anneal STEPS: it orders the updates of an anneal, "
+                "and without one the bridge does not move"
+            )
         if self.fsdp and not torch.accelerator.is_available():
             raise ValueError(
                 "--fsdp: accelerate shards with FSDP on GPUs only, and this machine has none; drop --fsdp (under "
@@ -102,7 +124,10 @@ class TrainOptions:
             )
         if self.resume and self.force:
             raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
-        GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
+        try:
+            GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
+        except ValueError as error:  # the settings are the caller's (command-line options)
+            raise SettingsError(first_line(error)) from None
         return self
 
 
@@ -112,7 +137,8 @@ class TrainOptions:
 def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
     """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
     stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
-    ``architectures``), freshly initialised. Pickle-only folders and saved models without weights are refused."""
+    ``architectures``), freshly initialised. Pickle-only folders, weight files under other names and saved models
+    without weights are refused."""
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(
@@ -129,6 +155,14 @@ def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
         config = config_class_for(source.model_type).from_pretrained(path, **full)
     if source.weight_files:
         return load_model(source, dtype="float32", config=config)
+    stray = sorted(file.name for file in path.glob("*.safetensors"))
+    if stray:  # weights under another name: training from scratch would drop them
+        raise ValueError(
+            f"{folder} holds {', '.join(stray)} but no model.safetensors or model.safetensors.index.json: a model's "
+            "weights are read from model.safetensors (one file) or from the shards its index names; rename a single "
+            "file to model.safetensors or save the model again with save_pretrained (a config to train from "
+            "scratch, from hf-geonorm init, has no weight files)"
+        )
     if any(next(path.glob(pattern), None) for pattern in PICKLE_WEIGHTS):
         check_weight_files(source)  # raises: pickle weights are never loaded
     if source.config.get("architectures"):
@@ -158,7 +192,10 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
         if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
             values[name] = 0.0
-    config = family_config(**values, **options.settings)
+    try:
+        config = family_config(**values, **options.settings)
+    except ValueError as error:  # the preset's sizes are valid: the caller's settings do not fit them
+        raise SettingsError(first_line(error)) from None
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -171,10 +208,16 @@ def last_first_bridges(progress: float, weights: list[float]) -> list[float]:
     one at a time, from the last to the first, update j over a share of the anneal proportional to weights[j]."""
     if progress >= 1.0:
         return [1.0] * len(weights)  # exactly: the sum of the shares may differ from the total by rounding
-    total, values, done = sum(weights), [0.0] * len(weights), 0.0
-    for j in reversed(range(len(weights))):
-        values[j] = min(1.0, max(0.0, (progress * total - done) / weights[j]))
-        done += weights[j]
+    largest = max(weights)
+    scaled = [w / largest for w in weights]  # at most 1 each: huge finite weights (1e308) sum without overflow
+    total, values, done = sum(scaled), [0.0] * len(scaled), 0.0
+    for j in reversed(range(len(scaled))):
+        reached = progress * total - done
+        if scaled[j] > 0.0:
+            values[j] = min(1.0, max(0.0, reached / scaled[j]))
+        else:  # a share too small for a float (1e-320 of the largest): done as soon as its turn comes
+            values[j] = 1.0 if reached > 0.0 else 0.0
+        done += scaled[j]
     return values
 
 
@@ -187,6 +230,10 @@ def anneal_weights(costs: list[float]) -> list[float]:
 class BridgeAnneal(TrainerCallback):
     """Anneal ``geo_bridge`` from its starting value to 1.0 over ``steps`` optimiser steps: the path from a
     converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md, "The bridge").
+
+    The schedule: optimiser step s (1-based) runs at ``value_at(s)``, ``start + (1 - start) * s / steps`` for
+    ``"together"``, so the last anneal step (s = ``steps``) and every step after it run at exactly 1.0, and the
+    model saved after it has bridge 1.0. The value logged at step s is the one step s ran at.
 
     ``order="together"`` moves every update's bridge linearly at once; ``"last-first"`` converts the updates one at
     a time from the last to the first, each over a share of the steps weighted by ``anneal_weights``; it needs the
@@ -211,6 +258,7 @@ class BridgeAnneal(TrainerCallback):
             self.start = [module.bridge for module in modules]
 
     def value_at(self, step: int) -> float | list[float]:
+        """The bridge that optimiser step ``step`` (1-based) runs at, and the model holds after it (0: the start)."""
         progress = min(1.0, step / self.steps)
         if not isinstance(self.start, list):  # together, from one value
             return self.start + (1.0 - self.start) * progress
@@ -222,22 +270,66 @@ class BridgeAnneal(TrainerCallback):
         return 1.0 if all(v == 1.0 for v in values) else values
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's callback signature
-        self.model.config.geo_bridge = self.value_at(state.global_step)  # the model reads its config
+        self.model.config.geo_bridge = self.value_at(state.global_step + 1)  # the model reads its config
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
         if state.log_history:  # the Trainer has already stored a copy of ``logs`` there (a list: its mean)
-            value = self.value_at(state.global_step)
+            value = self.value_at(state.global_step)  # what the step just taken ran at
             state.log_history[-1]["geo_bridge"] = value if isinstance(value, float) else sum(value) / len(value)
 
 
-# ---- outputs ----
+# ---- the run ----
+
+
+class CheckedTrainer(AtomicCheckpointTrainer):
+    """The Trainer of ``hf-geonorm train``: it stops at the first non-finite training or validation loss with a
+    ``NonFiniteError`` naming the step, before anything of that step is saved (transformers' Trainer trains on,
+    and its logs hide NaN losses), so no NaN model is ever published as a checkpoint or as final."""
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            self._stop(f"the training loss at step {self.state.global_step + 1}", loss.item(), inputs["input_ids"])
+        return loss
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        metrics = super().evaluate(*args, **kwargs)
+        loss = metrics.get("eval_loss")
+        if loss is not None and not math.isfinite(loss):
+            self._stop(f"the validation loss at step {self.state.global_step}", loss, self.eval_dataset.blocks)
+        return metrics
+
+    def _stop(self, what: str, value: float, blocks: torch.Tensor) -> None:
+        # the diagnosis runs the model again: in one process only (sharded models forward in all at once)
+        why = f" ({explain_non_finite(self.model, blocks[:1].tolist())})" if self.args.world_size == 1 else ""
+        raise NonFiniteError(
+            f"{what} is {value}{why}; the run stops, with no final model: lower --lr (it is "
+            f"{self.args.learning_rate:g}), or train in fp32 rather than fp16/bf16"
+        )
+
+
+def strict_json(value: Any) -> str:
+    """``value`` as strict JSON (what every JSON parser reads): NaN and infinities, which ``json.dumps`` would
+    write as the bare words NaN and Infinity, become null."""
+
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+
+    return json.dumps(finite(value), indent=2, default=str, allow_nan=False)
 
 
 def _replace_file(path: Path, write: Any) -> None:
     """``write(tmp)`` to a hidden file next to ``path``, then move it over ``path`` in one step."""
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        write(tmp)
+        with disk_full_named(tmp, path):
+            write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -274,9 +366,17 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _prepare_output(options: TrainOptions, output: Path, main: bool, log: Any) -> tuple[Path | None, int]:
+RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
+
+
+def _prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:
     """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
-    step). ``--force`` starts anew: the checkpoints of the earlier run are removed."""
+    step)."""
+    if output.is_symlink() and not output.exists():
+        raise ValueError(
+            f"--output {output} is a dangling symbolic link (to {os.readlink(output)}, which does not exist); create "
+            "the folder it points to, remove the link, or give another --output"
+        )
     if main:
         for line in remove_leftovers(output):
             warnings.warn(line, stacklevel=3)
@@ -289,52 +389,88 @@ def _prepare_output(options: TrainOptions, output: Path, main: bool, log: Any) -
                 f"--resume: {checkpoint.name} is at step {step} already, beyond --max-steps {options.max_steps}: "
                 f"nothing to train; give a --max-steps above {step}"
             )
-        if step == options.max_steps and main:
-            log(f"{checkpoint.name} is at --max-steps {step}: nothing left to train; writing the final model from it")
         return checkpoint, step
     if output.is_dir() and any(not is_leftover(entry) for entry in output.iterdir()) and not options.force:
         raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
-    if options.force and main:
-        earlier = checkpoints(output)
-        for _, folder in earlier:
-            remove_tree(folder)
-        if earlier:
-            log(f"--force: removed {len(earlier)} checkpoint(s) of an earlier run in {output}")
     return None, 0
 
 
+def _finished_metrics(output: Path, step: int) -> dict[str, Any] | None:
+    """The metrics of the run in ``output`` when it finished at ``step`` (its final model and metrics.json are
+    written), else None: a run killed while writing them is completed by ``--resume`` instead."""
+    try:
+        metrics = json.loads((output / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(metrics, dict) and metrics.get("steps") == step and (output / "final" / "config.json").is_file():
+        return metrics
+    return None
+
+
+def _clear_earlier_run(output: Path, log: Any) -> None:
+    """``--force``: remove the earlier run's checkpoints and results before this run trains, so that a run killed
+    later never leaves them beside its own as if they were its results. Each is first renamed to a hidden
+    temporary name in one step (a SIGKILL leaves that, which the next run removes), then removed."""
+    earlier = [folder for _, folder in checkpoints(output)] + [output / name for name in RESULTS]
+    removed = []
+    for path in earlier:
+        if not os.path.lexists(path):
+            continue
+        hidden = path.with_name(f".{path.name}.partial-{os.getpid()}-earlier")
+        os.rename(path, hidden)
+        remove_tree(hidden)
+        removed.append(path.name)
+    if removed:
+        log(f"--force: removed the earlier run's {', '.join(removed)} in {output}")
+
+
 @contextlib.contextmanager
-def _output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[None]:
-    """On an error, Ctrl-C or SIGTERM: remove the output folder (and the parents) this run created, unless it
-    holds a checkpoint to resume from."""
-    created = [] if output.exists() else [output, *(p for p in output.parents if not p.exists())]
+def _output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
+    """On an error, Ctrl-C or SIGTERM in an output folder this run created: remove what the run put there (the
+    paths the block adds to the yielded list) and the folders it created when they are empty, unless a
+    checkpoint of the run is left to resume from. Whatever else is there (put by another process) stays."""
+    created = [] if os.path.lexists(output) else [output, *(p for p in output.parents if not p.exists())]
+    published: list[Path] = []
     with terminate_raises():
         try:
-            yield
+            yield published
         except BaseException:
             if main and created:
-                if checkpoints(output):
+                if any(p.exists() for p in published if CHECKPOINT.fullmatch(p.name)):
                     log(f"the run stopped; its checkpoints are in {output}: continue with --resume")
                 else:
-                    remove_tree(output)
-                    for parent in created[1:]:  # deepest first
+                    for path in published:
+                        remove_tree(path)
+                    for folder in created:  # deepest first; only when empty
                         with contextlib.suppress(OSError):
-                            parent.rmdir()
+                            folder.rmdir()
             raise
 
 
 def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
-    ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics."""
+    ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
+    already finished returns its metrics and writes nothing."""
     options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
-    with _output_removed_on_failure(output, main, log):
-        return _run(options, output, main, log)
+    with _output_removed_on_failure(output, main, log) as published:
+        return _run(options, output, main, log, published)
 
 
-def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str, Any]:
-    checkpoint, resumed_step = _prepare_output(options, output, main, log)
+def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
+    checkpoint, resumed_step = _prepare_output(options, output, main)
+    if checkpoint is not None and resumed_step == options.max_steps:
+        finished = _finished_metrics(output, resumed_step)
+        if finished is not None:
+            if main:
+                log(
+                    f"the run in {output} already finished at step {resumed_step}; nothing to do (its final model "
+                    f"and metrics.json are left as they are; give a --max-steps above {resumed_step} to train on)"
+                )
+            return finished
+        if main:
+            log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
     texts, label = read_texts(options.data, options.max_chars)
     if options.tokenizer is not None:
@@ -349,12 +485,15 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     train_blocks, val_blocks = split_blocks(token_blocks(tokenizer, texts, options.seq_len))
     model = build_model(options, tokenizer)
     if checkpoint is not None:
-        check_resumable(model, checkpoint, ignore=("geo_bridge",) if options.bridge_anneal else ())
+        ignore = ("geo_bridge",) if options.bridge_anneal else ()
+        check_resumable(model, checkpoint, ignore=ignore, given=options.settings)
     if options.lora:
         from peft import LoraConfig, get_peft_model
 
         conv1d = family_for(model.config.model_type).layout.conv1d  # GPT-2's Conv1D stores weights transposed
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, fan_in_fan_out=conv1d))
+        if checkpoint is not None:
+            check_resumable_adapters(model, checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"data: {label}: {len(train_blocks)} train and {len(val_blocks)} validation blocks of {options.seq_len} "
@@ -363,7 +502,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     )
     callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
-        callbacks.append(BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order))
+        anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
+        model.config.geo_bridge = anneal.value_at(resumed_step)  # what the checkpoint last ran at (0: the start)
+        callbacks.append(anneal)
     args = TrainingArguments(
         output_dir=str(output),
         max_steps=options.max_steps,
@@ -383,6 +524,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
         save_strategy="steps",
         save_steps=options.save_every or options.eval_every,
         save_total_limit=2,
+        logging_nan_inf_filter=False,  # a NaN loss is an error (CheckedTrainer), never averaged away
         report_to=[],
         seed=options.seed,
         data_seed=options.seed,
@@ -390,8 +532,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
         use_cpu=not torch.cuda.is_available(),
         **_fsdp_arguments(options),
     )
-    trainer = AtomicCheckpointTrainer(
+    trainer = CheckedTrainer(
         model=model,
+        published=published,
         args=args,
         train_dataset=TokenBlocks(train_blocks),
         eval_dataset=TokenBlocks(val_blocks),
@@ -402,6 +545,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
             f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
             "launch it with torchrun or accelerate launch on GPUs, or drop --fsdp"
         )
+    if options.force and main:
+        _clear_earlier_run(output, log)
     start = time.perf_counter()
     if checkpoint is not None and resumed_step == options.max_steps:  # e.g. killed while writing final/
         trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
@@ -415,13 +560,15 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     final_dir = output / "final"
     if trainer.is_world_process_zero():
-        with atomic_directory(final_dir, force=True) as tmp:
+        with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
             save_shareable(to_save, tmp, tokenizer=tokenizer, **({"state_dict": state_dict} if state_dict else {}))
+        published.append(final_dir)
     steps_run = trainer.state.global_step - resumed_step
     tokens = steps_run * options.batch_size * trainer.args.world_size * options.seq_len
+    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     metrics = {
-        "final_eval_loss": final_eval["eval_loss"],
-        "final_eval_perplexity": math.exp(final_eval["eval_loss"]),
+        "final_eval_loss": loss,
+        "final_eval_perplexity": math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf,
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
@@ -435,11 +582,13 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any) -> dict[str,
     }
     if not trainer.is_world_process_zero():
         return metrics
-    text = json.dumps(metrics, indent=2, default=str)
+    text = strict_json(metrics)
     _replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    published.append(output / "metrics.json")
     curve = output / "loss_curve.png"
     try:
         plot_losses(metrics["log_history"], curve)
+        published.append(curve)
     except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
         warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=2)
         curve = None

@@ -9,12 +9,15 @@ damaged ones, saying why. ``remove_leftovers`` removes what killed runs left (``
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import uuid
 import warnings
 import zipfile
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +27,43 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from .atomic import remove_stale_partials, remove_tree
 from .folders import safetensors_header, weight_files
-from .loading import first_line, read_config_json
+from .loading import SettingsError, first_line, read_config_json
 from .settings import GeoNormSettings
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.atomic's temporary names
+
+
+class NoSpaceError(OSError):
+    """The device filled up while a file of the run was being written; the message names the file as it was to
+    appear (not the hidden temporary name it was written under)."""
+
+    def __init__(self, target: Path) -> None:
+        super().__init__(errno.ENOSPC, f"no space left on device while writing {target}", str(target))
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+TORCH_WRITE_FAILED = ("unexpected pos", "PytorchStreamWriter failed writing")  # torch.save on a full device
+
+
+@contextlib.contextmanager
+def disk_full_named(written: Path, target: Path) -> Iterator[None]:
+    """Turn a full device while writing into ``written`` (a hidden temporary path) into ``NoSpaceError`` naming
+    the same file under ``target``: what the user sees, never the temporary name or torch's internals."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC or isinstance(error, NoSpaceError):
+            raise
+        file = Path(error.filename) if error.filename else None
+        inside = file is not None and file.is_relative_to(written)
+        raise NoSpaceError(target / file.relative_to(written) if inside else target) from None
+    except RuntimeError as error:
+        if not any(text in str(error) for text in TORCH_WRITE_FAILED):
+            raise
+        raise NoSpaceError(target) from None
 
 
 class AtomicCheckpointTrainer(Trainer):
@@ -36,13 +71,15 @@ class AtomicCheckpointTrainer(Trainer):
 
     Every process saves into the same hidden staging folder (the Trainer's own ``_save_checkpoint``, pointed
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
-    the output folder and rotates the checkpoints by step (``save_total_limit``).
+    the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
+    checkpoints this run moved into place (a failed run that created the output folder keeps only those).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, published: list[Path] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._staging: Path | None = None
         self._owner: int | None = None
+        self.published = published if published is not None else []
 
     def _get_output_dir(self, trial: Any) -> str:
         return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
@@ -52,10 +89,12 @@ class AtomicCheckpointTrainer(Trainer):
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self._staging = output / f".{name}.partial-{self._owner_pid()}-staging"
         try:
-            super()._save_checkpoint(model, trial)
+            with disk_full_named(self._staging / name, output / name):
+                super()._save_checkpoint(model, trial)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 publish(self._staging / name, output / name)
+                self.published.append(output / name)
                 rotate_checkpoints(str(output), self.args.save_total_limit)
         finally:
             staging, self._staging = self._staging, None
@@ -152,9 +191,14 @@ def resume_checkpoint(output: Path, warn: bool = True) -> tuple[Path, int]:
     )
 
 
-def check_resumable(model: torch.nn.Module, checkpoint: Path, ignore: tuple[str, ...] = ()) -> None:
+def check_resumable(
+    model: torch.nn.Module, checkpoint: Path, ignore: tuple[str, ...] = (), given: Collection[str] = ()
+) -> None:
     """``ValueError`` naming the difference when the model built for a resumed run does not fit ``checkpoint``:
-    another GeoNorm setting (the optimizer state would not match the parameters), or other tensor shapes."""
+    another GeoNorm setting (the optimizer state would not match the parameters; ``SettingsError`` when it is
+    one of the ``given`` settings), or tensors missing, unexpected or of another shape. The Trainer itself loads
+    checkpoints leniently (a missing tensor keeps the value of ``--model``), so resuming is refused here as
+    strictly as ``--model`` is loaded."""
     config_path = checkpoint / "config.json"
     if not config_path.is_file():  # adapters only (LoRA): the base model is rebuilt as before
         return
@@ -162,18 +206,53 @@ def check_resumable(model: torch.nn.Module, checkpoint: Path, ignore: tuple[str,
     for name in sorted(set(GeoNormSettings.names()) - set(ignore)):
         ours = getattr(model.config, name, None)
         if name in saved and saved[name] != ours:
-            raise ValueError(
+            error = SettingsError if name in given else ValueError
+            raise error(
                 f"{config_path} was trained with {name} {saved[name]!r}, this run asks for {ours!r}; resume with "
                 f"the checkpoint's settings, or start a new run from its weights (--model {checkpoint})"
             )
-    shapes = {key: list(value.shape) for key, value in model.state_dict().items()}
-    for file in weight_files(checkpoint):
+    _check_tensors(checkpoint, model.state_dict(), weight_files(checkpoint))
+
+
+def check_resumable_adapters(model: torch.nn.Module, checkpoint: Path) -> None:
+    """``ValueError`` naming them when the LoRA adapters of ``checkpoint`` miss tensors of the PEFT ``model``,
+    hold others, or differ in shape (PEFT's ``load_adapter``, which the Trainer uses, accepts all of that)."""
+    from peft import get_peft_model_state_dict
+
+    file = checkpoint / "adapter_model.safetensors"
+    if file.is_file():
+        _check_tensors(checkpoint, get_peft_model_state_dict(model), [file])
+
+
+def _check_tensors(checkpoint: Path, state: dict[str, torch.Tensor], files: list[Path]) -> None:
+    """Compare the tensors the safetensors ``files`` of ``checkpoint`` hold with ``state`` (what the model of
+    this run loads): wrong shapes, missing and unexpected names are a ``ValueError`` naming them."""
+    found: dict[str, tuple[Path, list[int]]] = {}
+    for file in files:
         for key, entry in safetensors_header(file).items():
-            if key != "__metadata__" and key in shapes and shapes[key] != entry["shape"]:
-                raise ValueError(
-                    f"{file}: tensor {key} has shape {entry['shape']}, the model of this run {shapes[key]}; "
-                    "resume with the same --model, or --arch and --preset"
-                )
+            if key != "__metadata__":
+                found[key] = (file, entry["shape"])
+    for key, (file, shape) in found.items():
+        if key in state and list(state[key].shape) != shape:
+            raise ValueError(
+                f"{file}: tensor {key} has shape {shape}, the model of this run {list(state[key].shape)}; "
+                "resume with the same --model, or --arch and --preset"
+            )
+    # tied tensors (GPT-2's lm_head and wte) are saved once: one name of each shared tensor is enough
+    shared: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
+    for key, tensor in state.items():
+        shared.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
+                          []).append(key)  # fmt: skip
+    missing = sorted(key for keys in shared.values() if not any(k in found for k in keys) for key in keys)
+    unexpected = sorted(set(found) - set(state))
+    problems = [f"{len(keys)} tensor(s) {what} ({', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''})"
+                for keys, what in ((missing, "missing"), (unexpected, "unexpected")) if keys]  # fmt: skip
+    if problems:
+        raise ValueError(
+            f"{checkpoint}: {' and '.join(problems)} for the model of this run (a missing one would keep its value "
+            "from --model); resume with the same --model (or --arch and --preset), or remove "
+            f"{checkpoint.name} to resume from an earlier checkpoint"
+        )
 
 
 def remove_leftovers(output: Path) -> list[str]:

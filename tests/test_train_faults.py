@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,11 @@ def train(*args: str) -> object:
     return CliRunner().invoke(cli, ["train", *map(str, args)])
 
 
-def stopped_run(args: list[str], stop_at_save: int, sig: int, cwd: Path) -> tuple[int, str]:
+def stopped_run(
+    args: list[str], stop_at_save: int, sig: int, cwd: Path, before_signal: Callable[[], None] | None = None
+) -> tuple[int, str]:
     """Run ``hf-geonorm train ARGS`` in a child process, send ``sig`` when it is about to write its
-    ``stop_at_save``-th weights file; return its exit status and output."""
+    ``stop_at_save``-th weights file (after calling ``before_signal``); return its exit status and output."""
     env = {**os.environ, "STOP_AT_SAVE": str(stop_at_save), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -73,6 +76,8 @@ def stopped_run(args: list[str], stop_at_save: int, sig: int, cwd: Path) -> tupl
         while (line := lines.get(timeout=300)) is not None:
             seen.append(line)
             if STOP_MARK in line:  # after a progress bar's carriage return, on the same line
+                if before_signal is not None:
+                    before_signal()
                 child.send_signal(sig)
                 break
         status = child.wait(timeout=120)
@@ -129,6 +134,33 @@ def test_sigterm_during_the_first_checkpoint_leaves_nothing_behind(tmp_path, dat
     assert status == 128 + signal.SIGTERM and "terminated (SIGTERM)" in output, output
     assert "Traceback" not in output
     assert not (tmp_path / "new").exists()  # the run made both folders; nothing of it is left
+
+
+def test_sigterm_removes_only_what_the_run_created(tmp_path, data_file):
+    out = tmp_path / "new" / "run"
+    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", str(out)]
+
+    def another_writer() -> None:  # e.g. a second run into the same new folder, or the user
+        (out / "theirs.txt").write_text("not the run's")
+
+    status, output = stopped_run(args, stop_at_save=1, sig=signal.SIGTERM, cwd=tmp_path, before_signal=another_writer)
+    assert status == 128 + signal.SIGTERM and "Traceback" not in output, output
+    assert names(out) == ["theirs.txt"]  # the run's staging folder is gone; the other file and its folders stay
+    assert (out / "theirs.txt").read_text() == "not the run's"
+
+
+def test_sigkill_during_a_force_run_leaves_no_results_of_the_earlier_run(tmp_path, data_file):
+    out = tmp_path / "run"
+    for folder in ("checkpoint-9", "final"):
+        (out / folder).mkdir(parents=True)
+        (out / folder / "config.json").write_text("{}")
+    for name in ("metrics.json", "loss_curve.png", "notes.txt"):
+        (out / name).write_text("earlier")
+    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", str(out), "--force"]
+    status, output = stopped_run(args, stop_at_save=1, sig=signal.SIGKILL, cwd=tmp_path)
+    assert status == -signal.SIGKILL, output
+    # nothing of the earlier run presents itself as the result of this one; the user's own file stays
+    assert [n for n in names(out) if not n.startswith(".")] == ["notes.txt"]
 
 
 def test_resume_skips_a_damaged_checkpoint_and_names_what_does_not_fit(tmp_path, data_file):
