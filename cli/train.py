@@ -38,17 +38,20 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--eval-every", type=click.IntRange(min=1), default=50, show_default=True,
               help="Steps between evaluations (and checkpoints).")  # fmt: skip
 @click.option("--bridge-anneal", type=click.IntRange(min=1), metavar="STEPS",
-              help="Anneal geo_bridge from the model's value to 1.0 over STEPS steps (uptraining a converted "
-              "Pre-Norm checkpoint into GeoNorm).")  # fmt: skip
+              help="Anneal geo_bridge from the model's value b to 1.0 over STEPS steps (uptraining a converted "
+              "Pre-Norm checkpoint into GeoNorm): step s runs at b + (1 - b) s/STEPS, 1.0 from step STEPS on "
+              "(at most --max-steps).")  # fmt: skip
 @click.option("--bridge-order", type=click.Choice(BRIDGE_ORDERS), default="together", show_default=True,
               help="together: every update's bridge moves at once; last-first: one update at a time from the "
-              "last, the updates that grow the state most taking longest (needs a checkpoint converted with "
-              "--calibrate).")  # fmt: skip
+              "last, the updates whose conversion costs most taking longest (needs --bridge-anneal and a "
+              "checkpoint converted with --calibrate).")  # fmt: skip
 @click.option("--output", default="geonorm-run", show_default=True, type=click.Path(file_okay=False),
               help="Folder for checkpoints, the final model, metrics.json and loss_curve.png.")  # fmt: skip
-@click.option("--resume", is_flag=True, help="Resume from the newest whole checkpoint in --output.")
-@click.option("--force", is_flag=True, help="Start a new run in a non-empty --output (its earlier checkpoints are "
-              "removed; final/, metrics.json and loss_curve.png replaced).")  # fmt: skip
+@click.option("--resume", is_flag=True, help="Resume from the newest whole checkpoint in --output (a finished run is "
+              "left as it is).")  # fmt: skip
+@click.option("--force", is_flag=True, help="Start a new run in a non-empty --output: the earlier run's "
+              "checkpoints, final/, metrics.json and loss_curve.png are removed when training starts; other files "
+              "stay.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 def train(
     model_path: str | None,

@@ -7,10 +7,15 @@ What a run leaves in its output folder, also when it is stopped:
 
 - checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
   place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
-- an error, Ctrl-C or SIGTERM removes the temporary folders, and an output folder the run created is removed
-  again unless it holds a checkpoint to resume from;
+- an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
+  wrote is removed too (and the folder, when that leaves it empty) unless a checkpoint of the run is there to
+  resume from; files others put there stay;
+- a non-finite training or validation loss stops the run with an error naming the step, before that step's
+  checkpoint; nothing is published as final, and ``metrics.json`` is always strict JSON;
 - SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
-- a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning.
+- ``--force`` removes the earlier run's checkpoints, ``final/``, ``metrics.json`` and plot when training starts;
+- a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
+  tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is.
 """
 
 from __future__ import annotations
