@@ -43,7 +43,6 @@ from .hub import save_shareable
 from .loading import (
     PICKLE_WEIGHTS,
     SettingsError,
-    check_weight_files,
     first_line,
     load_model,
     open_source,
@@ -160,16 +159,16 @@ def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
         config = config_class_for(source.model_type).from_pretrained(path, **full)
     if source.weight_files:
         return load_model(source, dtype="float32", config=config)
-    stray = sorted(file.name for file in path.glob("*.safetensors"))
-    if stray:  # weights under another name: training from scratch would drop them
+    patterns = ("*.safetensors", "*.bin", *PICKLE_WEIGHTS)
+    stray = sorted({file.name for pattern in patterns for file in path.glob(pattern)})
+    if stray:  # weights under another name, or pickles: training from scratch would silently drop them
         raise ValueError(
-            f"{folder} holds {', '.join(stray)} but no model.safetensors or model.safetensors.index.json: a model's "
-            "weights are read from model.safetensors (one file) or from the shards its index names; rename a single "
-            "file to model.safetensors or save the model again with save_pretrained (a config to train from "
-            "scratch, from hf-geonorm init, has no weight files)"
+            f"{folder} holds {', '.join(stray)} but no model.safetensors or model.safetensors.index.json: hf-geonorm "
+            "reads a model's weights from model.safetensors (one file) or the shards its index names, never from "
+            "pickle files; save the model again with save_pretrained (it writes model.safetensors), or rename a "
+            "single safetensors file to model.safetensors (a config to train from scratch, from hf-geonorm init, "
+            "has no weight files)"
         )
-    if any(next(path.glob(pattern), None) for pattern in PICKLE_WEIGHTS):
-        check_weight_files(source)  # raises: pickle weights are never loaded
     if source.config.get("architectures"):
         raise ValueError(
             f"{folder} holds the config.json of a saved {source.config['architectures'][0]} but no weights "

@@ -188,11 +188,14 @@ def init_folder(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", ["weights.safetensors", "model-00001-of-00002.safetensors"])
+@pytest.mark.parametrize("name", ["weights.safetensors", "model-00001-of-00002.safetensors", "weights.bin"])
 def test_a_config_folder_with_weights_under_another_name_is_refused(tmp_path, data_file, init_folder, name):
     folder = shutil.copytree(init_folder, tmp_path / "model")
     tiny_model("gpt2", vocab_size=320).save_pretrained(tmp_path / "saved")
-    shutil.copy(tmp_path / "saved" / "model.safetensors", folder / name)
+    if name.endswith(".bin"):  # a pickle under a name transformers does not look for
+        torch.save(load_file(tmp_path / "saved" / "model.safetensors"), folder / name)
+    else:
+        shutil.copy(tmp_path / "saved" / "model.safetensors", folder / name)
     out = tmp_path / "run"
     result = train("--model", folder, "--data", data_file, *SMALL, "--max-steps", "1", "--output", out)
     assert result.exit_code != 0, result.output
