@@ -262,9 +262,18 @@ def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, setting
             f"{getattr(config, 'model_type', 'this model')}: its parallel blocks make one update per layer; "
             f"got {len(alpha)}"
         )
-    check_settings_fit(layout, settings, getattr(config, "model_type", "this model"))
+    model_type = getattr(config, "model_type", "this model")
+    check_settings_fit(layout, settings, model_type)
     if getattr(config, "add_cross_attention", False):
         raise ValueError("GeoNorm supports decoder-only models; set add_cross_attention=False")
+    for k, layer in enumerate(_get_path(base_model, layout.layers)):
+        for part in (layout.attn, layout.mlp, layout.attn_norm, layout.mlp_norm):
+            if part is not None and not hasattr(layer, part):
+                raise ValueError(
+                    f"decoder layer {k} ({type(layer).__name__}) has no {part!r}: GeoNorm patches {model_type}'s own "
+                    "decoder layers, with their parts where the stock layer keeps them; put the stock layer (and "
+                    "its modules) back, or apply GeoNorm before replacing them"
+                )
     return layout
 
 

@@ -8,7 +8,9 @@ at import.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import transformers
@@ -51,11 +53,13 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
     """Patch a stock (or GeoNorm) model in place into its GeoNorm family; returns the same object.
 
     Its config becomes ``GeoNorm<X>Config`` with the given settings (defaults elsewhere; on a model that is
-    GeoNorm already, its current settings). Works through a PEFT wrapper. Everything is validated before the
-    model is touched: on a ``ValueError`` it is left as it was. Trained weights are kept as they are (no DeepNet
-    init scaling); the parameters GeoNorm adds start at their identity values, and on a GeoNorm model the ones
-    that fit the new settings are kept. This is also how to change ``norm_style`` or ``geo_learnable_step`` of a
-    built model (its config refuses those two; the other settings are plain config assignments).
+    GeoNorm already, its current settings). Works through a PEFT wrapper. All or nothing: everything is validated
+    before the model is touched (a ``ValueError`` names what does not fit), and a patch that fails part way for
+    any other reason is undone, so on any exception the model is left as it was. Trained weights are kept as they
+    are (no DeepNet init scaling); the parameters GeoNorm adds start at their identity values, and on a GeoNorm
+    model the ones that fit the new settings are kept. This is also how to change ``norm_style`` or
+    ``geo_learnable_step`` of a built model (its config refuses those two; the other settings are plain config
+    assignments).
     """
     target = _unwrap_peft(model)
     config = getattr(target, "config", None)
@@ -76,6 +80,37 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
         names = ", ".join(cls.__name__ for cls in (family.stock_base_class, *with_head))
         raise ValueError(f"apply_geonorm patches the {family.stock_type} models {names}; got {type(target).__name__}")
     check_patch(base, config, family.layout, chosen)
+    with _restored_on_error(target, config):
+        _patch(target, base, config, family, head_class, chosen)
+    return model
+
+
+@contextlib.contextmanager
+def _restored_on_error(target: nn.Module, config: Any) -> Iterator[None]:
+    """Undo a patch that fails part way (an error ``check_patch`` could not foresee, such as running out of
+    memory): every module of ``target`` gets back its class and attributes, and ``config`` its class and values.
+    Parameters are never changed by a patch of trained weights, so this restores the model as it was."""
+    modules = [
+        (m, type(m), dict(vars(m)), dict(m._modules), dict(m._parameters), dict(m._buffers)) for m in target.modules()
+    ]
+    config_state = (type(config), dict(vars(config)))
+    try:
+        yield
+    except BaseException:
+        for module, cls, state, children, parameters, buffers in modules:
+            module.__class__ = cls
+            vars(module).clear()
+            vars(module).update(state)
+            module._modules, module._parameters, module._buffers = children, parameters, buffers
+        config.__class__ = config_state[0]
+        vars(config).clear()
+        vars(config).update(config_state[1])
+        raise
+
+
+def _patch(target: nn.Module, base: nn.Module, config: Any, family: GeoNormFamily, head_class: type | None,
+           chosen: GeoNormSettings) -> None:  # fmt: skip
+    """The changes of ``apply_geonorm``, once everything is validated."""
     if head_class is not None:
         if target.base_model_prefix != head_class.base_model_prefix:  # the GeoNorm heads use the causal LM's name
             delattr(target, target.base_model_prefix)
@@ -88,7 +123,6 @@ def apply_geonorm(model: nn.Module, **settings: Any) -> nn.Module:
     config.set_geonorm_settings(chosen)
     base.__class__ = family.base_class
     patch_base_model(base, config, family.layout, fresh_init=False)
-    return model
 
 
 def convert(model: nn.Module, **settings: Any) -> nn.Module:
