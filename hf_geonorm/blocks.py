@@ -249,20 +249,34 @@ def check_settings_fit(layout: BlockLayout, settings: GeoNormSettings, model_typ
         )
 
 
+def check_layout_settings(
+    layout: BlockLayout, config: Any, settings: GeoNormSettings, num_layers: int, model_type: str
+) -> None:
+    """``ValueError`` for settings the block variant of ``config`` cannot run: a per-update list on parallel blocks
+    (one update per layer), ``geo_first_token_prenorm`` where the layers cannot find the first token."""
+    if layout.is_parallel(config):
+        for name in ("geo_alpha", "geo_bridge", "geo_frames", "geo_bridge_costs"):
+            values = getattr(settings, name)
+            if isinstance(values, list) and len(values) != num_layers:
+                raise ValueError(
+                    f"{name} given as a list must have one value per layer ({num_layers}) for {model_type}: its "
+                    f"parallel blocks make one update per layer; got {len(values)}"
+                )
+    if settings.norm_style == "geo" and settings.geo_first_token_prenorm and not layout.position_ids:
+        raise ValueError(
+            f"geo_first_token_prenorm needs each sequence's first token, and {model_type}'s decoder layers are given "
+            "neither position ids nor the padding mask; set geo_first_token_prenorm=False for this model"
+        )
+
+
 def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, settings: GeoNormSettings) -> BlockLayout:
     """Raise ``ValueError`` if ``base_model`` (with ``config``) cannot become GeoNorm with ``settings``; return
     the layout of the block variant it builds. Changes nothing, so callers validate before they patch."""
     layout = layout.for_config(config)
     num_layers = len(_get_path(base_model, layout.layers))
     settings.validate(num_layers)
-    alpha = settings.geo_alpha
-    if layout.is_parallel(config) and isinstance(alpha, list) and len(alpha) != num_layers:
-        raise ValueError(
-            f"geo_alpha given as a list must have one value per layer ({num_layers}) for "
-            f"{getattr(config, 'model_type', 'this model')}: its parallel blocks make one update per layer; "
-            f"got {len(alpha)}"
-        )
     model_type = getattr(config, "model_type", "this model")
+    check_layout_settings(layout, config, settings, num_layers, model_type)
     check_settings_fit(layout, settings, model_type)
     if getattr(config, "add_cross_attention", False):
         raise ValueError("GeoNorm supports decoder-only models; set add_cross_attention=False")

@@ -51,6 +51,8 @@ class BlockLayout:
     (weight stored in x out: LoRA needs ``fan_in_fan_out=True``).
     ``select`` picks the layout of one config where a model type has several block variants (Falcon); it may
     raise ``ValueError`` for a variant GeoNorm cannot express.
+    ``position_ids`` is False where the stock model calls its layers without position ids or a padding mask
+    (GPT-Neo, GPT-BigCode): they cannot find each sequence's first token (``geo_first_token_prenorm``).
     """
 
     layers: str = "layers"
@@ -74,6 +76,7 @@ class BlockLayout:
     lora_targets: tuple[str, ...] = ATTENTION_LORA_TARGETS
     conv1d: bool = False
     select: Callable[[Any], BlockLayout] | None = None
+    position_ids: bool = True
 
     def is_parallel(self, config: Any) -> bool:
         if self.parallel_flag is not None:
@@ -241,8 +244,10 @@ NEMOTRON = BlockLayout(norm_weight_offset=1.0)  # LayerNorm1P computes (1 + w) x
 PERSIMMON = BlockLayout(mlp_dropout="dropout", final_norm="final_layernorm", fused_values=_neox_values)
 APERTUS = BlockLayout(attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
 # GPT-2's block shape with nn.Linear projections: GPT-Neo's separate q/k/v, GPTBigCode's fused c_attn.
-GPT_NEO = replace(GPT2, call="tuple", fused_values=None, lora_targets=ATTENTION_LORA_TARGETS, conv1d=False)
-GPT_BIGCODE = replace(GPT2, call="gpt_bigcode", fused_values=_bigcode_values, conv1d=False)
+GPT_NEO = replace(
+    GPT2, call="tuple", fused_values=None, lora_targets=ATTENTION_LORA_TARGETS, conv1d=False, position_ids=False
+)
+GPT_BIGCODE = replace(GPT2, call="gpt_bigcode", fused_values=_bigcode_values, conv1d=False, position_ids=False)
 
 # Stock model types whose decoder layer forward is LLaMA's, token for token, used the same way by their model
 # (found by benchmarks/scan_layouts.py on transformers 5.24; tests/test_layouts.py re-checks the list against the

@@ -9,6 +9,7 @@ one-line ``ValueError`` that names the file and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .blocks import check_layout_settings
 from .folders import safetensors_header, weight_files
 from .gguf_files import dequantize_gguf
 from .patching import family_for, supported_architectures
@@ -348,10 +350,34 @@ def resolve_settings(given: dict[str, Any] | None, source: Source) -> dict[str, 
     stored = {k: v for k, v in current_settings(source).items() if k not in given}
     try:
         GeoNormSettings(**stored).validate(source.num_layers)
+        with contextlib.suppress(SettingsError):  # the model is built with all stored settings before conversion
+            _check_for_source(_stored_settings(source), source)
     except ValueError as error:
         where = source.path / "config.json" if source.kind == "folder" else source.spec
         raise ValueError(f"{where}: {first_line(error)} (fix the file)") from None
     try:
-        return GeoNormSettings(**{**stored, **given}).validate(source.num_layers).to_dict()
+        return _check_for_source(GeoNormSettings(**{**stored, **given}).validate(source.num_layers), source).to_dict()
     except ValueError as error:
         raise SettingsError(first_line(error)) from None
+
+
+def _stored_settings(source: Source) -> GeoNormSettings:
+    """All the settings stored in the source's config (``SettingsError`` where one is out of range)."""
+    try:
+        return GeoNormSettings(**current_settings(source)).validate(source.num_layers)
+    except ValueError as error:
+        raise SettingsError(first_line(error)) from None
+
+
+def _check_for_source(settings: GeoNormSettings, source: Source) -> GeoNormSettings:
+    """``settings`` if the source's block variant can run them (``blocks.check_layout_settings``: per-update lists
+    on parallel blocks, the first token where layers cannot find it), before any weights are loaded."""
+    family = family_for(source.model_type)
+    fields = {k: v for k, v in source.config.items() if k != "model_type"}
+    try:
+        config = family.stock_config_class.from_dict(fields)
+    except Exception:  # noqa: BLE001 - a config the stock class refuses is reported when the model loads
+        return settings
+    layout = family.layout.for_config(config)
+    check_layout_settings(layout, config, settings, source.num_layers, source.stock_type)
+    return settings

@@ -154,3 +154,59 @@ def test_a_patch_failing_part_way_is_undone(monkeypatch):
     assert torch.equal(model(input_ids=ids).logits, expected)
     hf_geonorm.apply_geonorm(model, geo_bridge=0.0)
     torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=0)
+
+
+# ---- 4. settings the block layout cannot run are refused where the config meets the layout ----
+
+PARALLEL = ["gptj", "codegen", "cohere", "gpt_neox-parallel", "falcon", "falcon-new", "phi", "stablelm-parallel"]
+
+
+def fails(*args: object, code: int | None = None) -> str:
+    """A command that must fail with a one-line error and no traceback; returns the error line."""
+    from click.testing import CliRunner
+    from hf_geonorm_cli.main import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code != 0 and (code is None or result.exit_code == code), result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("Error:"), result.output
+    return last
+
+
+@pytest.mark.parametrize("case", PARALLEL)
+@pytest.mark.parametrize("name", ["geo_bridge", "geo_frames"])
+def test_per_update_lists_on_parallel_blocks_are_refused_by_apply_geonorm(case, name):
+    model = tiny_model(case)
+    before = [type(m) for m in model.modules()]
+    match = rf"{name} given as a list must have one value per layer \({LAYERS}\).*parallel"
+    with pytest.raises(ValueError, match=match):
+        hf_geonorm.apply_geonorm(model, **{name: [0.5] * (2 * LAYERS)})
+    assert [type(m) for m in model.modules()] == before
+    hf_geonorm.apply_geonorm(model, **{name: [0.5] * LAYERS})  # one per layer is what they take
+    assert torch.isfinite(model(input_ids=token_ids()).logits).all()
+
+
+@pytest.mark.parametrize("case", ["gptj", "gpt_neox-parallel"])
+@pytest.mark.parametrize("name", ["geo_bridge", "geo_frames"])
+def test_convert_refuses_a_folder_with_per_update_lists_on_parallel_blocks(case, name, tmp_path):
+    import json
+
+    folder = tmp_path / "geo"
+    hf_geonorm.convert(tiny_model(case), geo_bridge=0.0).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[name] = [0.5] * (2 * LAYERS)
+    (folder / "config.json").write_text(json.dumps(config))
+    line = fails("convert", folder, tmp_path / "out", "--bridge", "0")
+    assert f"{name} given as a list must have one value per layer ({LAYERS})" in line and "config.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["gpt_neo", "gpt_bigcode"])
+def test_first_token_prenorm_is_refused_where_layers_cannot_find_the_first_token(case, tmp_path):
+    tiny_model(case).save_pretrained(tmp_path / "stock")
+    line = fails("convert", tmp_path / "stock", tmp_path / "out", "--bridge", "0", "--first-token-prenorm", code=2)
+    assert "--first-token-prenorm needs each sequence's first token" in line
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="geo_first_token_prenorm needs each sequence's first token"):
+        hf_geonorm.apply_geonorm(tiny_model(case), geo_first_token_prenorm=True)
