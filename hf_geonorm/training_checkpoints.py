@@ -10,6 +10,7 @@ damaged ones, saying why. ``remove_leftovers`` removes what killed runs left (``
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import os
@@ -80,6 +81,13 @@ class AtomicCheckpointTrainer(Trainer):
         self._staging: Path | None = None
         self._owner: int | None = None
         self.published = published if published is not None else []
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        folder = Path(resume_from_checkpoint)
+        if (folder / "config.json").is_file() and not self.is_fsdp_enabled:  # a whole model, not LoRA adapters
+            load_checkpoint_weights(model if model is not None else self.model, folder)
+        else:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _get_output_dir(self, trial: Any) -> str:
         return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
@@ -194,11 +202,9 @@ def resume_checkpoint(output: Path, warn: bool = True) -> tuple[Path, int]:
 def check_resumable(
     model: torch.nn.Module, checkpoint: Path, ignore: tuple[str, ...] = (), given: Collection[str] = ()
 ) -> None:
-    """``ValueError`` naming the difference when the model built for a resumed run does not fit ``checkpoint``:
-    another GeoNorm setting (the optimizer state would not match the parameters; ``SettingsError`` when it is
-    one of the ``given`` settings), or tensors missing, unexpected or of another shape. The Trainer itself loads
-    checkpoints leniently (a missing tensor keeps the value of ``--model``), so resuming is refused here as
-    strictly as ``--model`` is loaded."""
+    """``ValueError`` naming the difference when the model built for a resumed run has other GeoNorm settings
+    than ``checkpoint`` (the optimizer state would not match the parameters; ``SettingsError`` when it is one of
+    the ``given`` settings). Its tensors are checked as they are loaded (``load_checkpoint_weights``)."""
     config_path = checkpoint / "config.json"
     if not config_path.is_file():  # adapters only (LoRA): the base model is rebuilt as before
         return
@@ -211,7 +217,26 @@ def check_resumable(
                 f"{config_path} was trained with {name} {saved[name]!r}, this run asks for {ours!r}; resume with "
                 f"the checkpoint's settings, or start a new run from its weights (--model {checkpoint})"
             )
-    _check_tensors(checkpoint, model.state_dict(), weight_files(checkpoint))
+
+
+def load_checkpoint_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load the weights of ``checkpoint`` into ``model`` as strictly as ``--model`` is loaded: through
+    transformers' own loading, which undoes the renamings it applies when saving (MoE experts are stored one by
+    one), with any missing, unexpected or wrong-shape tensor a ``ValueError`` naming them. The Trainer's own
+    resume loads the raw file leniently: such tensors (all the experts, after a renaming) would keep their values
+    from ``--model``."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        loaded, info = AutoModelForCausalLM.from_pretrained(
+            checkpoint, config=copy.deepcopy(model.config), dtype=next(model.parameters()).dtype,
+            use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+        )  # fmt: skip
+    except (OSError, ValueError, RuntimeError, KeyError) as error:
+        raise ValueError(f"--resume: cannot load {checkpoint}: {first_line(error)}") from None
+    mismatched = [f"{key} {list(found)} for {list(expected)}" for key, found, expected in info["mismatched_keys"]]
+    _refuse_mismatch(checkpoint, info["missing_keys"], info["unexpected_keys"], mismatched)
+    model.load_state_dict(loaded.state_dict())
 
 
 def check_resumable_adapters(model: torch.nn.Module, checkpoint: Path) -> None:
@@ -220,33 +245,24 @@ def check_resumable_adapters(model: torch.nn.Module, checkpoint: Path) -> None:
     from peft import get_peft_model_state_dict
 
     file = checkpoint / "adapter_model.safetensors"
-    if file.is_file():
-        _check_tensors(checkpoint, get_peft_model_state_dict(model), [file])
+    if not file.is_file():
+        return
+    state = get_peft_model_state_dict(model)
+    found = {key: entry["shape"] for key, entry in safetensors_header(file).items() if key != "__metadata__"}
+    mismatched = [f"{key} {shape} for {list(state[key].shape)}" for key, shape in found.items()
+                  if key in state and list(state[key].shape) != shape]  # fmt: skip
+    _refuse_mismatch(checkpoint, set(state) - set(found), set(found) - set(state), mismatched)
 
 
-def _check_tensors(checkpoint: Path, state: dict[str, torch.Tensor], files: list[Path]) -> None:
-    """Compare the tensors the safetensors ``files`` of ``checkpoint`` hold with ``state`` (what the model of
-    this run loads): wrong shapes, missing and unexpected names are a ``ValueError`` naming them."""
-    found: dict[str, tuple[Path, list[int]]] = {}
-    for file in files:
-        for key, entry in safetensors_header(file).items():
-            if key != "__metadata__":
-                found[key] = (file, entry["shape"])
-    for key, (file, shape) in found.items():
-        if key in state and list(state[key].shape) != shape:
-            raise ValueError(
-                f"{file}: tensor {key} has shape {shape}, the model of this run {list(state[key].shape)}; "
-                "resume with the same --model, or --arch and --preset"
-            )
-    # tied tensors (GPT-2's lm_head and wte) are saved once: one name of each shared tensor is enough
-    shared: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
-    for key, tensor in state.items():
-        shared.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)),
-                          []).append(key)  # fmt: skip
-    missing = sorted(key for keys in shared.values() if not any(k in found for k in keys) for key in keys)
-    unexpected = sorted(set(found) - set(state))
-    problems = [f"{len(keys)} tensor(s) {what} ({', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''})"
-                for keys, what in ((missing, "missing"), (unexpected, "unexpected")) if keys]  # fmt: skip
+def _refuse_mismatch(
+    checkpoint: Path, missing: Collection[str], unexpected: Collection[str], other_shape: list[str]
+) -> None:
+    """``ValueError`` naming the tensors of ``checkpoint`` that do not fit the model of a resumed run, if any."""
+    problems = [
+        f"{len(keys)} tensor(s) {what} ({', '.join(sorted(keys)[:4])}{' ...' if len(keys) > 4 else ''})"
+        for keys, what in ((missing, "missing"), (unexpected, "unexpected"), (other_shape, "of another shape"))
+        if keys
+    ]
     if problems:
         raise ValueError(
             f"{checkpoint}: {' and '.join(problems)} for the model of this run (a missing one would keep its value "

@@ -84,6 +84,23 @@ def test_resume_refuses_a_checkpoint_missing_a_tensor_or_holding_an_unexpected_o
     assert extra.exit_code != 0 and "unexpected" in extra.output and "transformer.h.0.extra" in extra.output
 
 
+def test_resume_loads_every_tensor_of_a_checkpoint_saved_under_other_names(tmp_path, data_file):
+    """transformers saves MoE experts one by one (not as the fused tensors the model holds): the resumed weights
+    must still be the checkpoint's, not those of --model."""
+    stock = tmp_path / "moe"
+    tiny_model("deepseek_v3", vocab_size=320).save_pretrained(stock)
+    out = tmp_path / "run"
+    args = ["--model", stock, "--data", data_file, *SMALL, "--max-steps", "2", "--eval-every", "2", "--output", out]
+    assert train(*args).exit_code == 0
+    shutil.rmtree(out / "final")  # as if killed while writing final/: --resume writes it from checkpoint-2
+    (out / "metrics.json").unlink()
+    resumed = train(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    final, saved = load_file(out / "final" / "model.safetensors"), load_file(out / "checkpoint-2" / "model.safetensors")
+    assert any(".experts.0." in key for key in saved) and final.keys() == saved.keys()
+    assert [key for key in saved if not torch.equal(final[key], saved[key])] == []
+
+
 def test_resume_refuses_lora_adapters_missing_a_tensor(tmp_path, data_file):
     out = tmp_path / "run"
     args = ["--data", data_file, *SMALL, "--eval-every", "1", "--lora", "--output", out]
