@@ -4,7 +4,9 @@ transformers' Trainer writes ``checkpoint-N`` in place: a kill during the save l
 no weights, which a resumed run then takes as the latest. ``AtomicCheckpointTrainer`` has every process write
 into one hidden folder ``.checkpoint-N.partial-PID-staging`` next to it and moves the complete checkpoint into
 place when all of them are done. ``resume_checkpoint`` checks the checkpoints newest first and falls back past
-damaged ones, saying why. ``remove_leftovers`` removes what killed runs left (``hf_geonorm.atomic`` naming).
+damaged ones (unreadable files), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
+the Trainer would keep the values of ``--model`` for tensors it does not find. ``remove_leftovers`` removes what
+killed runs left (``hf_geonorm.atomic`` naming).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class AtomicCheckpointTrainer(Trainer):
     Every process saves into the same hidden staging folder (the Trainer's own ``_save_checkpoint``, pointed
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
     the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
-    checkpoints this run moved into place (a failed run that created the output folder keeps only those).
+    checkpoints this run moved into place (a failed run that created the output folder keeps only those). A whole
+    model is resumed with ``load_checkpoint_weights``; a full device while saving is a ``NoSpaceError``.
     """
 
     def __init__(self, *args: Any, published: list[Path] | None = None, **kwargs: Any) -> None:
