@@ -26,6 +26,9 @@ from .model_card import CardInfo
 from .patching import apply_geonorm
 from .settings import GeoNormSettings, computes_prenorm
 
+# The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
+MIN_CALIBRATION_TOKENS = 64
+
 
 def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
     """The absolute output path; ``FileExistsError`` when it is a file or is not empty (without ``force``),
@@ -112,6 +115,12 @@ def calibrated_settings(
     if not getattr(model.config, "norm_style", None):
         apply_geonorm(model, norm_style="pre")  # the stock computation, with residual modules to observe
     windows, _ = text_windows(model, tokenizer, text, tokens, label=source.spec)
+    count = sum(len(w) for w in windows)
+    if count < MIN_CALIBRATION_TOKENS:
+        raise ValueError(
+            f"the calibration text {text} gives {count} token(s); calibration takes medians over tokens and needs "
+            f"at least {MIN_CALIBRATION_TOKENS} (give a longer text, or a larger --calibrate-tokens)"
+        )
     measured = calibrate(model, windows, chosen["geo_radius"])
     if not all(math.isfinite(a) for a in measured.step_sizes + measured.frames):
         raise ValueError(f"the calibration on {Path(text).name} gave non-finite step sizes; use more or other text")

@@ -237,8 +237,10 @@ def check_loading_info(source: Source, model: nn.Module, info: dict[str, Any], a
     """Refuse what transformers accepts with a log line: tensors missing from the checkpoint (left at their
     random initialisation), tensors the model has no place for, and tensors of the wrong shape. The tensors
     GeoNorm adds on purpose (its residual modules') may be missing or left over. ``allow_missing`` turns missing
-    and unexpected keys into a warning; a wrong shape is always an error."""
-    where = source.spec if source.kind != "folder" else str(source.path / "model.safetensors")
+    and unexpected keys into a warning; a wrong shape is always an error. Only the GeoNorm tensors that are new
+    to the source may be missing: a GeoNorm checkpoint must hold those its own settings have (the learnable step
+    of ``geo_learnable_step``, the output norms of ``sandwich``)."""
+    where = _weights_label(source)
     mismatched = sorted(info.get("mismatched_keys") or [])
     if mismatched:
         key, found, expected = mismatched[0]
@@ -247,8 +249,8 @@ def check_loading_info(source: Source, model: nn.Module, info: dict[str, Any], a
             f"{where}: tensor {key} has shape {list(found)}, but config.json asks for {list(expected)}{more}; "
             "the weights do not belong to this config (fix config.json or use the matching weights)"
         )
-    own = geonorm_keys(model)
-    missing = sorted(k for k in info.get("missing_keys") or [] if k not in own)
+    new = _new_geonorm_keys(source, model)
+    missing = sorted(k for k in info.get("missing_keys") or [] if k not in new)
     unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not _is_geonorm_key(k))
     problems = []
     if missing:
@@ -265,6 +267,32 @@ def check_loading_info(source: Source, model: nn.Module, info: dict[str, Any], a
         f"{message}: the checkpoint does not match its config (missing tensors would be random); use complete "
         "weights, or allow it (--allow-missing, allow_missing=True)"
     )
+
+
+def _weights_label(source: Source) -> str:
+    """How messages name the weights: the file, the shards' index of a sharded folder, or the source."""
+    if source.kind != "folder":
+        return source.spec
+    index = source.path / "model.safetensors.index.json"
+    return str(index if index.is_file() else source.path / "model.safetensors")
+
+
+def _new_geonorm_keys(source: Source, model: nn.Module) -> set[str]:
+    """The keys of the GeoNorm tensors ``model`` has and the source's own settings do not: those may be missing
+    (they start at their identity values); the others were saved with the checkpoint."""
+    keys = geonorm_keys(model)
+    if not source.is_geonorm:
+        return keys
+    stored = current_settings(source)
+    style = stored.get("norm_style", GeoNormSettings.norm_style)
+    learnable = style == "geo" and stored.get("geo_learnable_step", False) is True
+    had = {
+        key
+        for key in keys
+        if (learnable and key.rsplit(".", 1)[-1] in ("step_scale", "step_bias"))
+        or (style == "sandwich" and ".output_norm." in key)
+    }
+    return keys - had
 
 
 def _names(keys: list[str], limit: int = 4) -> str:

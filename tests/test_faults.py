@@ -210,3 +210,60 @@ def test_first_token_prenorm_is_refused_where_layers_cannot_find_the_first_token
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="geo_first_token_prenorm needs each sequence's first token"):
         hf_geonorm.apply_geonorm(tiny_model(case), geo_first_token_prenorm=True)
+
+
+# ---- 6. a calibration text too short to take medians over ----
+
+
+def test_calibrating_on_a_text_of_two_tokens_is_refused_naming_the_file_and_count(tmp_path):
+    from hf_geonorm.conversion import MIN_CALIBRATION_TOKENS
+
+    tiny_model("llama").save_pretrained(tmp_path / "stock")  # no tokenizer: one token per UTF-8 byte
+    (tmp_path / "short.txt").write_text("ab")
+    line = fails("convert", tmp_path / "stock", tmp_path / "out", "--calibrate", tmp_path / "short.txt")
+    assert "short.txt gives 2 token(s)" in line and f"needs at least {MIN_CALIBRATION_TOKENS}" in line
+    assert not (tmp_path / "out").exists()
+
+
+# ---- 7. a GeoNorm checkpoint must hold the tensors its own settings have ----
+
+
+def saved_without_step_tensors(folder):
+    from safetensors.torch import load_file, save_file
+
+    file = folder / "model.safetensors"
+    tensors = load_file(file)
+    kept = {k: v for k, v in tensors.items() if not k.endswith(("step_scale", "step_bias"))}
+    assert len(kept) == len(tensors) - 4 * LAYERS  # scale and bias of two updates per layer
+    save_file(kept, file, metadata={"format": "pt"})
+
+
+def test_learnable_step_tensors_missing_from_a_checkpoint_that_trained_them_are_refused(tmp_path):
+    from hf_geonorm.loading import load_model, open_source
+
+    model = hf_geonorm.convert(tiny_model("llama"), geo_learnable_step=True)
+    model.save_pretrained(tmp_path / "geo")
+    saved_without_step_tensors(tmp_path / "geo")
+    with pytest.raises(ValueError, match=r"model\.safetensors: 12 tensor\(s\) missing \(model\.layers\.0\..*step_"):
+        load_model(open_source(tmp_path / "geo"))
+    line = fails("perplexity", tmp_path / "geo", "--text", __file__, "--max-tokens", "8")
+    assert "12 tensor(s) missing" in line
+
+
+def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
+    """A stock checkpoint, or a GeoNorm one without learnable steps, converted to learnable steps: the step
+    tensors start at scale 1, bias 0 (as a formula: the step of a model with no learnable step)."""
+    from hf_geonorm.loading import load_model, open_source
+
+    stock = tiny_model("llama", perturb=True)
+    stock.save_pretrained(tmp_path / "stock")
+    hf_geonorm.convert(stock, geo_alpha=0.3).save_pretrained(tmp_path / "geo")
+    ids = token_ids()
+    expected = hf_geonorm.convert(stock, geo_alpha=0.3)(input_ids=ids).logits
+    for folder in ("stock", "geo"):
+        source = open_source(tmp_path / folder)
+        config = hf_geonorm.config_class_for("llama").from_pretrained(
+            tmp_path / folder, norm_style="geo", geo_alpha=0.3, geo_learnable_step=True
+        )
+        model = load_model(source, config=config)
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=1e-6)
