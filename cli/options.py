@@ -31,7 +31,11 @@ class AlphaType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, (int, float, list)):
             return value
-        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        parts = [p.strip() for p in str(value).split(",")]
+        if len(parts) > 1 and not all(parts):
+            self.fail(f"{value!r} has an empty item; give numbers separated by single commas (e.g. 1,0.5,0.33)", param,
+                      ctx)  # fmt: skip
+        parts = [p for p in parts if p]
         try:
             numbers = [float(p) for p in parts]
         except ValueError:

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -103,9 +104,23 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+# The longest output name the temporary names spell out whole; a longer one is cut and given a hash of the whole
+# name, so that ``.NAME.partial-PID-XXXXXXXX`` stays within the 255 bytes a file name may have.
+_NAME_BYTES = 100
+
+
+def _temporary_stem(output: Path) -> str:
+    """The output's name as the temporary folders next to it spell it (shortened for a long name)."""
+    name = output.name
+    if len(os.fsencode(name)) <= _NAME_BYTES:
+        return name
+    digest = hashlib.sha1(os.fsencode(name)).hexdigest()[:12]
+    return f"{os.fsdecode(os.fsencode(name)[:_NAME_BYTES - 13]).rstrip(chr(0xFFFD))}~{digest}"
+
+
 def _leftovers(output: Path) -> Iterator[tuple[str, int, Path]]:
     """(kind, pid, path) of the temporary folders of ``output`` that runs of this module left next to it."""
-    pattern = re.compile(rf"\.{re.escape(output.name)}\.(partial|old)-(\d+)-[^/]+")
+    pattern = re.compile(rf"\.{re.escape(_temporary_stem(output))}\.(partial|old)-(\d+)-[^/]+")
     with contextlib.suppress(OSError):
         for entry in output.parent.iterdir():
             match = pattern.fullmatch(entry.name)
@@ -198,7 +213,7 @@ def _swap_in(tmp: Path, output: Path) -> None:
     if _renameat2(tmp, output, _RENAME_EXCHANGE):
         old = tmp  # the swap put the old contents there
     else:
-        old = output.with_name(f".{output.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        old = output.with_name(f".{_temporary_stem(output)}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.rename(output, old)
         try:
             os.rename(tmp, output)
@@ -248,11 +263,15 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
     ``output_dir`` is left as it was.
 
     An existing non-empty ``output_dir`` (or one that appears while the block runs) raises ``FileExistsError``
-    unless ``force``; a file there always does. Temporary folders that killed runs left next to ``output_dir``
-    are cleaned up first (a ``UserWarning`` says what was removed). See the module docstring for what holds on
-    SIGKILL and on other systems.
+    unless ``force``; a file there always does. Without ``force`` a symbolic link to an empty folder is written
+    through: the new folder takes the place of the empty one the link points to (with ``force`` the link itself
+    is replaced, and the folder it points to is left as it was). Temporary folders that killed runs left next to
+    ``output_dir`` are cleaned up first (a ``UserWarning`` says what was removed). See the module docstring for
+    what holds on SIGKILL and on other systems.
     """
     output = Path(output_dir).expanduser().absolute()
+    if not force and output.is_symlink() and output.is_dir():  # a link to a folder: write into that folder
+        output = output.resolve()
     for message in remove_stale_partials(output):
         warnings.warn(message, stacklevel=3)
     check_target(output_dir, force)
@@ -262,7 +281,7 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
         tmp = None
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-{os.getpid()}-", dir=output.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=f".{_temporary_stem(output)}.partial-{os.getpid()}-", dir=output.parent))
             os.chmod(tmp, 0o777 & ~_umask())
             yield tmp
             with _signals_held():

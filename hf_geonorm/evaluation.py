@@ -136,7 +136,9 @@ def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexi
             total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
             count += len(w) - 1
     mean = total / count
-    return math.exp(mean) if mean < MAX_EXP_ARGUMENT else math.inf  # NaN stays NaN
+    if math.isnan(mean):
+        return math.nan
+    return math.exp(mean) if mean < MAX_EXP_ARGUMENT else math.inf
 
 
 def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:
@@ -222,7 +224,8 @@ def check_finite(value: float, what: str, model: nn.Module, windows: list[list[i
     """``value``, or ``NonFiniteError`` saying why the model made it NaN or infinite."""
     if math.isfinite(value):
         return value
-    raise NonFiniteError(f"{what} is {value}: {explain_non_finite(model, windows)}")
+    said = "NaN" if math.isnan(value) else "infinite"
+    raise NonFiniteError(f"{what} is {said}: {explain_non_finite(model, windows)}")
 
 
 def prepare_model(

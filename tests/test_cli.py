@@ -581,7 +581,7 @@ def test_a_metric_that_is_not_finite_fails_and_names_the_cause(work, tmp_path):
     run("perplexity", huge, "--text", TEXT, "--max-tokens", "32")
     for command in ("perplexity", "angles"):
         error = fails(command, huge, "--text", TEXT, "--max-tokens", "32", "--dtype", "float16")
-        assert "is nan" in error or "is inf" in error, error
+        assert "is NaN" in error or "is infinite" in error, error
         assert "the mlp update of layer 2" in error and "(use --dtype float32)" in error
 
 

@@ -5,6 +5,7 @@ model, a formula written out here) or checks the error a user gets."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -267,3 +268,77 @@ def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
         )
         model = load_model(source, config=config)
         torch.testing.assert_close(model(input_ids=ids).logits, expected, rtol=0, atol=1e-6)
+
+
+# ---- 8. messages that name what happened ----
+
+
+def test_a_nan_perplexity_is_called_nan():
+    from hf_geonorm.evaluation import NonFiniteError, check_finite, perplexity
+
+    model = hf_geonorm.convert(tiny_model("llama"), norm_style="pre")
+    with torch.no_grad():
+        model.lm_head.weight[3] = math.nan
+    windows = token_ids(1).tolist()
+    value = perplexity(model, windows)
+    assert math.isnan(value)
+    with pytest.raises(NonFiniteError, match=r"^the perplexity is NaN: the weights hold non-finite values"):
+        check_finite(value, "the perplexity", model, windows)
+
+
+def test_a_tensor_missing_from_a_sharded_checkpoint_names_the_index(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from hf_geonorm.loading import load_model, open_source
+
+    tiny_model("llama").save_pretrained(tmp_path, max_shard_size="20KB")
+    index_file = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    key = "model.layers.1.mlp.up_proj.weight"
+    shard = tmp_path / index["weight_map"].pop(key)
+    index_file.write_text(json.dumps(index))
+    save_file({k: v for k, v in load_file(shard).items() if k != key}, shard, metadata={"format": "pt"})
+    assert not (tmp_path / "model.safetensors").exists()
+    with pytest.raises(ValueError, match=rf"^{index_file}: 1 tensor\(s\) missing \({key}\)"):
+        load_model(open_source(tmp_path))
+
+
+def test_an_output_name_of_240_characters_is_written(tmp_path):
+    from hf_geonorm.atomic import atomic_directory, remove_stale_partials
+
+    output = tmp_path / ("m" * 240)
+    with atomic_directory(output) as tmp:
+        assert len(tmp.name) < 160
+        (tmp / "weights").write_text("w")
+    assert (output / "weights").read_text() == "w"
+    # a killed run's partial folder of that output is found and removed by the next run
+    with atomic_directory(tmp_path / ("m" * 240 + "2")) as other:
+        stale = other.parent / other.name.replace(f"-{os.getpid()}-", "-999999999-")
+        other.rename(stale)
+        other.mkdir()
+    assert remove_stale_partials(tmp_path / ("m" * 240 + "2")) and not stale.exists()
+
+
+def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_path):
+    """A careful user who points OUT at an empty folder through a link expects the model there: the new folder
+    takes the empty folder's place, and the link, untouched, leads to it."""
+    tiny_model("llama").save_pretrained(tmp_path / "stock")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
+    from click.testing import CliRunner
+    from hf_geonorm_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "stock"), str(tmp_path / "link"), "--bridge", "0"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "config.json").is_file()
+    model = hf_geonorm.loading.load_model(hf_geonorm.loading.open_source(tmp_path / "link"))
+    ids = token_ids()
+    torch.testing.assert_close(model(input_ids=ids).logits, tiny_model("llama")(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("value", ["1,,2", "1,", ",1", "1, ,2"])
+def test_an_alpha_list_with_an_empty_item_is_refused(value, tmp_path):
+    line = fails("convert", tmp_path / "source", tmp_path / "out", "--alpha", value, code=2)
+    assert "empty item" in line and repr(value) in line
