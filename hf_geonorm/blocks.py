@@ -98,11 +98,17 @@ class GeoNormDecoderLayerMixin:
         return mlp_res(x, self._mlp_update(mlp_in), mlp_norm, first)
 
     def _first_tokens(self, attn_kwargs: dict[str, Any]) -> torch.Tensor | None:
-        """Where ``position_ids`` is 0 (the first token of each sequence, also left-padded or packed ones), when
-        ``geo_first_token_prenorm`` keeps those tokens on the Pre-Norm update; else None."""
+        """The first token of each sequence, when ``geo_first_token_prenorm`` keeps it on the Pre-Norm update (else
+        None): where the caller's ``position_ids`` are 0 (also packed sequences); without them, the first position
+        whose 2D ``attention_mask`` is 1 in each row (a left-padded batch; found by ``_find_first_tokens`` from the
+        base model's inputs); with neither, position 0 (the model's own position ids). A 4D mask or inputs passed
+        to the base model by position cannot be read: then the position ids decide."""
         config = self.geonorm_attn_residual.config
         if config.norm_style != "geo" or not config.geo_first_token_prenorm:
             return None
+        first = self.__dict__.get("_geonorm_first_tokens")
+        if first is not None:
+            return first
         position_ids = attn_kwargs.get("position_ids")
         if position_ids is None:
             raise ValueError(
@@ -311,6 +317,24 @@ def _free_padding_row(base_model: nn.Module, fresh_init: bool) -> None:
             weight[row].normal_(0.0, others.float().std().item())
 
 
+def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a patched base model: under ``geo_first_token_prenorm``, called without
+    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), mark in every layer the first
+    position whose mask is 1 in each row; otherwise clear the mark (the layers then read the position ids)."""
+    first = None
+    config = base_model.config
+    mask, position_ids = kwargs.get("attention_mask"), kwargs.get("position_ids")
+    if getattr(config, "geo_first_token_prenorm", False) and position_ids is None and isinstance(mask, torch.Tensor):
+        inputs = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1])
+                       if isinstance(t, torch.Tensor)), None)  # fmt: skip
+        if mask.dim() == 2 and inputs is not None and inputs.dim() >= 2:
+            length = inputs.shape[1]
+            positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
+            first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
+    for layer in _get_path(base_model, base_model.__dict__["_geonorm_layers"]):
+        layer.__dict__["_geonorm_first_tokens"] = first
+
+
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
     """Swap every decoder layer of ``base_model`` for its GeoNorm class and give it residual modules that read
     their settings from ``config``. Residual modules already there are kept where they fit the settings
@@ -322,6 +346,9 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     settings = GeoNormSettings.from_object(config)
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
+    base_model.__dict__["_geonorm_layers"] = layout.layers
+    if _find_first_tokens not in base_model._forward_pre_hooks.values():
+        base_model.register_forward_pre_hook(_find_first_tokens, with_kwargs=True)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
     parallel = layout.is_parallel(config)

@@ -90,18 +90,19 @@ def _restored_on_error(target: nn.Module, config: Any) -> Iterator[None]:
     """Undo a patch that fails part way (an error ``check_patch`` could not foresee, such as running out of
     memory): every module of ``target`` gets back its class and attributes, and ``config`` its class and values.
     Parameters are never changed by a patch of trained weights, so this restores the model as it was."""
-    modules = [
-        (m, type(m), dict(vars(m)), dict(m._modules), dict(m._parameters), dict(m._buffers)) for m in target.modules()
-    ]
+    kept = ("_modules", "_parameters", "_buffers", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+    modules = [(m, type(m), dict(vars(m)), {name: dict(getattr(m, name)) for name in kept}) for m in target.modules()]
     config_state = (type(config), dict(vars(config)))
     try:
         yield
     except BaseException:
-        for module, cls, state, children, parameters, buffers in modules:
+        for module, cls, state, contents in modules:
             module.__class__ = cls
             vars(module).clear()
             vars(module).update(state)
-            module._modules, module._parameters, module._buffers = children, parameters, buffers
+            for name, value in contents.items():
+                getattr(module, name).clear()
+                getattr(module, name).update(value)
         config.__class__ = config_state[0]
         vars(config).clear()
         vars(config).update(config_state[1])

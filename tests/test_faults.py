@@ -342,3 +342,28 @@ def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_pat
 def test_an_alpha_list_with_an_empty_item_is_refused(value, tmp_path):
     line = fails("convert", tmp_path / "source", tmp_path / "out", "--alpha", value, code=2)
     assert "empty item" in line and repr(value) in line
+
+
+# ---- 5. the first token of a left-padded batch without position ids ----
+
+
+@pytest.mark.parametrize("bridge", [0.5, 1.0])
+def test_first_token_prenorm_finds_the_first_real_token_of_a_left_padded_batch(bridge):
+    """Left padding with an attention mask and no position ids: the real positions give the logits of each
+    sequence run alone (RoPE sees only relative positions; the first real token takes the Pre-Norm update)."""
+    model = hf_geonorm.convert(tiny_model("llama", perturb=True), geo_bridge=bridge, geo_first_token_prenorm=True)
+    ids = token_ids(2, 7)
+    pads = [3, 1]
+    padded = torch.zeros(2, 10, dtype=torch.long)
+    mask = torch.zeros(2, 10, dtype=torch.long)
+    for row, pad in enumerate(pads):
+        padded[row, pad : pad + 7], mask[row, pad : pad + 7] = ids[row], 1
+    with torch.no_grad():
+        batch = model(input_ids=padded, attention_mask=mask).logits
+        for row, pad in enumerate(pads):
+            alone = model(input_ids=ids[row : row + 1]).logits[0]
+            torch.testing.assert_close(batch[row, pad : pad + 7], alone, rtol=1e-4, atol=1e-5)
+        # decoding one more token with the cache and the extended mask, still without position ids
+        out = model(input_ids=padded[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        step = model(input_ids=padded[:, -1:], attention_mask=mask, past_key_values=out.past_key_values).logits
+        torch.testing.assert_close(step[:, 0], batch[:, -1], rtol=1e-4, atol=1e-5)

@@ -345,9 +345,8 @@ def test_first_token_prenorm_moves_position_zero_by_x_plus_u_with_and_without_ca
         padded = geo(torch.cat([pad, ids[:1]], 1), attention_mask=mask, position_ids=position_ids).logits[:, 3:]
     torch.testing.assert_close(padded, logits(geo, ids[:1]), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(logits(hf_geonorm.convert(stock), ids), logits(geo, ids))  # the option acts
-    no_positions = hf_geonorm.convert(stock_model("gpt_neo"), geo_first_token_prenorm=True)  # layers get no ids
-    with pytest.raises(ValueError, match="geo_first_token_prenorm needs the position ids"):
-        logits(no_positions, ids)
+    with pytest.raises(ValueError, match="geo_first_token_prenorm needs each sequence's first token"):
+        hf_geonorm.convert(stock_model("gpt_neo"), geo_first_token_prenorm=True)  # layers get no ids: refused at once
 
 
 def test_per_update_bridges_frames_and_final_clamp_equal_the_written_out_updates():
