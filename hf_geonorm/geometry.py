@@ -168,8 +168,9 @@ def exp_map(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
-    """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update. This is the
-    GeoNorm step with no clamp, and is computed by it."""
+    """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update, stopping at the
+    antipode (``MAX_TURN``: beyond it the geodesic winds back). This is the GeoNorm step with no clamp, and is
+    computed by it."""
     return composed_geonorm_step(x, u, alpha, max_angle=None)
 
 
