@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 import hf_geonorm
 from hf_geonorm.card_checks import check_shareable
 from hf_geonorm.hub import save_shareable
+from hf_geonorm.loading import load_model, open_source
 
 VOCAB = 320  # above the 300-token tokenizer `train` trains on the fly (TRAIN)
 TRAIN = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1"]
@@ -89,6 +90,8 @@ def test_a_converted_stock_folder_loads_back_as_the_stock_model(name, stock, con
     assert model.config.model_type == f"geonorm_{CASES[name].model_type}"
     assert_nothing_dropped(info)
     torch.testing.assert_close(logits(model), expected, rtol=0, atol=1e-6)
+    # the strict loader of convert, perplexity and train --model (it refuses a missing or unexpected tensor)
+    torch.testing.assert_close(logits(load_model(open_source(converted[name]))), expected, rtol=0, atol=1e-6)
     # the README's Python recipe: a GeoNorm config over the stock folder
     config = hf_geonorm.config_class_for(CASES[name].model_type).from_pretrained(stock[name], geo_bridge=0)
     model, info = loaded(stock[name], config=config)
