@@ -58,7 +58,7 @@ def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Mod
     """A stock (unpatched) transformers model of ``args.arch`` at the benchmark size."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hf_geonorm.settings import GeoNormSettings
+    from hf_geonorm.modeling.settings import GeoNormSettings
 
     geo_config = common.make_config(args.arch, args.layers, args.width, args.heads, args.seq_len, corpus.vocab,
                                     {"norm_style": "pre"}, args.scale)  # fmt: skip
@@ -225,7 +225,7 @@ def part_anatomy(smol: Smol) -> dict[str, Any]:
     embedding radius exceeds pi/4 (where the default clamp binds)."""
     import hf_geonorm
     from hf_geonorm.evaluation import residual_modules
-    from hf_geonorm.geometry import prenorm_angle, tangent
+    from hf_geonorm.modeling.geometry import prenorm_angle, tangent
 
     model = hf_geonorm.convert(smol.model, norm_style="pre")
     rows: list[dict[str, Any]] = []

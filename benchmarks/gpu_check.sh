@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from hf_geonorm import fused
+from hf_geonorm.modeling import fused
 
 cases = [  # (state dtype, update dtype, max_angle, what the backward keeps)
     (torch.float32, torch.float32, math.pi / 4, "output"),

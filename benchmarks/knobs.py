@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 
-from hf_geonorm.settings import GeoNormSettings  # noqa: E402
+from hf_geonorm.modeling.settings import GeoNormSettings  # noqa: E402
 
 GEO = {"norm_style": "geo"}
 DEFAULT_ALPHA = GeoNormSettings().geo_alpha

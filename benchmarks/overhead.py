@@ -51,7 +51,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 import hf_geonorm
-from hf_geonorm import fused
+from hf_geonorm.modeling import fused
 
 CLOCKS = {
     "thread": "CPU time of the stepping thread (time.thread_time; with one torch thread the whole step runs on it, "

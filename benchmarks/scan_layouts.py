@@ -213,7 +213,7 @@ def normalised_forward(layer_class: str, prefer: Path | None = None) -> str | No
 
 def _supported_types() -> set[str]:
     try:
-        from hf_geonorm.modeling_geonorm import FAMILIES
+        from hf_geonorm.modeling.modeling_geonorm import FAMILIES
     except ImportError:
         return set()
     return set(FAMILIES)

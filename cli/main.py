@@ -56,7 +56,7 @@ def _settings_line(settings: dict[str, Any]) -> str:
 
 
 def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> str:
-    from hf_geonorm.geometry import step_sizes, updates_per_layer
+    from hf_geonorm.modeling.geometry import step_sizes, updates_per_layer
 
     if settings["norm_style"] != "geo":
         return f"(norm_style {settings['norm_style']}: no step sizes)"

@@ -6,9 +6,9 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
-from . import modeling_geonorm as _modeling
-from .fused import geonorm_step
-from .geometry import (
+from .modeling import modeling_geonorm as _modeling
+from .modeling.fused import geonorm_step
+from .modeling.geometry import (
     entry_rescale,
     exp_map,
     geodesic_update,
@@ -16,8 +16,10 @@ from .geometry import (
     step_sizes,
     tangent,
 )
-from .layouts import BlockLayout
-from .modeling_geonorm import GeoNormFamily
+from .modeling.layouts import BlockLayout
+from .modeling.modeling_geonorm import GeoNormFamily
+from .modeling.residual import GeoNormResidual, identity_norm_like
+from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
 from .patching import (
     apply_geonorm,
     config_class_for,
@@ -25,8 +27,6 @@ from .patching import (
     family_for,
     supported_architectures,
 )
-from .residual import GeoNormResidual, identity_norm_like
-from .settings import NORM_STYLES, RADII, GeoNormSettings
 
 __all__ = [
     "NORM_STYLES",

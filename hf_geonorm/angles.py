@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from .evaluation import check_finite, prepare_model, read_with_hooks, residual_modules, text_windows
-from .geometry import prenorm_angle
 from .loading import Source
-from .settings import GeoNormSettings, computes_prenorm
+from .modeling.geometry import prenorm_angle
+from .modeling.settings import GeoNormSettings, computes_prenorm
 
 
 @dataclass

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from .evaluation import perplexity, read_with_hooks, residual_modules
-from .geometry import prenorm_angle, tangent
-from .settings import computes_prenorm
+from .modeling.geometry import prenorm_angle, tangent
+from .modeling.settings import computes_prenorm
 
 RADII = ("embedding", "sqrt_d")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from .folders import safetensors_header, weight_files
 from .model_card import HEAD_PIPELINE_TAGS
+from .modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from .patching import family_for
-from .remote_code import METHOD_SPEC, auto_map, module_closure
 
 GEONORM_PIPELINE_TAGS = ("text-generation", *HEAD_PIPELINE_TAGS.values())  # the causal LM's task, the heads'
 

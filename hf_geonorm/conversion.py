@@ -23,8 +23,8 @@ from .gguf_files import gguf_metadata
 from .hub import save_shareable
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .model_card import CardInfo
+from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
-from .settings import GeoNormSettings, computes_prenorm
 
 # The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
 MIN_CALIBRATION_TOKENS = 64

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from .modeling.residual import GeoNormResidual
 from .patching import apply_geonorm
-from .residual import GeoNormResidual
 
 BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"
 CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here makes a token of more than 32 characters' worth of text

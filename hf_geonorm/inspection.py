@@ -10,8 +10,8 @@ from typing import Any
 
 from .card_checks import check_remote_code
 from .folders import saved_parameter_count
-from .geometry import step_sizes, updates_per_layer
 from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
+from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
 from .scratch import parameter_count
 

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .blocks import check_layout_settings
 from .folders import safetensors_header, weight_files
 from .gguf_files import dequantize_gguf
+from .modeling.blocks import check_layout_settings
+from .modeling.residual import GeoNormResidual
+from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
-from .residual import GeoNormResidual
-from .settings import GeoNormSettings
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"

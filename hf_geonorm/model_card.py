@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from .folders import saved_parameter_count
-from .geometry import step_sizes, updates_per_layer
+from .modeling.geometry import step_sizes, updates_per_layer
+from .modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
+from .modeling.settings import GeoNormSettings
 from .patching import family_for
-from .remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
-from .settings import GeoNormSettings
 
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"

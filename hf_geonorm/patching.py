@@ -17,10 +17,16 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from . import modeling_geonorm as _modeling
-from .blocks import check_patch, patch_base_model
-from .modeling_geonorm import FAMILIES, FAMILY_BUILT_HOOKS, HEAD_NAME_MAPS, GeoNormBaseModelMixin, GeoNormFamily
-from .settings import GeoNormSettings
+from .modeling import modeling_geonorm as _modeling
+from .modeling.blocks import check_patch, patch_base_model
+from .modeling.modeling_geonorm import (
+    FAMILIES,
+    FAMILY_BUILT_HOOKS,
+    HEAD_NAME_MAPS,
+    GeoNormBaseModelMixin,
+    GeoNormFamily,
+)
+from .modeling.settings import GeoNormSettings
 
 
 def supported_architectures() -> list[str]:

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM
 from .atomic import atomic_directory, check_target
 from .folders import save_config_with_remote_code
 from .loading import SettingsError, check_supported, first_line
+from .modeling.settings import GeoNormSettings
 from .patching import family_for
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
-from .settings import GeoNormSettings
 
 
 def parameter_count(config: Any, check_forward: bool = False) -> int:

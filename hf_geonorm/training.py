@@ -38,7 +38,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback, Trai
 
 from .atomic import atomic_directory, remove_tree, terminate_raises
 from .evaluation import NonFiniteError, explain_non_finite, residual_modules
-from .geometry import per_update
 from .hub import save_shareable
 from .loading import (
     PICKLE_WEIGHTS,
@@ -48,9 +47,10 @@ from .loading import (
     open_source,
     resolve_settings,
 )
+from .modeling.geometry import per_update
+from .modeling.settings import GeoNormSettings
 from .patching import config_class_for, family_for
 from .presets import fit_token_ids, preset_sizes
-from .settings import GeoNormSettings
 from .training_checkpoints import (
     CHECKPOINT,
     AtomicCheckpointTrainer,

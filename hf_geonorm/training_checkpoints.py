@@ -31,7 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from .atomic import remove_stale_partials, remove_tree
 from .folders import safetensors_header, weight_files
 from .loading import SettingsError, first_line, read_config_json
-from .settings import GeoNormSettings
+from .modeling.settings import GeoNormSettings
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.atomic's temporary names

@@ -141,8 +141,9 @@ def test_option_choices_match_the_library():
     """The CLI spells these out so that --help needs no torch; they must be the library's."""
     from hf_geonorm_cli import main
 
-    from hf_geonorm import loading, presets, settings, training
-    from hf_geonorm.geometry import DECAYS
+    from hf_geonorm import loading, presets, training
+    from hf_geonorm.modeling import settings
+    from hf_geonorm.modeling.geometry import DECAYS
 
     assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
     assert options.RADII == hf_geonorm.RADII

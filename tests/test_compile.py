@@ -23,7 +23,8 @@ from tiny_models import tiny_model, token_ids
 from torch import nn
 
 import hf_geonorm
-from hf_geonorm import GeoNormResidual, GeoNormSettings, fused
+from hf_geonorm import GeoNormResidual, GeoNormSettings
+from hf_geonorm.modeling import fused
 
 
 @pytest.fixture(autouse=True)

@@ -29,10 +29,10 @@ from hf_geonorm.card_checks import auto_map_for, check_remote_code
 from hf_geonorm.folders import add_remote_code, save_config_with_remote_code
 from hf_geonorm.hub import save_shareable
 from hf_geonorm.model_card import CardInfo
-from hf_geonorm.remote_code import METHOD_SPEC, remote_code_files
+from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE = REPO / "hf_geonorm"
+PACKAGE = REPO / "hf_geonorm" / "modeling"
 SPEC_SOURCE = REPO / "docs" / "method.md"
 STDLIB = set(sys.stdlib_module_names)
 
@@ -315,7 +315,7 @@ def test_package_data_of_the_wheel(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"hf_geonorm/model_cards/geonorm_model_card.md", "hf_geonorm/docs/method.md"} <= names
-    assert {f"hf_geonorm/{p.name}" for p in remote_code_files()} <= names
+    assert {f"hf_geonorm/modeling/{p.name}" for p in remote_code_files()} <= names
     assert {"hf_geonorm_cli/main.py", "hf_geonorm/hub.py", "hf_geonorm/model_card.py"} <= names
 
 

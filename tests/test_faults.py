@@ -12,7 +12,7 @@ import torch
 from tiny_models import LAYERS, tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm.settings import MAX_FRAME_RISE, MIN_FRAME, GeoNormSettings
+from hf_geonorm.modeling.settings import MAX_FRAME_RISE, MIN_FRAME, GeoNormSettings
 
 
 def finite_logits_and_gradients(model: torch.nn.Module, ids: torch.Tensor) -> tuple[bool, bool]:
@@ -71,7 +71,7 @@ def test_no_clamp_step_stops_at_the_antipode_in_float16(fused):
     """The step in float16, against the formula written out in float64: x turns towards t = u - <u,x>/|x|^2 x by
     theta = min(alpha |t|/|x|, pi) (pi: the antipode, beyond which the circle winds back), keeping |x|. Base
     angles 0.01-10: rows turned by less than pi have gradients of order alpha, which float16 cannot hold."""
-    from hf_geonorm.fused import set_fused_enabled
+    from hf_geonorm.modeling.fused import set_fused_enabled
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 16, generator=g, dtype=torch.float64)
@@ -133,7 +133,7 @@ def test_a_deleted_norm_is_refused_and_leaves_the_model_as_it_was():
 def test_a_patch_failing_part_way_is_undone(monkeypatch):
     """Any error after validation (here the fourth residual module fails to build, as when memory runs out):
     the model has its stock classes, config and outputs again, and can be patched afterwards."""
-    import hf_geonorm.blocks as blocks
+    import hf_geonorm.modeling.blocks as blocks
 
     real, built = blocks.GeoNormResidual, []
 

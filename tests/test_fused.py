@@ -33,8 +33,9 @@ import torch
 from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm import fused, geonorm_step
-from hf_geonorm.geometry import MAX_ALPHA, composed_geonorm_step
+from hf_geonorm import geonorm_step
+from hf_geonorm.modeling import fused
+from hf_geonorm.modeling.geometry import MAX_ALPHA, composed_geonorm_step
 
 PI4 = math.pi / 4
 WIDTH = 48  # not a power of two: the kernel's masked lanes are exercised
@@ -263,8 +264,8 @@ def test_modules_import_without_triton_and_are_valid_remote_code(monkeypatch):
     path = Path(fused.__file__)
     monkeypatch.setitem(sys.modules, "triton", None)
     monkeypatch.setitem(sys.modules, "triton.language", None)
-    monkeypatch.delitem(sys.modules, "hf_geonorm.fused_kernels", raising=False)
-    spec = importlib.util.spec_from_file_location("hf_geonorm.fused_without_triton", path)
+    monkeypatch.delitem(sys.modules, "hf_geonorm.modeling.fused_kernels", raising=False)
+    spec = importlib.util.spec_from_file_location("hf_geonorm.modeling.fused_without_triton", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.triton_available() is False

@@ -22,7 +22,7 @@ from hf_geonorm import (
     step_sizes,
     tangent,
 )
-from hf_geonorm.geometry import MAX_ALPHA, NORM_FLOOR, composed_geonorm_step, geonorm_angle
+from hf_geonorm.modeling.geometry import MAX_ALPHA, NORM_FLOOR, composed_geonorm_step, geonorm_angle
 
 PI4 = math.pi / 4
 D = 16

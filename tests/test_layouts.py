@@ -22,7 +22,7 @@ import torch
 from tiny_models import CASES, NO_HEAD_DIM, layers_of, stock_model, tiny_config, tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm.layouts import LAYOUTS, LLAMA, LLAMA_LAYOUT_TYPES
+from hf_geonorm.modeling.layouts import LAYOUTS, LLAMA, LLAMA_LAYOUT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS = list(CASES)

@@ -31,7 +31,7 @@ def families_built(modeling):
 IMPORT_ONLY = """
 import json
 import hf_geonorm
-from hf_geonorm import modeling_geonorm
+from hf_geonorm.modeling import modeling_geonorm
 from transformers import AutoConfig
 out = {"after_import": families_built(modeling_geonorm)}
 hf_geonorm.supported_architectures(), hf_geonorm.family_for("qwen2").layout, dir(hf_geonorm)
@@ -47,7 +47,7 @@ print(json.dumps(out))
 LOAD = """
 import json, sys
 import hf_geonorm
-from hf_geonorm import modeling_geonorm
+from hf_geonorm.modeling import modeling_geonorm
 from transformers import AutoConfig, AutoModelForCausalLM
 config = AutoConfig.from_pretrained(sys.argv[1])
 out = {"config": type(config).__name__, "after_config": families_built(modeling_geonorm)}

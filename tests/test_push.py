@@ -28,7 +28,7 @@ import hf_geonorm
 from hf_geonorm.card_checks import auto_map_for, validate_card
 from hf_geonorm.hub import push_to_hub, shareable_files
 from hf_geonorm.model_card import CardInfo
-from hf_geonorm.remote_code import METHOD_SPEC, remote_code_files
+from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 

@@ -267,8 +267,8 @@ class FusedGeoNormStep(torch.autograd.Function):
             if ctx.from_out:
                 raise RuntimeError(
                     "the fused GeoNorm update keeps its output, not the update, for the backward and has no "
-                    "double backward: call hf_geonorm.fused.set_fused_enabled(False) (or set HF_GEONORM_FUSED=0) "
-                    "for higher-order gradients"
+                    "double backward: call hf_geonorm.modeling.fused.set_fused_enabled(False) "
+                    "(or set HF_GEONORM_FUSED=0) for higher-order gradients"
                 )
             with torch.enable_grad():
                 xd = x if x.requires_grad else x.detach().requires_grad_()

@@ -62,12 +62,13 @@ def method_spec_file(loaded_from: str | os.PathLike | None = None) -> Path | Non
         candidate = Path(loaded_from) / METHOD_SPEC if loaded_from else None
         return candidate if candidate is not None and candidate.is_file() else None
     try:
-        installed = resources.files(f"{__package__}.docs").joinpath("method.md")
+        plugin = __package__.rpartition(".")[0]  # hf_geonorm, the package above this one
+        installed = resources.files(f"{plugin}.docs").joinpath("method.md")
         if installed.is_file():
             return Path(str(installed))
     except ModuleNotFoundError:
         pass
-    source_tree = Path(__file__).resolve().parent.parent / "docs" / "method.md"
+    source_tree = Path(__file__).resolve().parents[2] / "docs" / "method.md"
     if source_tree.is_file():
         return source_tree
     raise RuntimeError("the GeoNorm method specification (docs/method.md) is not installed with hf_geonorm")
