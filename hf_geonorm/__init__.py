@@ -7,8 +7,8 @@ first use:
 """
 
 from .modeling import modeling_geonorm as _modeling
-from .modeling.fused import geonorm_step
 from .modeling.geometry import (
+    StepParams,
     entry_rescale,
     exp_map,
     geodesic_update,
@@ -20,6 +20,7 @@ from .modeling.layouts import BlockLayout
 from .modeling.modeling_geonorm import GeoNormFamily
 from .modeling.residual import GeoNormResidual, identity_norm_like
 from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
+from .modeling.step import geonorm_step
 from .patching import (
     apply_geonorm,
     config_class_for,
@@ -35,6 +36,7 @@ __all__ = [
     "GeoNormFamily",
     "GeoNormResidual",
     "GeoNormSettings",
+    "StepParams",
     "apply_geonorm",
     "config_class_for",
     "convert",

@@ -157,7 +157,7 @@ def test_remote_code_imports_only_torch_transformers_and_flat_siblings(tmp_path)
     assert "__init__.py" not in names
     for name in names:
         absolute, relative = imported_modules(PACKAGE / name)
-        # triton only inside fused.py's guarded import (the CUDA kernel); the folder loads without it
+        # triton only inside triton_kernels.py's guarded import (the CUDA kernel); the folder loads without it
         assert absolute - STDLIB <= {"torch", "transformers", "triton"}, name
         assert None not in relative, f"{name}: 'from . import x' breaks the saved folder"
         assert all("." not in module and f"{module}.py" in names for module in relative), name

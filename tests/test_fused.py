@@ -1,4 +1,5 @@
-"""The fused GeoNorm update (hf_geonorm/fused.py) against the composed torch path of geometry.py.
+"""The fused GeoNorm update (hf_geonorm/modeling/step*.py, triton_*.py) against the composed torch path of
+geometry.py.
 
 - The torch twin (the per-row-scalar forward and backward that the kernels implement, line for line) runs
   everywhere: values and gradients of x and u in float64, float32 and bfloat16, clamped and unclamped rows,
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 import itertools
 import math
 import os
@@ -33,25 +33,27 @@ import torch
 from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm import geonorm_step
-from hf_geonorm.modeling import fused
+from hf_geonorm import StepParams, geonorm_step
+from hf_geonorm.modeling import kernel_check, step, step_autograd, step_switch, step_twin, triton_loader
 from hf_geonorm.modeling.geometry import MAX_ALPHA, composed_geonorm_step
+from hf_geonorm.modeling.remote_code import remote_code_files
+from hf_geonorm.modeling.step_autograd import fused_geonorm_step, kept_for_backward
 
 PI4 = math.pi / 4
 WIDTH = 48  # not a power of two: the kernel's masked lanes are exercised
 # Triton's interpreter works only when TRITON_INTERPRET=1 is set before triton is first imported (its
 # language functions are wrapped at import), so the interpreter tests run in a child pytest started with it.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-HAS_TRITON = fused.triton_available()
+HAS_TRITON = triton_loader.triton_available()
 HAS_CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)
 def _fused_on():
     """Every test starts and ends with the fused update on (the default)."""
-    fused.set_fused_enabled(True)
+    step_switch.set_fused_enabled(True)
     yield
-    fused.set_fused_enabled(True)
+    step_switch.set_fused_enabled(True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -92,15 +94,15 @@ def run(fn, x, u, g):
 
 def reference(x, u, g, alpha, max_angle):
     """The composed path in float64 on the (already rounded) inputs: the exact answer for them."""
-    out, dx, du = run(lambda a, b: composed_geonorm_step(a, b, alpha, max_angle), x.double(), u.double(), g.double())
-    return out, dx, du
+    params = StepParams(alpha, max_angle)
+    return run(lambda a, b: composed_geonorm_step(a, b, params), x.double(), u.double(), g.double())
 
 
 def assert_close_rows(actual, expected, dtype, what, per_row=False, noise=None):
     """|actual - expected| <= ulp * |expected| + noise * scale: one unit in the last place of ``dtype`` for the
     final rounding (bf16; the interpreter truncates where a GPU rounds to nearest) plus float32 arithmetic
     noise (1e-12 in float64) relative to the largest |expected| (of the tensor, or of each token with
-    ``per_row``); ``expected`` is exact. (hf_geonorm.fused.check_kernel uses the same bound.)"""
+    ``per_row``); ``expected`` is exact. (hf_geonorm.kernel_check.check_kernel uses the same bound.)"""
     a, e = actual.double(), expected.double()
     ulp = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
     noise = noise or (1e-12 if dtype == torch.float64 else 2e-6)
@@ -150,7 +152,7 @@ def check_against_reference(fn, dtype, alpha, max_angle, device="cpu", grad_nois
 @pytest.mark.parametrize("keep,alpha,max_angle", KEEP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_torch_twin_matches_the_composed_path(keep, dtype, alpha, max_angle):
-    fn = lambda a, b: fused.fused_geonorm_step(a, b, alpha, max_angle, "torch", keep)  # noqa: E731
+    fn = lambda a, b: fused_geonorm_step(a, b, alpha, max_angle, "torch", keep)  # noqa: E731
     check_against_reference(fn, dtype, alpha, max_angle, grad_noise=output_kept_noise(keep, dtype))
 
 
@@ -161,7 +163,7 @@ def test_torch_twin_mixed_dtypes_like_autocast():
     x64, u64 = rows()
     x, u = x64.float(), u64.bfloat16()
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)).float()
-    fn = lambda a, b: geonorm_step(a, b, 0.7)  # noqa: E731
+    fn = lambda a, b: geonorm_step(a, b, StepParams(0.7))  # noqa: E731
     out, dx, du = run(fn, x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
@@ -179,7 +181,7 @@ def rows_for_gradcheck():
 @pytest.mark.parametrize("keep,max_angle", [("output", PI4), ("update", PI4), ("update", None)])
 def test_torch_twin_gradcheck(keep, max_angle):
     x, u = rows_for_gradcheck()
-    fn = lambda a, b: fused.fused_geonorm_step(a, b, 1.5, max_angle, "torch", keep)  # noqa: E731
+    fn = lambda a, b: fused_geonorm_step(a, b, 1.5, max_angle, "torch", keep)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, u))
 
 
@@ -188,10 +190,10 @@ def test_double_backward(max_angle):
     """Keeping u, second derivatives are the composed path's; keeping the output, asking for them is an
     error that names the switch."""
     x, u = rows_for_gradcheck()
-    fn = lambda a, b: fused.fused_geonorm_step(a, b, 1.5, max_angle, "torch", "update")  # noqa: E731
+    fn = lambda a, b: fused_geonorm_step(a, b, 1.5, max_angle, "torch", "update")  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, (x, u))
     if max_angle is not None:
-        out = fused.fused_geonorm_step(x, u, 1.5, max_angle, "torch", "output")
+        out = fused_geonorm_step(x, u, 1.5, max_angle, "torch", "output")
         with pytest.raises(RuntimeError, match="set_fused_enabled"):
             torch.autograd.grad(out.sum(), (x, u), create_graph=True)
 
@@ -203,15 +205,15 @@ def test_what_the_backward_keeps(dtype):
     x, u = (t.to(dtype).requires_grad_(True) for t in rows())
     for max_angle, kept in ((PI4, "output"), (math.pi / 2, "output"), (math.pi, "update"), (None, "update")):
         kept = "update" if dtype == torch.bfloat16 else kept
-        assert fused.kept_for_backward(x, max_angle) == kept
-        out = fused.fused_geonorm_step(x, u, 0.7, max_angle, "torch")
+        assert kept_for_backward(x, max_angle) == kept
+        out = fused_geonorm_step(x, u, 0.7, max_angle, "torch")
         saved_x, saved_v, stats = out.grad_fn.saved_tensors
         assert saved_x.data_ptr() == x.data_ptr()
         assert saved_v.data_ptr() == (out if kept == "output" else u).data_ptr()
         assert stats.shape == (x.numel() // x.shape[-1], 3)
     for max_angle in (None, math.pi):
         with pytest.raises(ValueError, match="max_angle <= pi/2"):
-            fused.fused_geonorm_step(x, u, 0.7, max_angle, "torch", "output")
+            fused_geonorm_step(x, u, 0.7, max_angle, "torch", "output")
 
 
 
@@ -224,73 +226,83 @@ def grad_fn_name(out: torch.Tensor) -> str:
 
 def test_geonorm_step_dispatch():
     x, u = (t.float().requires_grad_(True) for t in rows())
-    assert grad_fn_name(geonorm_step(x, u, 0.7)) == "FusedGeoNormStepBackward"
-    assert grad_fn_name(geonorm_step(x, u, 0.7, None)) == "FusedGeoNormStepBackward"
-    assert grad_fn_name(geonorm_step(x.double(), u.double(), 0.7)) == "FusedGeoNormStepBackward"
+    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7))) == "FusedGeoNormStepBackward"
+    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7, None))) == "FusedGeoNormStepBackward"
+    assert grad_fn_name(geonorm_step(x.double(), u.double(), StepParams(0.7))) == "FusedGeoNormStepBackward"
     # what the fused Function does not cover takes the composed path
     scale, bias = torch.tensor(1.0, requires_grad=True), torch.tensor(0.0, requires_grad=True)
     for out in (
-        geonorm_step(x, u, 0.7, bridge=0.5),
-        geonorm_step(x, u, 0.7, PI4, 1.0, scale, bias),
-        geonorm_step(x, u, torch.tensor(0.7)),
-        geonorm_step(x, u[..., :1, :], 0.7),  # broadcasting
+        geonorm_step(x, u, StepParams(0.7, bridge=0.5)),
+        geonorm_step(x, u, StepParams(0.7, PI4, 1.0, scale, bias)),
+        geonorm_step(x, u, StepParams(torch.tensor(0.7))),
+        geonorm_step(x, u[..., :1, :], StepParams(0.7)),  # broadcasting
     ):
         assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-    assert fused.fused_backend(x, u) == "torch"  # CPU tensors
+    assert step_autograd.fused_backend(x, u) == "torch"  # CPU tensors
 
 
 def test_switch_turns_the_fused_path_off_and_on(monkeypatch):
     x, u = (t.float().requires_grad_(True) for t in rows())
-    fused_out = geonorm_step(x, u, 0.7)
-    fused.set_fused_enabled(False)
-    assert not fused.fused_enabled()
-    plain = geonorm_step(x, u, 0.7)
+    fused_out = geonorm_step(x, u, StepParams(0.7))
+    step_switch.set_fused_enabled(False)
+    assert not step_switch.fused_enabled()
+    plain = geonorm_step(x, u, StepParams(0.7))
     assert grad_fn_name(plain) != "FusedGeoNormStepBackward"
-    assert torch.equal(plain, composed_geonorm_step(x, u, 0.7))
+    assert torch.equal(plain, composed_geonorm_step(x, u, StepParams(0.7)))
     torch.testing.assert_close(plain, fused_out, atol=1e-5, rtol=0)
-    fused.set_fused_enabled(True)
-    assert grad_fn_name(geonorm_step(x, u, 0.7)) == "FusedGeoNormStepBackward"
+    step_switch.set_fused_enabled(True)
+    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7))) == "FusedGeoNormStepBackward"
     for value, expected in (("0", False), ("false", False), ("OFF", False), ("1", True), ("", True)):
-        monkeypatch.setenv(fused.ENV_VAR, value)
-        assert fused._env_enabled() is expected
-    monkeypatch.delenv(fused.ENV_VAR)
-    assert fused._env_enabled() is True
+        monkeypatch.setenv(step_switch.ENV_VAR, value)
+        assert step_switch._env_enabled() is expected
+    monkeypatch.delenv(step_switch.ENV_VAR)
+    assert step_switch._env_enabled() is True
 
 
-def test_modules_import_without_triton_and_are_valid_remote_code(monkeypatch):
-    """Loaded fresh with triton unimportable, fused.py works (torch twin) and says the kernels are missing; the
-    imports of fused.py and fused_kernels.py are torch, the standard library and their flat siblings, triton
-    only inside try (so transformers' remote-code import check does not demand it)."""
-    path = Path(fused.__file__)
-    monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.setitem(sys.modules, "triton.language", None)
-    monkeypatch.delitem(sys.modules, "hf_geonorm.modeling.fused_kernels", raising=False)
-    spec = importlib.util.spec_from_file_location("hf_geonorm.modeling.fused_without_triton", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.triton_available() is False
-    with pytest.raises(RuntimeError, match="pip install triton"):
-        module.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, PI4)
-    x, u = rows()
-    out = module.fused_geonorm_step(x.float(), u.float(), 0.7, PI4)
-    torch.testing.assert_close(out, composed_geonorm_step(x.float(), u.float(), 0.7), atol=1e-5, rtol=0)
+WITHOUT_TRITON = """
+import sys
+sys.modules["triton"] = sys.modules["triton.language"] = None  # unimportable, as where it is not installed
+import torch
+from hf_geonorm import StepParams, geonorm_step
+from hf_geonorm.modeling import triton_loader
+from hf_geonorm.modeling.geometry import composed_geonorm_step
+assert triton_loader.triton_available() is False
+try:
+    triton_loader.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, None)
+except RuntimeError as error:
+    assert "pip install triton" in str(error), error
+else:
+    raise AssertionError("triton_forward ran without triton")
+x, u = torch.randn(5, 48, dtype=torch.float64, requires_grad=True), torch.randn(5, 48, dtype=torch.float64)
+out = geonorm_step(x, u, StepParams(0.7))
+assert type(out.grad_fn).__name__ == "FusedGeoNormStepBackward", out.grad_fn
+torch.testing.assert_close(out, composed_geonorm_step(x, u, StepParams(0.7)), atol=1e-12, rtol=0)
+print("ok")
+"""
 
-    allowed = {"__future__", "contextlib", "math", "os", "typing", "warnings", "torch", "."}
-    for source in (path, path.with_name("fused_kernels.py")):
+
+def test_modules_import_without_triton_and_are_valid_remote_code():
+    """In a process where triton does not import, the fused step runs (torch twin) and the loader says the kernels
+    are missing; in every remote-code file triton is imported only inside try (so transformers' remote-code
+    import check does not demand it)."""
+    child = subprocess.run([sys.executable, "-c", WITHOUT_TRITON], capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL)  # fmt: skip
+    assert child.returncode == 0 and child.stdout.strip() == "ok", child.stderr[-3000:]
+    imports_triton = []
+    for source in remote_code_files():
         tree = ast.parse(source.read_text(encoding="utf-8"))
         guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for n in ast.walk(t)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = ["." if node.level else node.module.split(".")[0]]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module.split(".")[0]]
             else:
                 continue
-            for name in names:
-                if name == "triton":
-                    assert id(node) in guarded, f"{source.name}: triton must be imported inside try"
-                else:
-                    assert name in allowed, f"{source.name}: unexpected import {name}"
+            if "triton" in names:
+                imports_triton.append(source.name)
+                assert id(node) in guarded, f"{source.name}: triton must be imported inside try"
+    assert set(imports_triton) == {"triton_kernels.py"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -337,7 +349,7 @@ def test_triton_kernels_through_the_interpreter():
 @pytest.mark.parametrize("keep,alpha,max_angle", KEEP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_the_composed_path(kernel_device, keep, dtype, alpha, max_angle):
-    fn = lambda a, b: fused.fused_geonorm_step(a, b, alpha, max_angle, "triton", keep)  # noqa: E731
+    fn = lambda a, b: fused_geonorm_step(a, b, alpha, max_angle, "triton", keep)  # noqa: E731
     check_against_reference(fn, dtype, alpha, max_angle, kernel_device, output_kept_noise(keep, dtype))
 
 
@@ -351,7 +363,7 @@ def test_triton_kernel_strided_rows_and_mixed_dtypes(kernel_device):
     assert not x.is_contiguous()
     u = u64.to(kernel_device, torch.bfloat16)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(8)).to(kernel_device)
-    out, dx, du = run(lambda a, b: fused.fused_geonorm_step(a, b, 0.7, PI4, "triton"), x, u, g)
+    out, dx, du = run(lambda a, b: fused_geonorm_step(a, b, 0.7, PI4, "triton"), x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
     assert_close_rows(out, ref_out, torch.float32, "output")
@@ -367,9 +379,10 @@ def test_cuda_kernel_at_model_widths(width, dtype):
     x = (torch.randn(4, 512, width, generator=g) * 3).to("cuda", dtype)
     u = torch.randn(4, 512, width, generator=g).to("cuda", dtype)
     grad = torch.randn(4, 512, width, generator=g).to("cuda", dtype)
-    assert fused.fused_backend(x, u) == "triton"
-    out, dx, du = run(lambda a, b: geonorm_step(a, b, 0.5), x, u, grad)
-    assert fused._kernel_failure is None, fused._kernel_failure  # the first-use check passed: the kernel ran
+    assert step_autograd.fused_backend(x, u) == "triton"
+    out, dx, du = run(lambda a, b: geonorm_step(a, b, StepParams(0.5)), x, u, grad)
+    failure = kernel_check.kernel_failure()
+    assert failure is None, failure  # the first-use check passed: the kernel ran
     ref_out, ref_dx, ref_du = reference(x, u, grad, 0.5, PI4)
     assert_close_rows(out, ref_out, dtype, "output")
     assert_close_rows(dx, ref_dx, dtype, "grad x")
@@ -384,13 +397,13 @@ def test_cuda_model_training_step_fused_equals_unfused(model_type):
     ids = token_ids().cuda()
     results = []
     for enabled in (True, False):
-        fused.set_fused_enabled(enabled)
+        step_switch.set_fused_enabled(enabled)
         model.zero_grad(set_to_none=True)
         loss = model(ids, labels=ids).loss
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    fused.set_fused_enabled(True)
-    assert fused._kernel_failure is None, fused._kernel_failure
+    step_switch.set_fused_enabled(True)
+    assert kernel_check.kernel_failure() is None, kernel_check.kernel_failure()
     (loss_f, grads_f), (loss_u, grads_u) = results
     torch.testing.assert_close(loss_f, loss_u, atol=1e-5, rtol=1e-5)
     for name, grad in grads_f.items():
@@ -404,9 +417,9 @@ def test_cuda_model_training_step_fused_equals_unfused(model_type):
 def kernel_stub(monkeypatch):
     """A fresh first-use check, with the Triton backend chosen for CPU tensors and the kernel replaced by the
     torch twin, faulty as the test says (``kernel_stub(fault)``); returns the list of kernel calls."""
-    monkeypatch.setattr(fused, "_KERNEL_CHECKS", {})
-    monkeypatch.setattr(fused, "_kernel_failure", None)
-    monkeypatch.setattr(fused, "fused_backend", lambda x, u=None: "triton")
+    monkeypatch.setattr(kernel_check, "_KERNEL_CHECKS", {})
+    monkeypatch.setattr(kernel_check, "_kernel_failure", None)
+    monkeypatch.setattr(step, "fused_backend", lambda x, u=None: "triton")
     calls = []
 
     def install(fault=None):
@@ -414,16 +427,16 @@ def kernel_stub(monkeypatch):
             calls.append("forward")
             if fault == "raises":
                 raise RuntimeError("no kernel image is available for execution on the device")
-            out, stats = fused.torch_forward(x2, u2, alpha, max_angle)
+            out, stats = step_twin.torch_forward(x2, u2, alpha, max_angle)
             return (out * 1.001 if fault == "wrong output" else out), stats
 
         def backward(*args):
             calls.append("backward")
-            dx, du = fused.torch_backward(*args)
+            dx, du = step_twin.torch_backward(*args)
             return dx, (du * 1.01 if fault == "wrong gradient" else du)
 
-        monkeypatch.setattr(fused, "triton_forward", forward)
-        monkeypatch.setattr(fused, "triton_backward", backward)
+        monkeypatch.setattr(step_autograd, "triton_forward", forward)
+        monkeypatch.setattr(step_autograd, "triton_backward", backward)
         return calls
 
     return install
@@ -437,21 +450,21 @@ def test_a_faulty_kernel_is_warned_about_once_and_replaced_by_the_composed_path(
     calls = kernel_stub(fault)
     x, u = (t.float().requires_grad_(True) for t in rows())
     with pytest.warns(RuntimeWarning, match="HF_GEONORM_FUSED") as record:
-        out = geonorm_step(x, u, 0.7)
+        out = geonorm_step(x, u, StepParams(0.7))
     messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and says in messages[0] and "composed torch path" in messages[0], messages
-    assert says in fused.kernel_failure()  # what benchmarks/overhead.py reports as the backend that ran
+    assert says in kernel_check.kernel_failure()  # what benchmarks/overhead.py reports as the backend that ran
     assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-    assert torch.equal(out, composed_geonorm_step(x, u, 0.7))
+    assert torch.equal(out, composed_geonorm_step(x, u, StepParams(0.7)))
     calls.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         for dtype, max_angle in ((torch.float32, PI4), (torch.bfloat16, None), (torch.float32, None)):
             xd, ud = (t.detach().to(dtype).requires_grad_(True) for t in (x, u))
-            out = geonorm_step(xd, ud, 0.7, max_angle)
+            out = geonorm_step(xd, ud, StepParams(0.7, max_angle))
             out.float().sum().backward()
             assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-            assert torch.equal(out, composed_geonorm_step(xd, ud, 0.7, max_angle))
+            assert torch.equal(out, composed_geonorm_step(xd, ud, StepParams(0.7, max_angle)))
     assert calls == []  # the kernel is not used again in this process
 
 
@@ -463,20 +476,20 @@ def test_a_correct_kernel_passes_the_check_once_per_device_dtype_and_variant(ker
     rng = torch.random.get_rng_state()
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error")
-        out = geonorm_step(x, u, 0.7)
+        out = geonorm_step(x, u, StepParams(0.7))
         assert torch.is_inference_mode_enabled() and not torch.is_grad_enabled()
     assert calls == ["forward", "backward", "forward"]
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert out.is_inference()
     xg, ug = x.clone().requires_grad_(True), u.clone().requires_grad_(True)
-    out = geonorm_step(xg, ug, 0.7)
+    out = geonorm_step(xg, ug, StepParams(0.7))
     assert grad_fn_name(out) == "FusedGeoNormStepBackward"
     out.sum().backward()
     assert calls == ["forward", "backward", "forward", "forward", "backward"]  # no second check
-    geonorm_step(x.bfloat16(), u.bfloat16(), 0.7)  # another dtype: checked once more
-    geonorm_step(x, u, 0.7, None)  # another variant of the kernel (no clamp, keeps u): checked too
+    geonorm_step(x.bfloat16(), u.bfloat16(), StepParams(0.7))  # another dtype: checked once more
+    geonorm_step(x, u, StepParams(0.7, None))  # another variant of the kernel (no clamp, keeps u): checked too
     assert calls[5:] == ["forward", "backward", "forward"] * 2
-    assert fused._KERNEL_CHECKS == {
+    assert kernel_check._KERNEL_CHECKS == {
         ("cpu", torch.float32, torch.float32, False, "output"): None,
         ("cpu", torch.bfloat16, torch.bfloat16, False, "update"): None,
         ("cpu", torch.float32, torch.float32, True, "update"): None,
@@ -494,7 +507,7 @@ CHECK_CASES = [  # state dtype, update dtype, max_angle, what the backward keeps
 @pytest.mark.parametrize("kernel_device", KERNEL_DEVICES, indirect=True)
 @pytest.mark.parametrize("x_dtype,u_dtype,max_angle,keep", CHECK_CASES)
 def test_the_real_kernel_passes_its_first_use_check(kernel_device, x_dtype, u_dtype, max_angle, keep):
-    assert fused.check_kernel(kernel_device, x_dtype, u_dtype, WIDTH, max_angle, keep) is None
+    assert kernel_check.check_kernel(kernel_device, x_dtype, u_dtype, WIDTH, max_angle, keep) is None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -528,12 +541,14 @@ def scale_and_bias():
 
 
 EXTREME_PATHS = {
-    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, a, m),
-    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, a, m, 0.5),
-    "composed, learnable step": lambda x, u, a, m: composed_geonorm_step(x, u, a, m, 1.0, *scale_and_bias()),
-    "twin keeping u": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "torch", "update"),
-    "twin keeping the output": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "torch", "output"),
-    "kernel": lambda x, u, a, m: fused.fused_geonorm_step(x, u, a, m, "triton", fused.kept_for_backward(x, m)),
+    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m)),
+    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m, 0.5)),
+    "composed, learnable step": (
+        lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m, 1.0, *scale_and_bias()))
+    ),
+    "twin keeping u": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "update"),
+    "twin keeping the output": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "output"),
+    "kernel": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "triton", kept_for_backward(x, m)),
 }
 
 
@@ -573,7 +588,7 @@ def test_every_accepted_setting_keeps_the_kernel_finite(kernel_device, dtype):
 def test_a_zero_token_with_no_clamp_and_the_largest_alpha_trains_finite(fused_on):
     """A token whose embedding row is zero, no clamp, alpha 1 and MAX_ALPHA: a LLaMA-shaped model's loss and
     every gradient stay finite (the zero state used to turn into a tiny one that overflowed the backward)."""
-    fused.set_fused_enabled(fused_on)
+    step_switch.set_fused_enabled(fused_on)
     for alpha in (1.0, MAX_ALPHA):
         model = hf_geonorm.convert(tiny_model("llama"), geo_alpha=alpha, geo_max_angle=None).train()
         with torch.no_grad():

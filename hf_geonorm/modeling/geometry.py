@@ -8,12 +8,13 @@ left where it is (docs/method.md, "Choices the paper leaves open").
 
 The per-row pieces (``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``,
 ``geonorm_rotation``, ``prenorm_rotation``) are shared by the composed path here and by the fused torch twin in
-``fused.py``; the Triton kernels (``fused_kernels.py``) spell the same lines out in Triton's language.
+``step_twin.py``; the Triton kernels (``triton_kernels.py``) spell the same lines out in Triton's language.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -171,7 +172,7 @@ def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tenso
     """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update, stopping at the
     antipode (``MAX_TURN``: beyond it the geodesic winds back). This is the GeoNorm step with no clamp, and is
     computed by it."""
-    return composed_geonorm_step(x, u, alpha, max_angle=None)
+    return composed_geonorm_step(x, u, StepParams(alpha, max_angle=None))
 
 
 def step_sizes(
@@ -220,24 +221,36 @@ def updates_per_layer(alpha: float | list[float] | tuple[float, ...], num_layers
     return 2 if isinstance(alpha, (list, tuple)) and len(alpha) == 2 * num_layers != num_layers else 1
 
 
-def composed_geonorm_step(
-    x: torch.Tensor,
-    u: torch.Tensor,
-    alpha: float | torch.Tensor,
-    max_angle: float | None = math.pi / 4,
-    bridge: float = 1.0,
-    step_scale: torch.Tensor | None = None,
-    step_bias: torch.Tensor | None = None,
-    frame: tuple[float, float] | None = None,
-    clamp: str = "both",
-) -> torch.Tensor:
+@dataclass(frozen=True, eq=False)
+class StepParams:
+    """Everything one GeoNorm step reads besides the state x and the update u, as one object: the dispatch
+    (``step.geonorm_step``), the composed path and the fused Function read the same fields, so a new knob is added
+    in one place. ``eq=False``: the learnable scale and bias are tensors, compared by identity.
+
+    ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
+    at ``MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the interpolation;
+    ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame`` (c, c_next / c) the Pre-Norm
+    frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final" (docs/method.md, "The update",
+    "The bridge")."""
+
+    alpha: float | torch.Tensor
+    max_angle: float | None = math.pi / 4
+    bridge: float = 1.0
+    step_scale: torch.Tensor | None = None
+    step_bias: torch.Tensor | None = None
+    frame: tuple[float, float] | None = None
+    clamp: str = "both"
+
+
+def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
     """The model-level residual update of the ``geo`` style, composed of torch operations and differentiated by
-    autograd (every setting; ``fused.geonorm_step`` dispatches here or to the fused Function).
+    autograd (every setting; ``step.geonorm_step`` dispatches here or to the fused Function).
 
     bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly; in between
     the angle and the radius interpolate (docs/method.md, "The bridge"). The Pre-Norm update is x + u, or with a
     ``frame`` (c, r) the same update on a state rescaled by c: r (x + c u) (``prenorm_update``).
     """
+    bridge, frame = params.bridge, params.frame
     if bridge == 0.0:
         return prenorm_update(x, u, frame)
     dtype = x.dtype
@@ -248,7 +261,8 @@ def composed_geonorm_step(
     t = tangent_from(u, x, c)
     t_norm = row_norm(t)
     theta, step, _ = geonorm_rotation(
-        t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias, clamp
+        t_norm, x_norm, moves, _as_compute(params.alpha, x), params.max_angle, params.step_scale, params.step_bias,
+        params.clamp,
     )
     # |x| (cos(th) x/|x| + sin(th) t/|t|) = cos(th) x + (sin(th)/th) (th/base) t,  base = |t|/|x|
     if bridge == 1.0:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .fused import geonorm_step
-from .geometry import entry_rescale, per_update, prenorm_update, step_sizes
+from .geometry import StepParams, entry_rescale, per_update, prenorm_update, step_sizes
 from .settings import GeoNormSettings
+from .step import geonorm_step
 
 _LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
 
@@ -158,8 +158,9 @@ class GeoNormResidual(nn.Module):
             return x + update
         if style == "geo":
             config, frame = self.config, self.frame
-            out = geonorm_step(x, update, self.step_size, config.geo_max_angle, self.bridge, self.step_scale,
-                               self.step_bias, frame, config.geo_clamp)  # fmt: skip
+            params = StepParams(self.step_size, config.geo_max_angle, self.bridge, self.step_scale, self.step_bias,
+                                frame, config.geo_clamp)  # fmt: skip
+            out = geonorm_step(x, update, params)
             if first_tokens is not None and config.geo_first_token_prenorm:
                 out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
             return out

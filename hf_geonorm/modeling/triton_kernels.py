@@ -1,4 +1,5 @@
-"""The Triton kernels of the fused GeoNorm update (see ``fused.py`` for what they compute and when they run).
+"""The Triton kernels of the fused GeoNorm update (``step_twin.py`` says what they compute, ``step_autograd.py``
+when they run).
 
 One program per row (one token): the whole row of ``x`` and ``u`` is loaded once into registers, in float32
 whatever the input dtypes; the reductions <x,x> and <u,x> run over it, then |t|^2 = sum (u - c x)^2 over the
@@ -9,11 +10,12 @@ row numbers once. The backward kernel reads x, u (or the output) and the output 
 
 Both kernels get their per-row numbers from the one helper ``_row_step``: ``geometry.geonorm_rotation`` and the
 step's coefficients spelled out in Triton's language (Triton cannot call torch code). The backward-only numbers
-are ``_row_gradients``, the Triton spelling of ``fused._gradient_scalars``. tests/test_fused.py runs both
+are ``_row_gradients``, the Triton spelling of ``step_twin._gradient_scalars``. tests/test_fused.py runs both
 kernels against the composed torch path through Triton's interpreter.
 
-``fused.py`` imports this module only where triton imports (on first use, so ``import hf_geonorm`` does not pay
-for triton; with TRITON_INTERPRET=1 set before that, the kernels are Triton's interpreted ones and run on CPU).
+``triton_loader.py`` imports this module only where triton imports (on first use, so ``import hf_geonorm`` does
+not pay for triton; with TRITON_INTERPRET=1 set before that, the kernels are Triton's interpreted ones and run
+on CPU).
 """
 
 from __future__ import annotations  # kernel annotations (tl.constexpr) stay unevaluated strings
