@@ -24,11 +24,20 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
               "BPE trained on the data].")  # fmt: skip
 @click.option("--vocab-size", type=click.IntRange(min=260), default=2048, show_default=True,
               help="Vocabulary of the tokenizer trained on the fly.")  # fmt: skip
-@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=30, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Tokens per block: the texts, joined by the end-of-text token, are cut into blocks of this "
+              "length (the last 5%, at most 64 blocks, for validation); also the context length of a model built "
+              "from --arch.")  # fmt: skip
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Blocks per step and process (with several processes the global batch is this times their "
+              "number); also the evaluation batch.")  # fmt: skip
+@click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).")  # fmt: skip
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
+              help="Peak learning rate of AdamW (no weight decay): reached after --warmup-steps, then a cosine "
+              "decay to 0 at --max-steps.")  # fmt: skip
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Steps over which the learning rate rises linearly from 0 to --lr.")  # fmt: skip
 @click.option("--bf16", "precision", flag_value="bf16", help="bfloat16 mixed precision.")
 @click.option("--fp16", "precision", flag_value="fp16", help="float16 mixed precision (CUDA).")
 @click.option("--compile", "use_compile", is_flag=True, help="torch.compile the model.")
@@ -52,7 +61,8 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--force", is_flag=True, help="Start a new run in a non-empty --output: the earlier run's "
               "checkpoints, final/, metrics.json and loss_curve.png are removed when training starts; other files "
               "stay.")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the model's initialisation and of the order the training blocks are drawn in.")  # fmt: skip
 def train(
     model_path: str | None,
     arch: str,

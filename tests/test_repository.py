@@ -32,7 +32,15 @@ def repository_files() -> list[Path]:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """The README, every page of docs/ and every Markdown file of benchmarks/results/."""
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *results]
+
+
+def anchors(document: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation but - and _ dropped, spaces -."""
+    headings = re.findall(r"^#+ (.+)$", document.read_text(encoding="utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
 
 
 def test_the_method_specification_is_in_the_repository():
@@ -57,9 +65,12 @@ def test_every_relative_link_of_the_documents_resolves(document):
     for target in LINK.findall(text):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # a URL (https:, mailto:) or an anchor in the same document
-        path = (document.parent / target.split("#", 1)[0]).resolve()
+        name, _, anchor = target.partition("#")
+        path = (document.parent / name).resolve()
         if not path.exists() or ROOT not in (path, *path.parents):
             broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(target)  # the file is there, the heading is not
     assert not broken, f"{document.name} links to files the repository does not have: {broken}"
 
 
