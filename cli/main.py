@@ -68,6 +68,10 @@ def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> 
 
 
 def _cannot_write(output_dir: str, error: OSError) -> click.ClickException:
+    from hf_geonorm.atomic import OutputExists
+
+    if isinstance(error, OutputExists):
+        return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
     if isinstance(error, FileExistsError):
         return click.ClickException(first_line(error))
     return click.ClickException(f"cannot write {output_dir}: {error.strerror or first_line(error)}")

@@ -180,11 +180,18 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _appeared(output: Path) -> FileExistsError:
-    return FileExistsError(
-        f"{output} appeared while the output was being written; it was left as it is and nothing was written "
-        "(choose another folder, or pass --force / force=True to replace it)"
-    )
+class OutputExists(FileExistsError):
+    """The output folder is taken. ``reason`` says how, without the remedy, which the command line words as
+    ``--force`` and the library as ``force=True``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason} (choose another folder, or pass force=True to replace it)")
+
+
+def _appeared(output: Path) -> OutputExists:
+    return OutputExists(f"{output} appeared while the output was being written; it was left as it is and nothing was "
+                        "written")  # fmt: skip
 
 
 def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
@@ -237,7 +244,7 @@ def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
     if output.is_dir() and not force and any(output.iterdir()):
-        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force (force=True) to replace it")
+        raise OutputExists(f"{output_dir} exists and is not empty")
     return output
 
 

@@ -46,8 +46,8 @@ def test_all_or_nothing(tmp_path, move_kind):
         (tmp / "a.txt").write_text("a")
     assert names(target.parent) == ["out"] and (target / "a.txt").read_text() == "a"
     assert stat.S_IMODE(target.stat().st_mode) != 0o700  # usual permissions, not mkdtemp's
-    with pytest.raises(FileExistsError, match="not empty"), atomic.atomic_directory(target):
-        pass
+    with pytest.raises(FileExistsError, match=r"not empty \(choose another folder, or pass force=True"):
+        atomic.atomic_directory(target).__enter__()
     with pytest.raises(KeyboardInterrupt), atomic.atomic_directory(target, force=True) as tmp:
         (tmp / "b.txt").write_text("b")
         raise KeyboardInterrupt

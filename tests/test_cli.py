@@ -356,9 +356,10 @@ def test_existing_output_needs_force(work, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert "not empty" in fails("convert", work / "stock_gpt2", out)
+    for refused in (fails("convert", work / "stock_gpt2", out), fails("init", "llama", out, "--preset", "tiny")):
+        # the command line's remedy, not the library's keyword argument
+        assert "not empty" in refused and "--force" in refused and "force=True" not in refused, refused
     assert (out / "keep.txt").read_text() == "mine"
-    assert "not empty" in fails("init", "llama", out, "--preset", "tiny")
     run("convert", work / "stock_gpt2", out, "--force")
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
