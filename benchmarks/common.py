@@ -100,7 +100,7 @@ def _take(docs: list[str], max_chars: int) -> tuple[list[str], int]:
 
 
 def corpus_texts(name: str, max_chars: int, prose: str | None = None) -> tuple[list[str], str]:
-    from hf_geonorm.training_data import read_texts
+    from hf_geonorm.training.data import read_texts
 
     if name == "stdlib":
         return read_texts(None, max_chars)
@@ -128,7 +128,7 @@ class Corpus:
 
 def load_corpus(name: str, vocab_size: int, seq_len: int, max_chars: int, prose: str | None = None) -> Corpus:
     """Token blocks of a corpus, train and validation split; tokenizer and blocks cached on disk."""
-    from hf_geonorm.training_data import split_blocks, token_blocks, train_tokenizer
+    from hf_geonorm.training.data import split_blocks, token_blocks, train_tokenizer
 
     tag = f"{name}_{vocab_size}_{seq_len}_{max_chars}"
     if prose is not None and name in ("prose", "dict"):
@@ -152,7 +152,7 @@ def make_config(arch: str, layers: int, width: int, heads: int, seq_len: int, vo
                 settings: dict[str, Any], preset: str | None = None) -> Any:  # fmt: skip
     """The GeoNorm config of ``arch`` at the given size (or at a paper preset: 125m, 350m, 760m, 1.3b)."""
     from hf_geonorm import config_class_for
-    from hf_geonorm.presets import PRESETS, fit_token_ids, preset_sizes
+    from hf_geonorm.training.presets import PRESETS, fit_token_ids, preset_sizes
 
     family_config = config_class_for(arch)
     if preset is None:
@@ -565,8 +565,8 @@ def common_arguments(parser: argparse.ArgumentParser, steps: int, layers: int, w
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument(
         "--scale", default=None, choices=["125m", "350m", "760m", "1.3b"],
-        help="the paper's model sizes (hf_geonorm.presets) on CUDA with bf16 autocast: overrides --layers/--width/"
-        "--heads; use with --seq-len 1024+ --steps 10000+ --vocab 50304 --max-chars 0 (all) on a GPU",
+        help="the paper's model sizes (hf_geonorm.training.presets) on CUDA with bf16 autocast: overrides "
+        "--layers/--width/--heads; use with --seq-len 1024+ --steps 10000+ --vocab 50304 --max-chars 0 (all) on a GPU",
     )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a minuscule run for the tests (seconds)")
     parser.add_argument(

@@ -105,7 +105,7 @@ def growth_hook(model: torch.nn.Module, steps: int) -> Any:
     """The last-first anneal of the first version, for comparison: shares in proportion to how much each update's
     Pre-Norm update grows the state, max(log(c_j / c_j+1), 0.02), from the frames."""
     from hf_geonorm.evaluation import residual_modules
-    from hf_geonorm.training import last_first_bridges
+    from hf_geonorm.training.bridge import last_first_bridges
 
     weights = [max(-math.log(module.frame[1]), 0.02) for _, _, module in residual_modules(model)]
     return lambda step: setattr(model.config, "geo_bridge", 1.0 if step >= steps else last_first_bridges(step / steps,
@@ -118,7 +118,7 @@ def anneal_hook(model: torch.nn.Module, steps: int) -> Any:
 
 def layerwise_hook(model: torch.nn.Module, steps: int) -> Any:
     """The schedule of ``hf-geonorm train --bridge-anneal STEPS --bridge-order last-first``."""
-    from hf_geonorm.training import BridgeAnneal
+    from hf_geonorm.training.bridge import BridgeAnneal
 
     anneal = BridgeAnneal(model, steps, 0.0, "last-first")
     return lambda step: setattr(model.config, "geo_bridge", anneal.value_at(step))
@@ -322,7 +322,7 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
     over the first three quarters of the steps. Budgets already in ``previous`` are kept when they ran under the
     same anneal weights (the bridge costs of ``COST_BLOCKS`` calibration blocks, kept from ``previous`` when there:
     the same model, blocks and code measure the same)."""
-    from hf_geonorm.training import BridgeAnneal, last_first_bridges
+    from hf_geonorm.training.bridge import BridgeAnneal, last_first_bridges
 
     calibration = calibrated(smol.model, smol.calibration)
     original = smol.ppl(smol.model)
@@ -488,7 +488,7 @@ def uptrain_lines(up: dict[str, Any] | None) -> list[str]:
 
 
 def layerwise_lines(lw: dict[str, Any] | None) -> list[str]:
-    from hf_geonorm.training import MIN_COST
+    from hf_geonorm.training.bridge import MIN_COST
 
     title = "## SmolLM2-135M under the layer-wise recipe"
     if not lw:

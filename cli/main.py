@@ -1,7 +1,7 @@
 """``hf-geonorm``: convert checkpoints to GeoNorm, create from-scratch configs, inspect folders, measure angles.
 
-Each command parses its options, makes one call into the library (``hf_geonorm.conversion``, ``.scratch``,
-``.inspection``, ``.evaluation``, ``.angles``, ``.training``, ``.hub``) and prints the result. torch,
+Each command parses its options, makes one call into the library (``hf_geonorm.conversion``, ``.training.model``,
+``.inspection``, ``.evaluation``, ``.angles``, ``.training.trainer``, ``.hub``) and prints the result. torch,
 transformers and hf_geonorm are imported inside the commands, so ``--help`` answers at once. User mistakes end
 in a one-line ``Error: ...`` and a non-zero exit (``errors.GeoNormGroup``); ``--debug`` (or HF_GEONORM_DEBUG=1)
 shows the traceback of unexpected errors instead.
@@ -22,7 +22,7 @@ from .push import push
 from .train import train
 
 PRESETS = PRESET_NAMES
-DEFAULT_VOCAB = 50304  # hf_geonorm.presets.DEFAULT_VOCAB (tests/test_cli.py checks it)
+DEFAULT_VOCAB = 50304  # hf_geonorm.training.presets.DEFAULT_VOCAB (tests/test_cli.py checks it)
 
 
 @click.group(cls=GeoNormGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,7 +202,7 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
     """
     if preset is None:
         raise click.UsageError(f"--preset is required: one of {', '.join(PRESETS)}")
-    from hf_geonorm.scratch import write_scratch_config
+    from hf_geonorm.training.model import write_scratch_config
 
     try:
         result = write_scratch_config(

@@ -17,10 +17,10 @@ NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
 RADII = ("embedding", "sqrt_d")
 CLAMPS = ("both", "final")
-BRIDGE_ORDERS = ("together", "last-first")  # hf_geonorm.training.BRIDGE_ORDERS
+BRIDGE_ORDERS = ("together", "last-first")  # hf_geonorm.training.options.BRIDGE_ORDERS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
-PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # hf_geonorm.presets.PRESETS, without importing torch
+PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # hf_geonorm.training.presets.PRESETS, without importing torch
 
 
 class AlphaType(click.ParamType):

@@ -1,4 +1,4 @@
-"""``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training)."""
+"""``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training.trainer)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def train(
     settings = pop_settings(kwargs)
     from hf_geonorm.evaluation import NonFiniteError
     from hf_geonorm.loading import SettingsError
-    from hf_geonorm.training import TrainOptions, run_training
+    from hf_geonorm.training.options import TrainOptions
+    from hf_geonorm.training.trainer import run_training
 
     options = TrainOptions(
         model=model_path, arch=arch, preset=preset, settings=settings, data=data, tokenizer=tokenizer_path,

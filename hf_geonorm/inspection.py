@@ -13,7 +13,7 @@ from .folders import saved_parameter_count
 from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
-from .scratch import parameter_count
+from .training.model import parameter_count
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -1,6 +1,6 @@
 """The library behind the command line, called directly: loading sources strictly (hf_geonorm.loading, GGUF),
 conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one (hf_geonorm.evaluation),
-angles (hf_geonorm.angles), folder facts (hf_geonorm.inspection) and from-scratch configs (hf_geonorm.scratch).
+angles (hf_geonorm.angles), folder facts (hf_geonorm.inspection) and from-scratch configs (hf_geonorm.training.model).
 
 Issue 15 items 2, 5 and 9: no tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
@@ -21,7 +21,8 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import angles, conversion, evaluation, inspection, loading, scratch
+from hf_geonorm import angles, conversion, evaluation, inspection, loading, text_files
+from hf_geonorm.training.model import write_scratch_config
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 
@@ -200,12 +201,12 @@ def test_convert_checkpoint_refuses_before_writing(stock_llama, tmp_path):
 def test_read_text_refuses_binary_and_warns_on_non_utf8(tmp_path):
     (tmp_path / "binary.bin").write_bytes(b"abc\x00\x01\x02" * 10)
     with pytest.raises(ValueError, match=r"binary.bin is a binary file \(it holds NUL bytes\)"):
-        evaluation.read_text(tmp_path / "binary.bin")
+        text_files.read_text(tmp_path / "binary.bin")
     (tmp_path / "latin1.txt").write_bytes("café crème, déjà vu\n".encode("latin-1"))
     with pytest.warns(UserWarning, match=r"latin1.txt is not valid UTF-8: 4 byte\(s\) were replaced"):
-        assert evaluation.read_text(tmp_path / "latin1.txt") == "caf\ufffd cr\ufffdme, d\ufffdj\ufffd vu\n"
+        assert text_files.read_text(tmp_path / "latin1.txt") == "caf\ufffd cr\ufffdme, d\ufffdj\ufffd vu\n"
     (tmp_path / "utf8.txt").write_text("é" * 100, encoding="utf-8")
-    assert evaluation.read_text(tmp_path / "utf8.txt", max_chars=10) == "é" * 10  # a cut character is no error
+    assert text_files.read_text(tmp_path / "utf8.txt", max_chars=10) == "é" * 10  # a cut character is no error
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused():
@@ -291,15 +292,15 @@ def test_describe_folder_counts_the_saved_parameters(stock_llama):
 
 
 def test_write_scratch_config_sizes_and_counts(tmp_path):
-    result = scratch.write_scratch_config("gpt2", tmp_path / "fresh", "tiny", {"geo_alpha": 0.4}, vocab_size=512)
+    result = write_scratch_config("gpt2", tmp_path / "fresh", "tiny", {"geo_alpha": 0.4}, vocab_size=512)
     model = AutoModelForCausalLM.from_config(result.config)
     assert result.parameters == sum(p.numel() for p in model.parameters())
     assert (result.config.n_layer, result.config.n_embd, result.config.geo_alpha) == (4, 128, 0.4)
     assert json.loads((tmp_path / "fresh" / "config.json").read_text())["model_type"] == "geonorm_gpt2"
     with pytest.raises(loading.SettingsError):
-        scratch.write_scratch_config("gpt2", tmp_path / "bad", "tiny", {"geo_alpha": [1.0, 2.0]})
+        write_scratch_config("gpt2", tmp_path / "bad", "tiny", {"geo_alpha": [1.0, 2.0]})
     with pytest.raises(ValueError, match="unsupported architecture 'bert'"):
-        scratch.write_scratch_config("bert", tmp_path / "bad", "tiny")
+        write_scratch_config("bert", tmp_path / "bad", "tiny")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]
 
 

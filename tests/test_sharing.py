@@ -32,7 +32,8 @@ from hf_geonorm.card_checks import auto_map_for, check_remote_code, check_sharea
 from hf_geonorm.hub import save_shareable, shareable_files
 from hf_geonorm.model_card import CARD_DATA, CardInfo, load_card_info, max_rotation, render_model_card, write_model_card
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
-from hf_geonorm.training import TrainOptions, run_training
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.trainer import run_training
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 REPO_ID = "tester/tiny-geonorm"

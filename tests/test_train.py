@@ -21,8 +21,8 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm.training import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm.training_data import read_texts, split_blocks, stdlib_files, token_blocks
+from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
+from hf_geonorm.training.data import read_texts, split_blocks, stdlib_files, token_blocks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]

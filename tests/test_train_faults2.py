@@ -18,8 +18,10 @@ from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_model
 
-from hf_geonorm import training
-from hf_geonorm.training import TrainOptions, anneal_weights, last_first_bridges, run_training
+from hf_geonorm.training import trainer
+from hf_geonorm.training.bridge import anneal_weights, last_first_bridges
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.trainer import run_training
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
@@ -130,7 +132,7 @@ def test_a_non_finite_loss_fails_the_run_naming_the_step(tmp_path, data_file, ev
 
 
 def test_metrics_are_strict_json_with_null_for_non_finite_values():
-    from hf_geonorm.training import strict_json
+    from hf_geonorm.training.outputs import strict_json
 
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} is not JSON")
@@ -159,7 +161,7 @@ def test_huge_bridge_costs_give_the_shares_of_their_scaled_equivalent():
 
 def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, data_file, monkeypatch):
     seen: list[float] = []
-    build = training.build_model
+    build = trainer.build_model
 
     def observed(options, tokenizer):  # every training forward records the bridge it runs with
         model = build(options, tokenizer)
@@ -167,7 +169,7 @@ def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, d
                                         else None)  # fmt: skip
         return model
 
-    monkeypatch.setattr(training, "build_model", observed)
+    monkeypatch.setattr(trainer, "build_model", observed)
     out = tmp_path / "run"
     options = TrainOptions(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, warmup_steps=0, lr=1e-3,
                            max_steps=5, eval_every=1, bridge_anneal=4, settings={"geo_bridge": 0.2},

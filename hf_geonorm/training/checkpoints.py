@@ -28,10 +28,10 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from .atomic import remove_stale_partials, remove_tree
-from .folders import safetensors_header, weight_files
-from .loading import SettingsError, first_line, read_config_json
-from .modeling.settings import GeoNormSettings
+from ..atomic import remove_stale_partials, remove_tree
+from ..folders import safetensors_header, weight_files
+from ..loading import SettingsError, first_line, read_config_json
+from ..modeling.settings import GeoNormSettings
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.atomic's temporary names

@@ -1,4 +1,5 @@
-"""From-scratch GeoNorm config folders at the paper's sizes (``hf-geonorm init``), for pretraining."""
+"""The model to train: a from-scratch GeoNorm config at a preset's size (``build_model`` for ``hf-geonorm train
+--arch``, ``write_scratch_config`` for ``hf-geonorm init``), or a folder's model (``model_from_folder``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,88 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from .atomic import atomic_directory, check_target
-from .folders import save_config_with_remote_code
-from .loading import SettingsError, check_supported, first_line
-from .modeling.settings import GeoNormSettings
-from .patching import family_for
+from ..atomic import atomic_directory, check_target
+from ..folders import save_config_with_remote_code
+from ..loading import (
+    PICKLE_WEIGHTS,
+    SettingsError,
+    check_supported,
+    first_line,
+    load_model,
+    open_source,
+    resolve_settings,
+)
+from ..modeling.settings import GeoNormSettings
+from ..patching import config_class_for, family_for
+from .options import TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
+
+
+def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
+    """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
+    stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
+    ``architectures``), freshly initialised. Pickle-only folders, weight files under other names and saved models
+    without weights are refused."""
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{folder} has no config.json; give a folder from hf-geonorm init (a config to train from scratch) or a "
+            "saved model (config.json and model.safetensors)"
+        )
+    source = open_source(path)
+    full = resolve_settings(settings, source)
+    if source.is_geonorm:
+        config = AutoConfig.from_pretrained(path)
+        for name, value in full.items():
+            setattr(config, name, value)
+    else:
+        config = config_class_for(source.model_type).from_pretrained(path, **full)
+    if source.weight_files:
+        return load_model(source, dtype="float32", config=config)
+    patterns = ("*.safetensors", "*.bin", *PICKLE_WEIGHTS)
+    stray = sorted({file.name for pattern in patterns for file in path.glob(pattern)})
+    if stray:  # weights under another name, or pickles: training from scratch would silently drop them
+        raise ValueError(
+            f"{folder} holds {', '.join(stray)} but no model.safetensors or model.safetensors.index.json: hf-geonorm "
+            "reads a model's weights from model.safetensors (one file) or the shards its index names, never from "
+            "pickle files; save the model again with save_pretrained (it writes model.safetensors), or rename a "
+            "single safetensors file to model.safetensors (a config to train from scratch, from hf-geonorm init, "
+            "has no weight files)"
+        )
+    if source.config.get("architectures"):
+        raise ValueError(
+            f"{folder} holds the config.json of a saved {source.config['architectures'][0]} but no weights "
+            "(model.safetensors): they are missing; give the folder with its weights (a config to train from "
+            "scratch comes from hf-geonorm init)"
+        )
+    return AutoModelForCausalLM.from_config(config)
+
+
+def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
+    """The model to train: ``options.model`` (see ``model_from_folder``), or ``arch`` at ``preset`` size with
+    dropout off. Settings given in ``options.settings`` override the folder's."""
+    if options.model is not None:
+        return model_from_folder(options.model, options.settings)
+    family_config = config_class_for(options.arch)
+    values = preset_sizes(family_config, options.preset, max_length=options.seq_len)
+    values["vocab_size"] = int(math.ceil(len(tokenizer) / 64) * 64)
+    for name in ("bos_token_id", "eos_token_id"):
+        values[name] = getattr(tokenizer, name)
+    # no padding row: blocks are never padded, and a zero embedding row is a fixed point of the geodesic step
+    # (a token whose id is also the pad id, often eos, would never move off zero)
+    values["pad_token_id"] = None
+    fit_token_ids(values, family_config)
+    defaults = family_config()
+    for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
+        if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
+            values[name] = 0.0
+    try:
+        config = family_config(**values, **options.settings)
+    except ValueError as error:  # the preset's sizes are valid: the caller's settings do not fit them
+        raise SettingsError(first_line(error)) from None
+    return AutoModelForCausalLM.from_config(config)
 
 
 def parameter_count(config: Any, check_forward: bool = False) -> int:

@@ -1,0 +1,86 @@
+"""What ``hf-geonorm train`` takes (``TrainOptions``), checked before anything is read or built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..loading import SettingsError, first_line
+from ..modeling.settings import GeoNormSettings
+
+BRIDGE_ORDERS = ("together", "last-first")
+
+
+@dataclass
+class TrainOptions:
+    """Everything ``hf-geonorm train`` takes; the defaults are the embedded run."""
+
+    model: str | None = None
+    arch: str = "gpt2"
+    preset: str = "tiny"
+    settings: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None
+    tokenizer: str | None = None
+    vocab_size: int = 2048
+    seq_len: int = 128
+    batch_size: int = 16
+    max_steps: int = 300
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    precision: str = "fp32"
+    compile: bool = False
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    fsdp: bool = False
+    eval_every: int = 50
+    save_every: int | None = None
+    output: str = "geonorm-run"
+    bridge_anneal: int | None = None
+    bridge_order: str = "together"
+    resume: bool = False
+    force: bool = False
+    seed: int = 0
+    max_chars: int = 4_000_000
+
+    def validate(self) -> TrainOptions:
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
+        for name in ("seq_len", "batch_size", "max_steps", "eval_every", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise ValueError(f"lr must be a positive number; got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+        if self.bridge_anneal is not None and self.bridge_anneal < 1:
+            raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
+        if self.bridge_order not in BRIDGE_ORDERS:
+            raise ValueError(f"bridge_order must be one of {', '.join(BRIDGE_ORDERS)}; got {self.bridge_order!r}")
+        if self.bridge_anneal is not None and self.bridge_anneal > self.max_steps:
+            raise ValueError(
+                f"--bridge-anneal {self.bridge_anneal} is longer than --max-steps {self.max_steps}: the bridge would "
+                f"stop short of 1.0; give a --bridge-anneal of at most {self.max_steps}, or more --max-steps"
+            )
+        if self.bridge_order != "together" and self.bridge_anneal is None:
+            raise ValueError(
+                f"--bridge-order {self.bridge_order} needs --bridge-anneal STEPS: it orders the updates of an anneal, "
+                "and without one the bridge does not move"
+            )
+        if self.fsdp and not torch.accelerator.is_available():
+            raise ValueError(
+                "--fsdp: accelerate shards with FSDP on GPUs only, and this machine has none; drop --fsdp (under "
+                "torchrun the CPU processes then train with DDP)"
+            )
+        if self.resume and self.force:
+            raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
+        try:
+            GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
+        except ValueError as error:  # the settings are the caller's (command-line options)
+            raise SettingsError(first_line(error)) from None
+        return self
+
+

@@ -1,0 +1,157 @@
+"""What a run leaves in its output folder, also when it is stopped:
+
+- checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
+  place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
+- an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
+  wrote is removed too (and the folder, when that leaves it empty) unless a checkpoint of the run is there to
+  resume from; files others put there stay;
+- a non-finite training or validation loss stops the run with an error naming the step, before that step's
+  checkpoint; nothing is published as final, and ``metrics.json`` is always strict JSON;
+- SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
+- ``--force`` removes the earlier run's checkpoints, ``final/``, ``metrics.json`` and plot when training starts;
+- a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
+  tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..atomic import remove_tree, terminate_raises
+from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
+from .options import TrainOptions
+
+
+def strict_json(value: Any) -> str:
+    """``value`` as strict JSON (what every JSON parser reads): NaN and infinities, which ``json.dumps`` would
+    write as the bare words NaN and Infinity, become null."""
+
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+
+    return json.dumps(finite(value), indent=2, default=str, allow_nan=False)
+
+
+def replace_file(path: Path, write: Any) -> None:
+    """``write(tmp)`` to a hidden file next to ``path``, then move it over ``path`` in one step."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with disk_full_named(tmp, path):
+            write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def plot_losses(history: list[dict[str, Any]], path: Path) -> None:
+    """Draw the training and validation losses of a Trainer ``log_history`` to the PNG file ``path``."""
+    from matplotlib.figure import Figure
+
+    train = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    if train:
+        ax.plot([s for s, _ in train], [v for _, v in train], label="train loss")
+    if evals:
+        ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    fig.tight_layout()
+    replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+
+RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
+
+
+def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:
+    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
+    step)."""
+    if output.is_symlink() and not output.exists():
+        raise ValueError(
+            f"--output {output} is a dangling symbolic link (to {os.readlink(output)}, which does not exist); create "
+            "the folder it points to, remove the link, or give another --output"
+        )
+    if main:
+        for line in remove_leftovers(output):
+            warnings.warn(line, stacklevel=3)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; give a folder")
+    if options.resume:
+        checkpoint, step = resume_checkpoint(output, warn=main)
+        if step > options.max_steps:
+            raise ValueError(
+                f"--resume: {checkpoint.name} is at step {step} already, beyond --max-steps {options.max_steps}: "
+                f"nothing to train; give a --max-steps above {step}"
+            )
+        return checkpoint, step
+    if output.is_dir() and any(not is_leftover(entry) for entry in output.iterdir()) and not options.force:
+        raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
+    return None, 0
+
+
+def finished_metrics(output: Path, step: int) -> dict[str, Any] | None:
+    """The metrics of the run in ``output`` when it finished at ``step`` (its final model and metrics.json are
+    written), else None: a run killed while writing them is completed by ``--resume`` instead."""
+    try:
+        metrics = json.loads((output / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(metrics, dict) and metrics.get("steps") == step and (output / "final" / "config.json").is_file():
+        return metrics
+    return None
+
+
+def clear_earlier_run(output: Path, log: Any) -> None:
+    """``--force``: remove the earlier run's checkpoints and results before this run trains, so that a run killed
+    later never leaves them beside its own as if they were its results. Each is first renamed to a hidden
+    temporary name in one step (a SIGKILL leaves that, which the next run removes), then removed."""
+    earlier = [folder for _, folder in checkpoints(output)] + [output / name for name in RESULTS]
+    removed = []
+    for path in earlier:
+        if not os.path.lexists(path):
+            continue
+        hidden = path.with_name(f".{path.name}.partial-{os.getpid()}-earlier")
+        os.rename(path, hidden)
+        remove_tree(hidden)
+        removed.append(path.name)
+    if removed:
+        log(f"--force: removed the earlier run's {', '.join(removed)} in {output}")
+
+
+@contextlib.contextmanager
+def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
+    """On an error, Ctrl-C or SIGTERM in an output folder this run created: remove what the run put there (the
+    paths the block adds to the yielded list) and the folders it created when they are empty, unless a
+    checkpoint of the run is left to resume from. Whatever else is there (put by another process) stays."""
+    created = [] if os.path.lexists(output) else [output, *(p for p in output.parents if not p.exists())]
+    published: list[Path] = []
+    with terminate_raises():
+        try:
+            yield published
+        except BaseException:
+            if main and created:
+                if any(p.exists() for p in published if CHECKPOINT.fullmatch(p.name)):
+                    log(f"the run stopped; its checkpoints are in {output}: continue with --resume")
+                else:
+                    for path in published:
+                        remove_tree(path)
+                    for folder in created:  # deepest first; only when empty
+                        with contextlib.suppress(OSError):
+                            folder.rmdir()
+            raise
+

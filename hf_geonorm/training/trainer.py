@@ -1,0 +1,234 @@
+"""The run of ``hf-geonorm train``: data, model, transformers' Trainer with the library's optimizer recipe, the
+final model, metrics and loss curve (what the output folder holds, also after a stop: ``outputs``).
+
+``hf-geonorm train`` is a thin command over :func:`run_training`. With no arguments it trains a tiny GeoNorm
+GPT-2 on the Python standard library's own source files (present on every Python install, no download).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerState, TrainingArguments
+
+from ..atomic import atomic_directory
+from ..evaluation import NonFiniteError, explain_non_finite
+from ..hub import save_shareable
+from ..loading import first_line
+from ..patching import family_for
+from .bridge import BridgeAnneal
+from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
+from .data import TokenBlocks, read_texts, split_blocks, token_blocks, tokenizer_from, train_tokenizer
+from .model import build_model
+from .options import TrainOptions
+from .outputs import (
+    clear_earlier_run,
+    finished_metrics,
+    output_removed_on_failure,
+    plot_losses,
+    prepare_output,
+    replace_file,
+    strict_json,
+)
+
+
+class CheckedTrainer(AtomicCheckpointTrainer):
+    """The Trainer of ``hf-geonorm train``: it stops at the first non-finite training or validation loss with a
+    ``NonFiniteError`` naming the step, before anything of that step is saved (transformers' Trainer trains on,
+    and its logs hide NaN losses), so no NaN model is ever published as a checkpoint or as final."""
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            self._stop(f"the training loss at step {self.state.global_step + 1}", loss.item(), inputs["input_ids"])
+        return loss
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        metrics = super().evaluate(*args, **kwargs)
+        loss = metrics.get("eval_loss")
+        if loss is not None and not math.isfinite(loss):
+            self._stop(f"the validation loss at step {self.state.global_step}", loss, self.eval_dataset.blocks)
+        return metrics
+
+    def _stop(self, what: str, value: float, blocks: torch.Tensor) -> None:
+        # the diagnosis runs the model again: in one process only (sharded models forward in all at once)
+        why = f" ({explain_non_finite(self.model, blocks[:1].tolist())})" if self.args.world_size == 1 else ""
+        raise NonFiniteError(
+            f"{what} is {value}{why}; the run stops, with no final model: lower --lr (it is "
+            f"{self.args.learning_rate:g}), or train in fp32 rather than fp16/bf16"
+        )
+
+def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
+    """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
+    if not options.fsdp:
+        return {}
+    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}  # wraps decoder layers
+
+
+def _is_main_process() -> bool:
+    """Rank 0 (or a single process), known before the Trainer starts the process group."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+
+
+def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
+    """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
+    ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
+    already finished returns its metrics and writes nothing."""
+    options.validate()
+    output = Path(options.output).expanduser().absolute()
+    main = _is_main_process()
+    with output_removed_on_failure(output, main, log) as published:
+        return _run(options, output, main, log, published)
+
+
+def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
+    checkpoint, resumed_step = prepare_output(options, output, main)
+    if checkpoint is not None and resumed_step == options.max_steps:
+        finished = finished_metrics(output, resumed_step)
+        if finished is not None:
+            if main:
+                log(
+                    f"the run in {output} already finished at step {resumed_step}; nothing to do (its final model "
+                    f"and metrics.json are left as they are; give a --max-steps above {resumed_step} to train on)"
+                )
+            return finished
+        if main:
+            log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
+    torch.manual_seed(options.seed)
+    texts, label = read_texts(options.data, options.max_chars)
+    if options.tokenizer is not None:
+        tokenizer = tokenizer_from(options.tokenizer)
+    elif options.model is not None and (Path(options.model) / "tokenizer.json").exists():
+        tokenizer = tokenizer_from(options.model)
+    else:
+        log(f"training a byte-level BPE tokenizer ({options.vocab_size} tokens) on {label}")
+        tokenizer = train_tokenizer(texts, options.vocab_size)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_blocks, val_blocks = split_blocks(token_blocks(tokenizer, texts, options.seq_len))
+    model = build_model(options, tokenizer)
+    if checkpoint is not None:
+        ignore = ("geo_bridge",) if options.bridge_anneal else ()
+        check_resumable(model, checkpoint, ignore=ignore, given=options.settings)
+    if options.lora:
+        from peft import LoraConfig, get_peft_model
+
+        conv1d = family_for(model.config.model_type).layout.conv1d  # GPT-2's Conv1D stores weights transposed
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, fan_in_fan_out=conv1d))
+        if checkpoint is not None:
+            check_resumable_adapters(model, checkpoint)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(
+        f"data: {label}: {len(train_blocks)} train and {len(val_blocks)} validation blocks of {options.seq_len} "
+        f"tokens; model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, norm_style "
+        f"{getattr(model.config, 'norm_style', '?')}"
+    )
+    callbacks: list[TrainerCallback] = []
+    if options.bridge_anneal is not None:
+        anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
+        model.config.geo_bridge = anneal.value_at(resumed_step)  # what the checkpoint last ran at (0: the start)
+        callbacks.append(anneal)
+    args = TrainingArguments(
+        output_dir=str(output),
+        max_steps=options.max_steps,
+        per_device_train_batch_size=options.batch_size,
+        per_device_eval_batch_size=options.batch_size,
+        learning_rate=options.lr,
+        warmup_steps=options.warmup_steps,
+        weight_decay=options.weight_decay,
+        lr_scheduler_type="cosine",
+        bf16=options.precision == "bf16",
+        fp16=options.precision == "fp16",
+        torch_compile=options.compile,
+        activation_checkpointing=options.gradient_checkpointing,
+        eval_strategy="steps",
+        eval_steps=options.eval_every,
+        logging_steps=max(1, min(10, options.eval_every)),
+        save_strategy="steps",
+        save_steps=options.save_every or options.eval_every,
+        save_total_limit=2,
+        logging_nan_inf_filter=False,  # a NaN loss is an error (CheckedTrainer), never averaged away
+        report_to=[],
+        seed=options.seed,
+        data_seed=options.seed,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+        **_fsdp_arguments(options),
+    )
+    trainer = CheckedTrainer(
+        model=model,
+        published=published,
+        args=args,
+        train_dataset=TokenBlocks(train_blocks),
+        eval_dataset=TokenBlocks(val_blocks),
+        callbacks=callbacks,
+    )
+    if options.fsdp and not trainer.is_fsdp_enabled:
+        raise ValueError(
+            f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
+            "launch it with torchrun or accelerate launch on GPUs, or drop --fsdp"
+        )
+    if options.force and main:
+        clear_earlier_run(output, log)
+    start = time.perf_counter()
+    if checkpoint is not None and resumed_step == options.max_steps:  # e.g. killed while writing final/
+        trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+    seconds = time.perf_counter() - start
+    final_eval = trainer.evaluate()
+    to_save = model.merge_and_unload() if options.lora else model
+    # FSDP: every process takes part in gathering the full weights; the main process writes them
+    state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+    final_dir = output / "final"
+    if trainer.is_world_process_zero():
+        with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
+            save_shareable(to_save, tmp, tokenizer=tokenizer, **({"state_dict": state_dict} if state_dict else {}))
+        published.append(final_dir)
+    steps_run = trainer.state.global_step - resumed_step
+    tokens = steps_run * options.batch_size * trainer.args.world_size * options.seq_len
+    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
+    metrics = {
+        "final_eval_loss": loss,
+        "final_eval_perplexity": math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf,
+        "steps": trainer.state.global_step,
+        "resumed_from_step": resumed_step,
+        "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "tokens_per_second": tokens / seconds if steps_run else 0.0,  # tokens of the steps run, all processes
+        "parameters": n_params,
+        "model_type": to_save.config.model_type,
+        "settings": to_save.config.geonorm_settings().to_dict(),
+        "data": label,
+        "options": asdict(options),
+        "log_history": trainer.state.log_history,
+    }
+    if not trainer.is_world_process_zero():
+        return metrics
+    text = strict_json(metrics)
+    replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    published.append(output / "metrics.json")
+    curve = output / "loss_curve.png"
+    try:
+        plot_losses(metrics["log_history"], curve)
+        published.append(curve)
+    except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
+        warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=2)
+        curve = None
+    resumed = f" (steps {resumed_step + 1}-{metrics['steps']} in this run)" if resumed_step else ""
+    log(
+        f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}); "
+        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed}; model in {final_dir}; metrics in "
+        f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
+    )
+    return metrics
