@@ -6,7 +6,10 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
+from .hub import push_to_hub as _push_to_hub
+from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
+from .modeling.families import GeoNormFamily
 from .modeling.geometry import (
     StepParams,
     entry_rescale,
@@ -17,7 +20,6 @@ from .modeling.geometry import (
     tangent,
 )
 from .modeling.layouts import BlockLayout
-from .modeling.modeling_geonorm import GeoNormFamily
 from .modeling.residual import GeoNormResidual, identity_norm_like
 from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
 from .modeling.step import geonorm_step
@@ -28,6 +30,9 @@ from .patching import (
     family_for,
     supported_architectures,
 )
+
+# The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
+_model_mixins.PUSH_TO_HUB = _push_to_hub
 
 __all__ = [
     "NORM_STYLES",

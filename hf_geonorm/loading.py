@@ -22,8 +22,8 @@ from torch import nn
 
 from .folders import safetensors_header, weight_files
 from .gguf_files import dequantize_gguf
+from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
-from .modeling.residual import GeoNormResidual
 from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
 
@@ -220,55 +220,6 @@ def check_weight_files(source: Source) -> list[Path]:
     return files
 
 
-def geonorm_keys(model: nn.Module) -> set[str]:
-    """The state-dict keys of the parameters GeoNorm adds on purpose (those of its residual modules)."""
-    keys = set()
-    for name, module in model.named_modules():
-        if isinstance(module, GeoNormResidual):
-            keys.update(f"{name}.{key}" for key in module.state_dict())
-    return keys
-
-
-def _is_geonorm_key(key: str) -> bool:
-    return any(part.startswith("geonorm_") for part in key.split("."))
-
-
-def check_loading_info(source: Source, model: nn.Module, info: dict[str, Any], allow_missing: bool = False) -> None:
-    """Refuse what transformers accepts with a log line: tensors missing from the checkpoint (left at their
-    random initialisation), tensors the model has no place for, and tensors of the wrong shape. The tensors
-    GeoNorm adds on purpose (its residual modules') may be missing or left over. ``allow_missing`` turns missing
-    and unexpected keys into a warning; a wrong shape is always an error. Only the GeoNorm tensors that are new
-    to the source may be missing: a GeoNorm checkpoint must hold those its own settings have (the learnable step
-    of ``geo_learnable_step``, the output norms of ``sandwich``)."""
-    where = _weights_label(source)
-    mismatched = sorted(info.get("mismatched_keys") or [])
-    if mismatched:
-        key, found, expected = mismatched[0]
-        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
-        raise ValueError(
-            f"{where}: tensor {key} has shape {list(found)}, but config.json asks for {list(expected)}{more}; "
-            "the weights do not belong to this config (fix config.json or use the matching weights)"
-        )
-    new = _new_geonorm_keys(source, model)
-    missing = sorted(k for k in info.get("missing_keys") or [] if k not in new)
-    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not _is_geonorm_key(k))
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) missing ({_names(missing)})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_names(unexpected)})")
-    if not problems:
-        return
-    message = f"{where}: {' and '.join(problems)}"
-    if allow_missing:
-        warnings.warn(f"{message}; the missing ones keep their random initialisation", stacklevel=3)
-        return
-    raise ValueError(
-        f"{message}: the checkpoint does not match its config (missing tensors would be random); use complete "
-        "weights, or allow it (--allow-missing, allow_missing=True)"
-    )
-
-
 def _weights_label(source: Source) -> str:
     """How messages name the weights: the file, the shards' index of a sharded folder, or the source."""
     if source.kind != "folder":
@@ -293,11 +244,6 @@ def _new_geonorm_keys(source: Source, model: nn.Module) -> set[str]:
         or (style == "sandwich" and ".output_norm." in key)
     }
     return keys - had
-
-
-def _names(keys: list[str], limit: int = 4) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def load_model(source: Source, dtype: str = "auto", config: Any = None, allow_missing: bool = False) -> nn.Module:
@@ -331,7 +277,7 @@ def load_model(source: Source, dtype: str = "auto", config: Any = None, allow_mi
         ) from None
     except (OSError, ValueError, RuntimeError, KeyError, ImportError) as error:
         raise ValueError(f"cannot load the model from {source.spec}: {first_line(error)}") from None
-    check_loading_info(source, model, info, allow_missing)
+    check_loading_info(_weights_label(source), info, _new_geonorm_keys(source, model), allow_missing)
     if source.kind == "gguf":
         dequantize_gguf(model)
         if dtype != "auto":

@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 
+import pytest
 from tiny_models import tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -117,3 +118,49 @@ def test_generated_classes_are_module_attributes_that_pickle():
     clone = pickle.loads(pickle.dumps(config))
     assert type(clone) is config_class and clone == config
     assert type(AutoModelForCausalLM.from_config(clone)) is hf_geonorm.GeoNormLlamaForCausalLM
+
+
+# Builds a tiny model of each family given (llama: q_proj/v_proj; gpt2: its fused c_attn) at the point the job says
+# peft is imported, then asks LoRA for its default targets (no target_modules) and reports the modules it wrapped.
+PEFT_ORDER = """
+import importlib
+order = job["order"]
+if order == "peft first":
+    import peft
+import hf_geonorm
+report["peft_after_import"] = "peft" in sys.modules
+if order == "peft between":
+    import peft
+from transformers import AutoModelForCausalLM
+sizes = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+configs = {
+    "llama": hf_geonorm.config_class_for("llama")(intermediate_size=64, num_key_value_heads=2, **sizes),
+    "gpt2": hf_geonorm.config_class_for("gpt2")(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32),
+}
+models = {name: AutoModelForCausalLM.from_config(config) for name, config in configs.items()}
+report["peft_after_build"] = "peft" in sys.modules
+if order == "peft last":
+    import peft
+from peft import LoraConfig, get_peft_model
+report["wrapped"] = {
+    name: sorted({n.rsplit(".", 1)[-1] for n, m in get_peft_model(model, LoraConfig(r=2)).named_modules()
+                  if hasattr(m, "lora_A")})
+    for name, model in models.items()
+}
+"""
+
+
+def test_import_hf_geonorm_does_not_import_peft(tmp_path):
+    script = "import hf_geonorm, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'peft')))"
+    assert run_child(sys.executable, "import json\n" + script, cwd=tmp_path) == []
+
+
+@pytest.mark.parametrize("order", ["peft first", "peft between", "peft last"])
+def test_lora_default_targets_whenever_peft_is_imported(tmp_path, order):
+    """PEFT learns each geonorm_X type's default LoRA targets whether it is imported before hf_geonorm, after it,
+    or after the families are built; expected from each layout's targets as the stock modules name them."""
+    script = "import json, sys\nreport = {}\njob = json.loads(sys.argv[1])\n" + PEFT_ORDER + "print(json.dumps(report))"
+    out = run_child(sys.executable, script, json.dumps({"order": order}), cwd=tmp_path)
+    assert out["peft_after_import"] is (order == "peft first")
+    assert out["peft_after_build"] is (order != "peft last")
+    assert out["wrapped"] == {"llama": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}

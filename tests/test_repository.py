@@ -8,6 +8,7 @@ import ast
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,40 +86,129 @@ def test_nothing_points_at_the_specification_outside_the_repository():
     assert not found, "cite docs/method.md instead:\n" + "\n".join(found)
 
 
-def relative_imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports, wherever the import statement is (also inside functions)."""
-    found = set()
+MODELING = PACKAGE / "modeling"
+# What the remote code may import besides its own package: it runs where only these are installed.
+REMOTE_CODE_DEPENDENCIES = {"torch", "transformers", "triton"}
+MAX_MODULE_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    """``hf_geonorm/modeling/step.py`` -> ``hf_geonorm.modeling.step``; a package's ``__init__.py`` -> the package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """Every import of ``path``, wherever it is (also inside functions and ``try``), as (level, dotted name):
+    ``import a.b`` and ``importlib.import_module("a.b")`` give (0, "a.b"); ``from ..x import y`` gives
+    (2, "x.y") and (2, "x"), since y may be a module or a name."""
+    found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hf_geonorm."):
-            names = [node.module.split(".")[1]]
-        elif isinstance(node, ast.Import):
-            names = [a.name.split(".")[1] for a in node.names if a.name.startswith("hf_geonorm.")]
-        else:
-            continue
-        found.update(name.split(".")[0] for name in names)
-    return {name for name in found if (PACKAGE / f"{name}.py").is_file()}
+        if isinstance(node, ast.Import):
+            found += [(0, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            found += [(node.level, f"{base}.{alias.name}".lstrip(".")) for alias in node.names]
+            if base:
+                found.append((node.level, base))
+        elif (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((0, node.args[0].value))
+    return found
+
+
+def absolute(path: Path, level: int, name: str) -> str:
+    """The dotted module name an import of ``path`` refers to (relative imports resolved from its package)."""
+    if level == 0:
+        return name
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (statements anywhere, and ``import_module`` string literals)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {
+        name: {target for level, imported in imported_names(path) if (target := absolute(path, level, imported))
+               in modules and target != name}
+        for name, path in modules.items()
+    }  # fmt: skip
+
+
+def first_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done, on_path = set(), []
+
+    def visit(module: str) -> list[str] | None:
+        if module in on_path:
+            return on_path[on_path.index(module) :] + [module]
+        if module in done:
+            return None
+        on_path.append(module)
+        for imported in sorted(graph[module]):
+            if cycle := visit(imported):
+                return cycle
+        on_path.pop()
+        done.add(module)
+        return None
+
+    return next((cycle for module in sorted(graph) if (cycle := visit(module))), None)
 
 
 def test_the_package_modules_import_without_cycles():
-    graph = {path.stem: relative_imports(path) for path in PACKAGE.glob("*.py")}
-    done, on_path = set(), []
+    graph = package_graph()
+    # the edges this test exists for: a function-level import and an import_module literal are edges too
+    assert "hf_geonorm.modeling.triton_kernels" in graph["hf_geonorm.modeling.triton_loader"]
+    assert {"hf_geonorm.hub", "hf_geonorm.modeling.step"} <= graph["hf_geonorm"]
+    cycle = first_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
-    def visit(module: str) -> None:
-        if module in on_path:
-            cycle = on_path[on_path.index(module) :] + [module]
-            pytest.fail("import cycle: " + " -> ".join(cycle))
-        if module in done:
-            return
-        on_path.append(module)
-        for imported in sorted(graph[module]):
-            visit(imported)
-        on_path.pop()
-        done.add(module)
 
-    for module in sorted(graph):
-        visit(module)
+def test_an_import_module_literal_closes_a_cycle(tmp_path, monkeypatch):
+    """The detector on a package of three modules whose only way back is ``importlib.import_module("...")``."""
+    package = tmp_path / "hf_geonorm"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .inner.b import f\n")
+    (package / "inner" / "b.py").write_text("def f():\n    from ..c import g\n")
+    (package / "c.py").write_text("import importlib\nh = importlib.import_module('hf_geonorm.a')\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert first_cycle(package_graph()) == ["hf_geonorm.a", "hf_geonorm.inner.b", "hf_geonorm.c", "hf_geonorm.a"]
+
+
+def test_the_modelling_package_imports_nothing_outside_it():
+    """The remote code is this package's files alone, copied flat beside a checkpoint: besides each other they may
+    import the standard library, torch, transformers and triton; nothing else (hf_geonorm, peft, numpy...) exists
+    where a folder is loaded as remote code."""
+    inside = {module_name(path) for path in MODELING.glob("*.py")}
+    outside = []
+    for path in sorted(MODELING.glob("*.py")):
+        for level, name in imported_names(path):
+            target = absolute(path, level, name)
+            top = target.split(".")[0]
+            if level == 1 and (target in inside or target.rsplit(".", 1)[0] in inside):
+                continue  # a sibling, or a name imported from one
+            if level == 0 and (top in sys.stdlib_module_names or top in REMOTE_CODE_DEPENDENCIES):
+                continue
+            outside.append(f"{path.name}: {'.' * level}{name}")
+    assert not outside, "imports outside the modelling package:\n" + "\n".join(outside)
+
+
+def test_no_module_is_longer_than_the_limit():
+    """A module is one job a reader can hold: at most MAX_MODULE_LINES lines, everywhere in the package."""
+    lengths = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines())
+               for path in PACKAGE.rglob("*.py")}  # fmt: skip
+    too_long = {str(path): n for path, n in sorted(lengths.items()) if n > MAX_MODULE_LINES}
+    assert not too_long, f"split these by job (at most {MAX_MODULE_LINES} lines): {too_long}"
 
 
 def test_the_readme_settings_table_states_the_library_defaults():
