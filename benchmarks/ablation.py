@@ -24,7 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import reports  # noqa: E402
+import run_loop  # noqa: E402
+import studies  # noqa: E402
 
 MEMBERS: dict[str, dict] = {
     "pre": {"norm_style": "pre"},
@@ -40,33 +42,33 @@ MEMBERS: dict[str, dict] = {
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
+    studies.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
     parser.add_argument("--archs", default="gpt2,llama")
     parser.add_argument("--corpora", default="stdlib,prose")
     args = parser.parse_args(argv)
     if args.smoke:
-        common.apply_smoke(args)
-    results, corpora, wall = common.run_grid(args, MEMBERS)
+        studies.apply_smoke(args)
+    results, corpora, wall = studies.run_grid(args, MEMBERS)
     return write(args, results, corpora, wall)
 
 
 def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: float) -> dict:
-    name = common.stem("ablation", args)
-    groups = common.group(results, "corpus", "arch", "label")
-    summaries = {" / ".join(k): common.summary(v) for k, v in groups.items()}
+    name = studies.stem("ablation", args)
+    groups = reports.group(results, "corpus", "arch", "label")
+    summaries = {" / ".join(k): reports.summary(v) for k, v in groups.items()}
     spec = results[0]["spec"]
     lines = [
         "# Ablation: the GeoNorm family trained from scratch under identical conditions",
         "",
-        f"Written by `benchmarks/{Path(__file__).name}` ({common.environment()['date']}; {wall / 60:.1f} min wall "
-        f"on {common.environment()['cpu_count']} shared CPU cores). Every member: same initial seed, batches, "
+        f"Written by `benchmarks/{Path(__file__).name}` ({reports.environment()['date']}; {wall / 60:.1f} min wall "
+        f"on {reports.environment()['cpu_count']} shared CPU cores). Every member: same initial seed, batches, "
         f"token budget ({spec['steps']} steps x {spec['batch']} x {spec['seq_len']} tokens), AdamW lr "
         f"{spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip 1.0, dropout 0; "
         f"{spec['layers']} layers, width {spec['width']}, {spec['heads']} heads"
         + (f" (preset {spec['preset']})" if spec["preset"] else "")
         + f"; {len({r['spec']['seed'] for r in results})} seeds. GeoNorm members: the library's defaults "
-        f"({common.defaults_text()}) with the decay named."
-        + common.reuse_note(results),
+        f"({reports.defaults_text()}) with the decay named."
+        + reports.reuse_note(results),
         "",
         "Corpora (byte-level BPE of "
         + ", ".join(f"{c.vocab} tokens for {n}" for n, c in corpora.items())
@@ -77,9 +79,9 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         + ".",
         "",
     ]
-    for (corpus, arch), _ in common.group(results, "corpus", "arch").items():
+    for (corpus, arch), _ in reports.group(results, "corpus", "arch").items():
         members = {k[2]: v for k, v in groups.items() if k[0] == corpus and k[1] == arch}
-        stats = {m: common.summary(v) for m, v in members.items()}
+        stats = {m: reports.summary(v) for m, v in members.items()}
         best = min(stats, key=lambda m: stats[m]["mean"] if stats[m]["mean"] == stats[m]["mean"] else 1e9)
         pre = stats.get("pre", {}).get("mean", float("nan"))
         lines += [
@@ -91,15 +93,15 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         for member, s in sorted(stats.items(), key=lambda kv: kv[1]["mean"]):
             mark = " **(best)**" if member == best else ""
             lines.append(
-                f"| {member}{mark} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {common.fmt(s['min'])} - "
-                f"{common.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} | {s['diverged']}/{s['n']} | "
+                f"| {member}{mark} | {reports.fmt(s['mean'])} | {reports.fmt(s['std'])} | {reports.fmt(s['min'])} - "
+                f"{reports.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} | {s['diverged']}/{s['n']} | "
                 f"{s['tokens_per_second']:.0f} |"
             )
         lines.append("")
     lines += [
         "Validation loss: mean token cross-entropy on the held-out blocks after the last step; std is the sample "
-        "standard deviation over seeds. Spike: " + common.SPIKE_DEFINITION + ". Diverged: "
-        + common.DIVERGED_DEFINITION + ". Tokens/s: median over seeds of training tokens / training-step wall "
+        "standard deviation over seeds. Spike: " + run_loop.SPIKE_DEFINITION + ". Diverged: "
+        + run_loop.DIVERGED_DEFINITION + ". Tokens/s: median over seeds of training tokens / training-step wall "
         "time, measured with runs in parallel on shared, contended CPU cores: noisy, compare only roughly "
         "(benchmarks/overhead.py measures cost properly).",
         "",
@@ -107,12 +109,12 @@ def write(args: argparse.Namespace, results: list[dict], corpora: dict, wall: fl
         "",
     ]
     out = args.out
-    payload = common.write_results(args, name, lines, common.environment(), wall, summaries=summaries, runs=results)
+    payload = reports.write_results(args, name, lines, reports.environment(), wall, summaries=summaries, runs=results)
     panels = {
         f"{arch} on {corpus}": {k[2]: v for k, v in groups.items() if k[0] == corpus and k[1] == arch}
-        for (corpus, arch) in common.group(results, "corpus", "arch")
+        for (corpus, arch) in reports.group(results, "corpus", "arch")
     }
-    common.plot_panels(out / f"{name}.png", panels, "Ablation: seed-mean validation loss")
+    reports.plot_panels(out / f"{name}.png", panels, "Ablation: seed-mean validation loss")
     print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
     return payload
 

@@ -42,7 +42,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import corpus_data  # noqa: E402
+import reports  # noqa: E402
+import run_loop  # noqa: E402
+import studies  # noqa: E402
 import torch  # noqa: E402
 
 LAYERWISE = "layer-wise recipe: frames, final clamp pi/2, last-first anneal"
@@ -54,14 +57,14 @@ SMOL_SEQ = 256
 COST_BLOCKS = 4  # SmolLM2 calibration blocks (x 256 tokens) the bridge costs are measured on
 
 
-def stock_model(args: argparse.Namespace, corpus: common.Corpus) -> torch.nn.Module:
+def stock_model(args: argparse.Namespace, corpus: corpus_data.Corpus) -> torch.nn.Module:
     """A stock (unpatched) transformers model of ``args.arch`` at the benchmark size."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_geonorm.modeling.settings import GeoNormSettings
 
-    geo_config = common.make_config(args.arch, args.layers, args.width, args.heads, args.seq_len, corpus.vocab,
-                                    {"norm_style": "pre"}, args.scale)  # fmt: skip
+    spec = studies.base_spec(args, label="stock", arch=args.arch, settings={"norm_style": "pre"})
+    geo_config = run_loop.spec_config(spec, corpus.vocab)  # the from-scratch recipe, as Pre-Norm
     values = {k: v for k, v in geo_config.to_dict().items() if k not in GeoNormSettings.names()}
     for key in ("model_type", "architectures", "transformers_version", "auto_map"):
         values.pop(key, None)
@@ -124,19 +127,19 @@ def layerwise_hook(model: torch.nn.Module, steps: int) -> Any:
     return lambda step: setattr(model.config, "geo_bridge", anneal.value_at(step))
 
 
-def uptrain(arms: dict[str, tuple[torch.nn.Module, Any]], spec: common.RunSpec, corpus: common.Corpus,
+def uptrain(arms: dict[str, tuple[torch.nn.Module, Any]], spec: run_loop.RunSpec, corpus: corpus_data.Corpus,
             ppl: Any, original: float) -> dict[str, Any]:  # fmt: skip
     """Train every arm with the same batches; its perplexity curve, the worst ratio to ``original`` on the path
     and the final perplexity (at bridge 1 for the GeoNorm arms)."""
     out = {}
     for label, (model, hook) in arms.items():
         start = time.perf_counter()
-        record = common.train_steps(model, spec, corpus, step_hook=hook, eval_fn=ppl)
+        record = run_loop.train_steps(model, spec, corpus, step_hook=hook, eval_fn=ppl)
         if getattr(model.config, "geo_bridge", 1.0) != 1.0 and getattr(model.config, "norm_style", "pre") == "geo":
             raise AssertionError(f"{label} did not reach bridge 1")
         values = [v for _, v in record["evals"]]
         out[label] = {"evals": record["evals"], "worst_ratio": max(values) / original, "final": values[-1],
-                      "spikes": common.count_spikes(record["losses"], spec.warmup),
+                      "spikes": run_loop.count_spikes(record["losses"], spec.warmup),
                       "seconds": time.perf_counter() - start}  # fmt: skip
         print(f"{label}: {[(s, round(v, 2)) for s, v in record['evals']]}", flush=True)
     return out
@@ -148,16 +151,16 @@ def uptrain(arms: dict[str, tuple[torch.nn.Module, Any]], spec: common.RunSpec, 
 def part_small(args: argparse.Namespace) -> dict[str, Any]:
     import hf_geonorm
 
-    corpus = common.load_corpus(args.corpus, args.vocab, args.seq_len, common.max_chars(args), args.prose)
+    corpus = corpus_data.load_corpus(args.corpus, args.vocab, args.seq_len, studies.max_chars(args), args.prose)
     torch.manual_seed(0)
     base = stock_model(args, corpus)
-    spec = common.base_spec(args, label="pretrain", arch=args.arch, corpus=args.corpus, steps=args.pretrain_steps,
+    spec = studies.base_spec(args, label="pretrain", arch=args.arch, corpus=args.corpus, steps=args.pretrain_steps,
                             eval_every=max(1, args.pretrain_steps // 8), seed=0)  # fmt: skip
-    common.train_steps(base, spec, corpus)
+    run_loop.train_steps(base, spec, corpus)
     base.eval()
 
     def ppl(model: torch.nn.Module) -> float:
-        return math.exp(common.eval_loss(model, corpus.val, args.batch))
+        return math.exp(run_loop.eval_loss(model, corpus.val, args.batch))
 
     original = ppl(base)
     bridge0 = ppl(hf_geonorm.convert(base, norm_style="geo", geo_bridge=0.0))
@@ -178,7 +181,7 @@ def part_small(args: argparse.Namespace) -> dict[str, Any]:
         "recipe: calibrated, bridge anneal": (recipe0, anneal_hook(recipe0, anneal)),
         LAYERWISE: (layerwise0, layerwise_hook(layerwise0, layerwise_steps)),
     }
-    spec = common.base_spec(args, label="uptrain", arch=args.arch, corpus=args.corpus, lr=args.uptrain_lr,
+    spec = studies.base_spec(args, label="uptrain", arch=args.arch, corpus=args.corpus, lr=args.uptrain_lr,
                             warmup=min(args.warmup, 10), seed=1)  # fmt: skip
     return {"corpus": corpus.label, "arch": args.arch, "layers": args.layers, "width": args.width,
             "pretrain_steps": args.pretrain_steps, "original": original, "bridge0": bridge0, "alphas": alphas,
@@ -199,7 +202,7 @@ class Smol:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                           dtype=torch.float32).eval()  # fmt: skip
-        docs, self.label = common.corpus_texts("prose", common.max_chars(args), args.prose)
+        docs, self.label = corpus_data.corpus_texts("prose", studies.max_chars(args), args.prose)
         self.val = self.blocks("\n\n".join(docs[-400:]), args.smollm2_tokens // SMOL_SEQ)
         self.train = self.blocks("\n\n".join(docs[:-400]), None)
         self.calibration = self.train[-args.calibrate_blocks :]
@@ -212,7 +215,7 @@ class Smol:
         return torch.tensor(ids[: n * SMOL_SEQ]).view(n, SMOL_SEQ)
 
     def ppl(self, model: torch.nn.Module) -> float:
-        return math.exp(common.eval_loss(model, self.val, 4, str(next(model.parameters()).device)))
+        return math.exp(run_loop.eval_loss(model, self.val, 4, str(next(model.parameters()).device)))
 
     def conditions(self) -> dict[str, Any]:
         return {"gguf": self.path.name, "text": self.label, "eval_tokens": int(self.val.numel()),
@@ -295,7 +298,7 @@ def part_uptrain(smol: Smol, args: argparse.Namespace, previous: dict[str, Any])
     first half); budgets already in ``previous`` are kept."""
     alphas = calibrated(smol.model, smol.calibration).step_sizes
     original = smol.ppl(smol.model)
-    corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
+    corpus = corpus_data.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
     budgets = dict(previous.get("budgets", {}))
     for steps in args.smollm2_budgets:
         if str(steps) in budgets:
@@ -309,8 +312,8 @@ def part_uptrain(smol: Smol, args: argparse.Namespace, previous: dict[str, Any])
     return {**smol.conditions(), "original": original, "batch": smol.batch, "budgets": budgets}
 
 
-def smol_spec(args: argparse.Namespace, steps: int, batch: int) -> common.RunSpec:
-    return common.RunSpec(label="smollm2", steps=steps, batch=batch, seq_len=SMOL_SEQ, lr=args.smollm2_lr,
+def smol_spec(args: argparse.Namespace, steps: int, batch: int) -> run_loop.RunSpec:
+    return run_loop.RunSpec(label="smollm2", steps=steps, batch=batch, seq_len=SMOL_SEQ, lr=args.smollm2_lr,
                           warmup=max(1, steps // 20), eval_every=max(1, steps // 8), seed=1,
                           device=args.device)  # fmt: skip
 
@@ -339,7 +342,7 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
             path[str(progress)] = smol.ppl(model)
     model.config.geo_bridge = 0.0
     print("SmolLM2 layer-wise path, no training:", path, flush=True)
-    corpus = common.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
+    corpus = corpus_data.Corpus("smollm2", smol.label, smol.train, smol.val, len(smol.tokenizer))
     budgets = dict(previous.get("budgets", {}))
     for steps in args.layerwise_budgets:
         spec, anneal = smol_spec(args, steps, smol.batch), max(1, 3 * steps // 4)
@@ -371,8 +374,8 @@ def part_layerwise(smol: Smol, args: argparse.Namespace, previous: dict[str, Any
 
 
 def write(args: argparse.Namespace, results: dict[str, Any], wall: float) -> None:
-    name = common.stem("convert_uptrain", args)
-    env = common.environment()
+    name = studies.stem("convert_uptrain", args)
+    env = reports.environment()
     lines = [
         "# Converting a pretrained Pre-Norm model to GeoNorm",
         "",
@@ -388,7 +391,7 @@ def write(args: argparse.Namespace, results: dict[str, Any], wall: float) -> Non
     lines += layerwise_lines(results.get("layerwise"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    common.write_json(args.out / f"{name}.json", {"environment": env, "wall_seconds": wall, **results})
+    reports.write_json(args.out / f"{name}.json", {"environment": env, "wall_seconds": wall, **results})
     plot(args.out / f"{name}.png", results)
     print(f"wrote {args.out / name}.md/.json/.png")
 
@@ -575,7 +578,7 @@ def smollm2_path() -> Path | None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.common_arguments(parser, steps=150, layers=4, width=96, seq_len=64)
+    studies.common_arguments(parser, steps=150, layers=4, width=96, seq_len=64)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--arch", default="llama")
     parser.add_argument("--corpus", default="prose", choices=["stdlib", "prose"])
@@ -599,11 +602,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown := set(parts) - set(PARTS):
         parser.error(f"unknown parts {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     if args.smoke:
-        common.apply_smoke(args)
+        studies.apply_smoke(args)
         args.pretrain_steps, parts = 4, ["small"]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    record = args.out / f"{common.stem('convert_uptrain', args)}.json"
+    record = args.out / f"{studies.stem('convert_uptrain', args)}.json"
     results = earlier_parts(record)
     if "small" in parts:
         results["small"] = part_small(args)

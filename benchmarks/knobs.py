@@ -22,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import reports  # noqa: E402
+import run_loop  # noqa: E402
+import studies  # noqa: E402
 
 from hf_geonorm.modeling.settings import GeoNormSettings  # noqa: E402
 
@@ -54,13 +56,13 @@ DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
+    studies.common_arguments(parser, steps=200, layers=4, width=64, seq_len=64)
     parser.add_argument("--archs", default="gpt2,llama", help="comma-separated model types")
     parser.add_argument("--corpora", default="prose")
     args = parser.parse_args(argv)
     if args.smoke:
-        common.apply_smoke(args)
-    results, _, wall = common.run_grid(args, VARIANTS)
+        studies.apply_smoke(args)
+    results, _, wall = studies.run_grid(args, VARIANTS)
     return write(args, results, wall)
 
 
@@ -88,12 +90,12 @@ def verdict(stats: dict[str, dict], default: str, challengers: list[str]) -> str
     if beaten:
         best = min(beaten, key=lambda kv: kv[1])[0]
         return (
-            f"**overturned** by {best} ({common.fmt(stats[best]['mean'])} vs {common.fmt(base['mean'])}, "
+            f"**overturned** by {best} ({reports.fmt(stats[best]['mean'])} vs {reports.fmt(base['mean'])}, "
             f"margin {margin(base, stats[best]):.3f})"
         )
     if better:
         return "confirmed within noise (" + ", ".join(
-            f"{c} {common.fmt(stats[c]['mean'])}" for c in better) + " lower by less than the margin)"  # fmt: skip
+            f"{c} {reports.fmt(stats[c]['mean'])}" for c in better) + " lower by less than the margin)"  # fmt: skip
     return "confirmed (every alternative is worse)"
 
 
@@ -112,7 +114,7 @@ def across_architectures(summaries: dict[str, dict[str, dict]]) -> list[str]:
         "|---|---|" + "---|" * len(panels),
     ]
     for mean, label, deltas in sorted(rows):
-        lines.append(f"| {label} | {common.fmt(mean)} | " + " | ".join(f"{d:+.3f}" for d in deltas) + " |")
+        lines.append(f"| {label} | {reports.fmt(mean)} | " + " | ".join(f"{d:+.3f}" for d in deltas) + " |")
     lines += [
         "",
         "Decision rule for the library's defaults: a default is replaced only by an alternative that beats it by "
@@ -135,23 +137,23 @@ def across_architectures(summaries: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
-    name = common.stem("knobs", args)
+    name = studies.stem("knobs", args)
     spec = results[0]["spec"]
-    env = common.environment()
+    env = reports.environment()
     lines = [
         "# Knobs: GeoNorm's own settings at the ablation's scale",
         "",
         f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; {wall / 60:.1f} min wall on "
         f"{env['cpu_count']} shared CPU cores). One setting changed at a time from the library's defaults "
-        f"({common.defaults_text()}). Same conditions for every "
+        f"({reports.defaults_text()}). Same conditions for every "
         f"variant: {spec['layers']} layers, width {spec['width']}, {spec['steps']} steps x {spec['batch']} x "
         f"{spec['seq_len']} tokens, AdamW lr {spec['lr']}, {len({r['spec']['seed'] for r in results})} seeds."
-        + common.reuse_note(results),
+        + reports.reuse_note(results),
         "",
     ]
     summaries = {}
-    for (corpus, arch), runs in common.group(results, "corpus", "arch").items():
-        stats = {k[0]: common.summary(v) for k, v in common.group(runs, "label").items()}
+    for (corpus, arch), runs in reports.group(results, "corpus", "arch").items():
+        stats = {k[0]: reports.summary(v) for k, v in reports.group(runs, "label").items()}
         summaries[f"{corpus} / {arch}"] = stats
         base = stats["geo defaults"]["mean"]
         pre = stats["pre (reference)"]["mean"]
@@ -163,7 +165,7 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         ]
         for label, s in sorted(stats.items(), key=lambda kv: kv[1]["mean"]):
             lines.append(
-                f"| {label} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {s['mean'] - base:+.3f} | "
+                f"| {label} | {reports.fmt(s['mean'])} | {reports.fmt(s['std'])} | {s['mean'] - base:+.3f} | "
                 f"{s['mean'] - pre:+.3f} | {s['spikes']} | {s['diverged']}/{s['n']} |"
             )
         lines += ["", "| default | verdict at this scale |", "|---|---|"]
@@ -181,18 +183,18 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         f"the margin, twice the standard error of the difference of the two seed means (at least {NOISE_FLOOR}); "
         "otherwise confirmed (within noise when some alternative is lower by less). This is one small scale and "
         "a short budget: a verdict here is evidence, not proof. "
-        "Spike: " + common.SPIKE_DEFINITION + ".",
+        "Spike: " + run_loop.SPIKE_DEFINITION + ".",
         "",
         f"![validation curves]({name}.png)",
         "",
     ]
     out = args.out
-    payload = common.write_results(args, name, lines, env, wall, summaries=summaries, runs=results)
+    payload = reports.write_results(args, name, lines, env, wall, summaries=summaries, runs=results)
     panels = {
-        f"{arch} on {corpus}": {k[0]: v for k, v in common.group(runs, "label").items()}
-        for (corpus, arch), runs in common.group(results, "corpus", "arch").items()
+        f"{arch} on {corpus}": {k[0]: v for k, v in reports.group(runs, "label").items()}
+        for (corpus, arch), runs in reports.group(results, "corpus", "arch").items()
     }
-    common.plot_panels(out / f"{name}.png", panels, "Knobs: seed-mean validation loss")
+    reports.plot_panels(out / f"{name}.png", panels, "Knobs: seed-mean validation loss")
     print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
     return payload
 

@@ -46,7 +46,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import corpus_data  # noqa: E402
+import reports  # noqa: E402
+import run_loop  # noqa: E402
+import studies  # noqa: E402
 
 ALPHAS = (0.125, 0.25, 0.5, 1.0, 2.0)
 # Every GeoNorm setting spelled out: a run's identity must not depend on the library's defaults of the day.
@@ -99,14 +102,14 @@ def lr_for(width: int) -> float:
 
 
 def spec_for(args: argparse.Namespace, cell: Cell, arch: str, corpus: str, label: str, settings: dict[str, Any],
-             seed: int = 0) -> common.RunSpec:  # fmt: skip
+             seed: int = 0) -> run_loop.RunSpec:  # fmt: skip
     steps = args.steps or cell.steps
     overrides = dict(
         label=f"{cell.name} | {label}", arch=arch, corpus=corpus, settings=settings, seed=seed,
         layers=cell.layers, width=cell.width, steps=steps, lr=args.lr or lr_for(cell.width),
         warmup=max(1 if args.smoke else 10, steps // 10), eval_every=max(1, steps // 8),
     )  # fmt: skip
-    return common.base_spec(args, **overrides)
+    return studies.base_spec(args, **overrides)
 
 
 def variant(result: dict[str, Any]) -> str:
@@ -123,16 +126,16 @@ class Study:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.archs = args.archs.split(",")
-        self.journal = args.out / f"{common.stem('scaling', args)}_runs.jsonl"
+        self.journal = args.out / f"{studies.stem('scaling', args)}_runs.jsonl"
         self.results: dict[str, dict[str, Any]] = {}  # by label/arch/corpus/seed
         self.start = time.perf_counter()
-        self.corpora: dict[str, common.Corpus] = {}
+        self.corpora: dict[str, corpus_data.Corpus] = {}
         self.final_arm: str | None = None
 
-    def corpus(self, name: str) -> common.Corpus:
+    def corpus(self, name: str) -> corpus_data.Corpus:
         if name not in self.corpora:
-            self.corpora[name] = common.load_corpus(name, self.args.vocab, self.args.seq_len,
-                                                    common.max_chars(self.args), self.args.prose)  # fmt: skip
+            self.corpora[name] = corpus_data.load_corpus(name, self.args.vocab, self.args.seq_len,
+                                                    studies.max_chars(self.args), self.args.prose)  # fmt: skip
         return self.corpora[name]
 
     def load_journal(self) -> None:
@@ -148,9 +151,9 @@ class Study:
         """The rule's setting over the choice cells among the runs known so far."""
         return chosen_rule(choice_tables(cell_tables(list(self.results.values())), self.args.smoke))
 
-    def run(self, specs: list[common.RunSpec]) -> list[dict[str, Any]]:
+    def run(self, specs: list[run_loop.RunSpec]) -> list[dict[str, Any]]:
         corpora = {s.corpus: self.corpus(s.corpus) for s in specs}
-        runs = common.run_all(specs, corpora, self.args.workers, self.args.threads, reuse=self.journal,
+        runs = run_loop.run_all(specs, corpora, self.args.workers, self.args.threads, reuse=self.journal,
                               journal=self.journal)  # fmt: skip
         for r in runs:
             s = r["spec"]
@@ -267,9 +270,9 @@ def chosen_rule(tables: dict[tuple[str, str, str], dict[str, float]]) -> tuple[f
 
 def write(study: Study, pending: list[str], chosen: tuple[float, str] | None) -> dict[str, Any]:
     args = study.args
-    name = common.stem("scaling", args)
+    name = studies.stem("scaling", args)
     results = list(study.results.values())
-    env = common.environment()
+    env = reports.environment()
     wall = time.perf_counter() - study.start
     tables = cell_tables(results)
     cells = {c.name: c for axis in grid(args.smoke).values() for c in axis}
@@ -303,7 +306,7 @@ def write(study: Study, pending: list[str], chosen: tuple[float, str] | None) ->
     lines += chosen_lines(tables, chosen, args)
     lines += final_lines(results, args, study.final_arm, study.final_cell())
     lines += [f"![best alpha by axis]({name}.png)", ""]
-    payload = common.write_results(args, name, lines, env, wall, pending=pending, chosen=chosen,
+    payload = reports.write_results(args, name, lines, env, wall, pending=pending, chosen=chosen,
                                    cells={k: {"layers": c.layers, "width": c.width, "steps": c.steps}
                                           for k, c in cells.items()},
                                    runs=results)  # fmt: skip
@@ -319,9 +322,9 @@ def row(cell: Cell, arch: str, corpus: str, table: dict[str, float], args: argpa
     constant = next((v for k, v in table.items() if k.startswith("geo constant")), math.nan)
     pre = table.get("pre", math.nan)
     margin = (min(finite[best], constant if math.isfinite(constant) else math.inf) - pre) if best else math.nan
-    cells = " | ".join(("**" + common.fmt(v) + "**") if a == best else common.fmt(v) for a, v in losses.items())
-    return (f"| {cell.name} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {common.fmt(pre)} | {cells} | "
-            f"{common.fmt(constant)} | {best if best is not None else '-'} | {margin:+.3f} |")  # fmt: skip
+    cells = " | ".join(("**" + reports.fmt(v) + "**") if a == best else reports.fmt(v) for a, v in losses.items())
+    return (f"| {cell.name} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {reports.fmt(pre)} | {cells} | "
+            f"{reports.fmt(constant)} | {best if best is not None else '-'} | {margin:+.3f} |")  # fmt: skip
 
 
 def decision_lines(tables: dict, chosen: tuple[float, str] | None) -> list[str]:
@@ -373,8 +376,8 @@ def chosen_lines(tables: dict, chosen: tuple[float, str] | None, args: argparse.
             continue
         best = min(table[alpha_label(a)] for a in ALPHAS)
         tokens = cells[cname].steps * args.batch * args.seq_len
-        lines.append(f"| {cname} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {common.fmt(table['pre'])} | "
-                     f"{common.fmt(table[arm])} | {table[arm] - table['pre']:+.3f} | {table[arm] - best:.3f} | "
+        lines.append(f"| {cname} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {reports.fmt(table['pre'])} | "
+                     f"{reports.fmt(table[arm])} | {table[arm] - table['pre']:+.3f} | {table[arm] - best:.3f} | "
                      f"{'check (width)' if cname in widths else ''} |")  # fmt: skip
     return lines + [""]
 
@@ -392,13 +395,13 @@ def final_lines(results: list[dict[str, Any]], args: argparse.Namespace, arm: st
                     for label in ("pre", arm)}  # fmt: skip
             if not all(arms.values()):
                 continue
-            p, g = common.summary(arms["pre"]), common.summary(arms[arm])
+            p, g = reports.summary(arms["pre"]), reports.summary(arms[arm])
             margin = 2 * math.sqrt((p["std"] ** 2 + g["std"] ** 2) / max(1, min(p["n"], g["n"])))
             diff = g["mean"] - p["mean"]
             verdict = "GeoNorm better" if diff < -margin else ("Pre-Norm better" if diff > margin else "within noise")
             tag = " (held out)" if corpus == args.heldout else ""
-            lines.append(f"| {corpus}{tag} | {arch} | {common.fmt(p['mean'])} +- {common.fmt(p['std'])} | "
-                         f"{common.fmt(g['mean'])} +- {common.fmt(g['std'])} | {diff:+.3f} | {margin:.3f} | "
+            lines.append(f"| {corpus}{tag} | {arch} | {reports.fmt(p['mean'])} +- {reports.fmt(p['std'])} | "
+                         f"{reports.fmt(g['mean'])} +- {reports.fmt(g['std'])} | {diff:+.3f} | {margin:.3f} | "
                          f"{verdict} |")  # fmt: skip
     return lines + [""]
 
@@ -448,7 +451,7 @@ def plot(path: Path, tables: dict, cells: dict[str, Cell], args: argparse.Namesp
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.common_arguments(parser, steps=0, layers=12, width=64, seq_len=128)
+    studies.common_arguments(parser, steps=0, layers=12, width=64, seq_len=128)
     parser.set_defaults(lr=0.0, seeds=3)
     parser.add_argument("--archs", default="gpt2,llama")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, in order: {', '.join(PHASES)}")
@@ -460,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.choice_corpora, args.heldout = list(CHOICE_CORPORA), HELDOUT_CORPUS
     if args.smoke:
-        common.apply_smoke(args)
+        studies.apply_smoke(args)
         args.steps, args.seeds, args.archs = 0, 2, "llama"
         args.choice_corpora = ["stdlib"]
     if args.scale:  # on a GPU: Pre-Norm against the given (or current library) defaults at a paper size
@@ -485,7 +488,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             chosen = study.rule()
             write(study, [c.name for c in axes[phase][i + 1 :]] + later, chosen)
     payload = write(study, [], chosen)
-    print(f"wrote {args.out / common.stem('scaling', args)}.md/.json/.png")
+    print(f"wrote {args.out / studies.stem('scaling', args)}.md/.json/.png")
     return payload
 
 
@@ -524,25 +527,25 @@ def scale_run(args: argparse.Namespace) -> dict[str, Any]:
     args.lr = args.lr or 6e-4
     start = time.perf_counter()
     corpus = args.choice_corpora[0]
-    corpora = {corpus: common.load_corpus(corpus, args.vocab, args.seq_len, common.max_chars(args), args.prose)}
+    corpora = {corpus: corpus_data.load_corpus(corpus, args.vocab, args.seq_len, studies.max_chars(args), args.prose)}
     arms = [("pre", PRE), (alpha_label(alpha, decay), geo(alpha, decay))]
-    specs = [common.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
+    specs = [studies.base_spec(args, label=label, arch=arch, corpus=corpus, settings=settings, seed=seed)
              for arch in args.archs.split(",") for seed in range(args.seeds) for label, settings in arms]  # fmt: skip
-    results = common.run_all(specs, corpora, args.workers, args.threads, reuse=args.reuse)
-    env, wall = common.environment(), time.perf_counter() - start
-    name = common.stem("scaling", args)
+    results = run_loop.run_all(specs, corpora, args.workers, args.threads, reuse=args.reuse)
+    env, wall = reports.environment(), time.perf_counter() - start
+    name = studies.stem("scaling", args)
     lines = [f"# Scaling at the paper's {args.scale} size: Pre-Norm against GeoNorm ({alpha_label(alpha, decay)})",
              "", f"Written by `benchmarks/{Path(__file__).name} --scale {args.scale}` ({env['date']}; "
              f"{wall / 60:.1f} min wall). {args.steps} steps x {args.batch} x {args.seq_len} tokens on {corpus}, "
              f"lr {args.lr}.", "", "| shape | arm | val loss mean | std | seeds |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for (arch, label), runs in common.group(results, "arch", "label").items():
-        s = common.summary(runs)
-        lines.append(f"| {arch} | {label} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {s['n']} |")
-    payload = common.write_results(args, name, lines + [""], env, wall, runs=results)
-    panels = {arch: {k[0]: v for k, v in common.group(runs, "label").items()}
-              for (arch,), runs in common.group(results, "arch").items()}  # fmt: skip
-    common.plot_panels(args.out / f"{name}.png", panels, f"{args.scale}: seed-mean validation loss")
+    for (arch, label), runs in reports.group(results, "arch", "label").items():
+        s = reports.summary(runs)
+        lines.append(f"| {arch} | {label} | {reports.fmt(s['mean'])} | {reports.fmt(s['std'])} | {s['n']} |")
+    payload = reports.write_results(args, name, lines + [""], env, wall, runs=results)
+    panels = {arch: {k[0]: v for k, v in reports.group(runs, "label").items()}
+              for (arch,), runs in reports.group(results, "arch").items()}  # fmt: skip
+    reports.plot_panels(args.out / f"{name}.png", panels, f"{args.scale}: seed-mean validation loss")
     return payload
 
 

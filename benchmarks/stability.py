@@ -22,7 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import corpus_data  # noqa: E402
+import reports  # noqa: E402
+import run_loop  # noqa: E402
+import studies  # noqa: E402
 
 STYLES: dict[str, dict] = {
     "pre": {"norm_style": "pre"},
@@ -36,31 +39,31 @@ STYLES: dict[str, dict] = {
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.common_arguments(parser, steps=1000, layers=32, width=64, seq_len=256)
+    studies.common_arguments(parser, steps=1000, layers=32, width=64, seq_len=256)
     parser.add_argument("--arch", default="gpt2")
     parser.add_argument("--corpus", default="stdlib", choices=["stdlib", "prose"])
     parser.set_defaults(lr=4e-3, batch=4, seeds=3, eval_every=50)
     args = parser.parse_args(argv)
     if args.smoke:
-        common.apply_smoke(args)
+        studies.apply_smoke(args)
         args.layers = 3
     start = time.perf_counter()
-    corpora = {args.corpus: common.load_corpus(args.corpus, args.vocab, args.seq_len, common.max_chars(args),
+    corpora = {args.corpus: corpus_data.load_corpus(args.corpus, args.vocab, args.seq_len, studies.max_chars(args),
                                                args.prose)}  # fmt: skip
     specs = [
-        common.base_spec(args, label=label, arch=args.arch, corpus=args.corpus, settings=settings, seed=seed)
+        studies.base_spec(args, label=label, arch=args.arch, corpus=args.corpus, settings=settings, seed=seed)
         for seed in range(args.seeds)
         for label, settings in STYLES.items()
     ]
-    results = common.run_all(specs, corpora, args.workers, args.threads, reuse=args.reuse)
+    results = run_loop.run_all(specs, corpora, args.workers, args.threads, reuse=args.reuse)
     return write(args, results, time.perf_counter() - start)
 
 
 def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
-    name = common.stem("stability", args)
+    name = studies.stem("stability", args)
     spec = results[0]["spec"]
-    env = common.environment()
-    stats = {k[0]: common.summary(v) for k, v in common.group(results, "label").items()}
+    env = reports.environment()
+    stats = {k[0]: reports.summary(v) for k, v in reports.group(results, "label").items()}
     pre = stats["pre"]["mean"]
     lines = [
         "# Stability: a deep, narrow model at a high learning rate",
@@ -70,8 +73,8 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         f"{spec['heads']} heads, sequences of {spec['seq_len']} tokens on {spec['corpus']}, batch {spec['batch']}, "
         f"{spec['steps']} steps, AdamW lr {spec['lr']} ({spec['warmup']} warm-up steps, cosine to 10%), grad clip "
         f"1.0, {len({r['spec']['seed'] for r in results})} seeds (same seeds and batches for every style). GeoNorm: "
-        f"the library's defaults ({common.defaults_text()}), and the same with constant decay."
-        + common.reuse_note(results),
+        f"the library's defaults ({reports.defaults_text()}), and the same with constant decay."
+        + reports.reuse_note(results),
         "",
         "| style | val loss mean | std | min - max | vs pre | spikes (all seeds) | diverged | max train loss after "
         "warm-up |",
@@ -81,21 +84,21 @@ def write(args: argparse.Namespace, results: list[dict], wall: float) -> dict:
         runs = [r for r in results if r["spec"]["label"] == label]
         peak = max(max(r["losses"][spec["warmup"]:] or [float("nan")]) for r in runs)
         lines.append(
-            f"| {label} | {common.fmt(s['mean'])} | {common.fmt(s['std'])} | {common.fmt(s['min'])} - "
-            f"{common.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} "
-            f"| {s['diverged']}/{s['n']} | {common.fmt(peak)} |"
+            f"| {label} | {reports.fmt(s['mean'])} | {reports.fmt(s['std'])} | {reports.fmt(s['min'])} - "
+            f"{reports.fmt(s['max'])} | {s['mean'] - pre:+.3f} | {s['spikes']} "
+            f"| {s['diverged']}/{s['n']} | {reports.fmt(peak)} |"
         )
     lines += [
         "",
-        "Spike: " + common.SPIKE_DEFINITION + ". Diverged: " + common.DIVERGED_DEFINITION + ".",
+        "Spike: " + run_loop.SPIKE_DEFINITION + ". Diverged: " + run_loop.DIVERGED_DEFINITION + ".",
         "",
         f"![train loss curves]({name}.png)",
         "",
     ]
     out = args.out
-    payload = common.write_results(args, name, lines, env, wall, summaries=stats, runs=results)
-    members = {k[0]: v for k, v in common.group(results, "label").items()}
-    common.plot_panels(out / f"{name}.png", {f"{spec['layers']} layers, width {spec['width']}, lr {spec['lr']}":
+    payload = reports.write_results(args, name, lines, env, wall, summaries=stats, runs=results)
+    members = {k[0]: v for k, v in reports.group(results, "label").items()}
+    reports.plot_panels(out / f"{name}.png", {f"{spec['layers']} layers, width {spec['width']}, lr {spec['lr']}":
                        members}, "Stability: seed-mean train loss", what="train")  # fmt: skip
     print(f"wrote {out / name}.md/.json/.png in {wall / 60:.1f} min")
     return payload

@@ -34,10 +34,18 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True,
               help="Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).")  # fmt: skip
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
-              help="Peak learning rate of AdamW (no weight decay): reached after --warmup-steps, then a cosine "
-              "decay to 0 at --max-steps.")  # fmt: skip
+              help="Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to "
+              "--min-lr-ratio times it at --max-steps.")  # fmt: skip
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=30, show_default=True,
-              help="Steps over which the learning rate rises linearly from 0 to --lr.")  # fmt: skip
+              help="Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of "
+              "it).")  # fmt: skip
+@click.option("--min-lr-ratio", type=click.FloatRange(min=0, max=1), default=0.1, show_default=True,
+              help="Where the cosine decay ends, as a share of --lr.")  # fmt: skip
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="AdamW weight decay, on the weight matrices only (not on norms, biases, embeddings or "
+              "GeoNorm's step parameters).")  # fmt: skip
+@click.option("--adam-beta2", type=click.FloatRange(min=0, max=1, max_open=True), default=0.95, show_default=True,
+              help="AdamW's second-moment decay (beta1 is 0.9); gradients are clipped to norm 1.0.")  # fmt: skip
 @click.option("--bf16", "precision", flag_value="bf16", help="bfloat16 mixed precision.")
 @click.option("--fp16", "precision", flag_value="fp16", help="float16 mixed precision (CUDA).")
 @click.option("--compile", "use_compile", is_flag=True, help="torch.compile the model.")
@@ -75,6 +83,9 @@ def train(
     max_steps: int,
     lr: float,
     warmup_steps: int,
+    min_lr_ratio: float,
+    weight_decay: float,
+    adam_beta2: float,
     precision: str | None,
     use_compile: bool,
     gradient_checkpointing: bool,
@@ -104,7 +115,8 @@ def train(
     options = TrainOptions(
         model=model_path, arch=arch, preset=preset, settings=settings, data=data, tokenizer=tokenizer_path,
         vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, max_steps=max_steps, lr=lr,
-        warmup_steps=warmup_steps, precision=precision or "fp32", compile=use_compile,
+        warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, adam_beta2=adam_beta2,
+        precision=precision or "fp32", compile=use_compile,
         gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every, output=output,
         bridge_anneal=bridge_anneal, bridge_order=bridge_order, resume=resume, force=force, seed=seed,
     )  # fmt: skip

@@ -15,7 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("ablation", "knobs", "stability", "convert_uptrain", "scaling")
 sys.path.insert(0, str(BENCHMARKS))
 
-import common  # noqa: E402 - benchmarks/common.py, shared by the scripts
+import corpus_data  # noqa: E402 - benchmarks/corpus_data.py, the corpora of the scripts
 
 
 def load(name: str):
@@ -43,7 +43,7 @@ def corpus_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_runs_at_smoke_scale_and_writes_its_results(name, tmp_path, prose, corpus_cache, monkeypatch):
-    monkeypatch.setattr(common, "CACHE", corpus_cache)
+    monkeypatch.setattr(corpus_data, "CACHE", corpus_cache)
     out = tmp_path / "out"
     load(name).main(["--smoke", "--out", str(out), "--prose", str(prose)])
     table = (out / f"{name}_smoke.md").read_text()

@@ -1,16 +1,18 @@
-"""The model to train: a from-scratch GeoNorm config at a preset's size (``build_model`` for ``hf-geonorm train
---arch``, ``write_scratch_config`` for ``hf-geonorm init``), or a folder's model (``model_from_folder``)."""
+"""The model to train. ``scratch_config`` is the one from-scratch recipe: ``hf-geonorm train --arch`` builds its
+model from it (``build_model``), ``hf-geonorm init`` writes it to a folder (``write_scratch_config``) and the
+benchmarks train on it, so the three agree field for field. A folder's model is ``model_from_folder``."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ..atomic import atomic_directory, check_target
 from ..folders import save_config_with_remote_code
@@ -24,15 +26,92 @@ from ..loading import (
     resolve_settings,
 )
 from ..modeling.settings import GeoNormSettings
-from ..patching import config_class_for, family_for
+from ..patching import config_class_for
 from .options import TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
 
 
-def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
+def padded_vocab(tokens: int) -> int:
+    """The vocabulary for a tokenizer of ``tokens`` tokens: rounded up to a multiple of 64 (as nanoGPT's 50304),
+    which the matrix kernels are faster at; the extra rows are never looked up."""
+    return int(math.ceil(tokens / 64) * 64)
+
+
+def scratch_config(
+    arch: str,
+    sizes: str | Mapping[str, int],
+    vocab_size: int,
+    max_length: int | None,
+    settings: Mapping[str, Any],
+    *,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    tie_embeddings: bool | None = None,
+) -> PretrainedConfig:
+    """The GeoNorm config of a from-scratch ``arch`` model: ``sizes`` (a preset name, or layers, width and heads
+    as ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) with the sizes that follow from them,
+    ``max_length`` positions (None: the preset's), ``vocab_size`` rows, the GeoNorm ``settings``, and dropout off.
+
+    The special-token ids are the tokenizer's (``bos_token_id``, ``eos_token_id``; without them the family's
+    defaults that fit the vocabulary); there is no padding id: blocks are never padded, and a padding row is a zero
+    embedding, a fixed point of the geodesic step (a token sharing its id, often eos, would never move off zero).
+    ``tie_embeddings`` None keeps the family's default. ``ValueError`` when the sizes do not fit ``arch``,
+    ``loading.SettingsError`` for a bad setting.
+    """
+    check_supported(arch)
+    family_config = config_class_for(arch)
+    try:
+        values = preset_sizes(family_config, sizes, max_length)
+    except ValueError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a config class that cannot be read generically
+        raise ValueError(
+            f"cannot size a {arch} config generically ({type(error).__name__}: {first_line(error)}); build one "
+            "with transformers and convert it"
+        ) from None
+    try:
+        GeoNormSettings(**settings).validate(values["num_hidden_layers"])
+    except (TypeError, ValueError) as error:  # the settings are the caller's
+        raise SettingsError(first_line(error)) from None
+    values["vocab_size"] = vocab_size
+    for name, token_id in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
+        if token_id is not None:
+            values[name] = token_id
+    values["pad_token_id"] = None
+    if tie_embeddings is not None:
+        values["tie_word_embeddings"] = tie_embeddings
+    fit_token_ids(values, family_config)
+    for name, value in vars(family_config()).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
+        if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
+            values[name] = 0.0
+    try:
+        return family_config(**values, **settings)
+    except Exception as error:  # noqa: BLE001 - the settings are valid (above): the sizes do not fit arch
+        raise ValueError(
+            f"the {sizes if isinstance(sizes, str) else 'given'} sizes do not fit {arch} ({type(error).__name__}: "
+            f"{first_line(error)}); build a config of your own with transformers and convert it, or choose another "
+            "architecture"
+        ) from None
+
+
+def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
+    """The model to train: ``options.model`` (see ``model_from_folder``), or the recipe's ``arch`` at ``preset``
+    size, ``seq_len`` positions and the tokenizer's vocabulary. Settings given in ``options.settings`` override the
+    folder's."""
+    if options.model is not None:
+        return model_from_folder(options.model, options.settings, tokenizer)
+    config = scratch_config(
+        options.arch, options.preset, padded_vocab(len(tokenizer)), options.seq_len, options.settings,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config)
+
+
+def model_from_folder(folder: str, settings: dict[str, Any], tokenizer: Any) -> torch.nn.Module:
     """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
     stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
-    ``architectures``), freshly initialised. Pickle-only folders, weight files under other names and saved models
+    ``architectures``), freshly initialised with ``tokenizer``'s special-token ids (the tokenizer it trains on,
+    perhaps trained on the fly). Pickle-only folders, weight files under other names and saved models
     without weights are refused."""
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
@@ -66,31 +145,13 @@ def model_from_folder(folder: str, settings: dict[str, Any]) -> torch.nn.Module:
             "(model.safetensors): they are missing; give the folder with its weights (a config to train from "
             "scratch comes from hf-geonorm init)"
         )
-    return AutoModelForCausalLM.from_config(config)
-
-
-def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
-    """The model to train: ``options.model`` (see ``model_from_folder``), or ``arch`` at ``preset`` size with
-    dropout off. Settings given in ``options.settings`` override the folder's."""
-    if options.model is not None:
-        return model_from_folder(options.model, options.settings)
-    family_config = config_class_for(options.arch)
-    values = preset_sizes(family_config, options.preset, max_length=options.seq_len)
-    values["vocab_size"] = int(math.ceil(len(tokenizer) / 64) * 64)
-    for name in ("bos_token_id", "eos_token_id"):
-        values[name] = getattr(tokenizer, name)
-    # no padding row: blocks are never padded, and a zero embedding row is a fixed point of the geodesic step
-    # (a token whose id is also the pad id, often eos, would never move off zero)
-    values["pad_token_id"] = None
-    fit_token_ids(values, family_config)
-    defaults = family_config()
-    for name, value in vars(defaults).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
-        if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):
-            values[name] = 0.0
-    try:
-        config = family_config(**values, **options.settings)
-    except ValueError as error:  # the preset's sizes are valid: the caller's settings do not fit them
-        raise SettingsError(first_line(error)) from None
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"{folder}: its config.json has vocab_size {config.vocab_size}, fewer than the tokenizer's "
+            f"{len(tokenizer)} tokens; write the config with hf-geonorm init --vocab-size "
+            f"{padded_vocab(len(tokenizer))} (or --tokenizer), or train with the tokenizer it was written for"
+        )
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -131,29 +192,15 @@ def write_scratch_config(
     tie_embeddings: bool = True,
     force: bool = False,
 ) -> ScratchConfig:
-    """Write the config of a from-scratch GeoNorm ``arch`` model (a stock model type) at ``preset`` size, with
-    ``auto_map`` and the modelling source, and the tokenizer (a folder or Hub id) when given, to ``output_dir``.
+    """Write the recipe's config (``scratch_config``) of a from-scratch GeoNorm ``arch`` model (a stock model type)
+    at ``preset`` size, with ``auto_map`` and the modelling source, and the tokenizer (a folder or Hub id) when
+    given, to ``output_dir``.
 
     The vocabulary is ``vocab_size``, else the tokenizer's rounded up to 64, else ``presets.DEFAULT_VOCAB``; the
     tokenizer's special-token ids go into the config. ``ValueError`` when the preset does not fit ``arch``,
     ``loading.SettingsError`` for a bad setting; nothing is written then.
     """
     check_target(output_dir, force)
-    check_supported(arch)
-    family = family_for(arch)
-    try:
-        values = preset_sizes(family.config_class, preset, max_length)
-    except ValueError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a config class that cannot be read generically
-        raise ValueError(
-            f"init cannot size a {arch} config generically ({type(error).__name__}: {first_line(error)}); build one "
-            "with transformers and convert it"
-        ) from None
-    try:
-        chosen = GeoNormSettings(**(settings or {})).validate(values["num_hidden_layers"]).to_dict()
-    except ValueError as error:
-        raise SettingsError(first_line(error)) from None
     loaded = None
     if tokenizer:
         from transformers import AutoTokenizer
@@ -162,19 +209,15 @@ def write_scratch_config(
             loaded = AutoTokenizer.from_pretrained(tokenizer)
         except Exception as error:  # noqa: BLE001 - reported in one line
             raise ValueError(f"cannot load the tokenizer {tokenizer}: {first_line(error)}") from None
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            token_id = getattr(loaded, name, None)
-            if isinstance(token_id, int):
-                values[name] = token_id
     if vocab_size is None:
-        vocab_size = int(math.ceil(len(loaded) / 64) * 64) if loaded is not None else DEFAULT_VOCAB
+        vocab_size = padded_vocab(len(loaded)) if loaded is not None else DEFAULT_VOCAB
     elif loaded is not None and vocab_size < len(loaded):
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(loaded)} tokens")
-    values["vocab_size"] = vocab_size
-    values["tie_word_embeddings"] = tie_embeddings
-    fit_token_ids(values, family.config_class)
+    config = scratch_config(
+        arch, preset, vocab_size, max_length, settings or {}, tie_embeddings=tie_embeddings,
+        bos_token_id=getattr(loaded, "bos_token_id", None), eos_token_id=getattr(loaded, "eos_token_id", None),
+    )  # fmt: skip
     try:
-        config = family.config_class(**values, **chosen)
         parameters = parameter_count(config, check_forward=True)
     except Exception as error:  # noqa: BLE001 - any failure means the preset does not fit this architecture
         raise ValueError(
@@ -183,4 +226,4 @@ def write_scratch_config(
         ) from None
     with atomic_directory(output_dir, force=force) as tmp:
         save_config_with_remote_code(config, tmp, tokenizer=loaded)
-    return ScratchConfig(Path(output_dir), config, parameters, chosen)
+    return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())

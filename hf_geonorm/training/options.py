@@ -10,6 +10,7 @@ import torch
 
 from ..loading import SettingsError, first_line
 from ..modeling.settings import GeoNormSettings
+from .optim import BETA2, MIN_LR_RATIO
 
 BRIDGE_ORDERS = ("together", "last-first")
 
@@ -31,6 +32,8 @@ class TrainOptions:
     lr: float = 2e-3
     warmup_steps: int = 30
     weight_decay: float = 0.0
+    adam_beta2: float = BETA2
+    min_lr_ratio: float = MIN_LR_RATIO
     precision: str = "fp32"
     compile: bool = False
     gradient_checkpointing: bool = False
@@ -56,6 +59,12 @@ class TrainOptions:
             raise ValueError(f"lr must be a positive number; got {self.lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay must be a number >= 0; got {self.weight_decay}")
+        if not 0 <= self.adam_beta2 < 1:
+            raise ValueError(f"adam_beta2 must be in [0, 1); got {self.adam_beta2}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}")
         if self.bridge_anneal is not None and self.bridge_anneal < 1:
             raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
         if self.bridge_order not in BRIDGE_ORDERS:

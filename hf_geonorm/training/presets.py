@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -15,12 +16,13 @@ PRESETS: dict[str, dict[str, int]] = {
 DEFAULT_VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64
 
 
-def preset_sizes(config_class: type, preset: str, max_length: int | None = None) -> dict[str, Any]:
-    """The config values of a preset for one architecture: the preset's sizes, plus the sizes that must follow
-    them (key/value heads, head and rotary dims, MLP width, per-layer attention types)."""
-    if preset not in PRESETS:
+def preset_sizes(config_class: type, preset: str | Mapping[str, int], max_length: int | None = None) -> dict[str, Any]:
+    """The config values of a preset (a name, or the sizes themselves: layers, width, heads) for one architecture:
+    its sizes, plus the sizes that must follow them (key/value heads, head and rotary dims, MLP width, per-layer
+    attention types)."""
+    if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
-    sizes = PRESETS[preset]
+    sizes = PRESETS[preset] if isinstance(preset, str) else preset
     d, heads, layers = sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_hidden_layers"]
     head_dim = d // heads
     values: dict[str, Any] = dict(sizes)

@@ -28,6 +28,7 @@ from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .data import TokenBlocks, read_texts, split_blocks, token_blocks, tokenizer_from, train_tokenizer
 from .model import build_model
+from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions
 from .outputs import (
     clear_earlier_run,
@@ -41,9 +42,33 @@ from .outputs import (
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
-    """The Trainer of ``hf-geonorm train``: it stops at the first non-finite training or validation loss with a
+    """The Trainer of ``hf-geonorm train``. It trains with the library's optimizer and schedule (``optim``: AdamW
+    with betas (0.9, ``args.adam_beta2``), ``args.weight_decay`` on the weight matrices, warm-up over
+    ``args.warmup_steps`` then cosine to ``min_lr_ratio`` of ``args.learning_rate``), whose state checkpoints save
+    and a resumed run restores. It stops at the first non-finite training or validation loss with a
     ``NonFiniteError`` naming the step, before anything of that step is saved (transformers' Trainer trains on,
     and its logs hide NaN losses), so no NaN model is ever published as a checkpoint or as final."""
+
+    def __init__(self, *args: Any, min_lr_ratio: float = MIN_LR_RATIO, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.min_lr_ratio = min_lr_ratio
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            self.optimizer = make_optimizer(
+                self.model if model is None else model, self.args.learning_rate, self.args.weight_decay,
+                self.args.adam_beta2,
+            )  # fmt: skip
+        return self.optimizer
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        if self.lr_scheduler is None:
+            optimizer = self.optimizer if optimizer is None else optimizer
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            self.lr_scheduler = make_scheduler(optimizer, warmup, num_training_steps, self.min_lr_ratio)
+        return self.lr_scheduler
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -146,7 +171,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         learning_rate=options.lr,
         warmup_steps=options.warmup_steps,
         weight_decay=options.weight_decay,
-        lr_scheduler_type="cosine",
+        adam_beta1=BETA1,
+        adam_beta2=options.adam_beta2,
+        max_grad_norm=MAX_GRAD_NORM,
         bf16=options.precision == "bf16",
         fp16=options.precision == "fp16",
         torch_compile=options.compile,
@@ -166,6 +193,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         **_fsdp_arguments(options),
     )
     trainer = CheckedTrainer(
+        min_lr_ratio=options.min_lr_ratio,
         model=model,
         published=published,
         args=args,

@@ -1,0 +1,178 @@
+"""The training recipe is written once: ``hf-geonorm init`` + ``train --model``, ``train --arch`` and the benchmarks
+build the same from-scratch config (dropout off), and ``train`` and the benchmarks' own loop train with the same
+optimizer (AdamW, betas (0.9, beta2), decay on the weight matrices only) and schedule (warm-up, cosine to a floor)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from safetensors.torch import load_file
+from transformers import TrainingArguments
+
+from hf_geonorm.training.data import train_tokenizer
+from hf_geonorm.training.model import build_model
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.trainer import CheckedTrainer, run_training
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import corpus_data  # noqa: E402 - benchmarks/corpus_data.py
+import run_loop  # noqa: E402 - benchmarks/run_loop.py, the benchmarks' training loop
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
+# what saving a trained model adds to its config: its classes, remote code and dtype, and use_cache, which the
+# Trainer sets from TrainingArguments.use_cache (False) while it trains
+SAVED_WITH_A_MODEL = {"architectures", "auto_map", "dtype", "use_cache"}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
+    return path
+
+
+def written_factor(step: int, warmup: int, total: int, floor: float) -> float:
+    """The schedule, written out: linear warm-up with the first step at 1/warmup, then cosine to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return floor + (1 - floor) * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) / 2
+
+
+@pytest.fixture
+def adamw_steps(monkeypatch) -> list[dict]:
+    """What every AdamW step of the test runs with: learning rate and weight decay per group, betas."""
+    seen: list[dict] = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        groups = self.param_groups
+        seen.append({"lr": [g["lr"] for g in groups], "decay": [g["weight_decay"] for g in groups],
+                     "betas": [tuple(g["betas"]) for g in groups]})  # fmt: skip
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return seen
+
+
+# ---- one config recipe ----
+
+
+def test_init_then_train_and_train_from_arch_and_the_benchmarks_build_the_same_model(tmp_path, data_file):
+    vocab, seq = 512, 32
+    runner = CliRunner()
+    made = runner.invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", str(vocab),
+                               "--max-length", str(seq)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    common = ["--data", str(data_file), "--vocab-size", str(vocab), "--seq-len", str(seq), "--batch-size", "4",
+              "--max-steps", "2", "--eval-every", "2"]  # fmt: skip
+    runs = {"from_init": ["--model", str(tmp_path / "cfg")], "arch": ["--arch", "gpt2", "--preset", "tiny"]}
+    for out, args in runs.items():
+        result = runner.invoke(cli, ["train", *args, *common, "--output", str(tmp_path / out)])
+        assert result.exit_code == 0, result.output
+    from_init, from_arch = (json.loads((tmp_path / out / "final" / "config.json").read_text())
+                            for out in ("from_init", "arch"))  # fmt: skip
+    differ = {k for k in from_init.keys() | from_arch.keys() if from_init.get(k) != from_arch.get(k)}
+    assert differ <= RUN_NAMING, {k: (from_init.get(k), from_arch.get(k)) for k in differ}
+    dropouts = {k: v for k, v in from_arch.items() if k.endswith(("pdrop", "dropout"))}
+    assert dropouts and set(dropouts.values()) == {0.0}, dropouts
+    assert (from_arch["vocab_size"], from_arch["n_positions"], from_arch["n_layer"], from_arch["n_embd"]) == (
+        vocab, seq, 4, 128)  # fmt: skip
+    # the same recipe, seed and data: the same trained weights
+    weights = [load_file(tmp_path / out / "final" / "model.safetensors") for out in ("from_init", "arch")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    # the benchmarks' model at the tiny preset's sizes (4 layers, width 128, 4 heads), written out
+    tokens = len(json.loads((tmp_path / "arch" / "final" / "tokenizer.json").read_text())["model"]["vocab"])
+    spec = run_loop.RunSpec(label="same", arch="gpt2", layers=4, width=128, heads=4, seq_len=seq)
+    run_loop.spec_config(spec, tokens).save_pretrained(tmp_path / "bench")
+    bench = json.loads((tmp_path / "bench" / "config.json").read_text())
+    differ = {k for k in bench.keys() | from_arch.keys() if bench.get(k) != from_arch.get(k)}
+    assert differ <= RUN_NAMING | SAVED_WITH_A_MODEL, {k: (bench.get(k), from_arch.get(k)) for k in differ}
+
+
+def test_a_config_with_fewer_rows_than_the_tokenizer_is_refused(tmp_path, data_file):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "64"])
+    assert made.exit_code == 0, made.output
+    result = runner.invoke(cli, ["train", "--model", str(tmp_path / "cfg"), "--data", str(data_file), "--vocab-size",
+                                 "300", "--seq-len", "32", "--output", str(tmp_path / "run")])  # fmt: skip
+    assert result.exit_code != 0 and "vocab_size 64" in result.output and "--vocab-size 320" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+# ---- one optimizer and schedule ----
+
+
+def test_train_steps_at_the_written_schedule_and_resumes_it(tmp_path, data_file, adamw_steps):
+    out = tmp_path / "run"
+    options = dict(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, max_steps=8, warmup_steps=3, lr=1e-3,
+                   min_lr_ratio=0.2, adam_beta2=0.99, weight_decay=0.1, eval_every=4, output=str(out))  # fmt: skip
+    run_training(TrainOptions(**options), log=lambda line: None)
+    expected = [1e-3 * written_factor(s, 3, 8, 0.2) for s in range(8)]
+    assert [s["lr"] for s in adamw_steps] == [pytest.approx([lr, lr], rel=1e-12) for lr in expected]
+    assert {tuple(s["decay"]) for s in adamw_steps} == {(0.1, 0.0)}
+    assert {b for s in adamw_steps for b in s["betas"]} == {(0.9, 0.99)}
+    # stopped after step 4: the resumed run continues the schedule where it was
+    for name in ("checkpoint-8", "final", "metrics.json", "loss_curve.png"):
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    adamw_steps.clear()
+    run_training(TrainOptions(**options, resume=True), log=lambda line: None)
+    assert [s["lr"][0] for s in adamw_steps] == pytest.approx(expected[4:], rel=1e-12)
+
+
+def test_the_benchmark_loop_trains_with_the_same_recipe(adamw_steps):
+    torch.manual_seed(0)
+    blocks = torch.randint(0, 300, (40, 16))
+    corpus = corpus_data.Corpus("random", "random tokens", blocks[:32], blocks[32:], 300)
+    spec = run_loop.RunSpec(label="recipe", layers=2, width=32, heads=2, seq_len=16, batch=4, steps=9, warmup=2,
+                            lr=3e-3, eval_every=9)  # fmt: skip
+    model = run_loop.AutoModelForCausalLM.from_config(run_loop.spec_config(spec, corpus.vocab))
+    run_loop.train_steps(model, spec, corpus)
+    expected = [3e-3 * written_factor(s, 2, 9, 0.1) for s in range(9)]  # the benchmarks' floor: a tenth
+    assert [s["lr"][0] for s in adamw_steps] == pytest.approx(expected, rel=1e-12)
+    assert {b for s in adamw_steps for b in s["betas"]} == {(0.9, 0.95)}
+    assert {d for s in adamw_steps for d in s["decay"]} == {0.0}
+
+
+EMBEDDING_NAMES = ("wte.weight", "wpe.weight", "embed_tokens.weight")  # GPT-2's token and position, LLaMA's
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_weight_decay_falls_on_the_weight_matrices_only(arch, tmp_path):
+    tokenizer = train_tokenizer([(STDLIB / "textwrap.py").read_text()], 300)
+    options = TrainOptions(arch=arch, preset="tiny", seq_len=32, settings={"geo_learnable_step": True})
+    model = build_model(options, tokenizer)
+    args = TrainingArguments(output_dir=str(tmp_path), weight_decay=0.1, report_to=[], use_cpu=True)
+    optimizer = CheckedTrainer(model=model, args=args).create_optimizer()
+    names = {id(p): name for name, p in model.named_parameters()}
+    decayed, kept = ({names[id(p)] for p in group["params"]} for group in optimizer.param_groups)
+    expected = {name for name, p in model.named_parameters() if p.ndim >= 2 and not name.endswith(EMBEDDING_NAMES)}
+    assert decayed == expected and decayed.isdisjoint(kept) and decayed | kept == set(names.values())
+    assert not [n for n in decayed if re.search(r"norm|ln_|bias|step_|wte|wpe|embed", n)]
+    # the checks have something to find: GeoNorm's step parameters and the embeddings are there, undecayed
+    assert any("step_scale" in n for n in kept) and any("step_bias" in n for n in kept)
+    assert any(n.endswith(EMBEDDING_NAMES) for n in kept)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_the_command_line_defaults_are_the_options_defaults():
+    from hf_geonorm_cli.train import train
+
+    defaults = {param.name: param.default for param in train.params}
+    for name in ("adam_beta2", "min_lr_ratio", "weight_decay", "lr", "warmup_steps"):
+        assert defaults[name] == getattr(TrainOptions(), name), name
+    assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio, TrainOptions().weight_decay) == (0.95, 0.1, 0.0)
