@@ -413,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             block = run_arch(arch, chosen, size, args, compiled=mode == "compiled")
             block["seconds"] = round(time.perf_counter() - t0, 1)
             result["results"].setdefault(arch, {})[mode] = block
-            if kernel_check.kernel_failure() is not None:  # the kernel fell back: what ran is the composed path
-                result["fused_backend_geo"]["eager"] = f"composed (kernel check failed: {kernel_check.kernel_failure()})"
+            failure = kernel_check.kernel_failure()
+            if failure is not None:  # the kernel fell back: what ran is the composed path
+                result["fused_backend_geo"]["eager"] = f"composed (kernel check failed: {failure})"
             result["seconds"] = round(time.perf_counter() - started, 1)
             (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
             (out / f"{stem}.md").write_text(markdown(result), encoding="utf-8")

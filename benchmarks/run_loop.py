@@ -66,8 +66,9 @@ def spec_config(spec: RunSpec, vocab: int) -> Any:
     recipe at the spec's sizes (or its paper preset: 125m, 350m, 760m, 1.3b) and ``seq_len`` positions."""
     sizes = spec.preset or {"num_hidden_layers": spec.layers, "hidden_size": spec.width,
                             "num_attention_heads": spec.heads}  # fmt: skip
+    # the family's own embedding tying, as every run in the journals was built (LLaMA's head is untied)
     return scratch_config(spec.arch, sizes, padded_vocab(vocab), spec.seq_len, spec.settings,
-                          bos_token_id=EOT_ID, eos_token_id=EOT_ID)  # fmt: skip
+                          bos_token_id=EOT_ID, eos_token_id=EOT_ID, tie_embeddings=None)  # fmt: skip
 
 
 @torch.no_grad()

@@ -46,7 +46,7 @@ def scratch_config(
     *,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
-    tie_embeddings: bool | None = None,
+    tie_embeddings: bool | None = True,
 ) -> PretrainedConfig:
     """The GeoNorm config of a from-scratch ``arch`` model: ``sizes`` (a preset name, or layers, width and heads
     as ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) with the sizes that follow from them,
@@ -55,7 +55,9 @@ def scratch_config(
     The special-token ids are the tokenizer's (``bos_token_id``, ``eos_token_id``; without them the family's
     defaults that fit the vocabulary); there is no padding id: blocks are never padded, and a padding row is a zero
     embedding, a fixed point of the geodesic step (a token sharing its id, often eos, would never move off zero).
-    ``tie_embeddings`` None keeps the family's default. ``ValueError`` when the sizes do not fit ``arch``,
+    ``tie_embeddings`` True (the default, for ``init`` and ``train --arch`` alike) shares the input embedding and the
+    output head, as the paper's GPT-3-shaped preset sizes count them; None keeps the family's default.
+    ``ValueError`` when the sizes do not fit ``arch``,
     ``loading.SettingsError`` for a bad setting.
     """
     check_supported(arch)

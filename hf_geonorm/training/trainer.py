@@ -142,6 +142,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         tokenizer.pad_token = tokenizer.eos_token
     train_blocks, val_blocks = split_blocks(token_blocks(tokenizer, texts, options.seq_len))
     model = build_model(options, tokenizer)
+    # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
+    use_cache = getattr(model.config, "use_cache", None)
     if checkpoint is not None:
         ignore = ("geo_bridge",) if options.bridge_anneal else ()
         check_resumable(model, checkpoint, ignore=ignore, given=options.settings)
@@ -217,6 +219,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     seconds = time.perf_counter() - start
     final_eval = trainer.evaluate()
     to_save = model.merge_and_unload() if options.lora else model
+    if use_cache is not None:
+        to_save.config.use_cache = use_cache
     # FSDP: every process takes part in gathering the full weights; the main process writes them
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     final_dir = output / "final"
