@@ -211,6 +211,11 @@ def test_no_module_is_longer_than_the_limit():
     assert not too_long, f"split these by job (at most {MAX_MODULE_LINES} lines): {too_long}"
 
 
+def test_the_readme_fits_a_page():
+    """The README says what GeoNorm is and how to use it; detail lives in docs/ and results in benchmarks/results."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 220
+
+
 def test_the_readme_settings_table_states_the_library_defaults():
     """GeoNormSettings is the one place the defaults live; the README's table must say the same."""
     from hf_geonorm import GeoNormSettings
