@@ -22,6 +22,14 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
               "[default: the Python standard library's source].")  # fmt: skip
 @click.option("--tokenizer", "tokenizer_path", help="Tokenizer folder [default: the model folder's, else a byte-level "
               "BPE trained on the data].")  # fmt: skip
+@click.option("--max-tokens", type=click.IntRange(min=1), metavar="N",
+              help="Train on the first N tokens of the data [default: all of it].")  # fmt: skip
+@click.option("--streaming", is_flag=True, help="Read a `datasets` corpus as a stream (nothing downloaded whole).")
+@click.option("--data-workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes that tokenize the data.")  # fmt: skip
+@click.option("--data-cache", type=click.Path(file_okay=False), metavar="DIR",
+              help="Folder the tokenized data (Arrow files) is cached in, shared by runs on the same data "
+              "[default: $HF_GEONORM_DATA_CACHE, else ~/.cache/hf-geonorm/data].")  # fmt: skip
 @click.option("--vocab-size", type=click.IntRange(min=260), default=2048, show_default=True,
               help="Vocabulary of the tokenizer trained on the fly.")  # fmt: skip
 @click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True,
@@ -31,6 +39,9 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Blocks per step and process (with several processes the global batch is this times their "
               "number); also the evaluation batch.")  # fmt: skip
+@click.option("--gradient-accumulation-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N", help="Batches whose gradients add up to one optimizer step: each step trains on "
+              "--batch-size x N x processes blocks, with the memory of --batch-size.")  # fmt: skip
 @click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True,
               help="Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).")  # fmt: skip
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True,
@@ -41,7 +52,7 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
               "it).")  # fmt: skip
 @click.option("--min-lr-ratio", type=click.FloatRange(min=0, max=1), default=0.1, show_default=True,
               help="Where the cosine decay ends, as a share of --lr.")  # fmt: skip
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.1, show_default=True,
               help="AdamW weight decay, on the weight matrices only (not on norms, biases, embeddings or "
               "GeoNorm's step parameters).")  # fmt: skip
 @click.option("--adam-beta2", type=click.FloatRange(min=0, max=1, max_open=True), default=0.95, show_default=True,
@@ -54,6 +65,11 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--lora", is_flag=True, help="Train LoRA adapters (PEFT) instead of all weights; merged at the end.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=50, show_default=True,
               help="Steps between evaluations (and checkpoints).")  # fmt: skip
+@click.option("--logging-steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Steps between the logged training loss, learning rate and gradient norm.")  # fmt: skip
+@click.option("--report-to", default="none", show_default=True, metavar="TRACKERS",
+              help="Where the logs also go: none, or tensorboard, trackio, wandb (a comma list); tensorboard writes "
+              "under --output/runs.")  # fmt: skip
 @click.option("--bridge-anneal", type=click.IntRange(min=1), metavar="STEPS",
               help="Anneal geo_bridge from the model's value b to 1.0 over STEPS steps (uptraining a converted "
               "Pre-Norm checkpoint into GeoNorm): step s runs at b + (1 - b) s/STEPS, 1.0 from step STEPS on "
@@ -77,9 +93,14 @@ def train(
     preset: str,
     data: str | None,
     tokenizer_path: str | None,
+    max_tokens: int | None,
+    streaming: bool,
+    data_workers: int,
+    data_cache: str | None,
     vocab_size: int,
     seq_len: int,
     batch_size: int,
+    gradient_accumulation_steps: int,
     max_steps: int,
     lr: float,
     warmup_steps: int,
@@ -92,6 +113,8 @@ def train(
     fsdp: bool,
     lora: bool,
     eval_every: int,
+    logging_steps: int,
+    report_to: str,
     bridge_anneal: int | None,
     bridge_order: str,
     output: str,
@@ -109,15 +132,18 @@ def train(
     settings = pop_settings(kwargs)
     from hf_geonorm.evaluation import NonFiniteError
     from hf_geonorm.loading import SettingsError
-    from hf_geonorm.training.options import TrainOptions
+    from hf_geonorm.training.options import TrainOptions, default_data_cache
     from hf_geonorm.training.trainer import run_training
 
     options = TrainOptions(
         model=model_path, arch=arch, preset=preset, settings=settings, data=data, tokenizer=tokenizer_path,
-        vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, max_steps=max_steps, lr=lr,
+        max_tokens=max_tokens, streaming=streaming, data_workers=data_workers,
+        data_cache=data_cache or default_data_cache(), vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps, max_steps=max_steps, lr=lr,
         warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, adam_beta2=adam_beta2,
         precision=precision or "fp32", compile=use_compile,
-        gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every, output=output,
+        gradient_checkpointing=gradient_checkpointing, fsdp=fsdp, lora=lora, eval_every=eval_every,
+        logging_steps=logging_steps, report_to=report_to, output=output,
         bridge_anneal=bridge_anneal, bridge_order=bridge_order, resume=resume, force=force, seed=seed,
     )  # fmt: skip
     try:

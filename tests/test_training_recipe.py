@@ -180,4 +180,4 @@ def test_the_command_line_defaults_are_the_options_defaults():
     defaults = {param.name: param.default for param in train.params}
     for name in ("adam_beta2", "min_lr_ratio", "weight_decay", "lr", "warmup_steps"):
         assert defaults[name] == getattr(TrainOptions(), name), name
-    assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio, TrainOptions().weight_decay) == (0.95, 0.1, 0.0)
+    assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio, TrainOptions().weight_decay) == (0.95, 0.1, 0.1)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +16,30 @@ from ..modeling.settings import GeoNormSettings
 from .optim import BETA2, MIN_LR_RATIO
 
 BRIDGE_ORDERS = ("together", "last-first")
+TRACKERS = ("tensorboard", "trackio", "wandb")  # --report-to: each is its module's and its pip package's name
+DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
+
+
+def default_data_cache() -> str:
+    """Where tokenized data is cached unless ``--data-cache`` says: ``$HF_GEONORM_DATA_CACHE``, else
+    ``~/.cache/hf-geonorm/data`` (outside the run's folder, so that runs on the same data share it)."""
+    return os.environ.get(DATA_CACHE_ENV) or str(Path("~/.cache/hf-geonorm/data").expanduser())
+
+
+def trackers(report_to: str) -> list[str]:
+    """The trackers of a ``--report-to`` value (``none``, one name, or a comma list); ``ValueError`` for an unknown
+    name or one whose package is not installed (naming the pip package)."""
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    if names == ["none"]:
+        return []
+    if not names or "none" in names:
+        raise ValueError(f"--report-to is none or trackers joined by commas ({', '.join(TRACKERS)}); got {report_to!r}")
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(f"--report-to: unknown tracker {name!r}; choose from none, {', '.join(TRACKERS)}")
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"--report-to {name}: the {name} package is not installed; pip install {name}")
+    return names
 
 
 @dataclass
@@ -28,10 +55,11 @@ class TrainOptions:
     vocab_size: int = 2048
     seq_len: int = 128
     batch_size: int = 16
+    gradient_accumulation_steps: int = 1
     max_steps: int = 300
     lr: float = 2e-3
     warmup_steps: int = 30
-    weight_decay: float = 0.0
+    weight_decay: float = 0.1
     adam_beta2: float = BETA2
     min_lr_ratio: float = MIN_LR_RATIO
     precision: str = "fp32"
@@ -40,6 +68,8 @@ class TrainOptions:
     lora: bool = False
     fsdp: bool = False
     eval_every: int = 50
+    logging_steps: int = 10
+    report_to: str = "none"
     save_every: int | None = None
     output: str = "geonorm-run"
     bridge_anneal: int | None = None
@@ -48,13 +78,25 @@ class TrainOptions:
     force: bool = False
     seed: int = 0
     max_chars: int = 4_000_000
+    max_tokens: int | None = None
+    streaming: bool = False
+    data_workers: int = 1
+    data_cache: str = field(default_factory=default_data_cache)
 
     def validate(self) -> TrainOptions:
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
-        for name in ("seq_len", "batch_size", "max_steps", "eval_every", "vocab_size"):
+        for name in (
+            "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
+            "vocab_size", "data_workers",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer (or None: all of the data); got {self.max_tokens}")
+        if not self.data_cache:
+            raise ValueError("data_cache must name a folder")
+        trackers(self.report_to)
         if self.lr <= 0 or not math.isfinite(self.lr):
             raise ValueError(f"lr must be a positive number; got {self.lr}")
         if self.warmup_steps < 0:
@@ -91,5 +133,3 @@ class TrainOptions:
         except ValueError as error:  # the settings are the caller's (command-line options)
             raise SettingsError(first_line(error)) from None
         return self
-
-
