@@ -30,8 +30,9 @@ from .options import BRIDGE_ORDERS, PRESET_NAMES, _option_words, pop_settings, s
 @click.option("--data-cache", type=click.Path(file_okay=False), metavar="DIR",
               help="Folder the tokenized data (Arrow files) is cached in, shared by runs on the same data "
               "[default: $HF_GEONORM_DATA_CACHE, else ~/.cache/hf-geonorm/data].")  # fmt: skip
-@click.option("--vocab-size", type=click.IntRange(min=260), default=2048, show_default=True,
-              help="Vocabulary of the tokenizer trained on the fly.")  # fmt: skip
+@click.option("--vocab-size", type=click.IntRange(min=260),
+              help="Vocabulary of the tokenizer trained on the fly (not with a --model folder that has a tokenizer) "
+              "[default: 2048].")  # fmt: skip
 @click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True,
               help="Tokens per block: the texts, joined by the end-of-text token, are cut into blocks of this "
               "length (the last 5%, at most 64 blocks, for validation); also the context length of a model built "
@@ -97,7 +98,7 @@ def train(
     streaming: bool,
     data_workers: int,
     data_cache: str | None,
-    vocab_size: int,
+    vocab_size: int | None,
     seq_len: int,
     batch_size: int,
     gradient_accumulation_steps: int,

@@ -163,8 +163,8 @@ def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, d
     seen: list[float] = []
     build = trainer.build_model
 
-    def observed(options, tokenizer):  # every training forward records the bridge it runs with
-        model = build(options, tokenizer)
+    def observed(options, tokenizer, **kwargs):  # every training forward records the bridge it runs with
+        model = build(options, tokenizer, **kwargs)
         model.register_forward_pre_hook(lambda module, args: seen.append(module.config.geo_bridge) if module.training
                                         else None)  # fmt: skip
         return model
@@ -172,7 +172,7 @@ def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, d
     monkeypatch.setattr(trainer, "build_model", observed)
     out = tmp_path / "run"
     options = TrainOptions(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, warmup_steps=0, lr=1e-3,
-                           max_steps=5, eval_every=1, bridge_anneal=4, settings={"geo_bridge": 0.2},
+                           max_steps=5, eval_every=1, logging_steps=1, bridge_anneal=4, settings={"geo_bridge": 0.2},
                            output=str(out))  # fmt: skip
     metrics = run_training(options, log=lambda line: None)
     # step s (1-based) runs 0.2 + 0.8 * s / 4: 1.0 at the last anneal step, and after it

@@ -108,12 +108,13 @@ def test_init_then_train_and_train_from_arch_and_the_benchmarks_build_the_same_m
     assert differ <= allowed, {k: (bench.get(k), from_arch.get(k)) for k in differ}
 
 
-def test_a_config_with_fewer_rows_than_the_tokenizer_is_refused(tmp_path, data_file):
+def test_a_config_with_fewer_rows_than_its_own_tokenizer_is_refused(tmp_path, data_file):
     runner = CliRunner()
     made = runner.invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "64"])
     assert made.exit_code == 0, made.output
-    result = runner.invoke(cli, ["train", "--model", str(tmp_path / "cfg"), "--data", str(data_file), "--vocab-size",
-                                 "300", "--seq-len", "32", "--output", str(tmp_path / "run")])  # fmt: skip
+    train_tokenizer([data_file.read_text()], 300).save_pretrained(tmp_path / "cfg")  # put there by hand
+    result = runner.invoke(cli, ["train", "--model", str(tmp_path / "cfg"), "--data", str(data_file), "--seq-len",
+                                 "32", "--output", str(tmp_path / "run")])  # fmt: skip
     assert result.exit_code != 0 and "vocab_size 64" in result.output and "--vocab-size 320" in result.output
     assert not (tmp_path / "run").exists()
 

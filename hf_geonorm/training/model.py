@@ -18,6 +18,7 @@ from ..atomic import atomic_directory, check_target
 from ..folders import save_config_with_remote_code
 from ..loading import (
     PICKLE_WEIGHTS,
+    TOKENIZER_FILES,
     SettingsError,
     check_supported,
     first_line,
@@ -29,6 +30,8 @@ from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
 from .options import TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
+
+DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size says
 
 
 def padded_vocab(tokens: int) -> int:
@@ -96,12 +99,37 @@ def scratch_config(
         ) from None
 
 
-def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
-    """The model to train: ``options.model`` (see ``model_from_folder``), or the recipe's ``arch`` at ``preset``
-    size, ``seq_len`` positions and the tokenizer's vocabulary. Settings given in ``options.settings`` override the
-    folder's."""
+def model_tokenizer(options: TrainOptions) -> str | None:
+    """The folder ``options.model`` when it holds a tokenizer: the model is trained with it (its embedding rows are
+    that tokenizer's). ``ValueError`` when ``--tokenizer`` names another one or ``--vocab-size`` asks for a tokenizer
+    trained on the fly, which would not fit the model's rows."""
+    if options.model is None:
+        return None
+    folder = Path(options.model).expanduser()
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    if options.tokenizer is not None and Path(options.tokenizer).expanduser().absolute() != folder.absolute():
+        raise ValueError(
+            f"--tokenizer {options.tokenizer}: {options.model} has a tokenizer of its own, which its model's rows are "
+            "for; drop --tokenizer (or give a model folder without one)"
+        )
+    if options.vocab_size is not None:
+        raise ValueError(
+            f"--vocab-size {options.vocab_size}: {options.model} has a tokenizer of its own, which the run trains "
+            "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
+        )
+    return str(folder)
+
+
+def build_model(
+    options: TrainOptions, tokenizer: Any, *, own_tokenizer: bool = False, log: Any = None
+) -> torch.nn.Module:
+    """The model to train: ``options.model`` (see ``model_from_folder``; ``own_tokenizer`` when ``tokenizer`` is
+    the folder's own), or the recipe's ``arch`` at ``preset`` size, ``seq_len`` positions and the tokenizer's
+    vocabulary. Settings given in ``options.settings`` override the folder's. ``log`` gets a line when the model's
+    vocabulary is not the folder config's."""
     if options.model is not None:
-        return model_from_folder(options.model, options.settings, tokenizer)
+        return model_from_folder(options.model, options.settings, tokenizer, own_tokenizer=own_tokenizer, log=log)
     config = scratch_config(
         options.arch, options.preset, padded_vocab(len(tokenizer)), options.seq_len, options.settings,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -109,12 +137,16 @@ def build_model(options: TrainOptions, tokenizer: Any) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config)
 
 
-def model_from_folder(folder: str, settings: dict[str, Any], tokenizer: Any) -> torch.nn.Module:
+def model_from_folder(
+    folder: str, settings: dict[str, Any], tokenizer: Any, *, own_tokenizer: bool = True, log: Any = None
+) -> torch.nn.Module:
     """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
     stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
     ``architectures``), freshly initialised with ``tokenizer``'s special-token ids (the tokenizer it trains on,
-    perhaps trained on the fly). Pickle-only folders, weight files under other names and saved models
-    without weights are refused."""
+    perhaps trained on the fly). A from-scratch config trains with its own tokenizer (``own_tokenizer``) at its
+    ``vocab_size``; with another one (``--tokenizer``, or trained on the fly) its embedding is sized to that
+    tokenizer (padded to 64, as ``train --arch``), which ``log`` reports when it differs from the config's.
+    Pickle-only folders, weight files under other names and saved models without weights are refused."""
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(
@@ -147,6 +179,14 @@ def model_from_folder(folder: str, settings: dict[str, Any], tokenizer: Any) -> 
             "(model.safetensors): they are missing; give the folder with its weights (a config to train from "
             "scratch comes from hf-geonorm init)"
         )
+    rows = padded_vocab(len(tokenizer))
+    if not own_tokenizer and rows != config.vocab_size:
+        if log is not None:
+            log(
+                f"{path / 'config.json'} has vocab_size {config.vocab_size}; the tokenizer has {len(tokenizer)} "
+                f"tokens: the model is built with {rows} rows"
+            )
+        config.vocab_size = rows
     if len(tokenizer) > config.vocab_size:
         raise ValueError(
             f"{folder}: its config.json has vocab_size {config.vocab_size}, fewer than the tokenizer's "

@@ -52,7 +52,7 @@ class TrainOptions:
     settings: dict[str, Any] = field(default_factory=dict)
     data: str | None = None
     tokenizer: str | None = None
-    vocab_size: int = 2048
+    vocab_size: int | None = None  # of the tokenizer trained on the fly; None: model.DEFAULT_TOKENIZER_VOCAB
     seq_len: int = 128
     batch_size: int = 16
     gradient_accumulation_steps: int = 1
@@ -88,10 +88,12 @@ class TrainOptions:
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
         for name in (
             "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
-            "vocab_size", "data_workers",
+            "data_workers",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer; got {self.vocab_size}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer (or None: all of the data); got {self.max_tokens}")
         if not self.data_cache:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
 
 from ..atomic import atomic_directory
 from ..evaluation import NonFiniteError, explain_non_finite
@@ -26,10 +27,11 @@ from ..loading import first_line
 from ..patching import family_for
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
-from .data import TokenBlocks, read_texts, split_blocks, token_blocks, tokenizer_from, train_tokenizer
-from .model import build_model
+from .corpus import resolve_corpus
+from .data import tokenizer_from
+from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
-from .options import TrainOptions
+from .options import TrainOptions, trackers
 from .outputs import (
     clear_earlier_run,
     finished_metrics,
@@ -39,6 +41,7 @@ from .outputs import (
     replace_file,
     strict_json,
 )
+from .prepare import corpus_tokenizer, training_data
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
@@ -91,6 +94,28 @@ class CheckedTrainer(AtomicCheckpointTrainer):
             f"{self.args.learning_rate:g}), or train in fp32 rather than fp16/bf16"
         )
 
+
+class RunProgress(ProgressCallback):
+    """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
+    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``."""
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        step = f"step {state.global_step}/{state.max_steps}"
+        if "eval_loss" in logs:
+            loss = logs["eval_loss"]
+            perplexity = f" (perplexity {math.exp(loss):.2f})" if loss < 700 else ""
+            self.training_bar.write(f"{step}: validation loss {loss:.4f}{perplexity}")
+        elif "loss" in logs:
+            parts = [f"loss {logs['loss']:.4f}"]
+            if "learning_rate" in logs:
+                parts.append(f"lr {logs['learning_rate']:.2e}")
+            if "grad_norm" in logs:
+                parts.append(f"grad norm {logs['grad_norm']:.3g}")
+            self.training_bar.write(f"{step}: {', '.join(parts)}")
+
+
 def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
     """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
     if not options.fsdp:
@@ -98,11 +123,40 @@ def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
     return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}  # wraps decoder layers
 
 
+def last_evaluation(state: TrainerState) -> dict[str, float] | None:
+    """The evaluation Trainer ran at the last step (when it is an evaluation step), as ``evaluate`` returns it:
+    reused for the final metrics rather than run a second time on the same weights."""
+    for entry in reversed(state.log_history):
+        if "eval_loss" in entry:
+            return entry if entry.get("step") == state.global_step else None
+    return None
+
+
+def options_used(options: TrainOptions, tokenizer_from_model: bool) -> dict[str, Any]:
+    """The options that applied to the run, for ``metrics.json``: ``model`` or ``arch``/``preset``, the
+    tokenizer's source or the vocabulary trained, the bridge's order only with an anneal, and every optimizer and
+    data knob; not the defaults of what the run did not use."""
+    used = asdict(options)
+    del used["max_chars"]
+    if options.model is not None:
+        del used["arch"], used["preset"]
+    else:
+        del used["model"]
+    if tokenizer_from_model or options.tokenizer is not None:
+        del used["vocab_size"]
+    else:
+        used["vocab_size"] = options.vocab_size or DEFAULT_TOKENIZER_VOCAB
+        del used["tokenizer"]
+    if options.bridge_anneal is None:
+        del used["bridge_anneal"], used["bridge_order"]
+    if options.save_every is None:
+        used["save_every"] = options.eval_every
+    return used
+
+
 def _is_main_process() -> bool:
     """Rank 0 (or a single process), known before the Trainer starts the process group."""
     return os.environ.get("RANK", "0") == "0"
-
-
 
 
 def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
@@ -130,18 +184,20 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
-    texts, label = read_texts(options.data, options.max_chars)
-    if options.tokenizer is not None:
+    corpus = resolve_corpus(options.data)
+    data_log = log if main else (lambda *_: None)
+    folder_tokenizer = model_tokenizer(options)
+    if folder_tokenizer is not None:
+        tokenizer = tokenizer_from(folder_tokenizer)
+    elif options.tokenizer is not None:
         tokenizer = tokenizer_from(options.tokenizer)
-    elif options.model is not None and (Path(options.model) / "tokenizer.json").exists():
-        tokenizer = tokenizer_from(options.model)
     else:
-        log(f"training a byte-level BPE tokenizer ({options.vocab_size} tokens) on {label}")
-        tokenizer = train_tokenizer(texts, options.vocab_size)
+        vocab_size = options.vocab_size or DEFAULT_TOKENIZER_VOCAB
+        tokenizer = corpus_tokenizer(corpus, vocab_size, Path(options.data_cache).expanduser(), data_log)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_blocks, val_blocks = split_blocks(token_blocks(tokenizer, texts, options.seq_len))
-    model = build_model(options, tokenizer)
+    data = training_data(corpus, tokenizer, options, data_log)
+    model = build_model(options, tokenizer, own_tokenizer=folder_tokenizer is not None, log=log if main else None)
     # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
     use_cache = getattr(model.config, "use_cache", None)
     if checkpoint is not None:
@@ -156,8 +212,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             check_resumable_adapters(model, checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
     log(
-        f"data: {label}: {len(train_blocks)} train and {len(val_blocks)} validation blocks of {options.seq_len} "
-        f"tokens; model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, norm_style "
+        f"model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, norm_style "
         f"{getattr(model.config, 'norm_style', '?')}"
     )
     callbacks: list[TrainerCallback] = []
@@ -165,11 +220,21 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
         model.config.geo_bridge = anneal.value_at(resumed_step)  # what the checkpoint last ran at (0: the start)
         callbacks.append(anneal)
+    if options.warmup_steps >= options.max_steps and main:
+        warnings.warn(
+            f"--warmup-steps {options.warmup_steps} is not below --max-steps {options.max_steps}: the learning rate "
+            f"never reaches --lr {options.lr:g} nor decays; give fewer --warmup-steps (a few percent of the steps)",
+            stacklevel=3,
+        )
+    report_to = trackers(options.report_to)
+    if "tensorboard" in report_to and not (output / "runs").exists():
+        published.append(output / "runs")  # the event files of a run that fails are removed with it
     args = TrainingArguments(
         output_dir=str(output),
         max_steps=options.max_steps,
         per_device_train_batch_size=options.batch_size,
         per_device_eval_batch_size=options.batch_size,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
         learning_rate=options.lr,
         warmup_steps=options.warmup_steps,
         weight_decay=options.weight_decay,
@@ -182,15 +247,18 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         activation_checkpointing=options.gradient_checkpointing,
         eval_strategy="steps",
         eval_steps=options.eval_every,
-        logging_steps=max(1, min(10, options.eval_every)),
+        logging_steps=options.logging_steps,
         save_strategy="steps",
         save_steps=options.save_every or options.eval_every,
         save_total_limit=2,
         logging_nan_inf_filter=False,  # a NaN loss is an error (CheckedTrainer), never averaged away
-        report_to=[],
+        report_to=report_to,
+        disable_tqdm=False,  # the progress bar: RunProgress
         seed=options.seed,
         data_seed=options.seed,
         dataloader_num_workers=0,
+        # a stream: every process reads its own shards, rather than the first process reading for all
+        accelerator_config={"dispatch_batches": False} if options.streaming else None,
         use_cpu=not torch.cuda.is_available(),
         **_fsdp_arguments(options),
     )
@@ -199,10 +267,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         model=model,
         published=published,
         args=args,
-        train_dataset=TokenBlocks(train_blocks),
-        eval_dataset=TokenBlocks(val_blocks),
+        train_dataset=data.train,
+        eval_dataset=data.val,
         callbacks=callbacks,
     )
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(RunProgress())
     if options.fsdp and not trainer.is_fsdp_enabled:
         raise ValueError(
             f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
@@ -217,7 +287,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     else:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
     seconds = time.perf_counter() - start
-    final_eval = trainer.evaluate()
+    final_eval = last_evaluation(trainer.state) or trainer.evaluate()
     to_save = model.merge_and_unload() if options.lora else model
     if use_cache is not None:
         to_save.config.use_cache = use_cache
@@ -229,7 +299,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             save_shareable(to_save, tmp, tokenizer=tokenizer, **({"state_dict": state_dict} if state_dict else {}))
         published.append(final_dir)
     steps_run = trainer.state.global_step - resumed_step
-    tokens = steps_run * options.batch_size * trainer.args.world_size * options.seq_len
+    blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
+    tokens = steps_run * blocks_per_step * options.seq_len
     loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     metrics = {
         "final_eval_loss": loss,
@@ -237,12 +308,14 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
+        "tokens_per_step": blocks_per_step * options.seq_len,
         "tokens_per_second": tokens / seconds if steps_run else 0.0,  # tokens of the steps run, all processes
         "parameters": n_params,
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
-        "data": label,
-        "options": asdict(options),
+        "data": data.label,
+        "options": options_used(options, tokenizer_from_model=folder_tokenizer is not None),
         "log_history": trainer.state.log_history,
     }
     if not trainer.is_world_process_zero():

@@ -1,0 +1,191 @@
+"""The knobs of a pretraining run: gradient accumulation, trackers (--report-to), what a person watching the run
+sees (progress, one final evaluation, warnings), what metrics.json records, and a model folder that agrees with
+its tokenizer."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from safetensors.torch import load_file
+
+from hf_geonorm.training import options as options_module
+from hf_geonorm.training.data import train_tokenizer
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.trainer import CheckedTrainer, run_training
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+TINY = {"seq_len": 32, "vocab_size": 300, "warmup_steps": 0, "lr": 1e-3}
+SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_folder(tmp_path_factory, data_file) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer([data_file.read_text()], 300).save_pretrained(folder)
+    return folder
+
+
+def train(*args: str) -> object:
+    return CliRunner().invoke(cli, ["train", *map(str, args)])
+
+
+# ---- gradient accumulation ----
+
+
+def test_accumulated_batches_train_as_one_large_batch(tmp_path, data_file):
+    runs = {}
+    for name, batch, accumulate in (("whole", 16, 1), ("accumulated", 4, 4)):
+        options = TrainOptions(**TINY, data=str(data_file), batch_size=batch, gradient_accumulation_steps=accumulate,
+                               max_steps=3, eval_every=3, logging_steps=1, output=str(tmp_path / name))  # fmt: skip
+        runs[name] = run_training(options, log=lambda line: None)
+    losses = {name: [h["loss"] for h in m["log_history"] if "loss" in h] for name, m in runs.items()}
+    assert len(losses["whole"]) == 3
+    assert losses["accumulated"] == pytest.approx(losses["whole"], rel=1e-4)
+    weights = [load_file(tmp_path / name / "final" / "model.safetensors") for name in runs]
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-5)
+    for metrics in runs.values():  # 3 optimizer steps of 16 blocks of 32 tokens, however they were batched
+        assert metrics["tokens"] == 3 * 16 * 32 and metrics["tokens_per_step"] == 16 * 32
+        assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["train_seconds"])
+
+
+# ---- trackers ----
+
+
+def test_report_to_tensorboard_writes_the_logged_losses_under_the_output(tmp_path, data_file):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    result = train("--data", data_file, "--vocab-size", "300", *SMALL, "--max-steps", "4", "--eval-every", "4",
+                   "--logging-steps", "2", "--report-to", "tensorboard", "--output", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    event_files = list((out / "runs").rglob("events.out.tfevents.*"))
+    assert event_files
+    events = EventAccumulator(str(event_files[0].parent))
+    events.Reload()
+    history = json.loads((out / "metrics.json").read_text())["log_history"]
+    logged = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    assert [(e.step, pytest.approx(e.value, rel=1e-5)) for e in events.Scalars("train/loss")] == logged
+    assert [e.step for e in events.Scalars("eval/loss")] == [4]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("wandb", "--report-to wandb: the wandb package is not installed; pip install wandb"),
+        ("tensorboard,mlflow", "unknown tracker 'mlflow'"),
+        ("none,tensorboard", "--report-to is none or trackers"),
+    ],
+)
+def test_a_tracker_that_cannot_report_is_one_line(tmp_path, data_file, monkeypatch, value, message):
+    real = options_module.importlib.util.find_spec
+    absent = {"wandb"}  # as on a machine without it, whatever this one has
+    monkeypatch.setattr(options_module.importlib.util, "find_spec", lambda name: None if name in absent else real(name))
+    result = train("--data", data_file, "--report-to", value, "--output", tmp_path / "run")
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+# ---- what a person watching the run sees, and what metrics.json says ----
+
+
+def test_progress_bar_log_lines_one_final_evaluation_and_the_warmup_warning(tmp_path, data_file, monkeypatch):
+    evaluations = []
+    real_evaluate = CheckedTrainer.evaluate
+    monkeypatch.setattr(CheckedTrainer, "evaluate", lambda self, *a, **k: evaluations.append(1) or real_evaluate(self))
+    out = tmp_path / "run"
+    result = train("--data", data_file, "--vocab-size", "300", *SMALL[:-4], "--warmup-steps", "4", "--max-steps", "4",
+                   "--eval-every", "2", "--logging-steps", "1", "--output", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "4/4 [" in result.output and "<" in result.output  # tqdm: steps done, total, elapsed<left
+    for step in range(1, 5):
+        assert f"step {step}/4: loss " in result.output
+    assert "step 4/4: validation loss " in result.output
+    assert "warning: --warmup-steps 4 is not below --max-steps 4" in result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    evals = [h for h in metrics["log_history"] if "eval_loss" in h]
+    assert [h["step"] for h in evals] == [2, 4] and len(evaluations) == 2  # the step-4 evaluation is the final one
+    assert metrics["final_eval_loss"] == evals[-1]["eval_loss"]
+
+
+def test_metrics_record_the_options_that_applied(tmp_path, data_file, tokenizer_folder):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["init", "llama", str(tmp_path / "cfg"), "--preset", "tiny", "--tokenizer",
+                               str(tokenizer_folder)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    runs = {"model": ["--model", tmp_path / "cfg"], "arch": ["--arch", "llama", "--vocab-size", "300"]}
+    for name, args in runs.items():
+        result = train("--data", data_file, *args, *SMALL, "--max-steps", "2", "--eval-every", "2",
+                       "--gradient-accumulation-steps", "2", "--output", tmp_path / name)  # fmt: skip
+        assert result.exit_code == 0, result.output
+    model_run, arch_run = (json.loads((tmp_path / run / "metrics.json").read_text())["options"] for run in runs)
+    assert model_run["model"] == str(tmp_path / "cfg") and not {"arch", "preset", "vocab_size"} & model_run.keys()
+    assert (arch_run["arch"], arch_run["preset"], arch_run["vocab_size"]) == ("llama", "tiny", 300)
+    assert "model" not in arch_run and "tokenizer" not in arch_run
+    for used in (model_run, arch_run):
+        assert not {"bridge_anneal", "bridge_order", "max_chars"} & used.keys()
+        assert used["gradient_accumulation_steps"] == 2 and used["weight_decay"] == 0.1
+        assert used["adam_beta2"] == 0.95 and used["min_lr_ratio"] == 0.1 and used["batch_size"] == 4
+        assert {"max_tokens", "streaming", "data_workers", "data_cache", "seed", "logging_steps"} <= used.keys()
+
+
+# ---- a model folder and its tokenizer agree ----
+
+
+def test_a_config_without_a_tokenizer_is_sized_to_the_tokenizer_trained(tmp_path, data_file):
+    made = CliRunner().invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny"])
+    assert made.exit_code == 0, made.output
+    written = json.loads((tmp_path / "cfg" / "config.json").read_text())["vocab_size"]
+    result = train("--model", tmp_path / "cfg", "--data", data_file, "--vocab-size", "300", *SMALL, "--max-steps", "1",
+                   "--output", tmp_path / "run")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    tokens = len(json.loads((tmp_path / "run" / "final" / "tokenizer.json").read_text())["model"]["vocab"])
+    rows = -(-tokens // 64) * 64
+    assert written != rows
+    assert (
+        f"{tmp_path / 'cfg' / 'config.json'} has vocab_size {written}; the tokenizer has {tokens} tokens: the model is "
+        f"built with {rows} rows"
+    ) in result.output.replace("\n", " ")
+    final = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert final["vocab_size"] == rows
+    assert load_file(tmp_path / "run" / "final" / "model.safetensors")["transformer.wte.weight"].shape[0] == rows
+
+
+def test_a_config_with_a_tokenizer_trains_with_it(tmp_path, data_file, tokenizer_folder):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--tokenizer",
+                               str(tokenizer_folder)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    written = json.loads((tmp_path / "cfg" / "config.json").read_text())["vocab_size"]
+    result = train("--model", tmp_path / "cfg", "--data", data_file, *SMALL, "--max-steps", "1",
+                   "--output", tmp_path / "run")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "training a byte-level BPE" not in result.output and "rows" not in result.output
+    vocab = [json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+             for folder in (tokenizer_folder, tmp_path / "run" / "final")]  # fmt: skip
+    assert vocab[0] == vocab[1]
+    assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["vocab_size"] == written
+    other = tmp_path / "other"
+    train_tokenizer([data_file.read_text()], 280).save_pretrained(other)
+    for args, message in (
+        (["--vocab-size", "300"], "--vocab-size 300: "),
+        (["--tokenizer", other], f"--tokenizer {other}: "),
+    ):
+        refused = train("--model", tmp_path / "cfg", "--data", data_file, *args, "--output", tmp_path / "refused")
+        assert refused.exit_code == 1 and message in refused.output and "has a tokenizer of its own" in refused.output
+        assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
