@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 
+import hf_geonorm
 from hf_geonorm.training import options as options_module
 from hf_geonorm.training.data import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
@@ -189,3 +190,68 @@ def test_a_config_with_a_tokenizer_trains_with_it(tmp_path, data_file, tokenizer
         refused = train("--model", tmp_path / "cfg", "--data", data_file, *args, "--output", tmp_path / "refused")
         assert refused.exit_code == 1 and message in refused.output and "has a tokenizer of its own" in refused.output
         assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+
+
+# ---- TRL's SFTTrainer fine-tunes a GeoNorm checkpoint ----
+
+PAIRS = [("def add(a, b):", " return a + b"), ("import json", "\njson.loads('{}')"), ("class A:", " pass"),
+         ("for i in range(3):", " print(i)")]  # fmt: skip
+
+
+def geonorm_folder(arch: str, folder: Path, tokenizer_folder: Path) -> Path:
+    """A tiny from-scratch GeoNorm ``arch`` model with its tokenizer, saved as a checkpoint folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from hf_geonorm.hub import save_shareable
+
+    made = CliRunner().invoke(cli, ["init", arch, str(folder / "cfg"), "--preset", "tiny", "--tokenizer",
+                                    str(tokenizer_folder)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / "cfg"))
+    save_shareable(model, folder / "model", tokenizer=AutoTokenizer.from_pretrained(tokenizer_folder))
+    return folder / "model"
+
+
+def sft_trainer(folder: Path, output: Path, **kwargs: object) -> object:
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = trl.SFTConfig(output_dir=str(output), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
+                         max_length=32, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True)  # fmt: skip
+    dataset = Dataset.from_list([{"prompt": p, "completion": c} for p, c in PAIRS])
+    return trl.SFTTrainer(model=AutoModelForCausalLM.from_pretrained(folder), args=args, train_dataset=dataset,
+                          processing_class=AutoTokenizer.from_pretrained(folder), **kwargs)  # fmt: skip
+
+
+def test_sft_trainer_fine_tunes_a_geonorm_checkpoint(tmp_path, tokenizer_folder):
+    from transformers import AutoModelForCausalLM
+
+    folder = geonorm_folder("gpt2", tmp_path, tokenizer_folder)
+    trainer = sft_trainer(folder, tmp_path / "sft")
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    trainer.save_model(str(tmp_path / "sft" / "final"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "sft" / "final")
+    assert isinstance(reloaded, hf_geonorm.GeoNormGPT2ForCausalLM) and reloaded.config.norm_style == "geo"
+    for name, p in reloaded.named_parameters():
+        torch.testing.assert_close(p, after[name].detach(), rtol=0, atol=0)
+
+
+def test_sft_trainer_with_lora_trains_only_the_adapters_and_merges_into_geonorm(tmp_path, tokenizer_folder):
+    peft = pytest.importorskip("peft")
+
+    folder = geonorm_folder("llama", tmp_path, tokenizer_folder)
+    trainer = sft_trainer(folder, tmp_path / "lora", peft_config=peft.LoraConfig(r=4, lora_alpha=8))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trained = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in name for name in trained)
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and changed <= trained
+    merged = trainer.model.merge_and_unload()
+    assert isinstance(merged, hf_geonorm.GeoNormLlamaForCausalLM) and merged.config.norm_style == "geo"
