@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -38,3 +40,40 @@ def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
     if not text.strip():
         raise ValueError(f"{path} contains no text")
     return text if max_chars is None else text[:max_chars]
+
+
+BINARY_PROBE = 65536  # a file whose first 64 KB hold a NUL byte is binary
+_ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes surrogateescape kept: not UTF-8
+
+
+def text_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> Iterator[str]:
+    """The UTF-8 text of ``path`` in pieces of about ``chunk_bytes``: a corpus file is never held whole in memory.
+
+    As ``read_text``: a binary file (a NUL byte in its first 64 KB) is a ``ValueError`` raised before any text is
+    yielded; bytes that are not UTF-8 become U+FFFD with one warning, at the end, that names the file and counts
+    them. An empty file yields nothing (the caller says whether that is an error)."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below, also when the generator is dropped
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    with f:
+        decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        data = f.read(max(chunk_bytes, BINARY_PROBE))
+        if b"\0" in data[:BINARY_PROBE]:
+            raise ValueError(f"{path} is a binary file (it holds NUL bytes), not text: give a UTF-8 text file")
+        bad = 0
+        while data:
+            following = f.read(chunk_bytes)
+            text = decoder.decode(data, final=not following)
+            text, replaced = _ESCAPED.subn("\ufffd", text)
+            bad += replaced
+            if text:
+                yield text
+            data = following
+    if bad:
+        warnings.warn(
+            f"{path} is not valid UTF-8: {bad} byte(s) were replaced by U+FFFD; convert it to UTF-8 first "
+            "(e.g. iconv -f latin1 -t utf-8)",
+            stacklevel=2,
+        )

@@ -17,12 +17,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
+from test_data_pipeline import reference_blocks, reference_documents
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm.training.data import read_texts, split_blocks, stdlib_files, token_blocks
+from hf_geonorm.training.data import read_texts, stdlib_files
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
@@ -41,10 +42,11 @@ def train(*args: str) -> object:
 
 
 def eval_loss_of(folder: Path, data_file: Path) -> float:
-    """The validation loss of a saved model, computed here from the saved tokenizer and weights."""
+    """The validation loss of a saved model, computed here from the saved tokenizer and weights (the validation
+    documents held out as documented: tests/test_data_pipeline.py)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    _, val = split_blocks(token_blocks(tokenizer, [data_file.read_text()], 32))
+    val = torch.tensor(reference_blocks(tokenizer, reference_documents(data_file.read_text()), 32)[1])
     with torch.no_grad():
         return model(val, labels=val).loss.item()
 
@@ -250,7 +252,7 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
     """DDP over two CPU processes (gloo). FSDP needs GPUs (accelerate runs DDP on CPU): --fsdp on CPU is refused
     (test_bad_input_is_one_line_and_nonzero_and_leaves_no_output)."""
     common = ["--data", str(data_file), "--seq-len", "32", "--vocab-size", "300", "--max-steps", "3",
-              "--eval-every", "1", "--warmup-steps", "0", "--lr", "1e-3"]  # fmt: skip
+              "--eval-every", "1", "--logging-steps", "1", "--warmup-steps", "0", "--lr", "1e-3"]  # fmt: skip
     single = train(*common, "--batch-size", "4", "--output", str(tmp_path / "single"))
     assert single.exit_code == 0, single.output
     done = torchrun([*common, "--batch-size", "2", "--output", str(tmp_path / "multi")], tmp_path)

@@ -143,8 +143,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    return fast_tokenizer(tokenizer)
+
+
+def fast_tokenizer(tokenizer: Any) -> PreTrainedTokenizerFast:
+    """transformers' tokenizer over a ``tokenizers`` one (or its JSON file) made by ``train_tokenizer``."""
+    source = {"tokenizer_file": tokenizer} if isinstance(tokenizer, str) else {"tokenizer_object": tokenizer}
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+        **source, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
 
 

@@ -1,0 +1,305 @@
+"""The data ``hf-geonorm train`` trains on: a corpus (``corpus``) tokenized once with ``datasets``
+(``Dataset.map``, batched, over ``--data-workers`` processes), packed into blocks of ``--seq-len`` tokens with the
+end-of-text token after every document, and cached as Arrow files under ``--data-cache``, keyed by the data (paths,
+sizes, modification times), the tokenizer (its serialized JSON) and the block length. Training reads the blocks
+memory-mapped, so memory does not grow with the corpus. ``--streaming`` tokenizes and packs on the fly instead.
+
+Validation is held out by documents: documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) until they
+hold ``VAL_BLOCKS`` blocks' worth of tokens; the first blocks they pack into are evaluated (``evaluated_blocks``).
+The other documents, in order, pack into the training blocks (the last partial block is dropped).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset
+
+from ..atomic import atomic_directory
+from .corpus import Corpus, corpus_documents, documents
+from .data import TokenBlocks
+
+VAL_EVERY = 20
+VAL_BLOCKS = 64
+FORMAT = 2  # of the cached blocks: a new layout gets new cache keys
+ROWS_PER_PASS = 10_000  # tokenized documents packed at a time
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """A hash of what the tokenizer does: its serialized JSON (a slow tokenizer: its class and vocabulary)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else type(tokenizer).__name__ + json.dumps(
+        sorted(tokenizer.get_vocab().items())
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def end_of_text(tokenizer: Any) -> list[int]:
+    """The separator after each document: the end-of-text token (none for a tokenizer without one)."""
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def _tokenize(batch: dict[str, list[str]], tokenizer: Any, eos: list[int]) -> dict[str, list[list[int]]]:
+    ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+    return {"input_ids": [doc + eos for doc in ids]}
+
+
+def evaluated_blocks(count: int) -> int:
+    """How many of ``count`` validation blocks are evaluated: at most ``VAL_BLOCKS``, and from 8 on a multiple of 8,
+    so that the processes of a run evaluate equal shares (Trainer fills an uneven last batch with repeated blocks,
+    which would weigh them twice)."""
+    count = min(count, VAL_BLOCKS)
+    return count - count % 8 if count >= 8 else count
+
+
+def validation_mask(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """Which documents are validation: every ``VAL_EVERY``-th from the first, while the ones before hold fewer
+    than ``budget`` tokens."""
+    candidates = np.arange(0, len(lengths), VAL_EVERY)
+    before = np.cumsum(lengths[candidates]) - lengths[candidates]
+    mask = np.zeros(len(lengths), dtype=bool)
+    mask[candidates[before < budget]] = True
+    return mask
+
+
+class _Packer:
+    """Token ids in, blocks of ``seq_len`` out, written as one Arrow stream (fixed-size lists of int32)."""
+
+    def __init__(self, path: Path, seq_len: int) -> None:
+        self.seq_len, self.blocks, self.rest = seq_len, 0, np.empty(0, dtype=np.int32)
+        self.type = pa.list_(pa.int32(), seq_len)
+        self.sink = pa.OSFile(str(path), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, pa.schema([("input_ids", self.type)]))
+
+    def add(self, ids: np.ndarray) -> None:
+        ids = np.concatenate([self.rest, ids]) if len(self.rest) else ids
+        count = len(ids) // self.seq_len
+        if count:
+            blocks = pa.FixedSizeListArray.from_arrays(pa.array(ids[: count * self.seq_len], pa.int32()), self.seq_len)
+            self.writer.write_batch(pa.record_batch([blocks], names=["input_ids"]))
+            self.blocks += count
+        self.rest = ids[count * self.seq_len :]
+
+    def close(self) -> None:
+        self.writer.close()
+        self.sink.close()
+
+
+def _flat_ids(rows: pa.ChunkedArray, keep: np.ndarray) -> np.ndarray:
+    kept = rows.filter(pa.array(keep))
+    return kept.combine_chunks().flatten().to_numpy() if len(kept) else np.empty(0, dtype=np.int32)
+
+
+class ArrowBlocks(Dataset):
+    """The blocks of an Arrow file, memory-mapped: each is its own label (the model shifts). ``limit``: only the
+    first blocks (``--max-tokens``)."""
+
+    def __init__(self, path: Path, seq_len: int, limit: int | None = None) -> None:
+        self.table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()  # zero-copy over the mapped file
+        self.views = [c.flatten().to_numpy().reshape(-1, seq_len) for c in self.table.column(0).chunks if len(c)]
+        self.starts = np.cumsum([0] + [len(v) for v in self.views]).tolist()
+        self.length = self.starts[-1] if limit is None else min(limit, self.starts[-1])
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        chunk = bisect.bisect_right(self.starts, index) - 1
+        block = torch.from_numpy(self.views[chunk][index - self.starts[chunk]].astype(np.int64))
+        return {"input_ids": block, "labels": block}
+
+
+@dataclass
+class Prepared:
+    """The packed blocks of a corpus in the cache: where they are and what they hold."""
+
+    folder: Path
+    meta: dict[str, int]
+    cached: bool  # from an earlier run
+    seconds: float  # to tokenize and pack (0 from the cache)
+
+    def train(self, limit: int | None = None) -> ArrowBlocks:
+        return ArrowBlocks(self.folder / "train.arrow", self.meta["seq_len"], limit)
+
+    def val(self) -> TokenBlocks:
+        blocks = ArrowBlocks(self.folder / "val.arrow", self.meta["seq_len"], self.meta["val_blocks"])
+        return TokenBlocks(torch.stack([blocks[i]["input_ids"] for i in range(len(blocks))]))
+
+
+def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int) -> str:
+    """The cache key of a corpus's blocks: the data, the tokenizer and the block length (and the cache format)."""
+    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, VAL_BLOCKS]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
+
+
+def prepare_blocks(
+    corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, workers: int = 1, builder: bool = True
+) -> Prepared:
+    """The corpus's blocks from the cache, else tokenized and packed into it. The cache folder is built in a
+    temporary folder and moved into place whole, so a killed run never leaves one that a later run trusts. Only
+    the ``builder`` (the first process of a machine) builds; the others wait for its folder."""
+    folder = cache / f"blocks-{blocks_key(corpus, tokenizer, seq_len)}"
+    if not builder:
+        wait_for(folder / "meta.json")
+    if (folder / "meta.json").is_file():
+        return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
+    start = time.perf_counter()
+    try:
+        with atomic_directory(folder) as tmp:
+            meta = _build(corpus, tokenizer, seq_len, tmp, workers)
+            (tmp / "meta.json").write_text(json.dumps(meta))
+    except FileExistsError:  # another run on the same data finished first: its folder is as good
+        pass
+    return Prepared(folder, json.loads((folder / "meta.json").read_text()), False, time.perf_counter() - start)
+
+
+def wait_for(path: Path, poll: float = 0.5) -> None:
+    """Wait until ``path`` exists: another process of the run writes it (a failing one ends the whole launch)."""
+    while not path.exists():
+        time.sleep(poll)
+
+
+def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int) -> dict[str, int]:
+    import datasets
+
+    work = tmp / "work"  # datasets' own Arrow files: the documents and their token ids
+    progress = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        docs = datasets.Dataset.from_generator(
+            _documents_of, gen_kwargs={"shards": list(corpus.shards)}, cache_dir=str(work),
+            features=datasets.Features({"text": datasets.Value("string")}),
+        )  # fmt: skip
+        ids = docs.map(
+            _tokenize, batched=True, batch_size=1000, num_proc=workers if workers > 1 else None,
+            remove_columns=["text"], fn_kwargs={"tokenizer": tokenizer, "eos": end_of_text(tokenizer)},
+            features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
+            new_fingerprint=f"tokenized-{tokenizer_digest(tokenizer)[:16]}",
+        )  # fmt: skip
+    except datasets.exceptions.DatasetGenerationError as error:  # a user mistake in a shard: its own message
+        raise (error.__cause__ if isinstance(error.__cause__, ValueError) else error) from None
+    finally:
+        if progress:
+            datasets.enable_progress_bars()
+    rows = ids.data.table.column("input_ids")
+    lengths = rows.combine_chunks().value_lengths().to_numpy() if len(rows) else np.zeros(0, dtype=np.int64)
+    if len(lengths) < 2:
+        raise ValueError(
+            f"the data holds {len(lengths)} document(s): validation holds out whole documents (one in {VAL_EVERY}), "
+            "so training needs at least two; give more text"
+        )
+    val = validation_mask(lengths, VAL_BLOCKS * seq_len)
+    train_out, val_out = _Packer(tmp / "train.arrow", seq_len), _Packer(tmp / "val.arrow", seq_len)
+    for start in range(0, len(lengths), ROWS_PER_PASS):
+        part, keep = rows.slice(start, ROWS_PER_PASS), val[start : start + ROWS_PER_PASS]
+        train_out.add(_flat_ids(part, ~keep))
+        val_out.add(_flat_ids(part, keep))
+    train_out.close(), val_out.close()
+    del docs, ids, rows
+    shutil.rmtree(work)
+    if train_out.blocks < 1 or val_out.blocks < 1:
+        raise ValueError(
+            f"the data gives {train_out.blocks} training and {val_out.blocks} validation blocks of --seq-len "
+            f"{seq_len} ({int(lengths.sum())} tokens); give more text or a shorter --seq-len"
+        )
+    return {
+        "seq_len": seq_len, "documents": len(lengths), "tokens": int(lengths.sum()),
+        "val_documents": int(val.sum()), "val_tokens": int(lengths[val].sum()),
+        "train_blocks": train_out.blocks, "val_blocks": evaluated_blocks(val_out.blocks),
+    }  # fmt: skip
+
+
+def _documents_of(shards: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
+    for doc in corpus_documents(shards):
+        yield {"text": doc}
+
+
+def streaming_validation(corpus: Corpus, tokenizer: Any, seq_len: int) -> tuple[TokenBlocks, frozenset, int]:
+    """The validation blocks of a streamed corpus, by the same rule as the cached ones (so the same blocks), read
+    from its first documents; with the ``(shard, document)`` numbers they come from, and their tokens."""
+    budget, eos, held = VAL_BLOCKS * seq_len, end_of_text(tokenizer), []
+    ids: list[int] = []
+    number = 0
+    for shard, (kind, source) in enumerate(corpus.shards):
+        for index, doc in enumerate(documents(kind, source)):
+            if number % VAL_EVERY == 0:
+                if len(ids) >= budget:
+                    break
+                ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
+                held.append((shard, index))
+            number += 1
+        else:
+            continue
+        break
+    count = evaluated_blocks(len(ids) // seq_len)
+    if count < 1 or number < 2:
+        raise ValueError(f"the data's validation documents give {len(ids)} tokens, less than one block of --seq-len "
+                         f"{seq_len}; give more text or a shorter --seq-len")  # fmt: skip
+    blocks = torch.tensor(ids[: count * seq_len], dtype=torch.long).view(count, seq_len)
+    return TokenBlocks(blocks), frozenset(held), len(ids)
+
+
+def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozenset, seed: int) -> Any:
+    """A ``datasets.IterableDataset`` of training blocks tokenized and packed as they are read, one shard (file)
+    after the other, without the validation documents ``held``; shuffled in a buffer of 1,000 blocks. Each shard
+    packs on its own: its last partial block is dropped (the cached pipeline drops only the corpus's last)."""
+    import datasets
+
+    shards = [(number, kind, source) for number, (kind, source) in enumerate(corpus.shards)]
+    ids = datasets.List(datasets.Value("int64"), length=seq_len)
+    stream = datasets.IterableDataset.from_generator(
+        _stream_blocks, features=datasets.Features({"input_ids": ids, "labels": ids}),
+        gen_kwargs={"shards": shards, "held": held, "tokenizer": tokenizer, "seq_len": seq_len},
+    )  # fmt: skip
+    return stream.shuffle(seed=seed, buffer_size=1000)
+
+
+def _stream_blocks(
+    shards: list[tuple[int, str, str]], held: frozenset, tokenizer: Any, seq_len: int
+) -> Iterator[dict[str, list[int]]]:
+    eos = end_of_text(tokenizer)
+    for number, kind, source in shards:
+        rest: list[int] = []
+        batch: list[str] = []
+        docs = (doc for index, doc in enumerate(documents(kind, source)) if (number, index) not in held)
+        for doc in _then_none(docs):
+            if doc is not None:
+                batch.append(doc)
+            if batch and (doc is None or len(batch) == 256):
+                for tokens in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+                    rest.extend(tokens + eos)
+                batch = []
+                whole = len(rest) // seq_len * seq_len
+                for start in range(0, whole, seq_len):
+                    block = rest[start : start + seq_len]
+                    yield {"input_ids": block, "labels": block}
+                rest = rest[whole:]
+
+
+def _then_none(items: Iterator[str]) -> Iterator[str | None]:
+    yield from items
+    yield None
+
+
+def world_size() -> int:
+    """The number of training processes (torchrun sets ``WORLD_SIZE``), known before the Trainer starts."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def builds_here() -> bool:
+    """Whether this process builds the cache (the first of its machine); the others wait for it."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"

@@ -1,0 +1,215 @@
+"""`hf-geonorm train`'s data pipeline (hf_geonorm.training.corpus, pipeline, prepare): every token of the data is
+trained on unless --max-tokens says otherwise, the tokenized blocks are cached and reused, validation is held out by
+documents, JSON lines and parquet, --streaming, and --resume in the middle of an epoch.
+
+The expected blocks are computed here from the documented rules (``reference_blocks``), with the saved tokenizer."""
+
+from __future__ import annotations
+
+import json
+import re
+import sysconfig
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from transformers import AutoTokenizer
+
+from hf_geonorm.training import trainer as trainer_module
+from hf_geonorm.training.corpus import resolve_corpus
+from hf_geonorm.training.pipeline import ArrowBlocks, streaming_blocks, streaming_validation
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
+         "--eval-every", "2", "--preset", "tiny"]  # fmt: skip
+
+
+def reference_documents(text: str) -> list[str]:
+    """The documents of one text file as documented: cut before a non-blank line that follows a blank line, once
+    the document holds at least 1,000 characters."""
+    docs, current, after_blank = [], "", False
+    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
+        blank = not line.strip()
+        if current and not blank and after_blank and len(current) >= 1000:
+            docs.append(current)
+            current = ""
+        current += line
+        after_blank = blank
+    return [*docs, current]
+
+
+def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
+    """Training and validation blocks by the documented rules: the end-of-text token after every document;
+    documents 0, 20, 40, ... are validation until they hold 64 blocks' tokens; at most 64 validation blocks, a
+    multiple of 8 from 8 on. Also the data's tokens and the validation documents' tokens."""
+    ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
+    val, held = [], 0
+    for index in range(0, len(ids), 20):
+        if held >= 64 * seq_len:
+            break
+        val.append(index)
+        held += len(ids[index])
+    train = [t for i, doc in enumerate(ids) if i not in set(val) for t in doc]
+    val_ids = [t for i in val for t in ids[i]]
+
+    def cut(tokens: list[int]) -> list[list[int]]:
+        return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
+
+    evaluated = min(64, len(cut(val_ids)))
+    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(map(len, ids)), held
+
+
+def marked_text(size: int) -> str:
+    """About ``size`` characters of the standard library's source, each paragraph after a marker line of its own
+    (``#@ 000123``), so that where a paragraph went can be read from decoded blocks."""
+    paragraphs: list[str] = []
+    for path in sorted(STDLIB.glob("*.py")):
+        paragraphs += [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+        if sum(map(len, paragraphs)) > size:
+            break
+    return "".join(f"#@ {n:06d}\n{p}\n\n" for n, p in enumerate(paragraphs))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "marked.txt"
+    path.write_text(marked_text(2_000_000), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def train(*args: str) -> object:
+    return CliRunner().invoke(cli, ["train", *args])
+
+
+@pytest.fixture
+def seen(monkeypatch) -> list[list[list[int]]]:
+    """The input_ids of every training step, as the model gets them."""
+    batches: list[list[list[int]]] = []
+    step = trainer_module.CheckedTrainer.training_step
+
+    def recorded(self, model, inputs, *args, **kwargs):
+        batches.append(inputs["input_ids"].tolist())
+        return step(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module.CheckedTrainer, "training_step", recorded)
+    return batches
+
+
+def logged(output: str, pattern: str) -> int:
+    match = re.search(pattern, output)
+    assert match, output
+    return int(match.group(1).replace(",", ""))
+
+
+def test_all_tokens_train_the_cache_is_reused_and_max_tokens_caps(tmp_path, corpus, seen):
+    """(1) every token of the file but the validation documents' trains; (2) a second run reads the same blocks
+    from the cache, and a build with two processes writes the same blocks; --max-tokens caps with a message."""
+    cache = tmp_path / "cache"
+    first = train("--data", str(corpus), *SMALL, "--data-cache", str(cache), "--output", str(tmp_path / "a"))
+    assert first.exit_code == 0, first.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a" / "final")
+    train_blocks, _, total, held = reference_blocks(tokenizer, reference_documents(corpus.read_text()), 64)
+    assert logged(first.output, r"([\d,]+) tokens \(an end-of-text token after each document\)") == total
+    trained = logged(first.output, r"training on ([\d,]+) tokens")
+    assert trained == len(train_blocks) * 64 and abs(trained - (total - held)) <= 0.01 * (total - held)
+    assert "training a byte-level BPE tokenizer (300 tokens) on all of the text" in first.output
+    assert "tokenized in" in first.output and "read from the cache" not in first.output
+    [folder] = cache.glob("blocks-*")
+    assert [b.tolist() for b in ArrowBlocks(folder / "train.arrow", 64).views[0][:3]] == train_blocks[:3]
+    second = train("--data", str(corpus), *SMALL, "--data-cache", str(cache), "--output", str(tmp_path / "b"))
+    assert second.exit_code == 0, second.output
+    assert "read from the cache" in second.output and "trained on this data before" in second.output
+    assert seen[2:] == seen[:2]  # the same seed draws the same blocks
+    two = tmp_path / "cache2"
+    two.mkdir()
+    (two / next(cache.glob("tokenizer-*")).name).write_bytes(next(cache.glob("tokenizer-*")).read_bytes())
+    capped = train("--data", str(corpus), *SMALL, "--data-cache", str(two), "--data-workers", "2",
+                   "--max-tokens", "10000", "--output", str(tmp_path / "c"))  # fmt: skip
+    assert capped.exit_code == 0, capped.output
+    assert (two / folder.name / "train.arrow").read_bytes() == (folder / "train.arrow").read_bytes()
+    assert logged(capped.output, r"training on ([\d,]+) tokens") == 10000 // 64 * 64
+    assert "--max-tokens 10,000" in capped.output and f"the first of its {len(train_blocks) * 64:,}" in capped.output
+
+
+def test_validation_documents_never_appear_in_training_blocks(tmp_path, corpus, cache):
+    """(3) decoded, the training blocks hold none of the validation documents' paragraph markers, and every other
+    marker but those of the dropped tail."""
+    result = train("--data", str(corpus), *SMALL, "--data-cache", str(cache), "--output", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    docs = reference_documents(corpus.read_text())
+    _, val_blocks, _, held = reference_blocks(tokenizer, docs, 64)
+    val_docs = [i for i in range(0, len(docs), 20)][: logged(result.output, r"validation: ([\d,]+) documents")]
+    assert sum(len(tokenizer(docs[i])["input_ids"]) + 1 for i in val_docs) == held  # the reference's documents
+    folder = next(p for p in cache.glob("blocks-*") if (p / "meta.json").is_file())
+    blocks = ArrowBlocks(folder / "train.arrow", 64)
+    text = tokenizer.decode([t for view in blocks.views for t in view.ravel().tolist()])
+    val_markers = {m for i in val_docs for m in re.findall(r"#@ \d{6}", docs[i])}
+    train_markers = {m for i, d in enumerate(docs[:-1]) if i not in val_docs for m in re.findall(r"#@ \d{6}", d)}
+    found = set(re.findall(r"#@ \d{6}", text))
+    assert val_markers and not val_markers & found
+    assert train_markers <= found
+    val = [b.tolist() for view in ArrowBlocks(folder / "val.arrow", 64).views for b in view]
+    assert val[: len(val_blocks)] == val_blocks and len(val_blocks) == 64
+
+
+def test_jsonl_and_parquet_rows_are_the_documents(tmp_path, cache):
+    """(4) a row's ``text`` is a document: the data's tokens are the rows' tokens and one end-of-text each."""
+    rows = [p for p in (STDLIB / "textwrap.py").read_text().split("\n\n") if p.strip()] * 3
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": r, "id": i}) + "\n" for i, r in enumerate(rows)))
+    pq.write_table(pa.table({"id": list(range(len(rows))), "text": rows}), tmp_path / "rows.parquet")
+    for name in ("rows.jsonl", "rows.parquet"):
+        out = tmp_path / name.replace(".", "_")
+        result = train("--data", str(tmp_path / name), *SMALL, "--seq-len", "32", "--data-cache", str(cache),
+                       "--output", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        tokenizer = AutoTokenizer.from_pretrained(out / "final")
+        _, _, total, held = reference_blocks(tokenizer, rows, 32)
+        assert f"{len(rows):,} documents, {total:,} tokens" in result.output
+        assert logged(result.output, r"training on ([\d,]+) tokens") == (total - held) // 32 * 32
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    bad = train("--data", str(tmp_path / "bad.jsonl"), *SMALL, "--data-cache", str(cache), "--output", str(out) + "x")
+    assert bad.exit_code != 0 and 'bad.jsonl, line 2: no "text" string' in bad.output, bad.output
+    assert "Traceback" not in bad.output
+
+
+def test_streaming_trains_on_the_blocks_of_the_cached_pipeline(tmp_path, corpus, cache):
+    """(5) for one file the stream's blocks are the cached blocks, in another order (validation too)."""
+    result = train("--data", str(corpus), *SMALL, "--streaming", "--data-cache", str(cache),
+                   "--output", str(tmp_path / "run"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "unknown in advance" in result.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    data = resolve_corpus(str(corpus))
+    val, held, _ = streaming_validation(data, tokenizer, 64)
+    streamed = sorted(tuple(b["input_ids"]) for b in streaming_blocks(data, tokenizer, 64, held, seed=0))
+    train_blocks, val_blocks, _, _ = reference_blocks(tokenizer, reference_documents(corpus.read_text()), 64)
+    assert streamed == sorted(map(tuple, train_blocks)) and val.blocks.tolist() == val_blocks
+    refused = train("--data", str(corpus), *SMALL, "--streaming", "--max-tokens", "1000",
+                    "--output", str(tmp_path / "no"))
+    assert refused.exit_code != 0 and "--max-tokens" in refused.output and "Traceback" not in refused.output
+
+
+def test_resume_in_the_middle_of_an_epoch_sees_the_same_next_batches(tmp_path, corpus, cache, seen):
+    """(6) Trainer's sampler, seeded, skips the batches a checkpoint consumed: the resumed steps get the batches
+    the unbroken run got."""
+    out = tmp_path / "run"
+    common = ["--data", str(corpus), *SMALL[:-4], "--max-steps", "4", "--eval-every", "2", "--data-cache",
+              str(cache), "--output", str(out)]  # fmt: skip
+    assert train(*common).exit_code == 0
+    unbroken = list(seen)
+    for name in ("checkpoint-4", "final", "metrics.json", "loss_curve.png"):
+        target = out / name
+        __import__("shutil").rmtree(target) if target.is_dir() else target.unlink()
+    seen.clear()
+    resumed = train(*common, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert len(unbroken) == 4 and seen == unbroken[2:]
