@@ -255,3 +255,22 @@ def test_sft_trainer_with_lora_trains_only_the_adapters_and_merges_into_geonorm(
     assert changed and changed <= trained
     merged = trainer.model.merge_and_unload()
     assert isinstance(merged, hf_geonorm.GeoNormLlamaForCausalLM) and merged.config.norm_style == "geo"
+
+
+# ---- the larger presets take a real step (benchmarks/presets_step.py measures them) ----
+
+
+@pytest.mark.slow
+def test_the_125m_preset_takes_a_training_step(tmp_path, data_file):
+    out = tmp_path / "run"
+    result = train("--arch", "gpt2", "--preset", "125m", "--data", data_file, "--vocab-size", "300", "--seq-len", "64",
+                   "--batch-size", "1", "--max-steps", "1", "--eval-every", "2", "--warmup-steps", "0",
+                   "--output", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 1 and metrics["final_eval_loss"] < 10
+    # GPT-2 small's body, 12 layers of width 768 (12 d^2 + 13 d each), the 300-token vocabulary padded to 320 rows
+    # (tied to the head), 64 positions and the final norm; GeoNorm adds a few scalars per layer
+    d, layers = 768, 12
+    expected = layers * (12 * d * d + 13 * d) + 320 * d + 64 * d + 2 * d
+    assert 0 <= metrics["parameters"] - expected <= 16 * layers, metrics["parameters"] - expected
