@@ -66,7 +66,7 @@ def folders(tmp_path_factory, hub):
     # a model loaded from that folder and saved plainly
     AutoModelForCausalLM.from_pretrained(root / "converted").save_pretrained(root / "resaved")
     # hf-geonorm train's library path: Trainer checkpoints (RemoteCodeOnSave) and the final folder
-    options = TrainOptions(max_steps=4, eval_every=2, seq_len=32, batch_size=4, max_chars=50_000, vocab_size=300,
+    options = TrainOptions(max_steps=4, eval_every=2, seq_len=32, batch_size=4, max_tokens=20_000, vocab_size=300,
                            output=str(root / "run"), warmup_steps=0)  # fmt: skip
     run_training(options, log=lambda *a: None)
     # LoRA adapters trained on the GeoNorm model (a few steps, so that they change the outputs)

@@ -139,7 +139,7 @@ def test_metrics_record_the_options_that_applied(tmp_path, data_file, tokenizer_
     assert (arch_run["arch"], arch_run["preset"], arch_run["vocab_size"]) == ("llama", "tiny", 300)
     assert "model" not in arch_run and "tokenizer" not in arch_run
     for used in (model_run, arch_run):
-        assert not {"bridge_anneal", "bridge_order", "max_chars"} & used.keys()
+        assert not {"bridge_anneal", "bridge_order"} & used.keys()
         assert used["gradient_accumulation_steps"] == 2 and used["weight_decay"] == 0.1
         assert used["adam_beta2"] == 0.95 and used["min_lr_ratio"] == 0.1 and used["batch_size"] == 4
         assert {"max_tokens", "streaming", "data_workers", "data_cache", "seed", "logging_steps"} <= used.keys()

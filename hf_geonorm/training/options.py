@@ -77,7 +77,6 @@ class TrainOptions:
     resume: bool = False
     force: bool = False
     seed: int = 0
-    max_chars: int = 4_000_000
     max_tokens: int | None = None
     streaming: bool = False
     data_workers: int = 1

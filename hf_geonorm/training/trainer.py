@@ -137,7 +137,6 @@ def options_used(options: TrainOptions, tokenizer_from_model: bool) -> dict[str,
     tokenizer's source or the vocabulary trained, the bridge's order only with an anneal, and every optimizer and
     data knob; not the defaults of what the run did not use."""
     used = asdict(options)
-    del used["max_chars"]
     if options.model is not None:
         del used["arch"], used["preset"]
     else:
