@@ -176,7 +176,9 @@ def test_train_model_from_a_stock_folder_starts_from_its_weights(name, stock, tm
     (a tensor the run did not load would be a fresh random one)."""
     lr = 1e-4
     out = tmp_path / "run"
-    args = ["--model", stock[name], "--data", data_file, *TRAIN, "--bridge", "0", "--lr", lr, "--output", out]
+    # no weight decay: it would move each weight by a further lr * decay * |weight|
+    args = ["--model", stock[name], "--data", data_file, *TRAIN, "--bridge", "0", "--lr", lr, "--weight-decay", 0,
+            "--output", out]  # fmt: skip
     result = CliRunner().invoke(cli, ["train", *map(str, args)])
     assert result.exit_code == 0, result.output
     trained, info = loaded(out / "final")
