@@ -27,6 +27,11 @@ from pathlib import Path
 MODULES_CACHE = tempfile.mkdtemp(prefix="hf-geonorm-test-modules-")
 os.environ["HF_MODULES_CACHE"] = MODULES_CACHE
 atexit.register(shutil.rmtree, MODULES_CACHE, ignore_errors=True)
+# Tokenized training data is cached per test process too: the user's cache is left alone, and no test starts from
+# blocks another run cached (a test that wants a warm cache makes it itself).
+DATA_CACHE = tempfile.mkdtemp(prefix="hf-geonorm-test-data-")
+os.environ["HF_GEONORM_DATA_CACHE"] = DATA_CACHE
+atexit.register(shutil.rmtree, DATA_CACHE, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
