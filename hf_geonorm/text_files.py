@@ -21,7 +21,8 @@ def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
     limit = -1 if max_chars is None else max_chars * 4 + 4  # a UTF-8 character is at most 4 bytes
     try:
         with open(path, "rb") as f:
-            data = f.read(limit)
+            # a limit beyond the file reads it whole (read(n) would first allocate n bytes)
+            data = f.read(limit if 0 <= limit < os.fstat(f.fileno()).st_size else -1)
             complete = not f.read(1)
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}") from None

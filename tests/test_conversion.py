@@ -207,6 +207,8 @@ def test_read_text_refuses_binary_and_warns_on_non_utf8(tmp_path):
         assert text_files.read_text(tmp_path / "latin1.txt") == "caf\ufffd cr\ufffdme, d\ufffdj\ufffd vu\n"
     (tmp_path / "utf8.txt").write_text("é" * 100, encoding="utf-8")
     assert text_files.read_text(tmp_path / "utf8.txt", max_chars=10) == "é" * 10  # a cut character is no error
+    # a limit far beyond the file (the benchmarks' "no cap") reads it whole, without allocating the limit
+    assert text_files.read_text(tmp_path / "utf8.txt", max_chars=10**12) == "é" * 100
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused():
