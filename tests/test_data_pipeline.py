@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sysconfig
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -139,10 +140,13 @@ def test_all_tokens_train_the_cache_is_reused_and_max_tokens_caps(tmp_path, corp
     assert "--max-tokens 10,000" in capped.output and f"the first of its {len(train_blocks) * 64:,}" in capped.output
 
 
-def test_validation_documents_never_appear_in_training_blocks(tmp_path, corpus, cache):
+def test_validation_documents_never_appear_in_training_blocks(tmp_path, corpus):
     """(3) decoded, the training blocks hold none of the validation documents' paragraph markers, and every other
     marker but those of the dropped tail."""
+    cache = tmp_path / "cache"  # built by this run, so its timings are this run's
+    started = time.perf_counter()
     result = train("--data", str(corpus), *SMALL, "--data-cache", str(cache), "--output", str(tmp_path / "run"))
+    elapsed = time.perf_counter() - started
     assert result.exit_code == 0, result.output
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
     docs = reference_documents(corpus.read_text())
@@ -150,6 +154,9 @@ def test_validation_documents_never_appear_in_training_blocks(tmp_path, corpus, 
     val_docs = [i for i in range(0, len(docs), 20)][: logged(result.output, r"validation: ([\d,]+) documents")]
     assert sum(len(tokenizer(docs[i])["input_ids"]) + 1 for i in val_docs) == held  # the reference's documents
     folder = next(p for p in cache.glob("blocks-*") if (p / "meta.json").is_file())
+    timings = {k: v for k, v in json.loads((folder / "meta.json").read_text()).items() if k.endswith("_seconds")}
+    # the stages' timings of the build this run made (the cache is this test's own): within the run's wall time
+    assert len(timings) == 3 and all(v >= 0 for v in timings.values()) and sum(timings.values()) <= elapsed, timings
     blocks = ArrowBlocks(folder / "train.arrow", 64)
     text = tokenizer.decode([t for view in blocks.views for t in view.ravel().tolist()])
     val_markers = {m for i in val_docs for m in re.findall(r"#@ \d{6}", docs[i])}

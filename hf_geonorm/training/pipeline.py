@@ -216,8 +216,8 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
         )
     val = validation_mask(lengths, VAL_BLOCKS * seq_len)
     train_out, val_out = _Packer(tmp / "train.arrow", seq_len), _Packer(tmp / "val.arrow", seq_len)
-    for start in range(0, len(lengths), ROWS_PER_PASS):
-        part, keep = rows.slice(start, ROWS_PER_PASS), val[start : start + ROWS_PER_PASS]
+    for first in range(0, len(lengths), ROWS_PER_PASS):
+        part, keep = rows.slice(first, ROWS_PER_PASS), val[first : first + ROWS_PER_PASS]
         train_out.add(_flat_ids(part, ~keep))
         val_out.add(_flat_ids(part, keep))
     train_out.close(), val_out.close()
