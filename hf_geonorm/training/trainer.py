@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
+from transformers.utils import logging as hf_logging
 
 from ..atomic import atomic_directory
 from ..evaluation import NonFiniteError, explain_non_finite
@@ -97,7 +98,29 @@ class CheckedTrainer(AtomicCheckpointTrainer):
 
 class RunProgress(ProgressCallback):
     """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
-    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``."""
+    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. The one bar only: no nested bar per
+    evaluation, and transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
+    read from a file holds lines, not cursor movements."""
+
+    hf_bars_were_on: bool | None = None
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        self.hf_bars_were_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        super().on_train_begin(args, state, control, **kwargs)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        super().on_train_end(args, state, control, **kwargs)
+        self.restore_bars()
+
+    def restore_bars(self) -> None:
+        """transformers' bars as they were before training (also after a run that failed part way)."""
+        if self.hf_bars_were_on:
+            hf_logging.enable_progress_bar()
+        self.hf_bars_were_on = None
+
+    def on_prediction_step(self, *args: Any, **kwargs: Any) -> None:
+        """No bar per evaluation (its result is one line)."""
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
         if not state.is_world_process_zero or self.training_bar is None or not logs:
@@ -271,7 +294,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         callbacks=callbacks,
     )
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(RunProgress())
+    progress = RunProgress()
+    trainer.add_callback(progress)
     if options.fsdp and not trainer.is_fsdp_enabled:
         raise ValueError(
             f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
@@ -284,7 +308,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
         trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
     else:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        try:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        finally:
+            progress.restore_bars()
     seconds = time.perf_counter() - start
     final_eval = last_evaluation(trainer.state) or trainer.evaluate()
     to_save = model.merge_and_unload() if options.lora else model
