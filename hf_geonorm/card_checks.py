@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .folders import safetensors_header, weight_files
+from .loading_info import tensor_names
 from .model_card import HEAD_PIPELINE_TAGS
 from .modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from .patching import family_for
@@ -323,11 +324,10 @@ def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:
     problems = []
     for key, what in (("missing_keys", "missing (they would be random)"), ("unexpected_keys", "unexpected"),
                       ("mismatched_keys", "of the wrong shape")):  # fmt: skip
-        names = sorted(str(name if isinstance(name, str) else name[0]) for name in info.get(key) or [])
+        names = [str(name if isinstance(name, str) else name[0]) for name in info.get(key) or []]
         if names:
-            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             problems.append(
                 f"the weights do not match the config's model ({architecture}): {len(names)} tensor(s) {what}: "
-                f"{shown}; save the model again with save_pretrained (or hf-geonorm convert)"
+                f"{tensor_names(names)}; save the model again with save_pretrained (or hf-geonorm convert)"
             )
     return problems

@@ -5,6 +5,7 @@ purpose."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from torch import nn
@@ -44,9 +45,9 @@ def check_loading_info(where: str, info: dict[str, Any], may_miss: set[str], all
     unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not _is_geonorm_key(k))
     problems = []
     if missing:
-        problems.append(f"{len(missing)} tensor(s) missing ({_names(missing)})")
+        problems.append(f"{len(missing)} tensor(s) missing ({tensor_names(missing)})")
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensor(s) ({_names(unexpected)})")
+        problems.append(f"{len(unexpected)} unexpected tensor(s) ({tensor_names(unexpected)})")
     if not problems:
         return
     message = f"{where}: {' and '.join(problems)}"
@@ -59,6 +60,8 @@ def check_loading_info(where: str, info: dict[str, Any], may_miss: set[str], all
     )
 
 
-def _names(keys: list[str], limit: int = 4) -> str:
+def tensor_names(keys: Collection[str], limit: int = 4) -> str:
+    """The first ``limit`` of ``keys`` in order, and how many more: what a refused load names."""
+    keys = sorted(keys)
     shown = ", ".join(keys[:limit])
     return shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "")

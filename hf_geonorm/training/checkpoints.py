@@ -31,6 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..atomic import remove_stale_partials, remove_tree
 from ..folders import safetensors_header, weight_files
 from ..loading import SettingsError, first_line, read_config_json
+from ..loading_info import tensor_names
 from ..modeling.settings import GeoNormSettings
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
@@ -262,7 +263,7 @@ def _refuse_mismatch(
 ) -> None:
     """``ValueError`` naming the tensors of ``checkpoint`` that do not fit the model of a resumed run, if any."""
     problems = [
-        f"{len(keys)} tensor(s) {what} ({', '.join(sorted(keys)[:4])}{' ...' if len(keys) > 4 else ''})"
+        f"{len(keys)} tensor(s) {what} ({tensor_names(keys)})"
         for keys, what in ((missing, "missing"), (unexpected, "unexpected"), (other_shape, "of another shape"))
         if keys
     ]
