@@ -68,7 +68,7 @@ elif args["job"] == "prepare":
     tokenizer = fast_tokenizer(args["tokenizer"])
     corpus = resolve_corpus(args["data"])
     start = time.perf_counter()
-    prepared = prepare_blocks(corpus, tokenizer, args["seq_len"], Path(args["cache"]), args["workers"])
+    prepared = prepare_blocks(corpus, tokenizer, args["seq_len"], Path(args["cache"]), 64, args["workers"])
     out = {"tokens": prepared.meta["tokens"], "seconds": time.perf_counter() - start, "meta": prepared.meta,
            "folder": str(prepared.folder)}
 else:  # a training run of a tiny model: the wall time of its first step from the start of this process

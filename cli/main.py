@@ -19,6 +19,7 @@ import click
 from .errors import GeoNormGroup, first_line
 from .options import DTYPES, PRESET_NAMES, pop_settings, preview_settings_options, settings_options
 from .push import push
+from .sweep import sweep
 from .train import train
 
 PRESETS = PRESET_NAMES
@@ -40,6 +41,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     hf-geonorm angles SOURCE --text FILE     the rotation each residual update makes, per layer
     hf-geonorm perplexity SOURCE --text FILE perplexity on a text
     hf-geonorm train                         train (default: a tiny GeoNorm GPT-2 on the stdlib's source)
+    hf-geonorm sweep --styles pre,geo        which style and learning rate train best on your data
     hf-geonorm push PATH REPO_ID             upload a GeoNorm folder to the Hugging Face Hub
     """
     ctx.ensure_object(dict)
@@ -352,6 +354,7 @@ def perplexity(source: str, text_path: str, max_tokens: int, window: int | None,
 
 
 cli.add_command(train)
+cli.add_command(sweep)
 cli.add_command(push)
 
 

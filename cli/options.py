@@ -1,14 +1,22 @@
-"""The GeoNorm settings as click options, shared by ``convert``, ``init``, ``angles``, ``perplexity`` and ``train``.
+"""The click options of the commands: the GeoNorm settings, shared by ``convert``, ``init``, ``angles``,
+``perplexity``, ``train`` and ``sweep``, and the options of ``train`` and ``sweep`` generated from their one
+declaration (``hf_geonorm.training.options``).
 
-The choices are spelled out here (``tests/test_cli.py`` checks them against ``hf_geonorm``) so that
-``hf-geonorm --help`` answers without importing torch and transformers.
+The settings' choices are spelled out here (``tests/test_cli.py`` checks them against ``hf_geonorm``), and the
+declaration is read from its file without importing the package (``declarations``), so that ``hf-geonorm --help``
+answers without importing torch and transformers.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import math
 import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import click
@@ -17,10 +25,26 @@ NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
 RADII = ("embedding", "sqrt_d")
 CLAMPS = ("both", "final")
-BRIDGE_ORDERS = ("together", "last-first")  # hf_geonorm.training.options.BRIDGE_ORDERS
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
-PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # hf_geonorm.training.presets.PRESETS, without importing torch
+
+
+def declarations() -> ModuleType:
+    """``hf_geonorm/training/options.py`` (``TrainOptions``, ``SweepOptions``) loaded from its file: it imports only
+    the standard library, and importing it through the package would run ``hf_geonorm/__init__`` (torch and
+    transformers) for a ``--help``. The commands build the library's own classes from the values."""
+    name = "hf_geonorm_cli._declarations"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("hf_geonorm")  # finds the package without running it
+        path = Path(package.submodule_search_locations[0]) / "training" / "options.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses looks its module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+PRESET_NAMES = declarations().PRESET_NAMES
 
 
 class AlphaType(click.ParamType):
@@ -191,3 +215,111 @@ def _option_words(message: str) -> str:
     for option, setting in SETTING_OPTIONS.items():
         message = re.sub(rf"\b{setting}\b", f"--{option.replace('_', '-')}", message)
     return message.replace("use dtype ", "use --dtype ")
+
+
+class ListType(click.ParamType):
+    """A comma-separated list of values of one type: ``2e-3,4e-3``."""
+
+    def __init__(self, item: type) -> None:
+        self.item, self.name = item, f"{item.__name__.upper()},..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",")]
+        if not all(parts):
+            self.fail(f"{value!r} has an empty item; give values separated by single commas", param, ctx)
+        try:
+            return tuple(self.item(part) for part in parts)
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+
+
+VALUE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def option_help(form: dict[str, Any], default: Any) -> str:
+    """An option's help as ``--help`` shows it: the declared help and its default (none for a switch)."""
+    if form.get("flag") or "flag_values" in form:
+        return form["help"]
+    text = form.get("default_text", default)
+    if text is None:
+        return form["help"]
+    if isinstance(text, tuple):
+        text = ",".join(map(str, text))
+    return f"{form['help']} [default: {text}]"
+
+
+def _value_type(annotation: str, form: dict[str, Any]) -> Any:
+    if "items" in form:
+        return ListType(form["items"])
+    if "pair" in form:
+        return form["pair"]
+    if "choices" in form:
+        return click.Choice(form["choices"])
+    if "folder" in form:
+        return click.Path(exists=form["folder"] == "existing", file_okay=False)
+    kind = VALUE_TYPES[annotation.split("|")[0].strip()]
+    if "minimum" in form or "maximum" in form:
+        limits = {
+            "min": form.get("minimum"), "max": form.get("maximum"),
+            "min_open": form.get("min_open", False), "max_open": form.get("max_open", False),
+        }  # fmt: skip
+        return click.IntRange(**limits) if kind is int else click.FloatRange(**limits)
+    return kind
+
+
+def field_options(field: dataclasses.Field, form: dict[str, Any], default: Any) -> list[Callable]:
+    """The click options of one declared field (several for a field set by switches, e.g. ``--bf16``)."""
+    if "flag_values" in form:
+        return [
+            click.option(flag, field.name, flag_value=value, help=f"{form['help']} ({flag}: {value})")
+            for flag, value in form["flag_values"].items()
+        ]
+    name = form.get("name", "--" + field.name.replace("_", "-"))
+    help_text = option_help(form, default)
+    if form.get("flag"):
+        return [click.option(name, field.name, is_flag=True, default=None, help=help_text)]
+    extra = {"nargs": 2} if "pair" in form else {}
+    metavar = {"metavar": form["metavar"]} if "metavar" in form else {}
+    value_type = _value_type(field.type, form)
+    return [click.option(name, field.name, type=value_type, default=None, help=help_text, **extra, **metavar)]
+
+
+def declared_options(*names: str, command: str) -> Callable:
+    """Decorate a command with the options of the declarations ``names`` (``TrainOptions``, ``SweepOptions`` of
+    ``hf_geonorm.training.options``), in their order, the GeoNorm settings' options after ``--preset``; the
+    fields ``sweep`` does not take are left out of it. Every option defaults to None, so that only what the user
+    gave reaches the declaration (``given``) and its defaults apply: they are written once, in the declaration."""
+    decorators: list[Callable] = []
+    for name in names:
+        for field, form, default in declared_fields(getattr(declarations(), name)):
+            if command == "sweep" and form.get("sweep") is False:
+                continue
+            decorators.extend(field_options(field, form, default))
+            if field.name == "preset":
+                decorators.append(settings_options)
+
+    def decorate(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
+def declared_fields(declaration: type) -> list[tuple[dataclasses.Field, dict[str, Any], Any]]:
+    """The fields of a declaration that are options: each with its option metadata and its default (a
+    ``default_factory`` field: the factory's value now)."""
+    declared = []
+    for spec in dataclasses.fields(declaration):
+        if "option" in spec.metadata:
+            factory = spec.default_factory
+            default = factory() if factory is not dataclasses.MISSING else spec.default
+            declared.append((spec, spec.metadata["option"], default))
+    return declared
+
+
+def given(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options the user gave (the others are None: the declaration's defaults apply)."""
+    return {name: value for name, value in kwargs.items() if value is not None}

@@ -40,6 +40,8 @@ class CardInfo:
     """What the model card says beyond the config: where the model came from and how it was evaluated.
 
     ``evaluation`` holds lines such as "perplexity on X: 14.50 before, 14.50 after conversion".
+    ``training`` is how ``hf-geonorm train`` trained it (data, steps, tokens, learning rate, ...: shown as a list,
+    as Trainer's own card lists its hyperparameters).
     ``angles`` is the summary ``hf-geonorm angles --json`` prints (``lower_third_mean_angle``,
     ``upper_third_mean_angle``, ``lower_to_upper_ratio``), optionally with ``text`` and ``tokens`` (what it was
     measured on) and ``sublayers`` (its per-sublayer rows: ``layer``, ``sublayer``, ``angle``).
@@ -55,6 +57,7 @@ class CardInfo:
     source: str | None = None
     repo_id: str | None = None
     evaluation: list[str] = field(default_factory=list)
+    training: dict[str, Any] | None = None
     angles: dict[str, Any] | None = None
     tags: list[str] = field(default_factory=list)
     num_parameters: int | None = None
@@ -228,6 +231,7 @@ def render_model_card(
         steps=steps,
         per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,
+        training=info.training,
         angles=_angles_for_card(info.angles),
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
         has_tokenizer=has_tokenizer,

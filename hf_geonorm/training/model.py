@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..loading import (
 )
 from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
-from .options import TrainOptions
+from .options import FINE_TUNING_LR, PRETRAINING_LR, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
 
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size says
@@ -119,6 +119,11 @@ def model_tokenizer(options: TrainOptions) -> str | None:
             "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
         )
     return str(folder)
+
+
+def has_trained_weights(folder: str) -> bool:
+    """Whether a ``--model`` folder holds weights (a checkpoint: fine-tuned), not a config to train from scratch."""
+    return bool(open_source(Path(folder).expanduser()).weight_files)
 
 
 def build_model(
@@ -269,3 +274,35 @@ def write_scratch_config(
     with atomic_directory(output_dir, force=force) as tmp:
         save_config_with_remote_code(config, tmp, tokenizer=loaded)
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
+
+
+def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions, str | None]:
+    """``options`` with the peak learning rate the run uses, and a log line saying why when it is a default: a
+    ``--model`` folder with trained weights is fine-tuned at ``FINE_TUNING_LR``; a model trained from scratch
+    gets the rate measured best for its norm style (``PRETRAINING_LR``; Pre-Norm's for the styles not measured)."""
+    if options.lr is not None:
+        return options, None
+    if options.model is not None and has_trained_weights(options.model):
+        lr, why = FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
+    else:
+        style = getattr(config, "norm_style", "pre")
+        measured = style in PRETRAINING_LR
+        lr = PRETRAINING_LR[style if measured else "pre"]
+        why = f"training from scratch, norm_style {style}" + ("" if measured else " (Pre-Norm's rate: not measured)")
+    return replace(options, lr=lr), f"learning rate {lr:g}, the default for {why}; --lr sets another"
+
+
+def what_it_computes(config: Any, options: TrainOptions) -> str:
+    """The model's norm style as it computes: ``geo_bridge`` 0 is exact Pre-Norm whatever ``norm_style`` says."""
+    style = getattr(config, "norm_style", "?")
+    bridge = getattr(config, "geo_bridge", 1.0)
+    if style == "geo" and bridge == 0 and options.bridge_anneal is None:
+        return (
+            "norm_style geo at geo_bridge 0: it computes exact Pre-Norm (the source model); --bridge-anneal STEPS "
+            "moves it to GeoNorm while it trains"
+        )
+    if style == "geo" and bridge < 1:
+        return f"norm_style geo at geo_bridge {bridge:g}" + (
+            f", annealed to 1 over {options.bridge_anneal} steps" if options.bridge_anneal else ""
+        )
+    return f"norm_style {style}"

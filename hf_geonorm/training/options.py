@@ -1,4 +1,11 @@
-"""What ``hf-geonorm train`` takes (``TrainOptions``), checked before anything is read or built."""
+"""What ``hf-geonorm train`` and ``hf-geonorm sweep`` take: ``TrainOptions`` and ``SweepOptions``, declared once.
+
+Each field carries its command-line option in its metadata (``option``: the help, and the range, choices or
+form of the value), from which the CLI generates the click options of ``train`` and ``sweep``; so an option's
+name, default and help are written here only. The module imports nothing but the standard library at load time:
+the CLI reads it for ``--help`` without importing torch. ``validate`` checks the values before anything is read
+or built.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +16,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..loading import SettingsError, first_line
-from ..modeling.settings import GeoNormSettings
-from .optim import BETA2, MIN_LR_RATIO
-
 BRIDGE_ORDERS = ("together", "last-first")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # --report-to: each is its module's and its pip package's name
+PRECISIONS = ("fp32", "bf16", "fp16")
+PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # presets.PRESETS (tests/test_cli.py checks it)
+SWEEP_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")  # GeoNormSettings' norm styles (tested)
 DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
+BETA2 = 0.95
+MIN_LR_RATIO = 0.1
+
+# The default peak learning rate of a model trained from scratch, by norm style: the best rate of the sweep of
+# benchmarks/results/sweeps/ at train's default model (see docs/training.md); the styles it did not sweep use
+# Pre-Norm's. A --model folder with trained weights is fine-tuned at FINE_TUNING_LR.
+PRETRAINING_LR = {"pre": 2e-3, "geo": 2e-3}
+FINE_TUNING_LR = 1e-4
+
+
+def option(help: str, **form: Any) -> dict[str, Any]:
+    """A field's command-line option: ``help`` and the form of its value. ``form`` may hold ``minimum``,
+    ``maximum``, ``min_open``, ``max_open`` (a number range), ``choices``, ``metavar``, ``folder`` ("existing": a
+    folder that must exist; "any": a folder path), ``flag`` (an on/off switch), ``flag_values`` (switches that set
+    the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name), ``items`` (a
+    comma-separated list of that type), ``pair`` (two values of that type), ``sweep=False`` (an option of
+    ``train`` that ``sweep`` does not take) and ``default_text`` (the default as the help states it, for a default
+    that is computed)."""
+    return {"option": {"help": help, **form}}
 
 
 def default_data_cache() -> str:
@@ -42,64 +65,130 @@ def trackers(report_to: str) -> list[str]:
     return names
 
 
+def _lr_default_text() -> str:
+    rates = ", ".join(f"{rate:g} for --norm-style {style}" for style, rate in PRETRAINING_LR.items())
+    return f"from scratch {rates} (others: pre's); a --model with trained weights {FINE_TUNING_LR:g}"
+
+
 @dataclass
 class TrainOptions:
-    """Everything ``hf-geonorm train`` takes; the defaults are the embedded run."""
+    """Everything ``hf-geonorm train`` takes; the defaults are the embedded run. ``settings`` are the GeoNorm
+    settings (``--norm-style``, ``--alpha``, ...: their options are shared with ``convert`` and ``init``)."""
 
-    model: str | None = None
-    arch: str = "gpt2"
-    preset: str = "tiny"
+    model: str | None = field(default=None, metadata=option(
+        "A config folder from `hf-geonorm init` (trained from scratch) or a checkpoint folder (stock ones are "
+        "converted; fine-tuned).", folder="existing", default_text="--arch at --preset size"))  # fmt: skip
+    arch: str = field(default="gpt2", metadata=option("Stock model type to build when --model is not given."))
+    preset: str = field(default="tiny", metadata=option("Model size when --model is not given.",
+                                                        choices=PRESET_NAMES))  # fmt: skip
     settings: dict[str, Any] = field(default_factory=dict)
-    data: str | None = None
-    tokenizer: str | None = None
-    vocab_size: int | None = None  # of the tokenizer trained on the fly; None: model.DEFAULT_TOKENIZER_VOCAB
-    seq_len: int = 128
-    batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 300
-    lr: float = 2e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.1
-    adam_beta2: float = BETA2
-    min_lr_ratio: float = MIN_LR_RATIO
-    precision: str = "fp32"
-    compile: bool = False
-    gradient_checkpointing: bool = False
-    lora: bool = False
-    fsdp: bool = False
-    eval_every: int = 50
-    logging_steps: int = 10
-    report_to: str = "none"
-    save_every: int | None = None
-    output: str = "geonorm-run"
-    bridge_anneal: int | None = None
-    bridge_order: str = "together"
-    resume: bool = False
-    force: bool = False
-    seed: int = 0
-    max_tokens: int | None = None
-    streaming: bool = False
-    data_workers: int = 1
-    data_cache: str = field(default_factory=default_data_cache)
+    data: str | None = field(default=None, metadata=option(
+        "A text file, a folder of text files, a JSON lines or parquet file (its text column), or a `datasets` "
+        "name.", default_text="the Python standard library's source"))  # fmt: skip
+    tokenizer: str | None = field(default=None, metadata=option(
+        "Tokenizer folder.", default_text="the model folder's, else a byte-level BPE trained on the data"))
+    vocab_size: int | None = field(default=None, metadata=option(
+        "Vocabulary of the tokenizer trained on the fly (not with a --model folder that has a tokenizer).",
+        minimum=260, default_text="2048"))  # fmt: skip
+    max_tokens: int | None = field(default=None, metadata=option(
+        "Train on the first N tokens of the data.", minimum=1, metavar="N", default_text="all of it"))
+    streaming: bool = field(default=False, metadata=option(
+        "Tokenize and pack the data as training reads it (a file, a folder or a `datasets` name), with no cache "
+        "and no count of its tokens in advance.", flag=True))  # fmt: skip
+    data_workers: int = field(default=1, metadata=option("Processes that tokenize the data.", minimum=1))
+    data_cache: str = field(default_factory=default_data_cache, metadata=option(
+        "Folder the tokenized data (Arrow files) is cached in, shared by runs on the same data.", folder="any",
+        metavar="DIR", default_text=f"${DATA_CACHE_ENV}, else ~/.cache/hf-geonorm/data"))  # fmt: skip
+    seq_len: int = field(default=128, metadata=option(
+        "Tokens per block: the documents, each closed by the end-of-text token, are packed into blocks of this "
+        "length (validation and test documents, held out one in 20 each, into their own); also the context "
+        "length of a model built from --arch.", minimum=2))  # fmt: skip
+    batch_size: int = field(default=16, metadata=option(
+        "Blocks per step and process (with several processes the global batch is this times their number); also "
+        "the evaluation batch.", minimum=1))  # fmt: skip
+    gradient_accumulation_steps: int = field(default=1, metadata=option(
+        "Batches whose gradients add up to one optimizer step: each step trains on --batch-size x N x processes "
+        "blocks, with the memory of --batch-size.", minimum=1, metavar="N"))  # fmt: skip
+    max_steps: int = field(default=300, metadata=option(
+        "Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).", minimum=1))
+    lr: float | None = field(default=None, metadata=option(
+        "Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to --min-lr-ratio times it "
+        "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text()))  # fmt: skip
+    warmup_steps: int = field(default=30, metadata=option(
+        "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
+        minimum=0))  # fmt: skip
+    min_lr_ratio: float = field(default=MIN_LR_RATIO, metadata=option(
+        "Where the cosine decay ends, as a share of --lr.", minimum=0, maximum=1))
+    weight_decay: float = field(default=0.1, metadata=option(
+        "AdamW weight decay, on the weight matrices only (not on norms, biases, embeddings or GeoNorm's step "
+        "parameters).", minimum=0))  # fmt: skip
+    adam_beta2: float = field(default=BETA2, metadata=option(
+        "AdamW's second-moment decay (beta1 is 0.9); gradients are clipped to norm 1.0.", minimum=0, maximum=1,
+        max_open=True))  # fmt: skip
+    precision: str = field(default="fp32", metadata=option(
+        "Arithmetic: fp32, or bfloat16 / float16 (CUDA) mixed precision.", choices=PRECISIONS,
+        flag_values={"--bf16": "bf16", "--fp16": "fp16"}))  # fmt: skip
+    compile: bool = field(default=False, metadata=option("torch.compile the model.", flag=True))
+    gradient_checkpointing: bool = field(default=False, metadata=option(
+        "Recompute activations in the backward pass.", flag=True))
+    fsdp: bool = field(default=False, metadata=option(
+        "Shard parameters with FSDP2 (launch with torchrun or accelerate).", flag=True, sweep=False))
+    lora: bool = field(default=False, metadata=option(
+        "Train LoRA adapters (PEFT) instead of all weights; merged at the end.", flag=True))
+    eval_every: int = field(default=50, metadata=option(
+        "Steps between evaluations (and checkpoints); the first is at step 0.", minimum=1))
+    eval_blocks: int = field(default=64, metadata=option(
+        "Blocks of --seq-len tokens evaluated for the validation loss, and as many for the test loss at the end: "
+        "the held-out documents are taken until they fill them.", minimum=1))  # fmt: skip
+    save_every: int | None = field(default=None, metadata=option(
+        "Steps between checkpoints.", minimum=1, default_text="--eval-every"))
+    logging_steps: int = field(default=10, metadata=option(
+        "Steps between the logged training loss, learning rate and gradient norm.", minimum=1))
+    report_to: str = field(default="none", metadata=option(
+        "Where the logs also go: none, or tensorboard, trackio, wandb (a comma list); tensorboard writes under "
+        "--output/runs.", metavar="TRACKERS", sweep=False))  # fmt: skip
+    bridge_anneal: int | None = field(default=None, metadata=option(
+        "Anneal geo_bridge from the model's value b to 1.0 over STEPS steps (uptraining a converted Pre-Norm "
+        "checkpoint into GeoNorm): step s runs at b + (1 - b) s/STEPS, 1.0 from step STEPS on (at most "
+        "--max-steps).", minimum=1, metavar="STEPS"))  # fmt: skip
+    bridge_order: str = field(default="together", metadata=option(
+        "together: every update's bridge moves at once; last-first: one update at a time from the last, the "
+        "updates whose conversion costs most taking longest (needs --bridge-anneal and a checkpoint converted "
+        "with --calibrate).", choices=BRIDGE_ORDERS))  # fmt: skip
+    output: str = field(default="geonorm-run", metadata=option(
+        "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False))
+    resume: bool = field(default=False, metadata=option(
+        "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
+        sweep=False))  # fmt: skip
+    force: bool = field(default=False, metadata=option(
+        "Start a new run in a non-empty --output: the earlier run's checkpoints, final/, metrics.json and "
+        "loss_curve.png are removed when training starts; other files stay.", flag=True, sweep=False))  # fmt: skip
+    seed: int = field(default=0, metadata=option(
+        "Seed of the model's initialisation and of the order the training blocks are drawn in.", sweep=False))
 
     def validate(self) -> TrainOptions:
-        if self.precision not in ("fp32", "bf16", "fp16"):
+        import torch
+
+        from ..loading import SettingsError, first_line
+        from ..modeling.settings import GeoNormSettings
+
+        if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
         for name in (
             "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
-            "data_workers",
+            "data_workers", "eval_blocks",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ValueError(f"vocab_size must be a positive integer; got {self.vocab_size}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer (or None: all of the data); got {self.max_tokens}")
+        for name in ("vocab_size", "max_tokens", "save_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer (or None: its default); got {value}")
         if not self.data_cache:
             raise ValueError("data_cache must name a folder")
         trackers(self.report_to)
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise ValueError(f"lr must be a positive number; got {self.lr}")
+        if self.lr is not None and (self.lr <= 0 or not math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number (or None: the default rate); got {self.lr}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
         if not 0 <= self.weight_decay < math.inf:
@@ -133,4 +222,63 @@ class TrainOptions:
             GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
         except ValueError as error:  # the settings are the caller's (command-line options)
             raise SettingsError(first_line(error)) from None
+        if self.model is None:
+            from ..patching import family_for
+
+            family_for(self.arch)  # an unknown architecture, named with the supported ones
+        return self
+
+
+@dataclass
+class SweepOptions:
+    """The grid of ``hf-geonorm sweep``: every style (and, for geo, every alpha) at every learning rate and seed,
+    each run as ``hf-geonorm train`` would run it with the ``TrainOptions`` beside these."""
+
+    output: str = field(default="geonorm-sweep", metadata=option(
+        "Folder of the sweep: runs.jsonl (one line per finished run), sweep.md, sweep.png and runs/ (each run's "
+        "train output).", folder="any"))  # fmt: skip
+    styles: tuple[str, ...] = field(default=("pre", "geo"), metadata=option(
+        f"Norm styles compared, a comma list of {', '.join(SWEEP_STYLES)}.", items=str, metavar="LIST"))
+    lrs: tuple[float, ...] | None = field(default=None, metadata=option(
+        "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
+        default_text="--lr-range 1e-3 32e-3"))  # fmt: skip
+    lr_range: tuple[float, float] | None = field(default=None, metadata=option(
+        "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
+    seeds: tuple[int, ...] = field(default=(0,), metadata=option("Seeds, a comma list.", items=int, metavar="LIST"))
+    alphas: tuple[float, ...] | None = field(default=None, metadata=option(
+        "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
+        default_text="--alpha, else the library's"))  # fmt: skip
+
+    def rates(self) -> tuple[float, ...]:
+        """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH)."""
+        if self.lrs is not None and self.lr_range is not None:
+            raise ValueError("give --lrs or --lr-range, not both")
+        if self.lrs is not None:
+            return tuple(self.lrs)
+        low, high = self.lr_range or (1e-3, 32e-3)
+        if not 0 < low <= high or not math.isfinite(high):
+            raise ValueError(f"--lr-range LOW HIGH needs 0 < LOW <= HIGH; got {low:g} {high:g}")
+        count = int(math.floor(math.log2(high / low) + 1e-9)) + 1
+        return tuple(low * 2**i for i in range(count))
+
+    def validate(self) -> SweepOptions:
+        rates = self.rates()
+        if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
+            raise ValueError(f"learning rates must be positive numbers; got {', '.join(f'{r:g}' for r in rates)}")
+        if not self.styles:
+            raise ValueError(f"--styles names at least one of {', '.join(SWEEP_STYLES)}")
+        for style in self.styles:
+            if style not in SWEEP_STYLES:
+                raise ValueError(f"--styles: unknown norm style {style!r}; choose from {', '.join(SWEEP_STYLES)}")
+        if not self.seeds:
+            raise ValueError("--seeds names at least one seed")
+        if self.alphas is not None:
+            if "geo" not in self.styles:
+                raise ValueError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
+            if not self.alphas or any(not (alpha >= 0 and math.isfinite(alpha)) for alpha in self.alphas):
+                raise ValueError("--alphas: step sizes must be finite numbers >= 0")
+        for name in ("styles", "lrs", "seeds", "alphas"):
+            values = getattr(self, name)
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"--{name} names a value twice: {', '.join(map(str, values))}")
         return self

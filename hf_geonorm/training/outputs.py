@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -57,7 +58,7 @@ def replace_file(path: Path, write: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def plot_losses(history: list[dict[str, Any]], path: Path) -> None:
+def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = None) -> None:
     """Draw the training and validation losses of a Trainer ``log_history`` to the PNG file ``path``."""
     from matplotlib.figure import Figure
 
@@ -71,6 +72,8 @@ def plot_losses(history: list[dict[str, Any]], path: Path) -> None:
         ax.plot([s for s, _ in evals], [v for _, v in evals], marker="o", label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy")
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.legend()
     fig.tight_layout()
     replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
@@ -155,3 +158,36 @@ def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[li
                             folder.rmdir()
             raise
 
+
+def training_facts(options: TrainOptions, data: str, steps: int, val_loss: float, test_loss: float) -> dict:
+    """What the model card says of the run, as Trainer's card lists its hyperparameters and results."""
+    per_step = options.batch_size * options.gradient_accumulation_steps * options.seq_len
+    return {
+        "data": data,
+        "steps": f"{steps:,}",
+        "tokens per step": f"{per_step:,} (x processes)",
+        "peak learning rate": f"{options.lr:g} (AdamW, warm-up {options.warmup_steps} steps, cosine to "
+        f"{options.min_lr_ratio:g} of it)",
+        "weight decay": f"{options.weight_decay:g}",
+        "seed": options.seed,
+        "final validation loss": f"{val_loss:.4f} (perplexity {perplexity(val_loss):.2f})",
+        "test loss": f"{test_loss:.4f} (held-out documents, not the validation ones)",
+    }
+
+
+def curve_title(config: Any, parameters: int, options: TrainOptions, data: str) -> str:
+    """The loss curve's title: the model, its style, the learning rate and the data."""
+    style = getattr(config, "norm_style", "?")
+    return f"{config.model_type} {parameters / 1e6:.2f}M, {style}, lr {options.lr:g}\n{data}"
+
+
+def machine_load() -> dict[str, Any]:
+    """How busy the machine was as the run ended (tokens/s compares between runs only where the load did not
+    differ): its CPUs and the 1-minute load average, this run included."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": os.cpu_count(), "load_average_1m": load, "note": "tokens_per_second is comparable only "
+            "between runs on the same machine at the same load"}
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf

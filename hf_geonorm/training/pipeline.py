@@ -4,9 +4,12 @@ end-of-text token after every document, and cached as Arrow files under ``--data
 sizes, modification times), the tokenizer (its serialized JSON) and the block length. Training reads the blocks
 memory-mapped, so memory does not grow with the corpus. ``--streaming`` tokenizes and packs on the fly instead.
 
-Validation is held out by documents: documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) until they
-hold ``VAL_BLOCKS`` blocks' worth of tokens; the first blocks they pack into are evaluated (``evaluated_blocks``).
-The other documents, in order, pack into the training blocks (the last partial block is dropped).
+Validation and test are held out by documents, disjoint from training and from each other: validation takes
+documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) and test documents 10, 30, 50, ... (``test_offset``:
+the middle one of a corpus of fewer than 20), each until they hold ``--eval-blocks`` blocks' worth of tokens; the first
+blocks each packs into are evaluated (``evaluated_blocks``). Runs choose on validation and report on test
+(``hf-geonorm sweep``). The other documents, in order, pack into the training blocks (the last partial block is
+dropped).
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from .corpus import Corpus, corpus_documents, documents
 from .data import TokenBlocks
 
 VAL_EVERY = 20
-VAL_BLOCKS = 64
-FORMAT = 2  # of the cached blocks: a new layout gets new cache keys
+FORMAT = 3  # of the cached blocks: a new layout gets new cache keys
 ROWS_PER_PASS = 10_000  # tokenized documents packed at a time
 
 
@@ -66,22 +68,31 @@ def _tokenize(batch: dict[str, list[str]], tokenizer: Any, eos: list[int]) -> pa
     return pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))})
 
 
-def evaluated_blocks(count: int) -> int:
-    """How many of ``count`` validation blocks are evaluated: at most ``VAL_BLOCKS``, and from 8 on a multiple of 8,
-    so that the processes of a run evaluate equal shares (Trainer fills an uneven last batch with repeated blocks,
-    which would weigh them twice)."""
-    count = min(count, VAL_BLOCKS)
+def evaluated_blocks(count: int, limit: int) -> int:
+    """How many of ``count`` validation (or test) blocks are evaluated: at most ``limit`` (``--eval-blocks``), and
+    from 8 on a multiple of 8, so that the processes of a run evaluate equal shares (Trainer fills an uneven last
+    batch with repeated blocks, which would weigh them twice)."""
+    count = min(count, limit)
     return count - count % 8 if count >= 8 else count
 
 
-def validation_mask(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Which documents are validation: every ``VAL_EVERY``-th from the first, while the ones before hold fewer
-    than ``budget`` tokens."""
-    candidates = np.arange(0, len(lengths), VAL_EVERY)
-    before = np.cumsum(lengths[candidates]) - lengths[candidates]
-    mask = np.zeros(len(lengths), dtype=bool)
-    mask[candidates[before < budget]] = True
-    return mask
+def test_offset(documents: int) -> int:
+    """The first test document: the 10th, or the middle one of a corpus of fewer than ``VAL_EVERY`` documents."""
+    return min(VAL_EVERY // 2, documents // 2)
+
+
+def holdout_masks(lengths: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which documents are validation and which test: every ``VAL_EVERY``-th from the first (validation) and from
+    ``test_offset`` (test), each while the ones before hold fewer than ``budget`` tokens."""
+    masks = []
+    for first in (0, test_offset(len(lengths))):
+        candidates = np.arange(first, len(lengths), VAL_EVERY)
+        before = np.cumsum(lengths[candidates]) - lengths[candidates]
+        mask = np.zeros(len(lengths), dtype=bool)
+        mask[candidates[before < budget]] = True
+        masks.append(mask)
+    val, test = masks
+    return val, test & ~val
 
 
 class _Packer:
@@ -146,23 +157,30 @@ class Prepared:
         return ArrowBlocks(self.folder / "train.arrow", self.meta["seq_len"], limit)
 
     def val(self) -> TokenBlocks:
-        blocks = ArrowBlocks(self.folder / "val.arrow", self.meta["seq_len"], self.meta["val_blocks"])
+        return self._held("val")
+
+    def test(self) -> TokenBlocks:
+        return self._held("test")
+
+    def _held(self, split: str) -> TokenBlocks:
+        blocks = ArrowBlocks(self.folder / f"{split}.arrow", self.meta["seq_len"], self.meta[f"{split}_blocks"])
         return TokenBlocks(torch.stack([blocks[i]["input_ids"] for i in range(len(blocks))]))
 
 
-def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int) -> str:
-    """The cache key of a corpus's blocks: the data, the tokenizer and the block length (and the cache format)."""
-    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, VAL_BLOCKS]
+def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int) -> str:
+    """The cache key of a corpus's blocks: the data, the tokenizer, the block length and the held-out blocks (and
+    the cache format)."""
+    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, eval_blocks]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
 def prepare_blocks(
-    corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, workers: int = 1, builder: bool = True
+    corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, eval_blocks: int, workers: int = 1, builder: bool = True
 ) -> Prepared:
     """The corpus's blocks from the cache, else tokenized and packed into it. The cache folder is built in a
     temporary folder and moved into place whole, so a killed run never leaves one that a later run trusts. Only
     the ``builder`` (the first process of a machine) builds; the others wait for its folder."""
-    folder = cache / f"blocks-{blocks_key(corpus, tokenizer, seq_len)}"
+    folder = cache / f"blocks-{blocks_key(corpus, tokenizer, seq_len, eval_blocks)}"
     if not builder:
         wait_for(folder / "meta.json")
     if (folder / "meta.json").is_file():
@@ -170,7 +188,7 @@ def prepare_blocks(
     start = time.perf_counter()
     try:
         with atomic_directory(folder) as tmp:
-            meta = _build(corpus, tokenizer, seq_len, tmp, workers)
+            meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks)
             (tmp / "meta.json").write_text(json.dumps(meta))
     except FileExistsError:  # another run on the same data finished first: its folder is as good
         pass
@@ -183,7 +201,7 @@ def wait_for(path: Path, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
-def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int) -> dict[str, float]:
+def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, float]:
     import datasets
 
     work = tmp / "work"  # datasets' own Arrow files: the documents and their token ids
@@ -209,29 +227,35 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     tokenized = time.perf_counter()
     rows = ids.data.table.column("input_ids")
     lengths = np.concatenate([np.zeros(0, dtype=np.int64), *(c.value_lengths().to_numpy() for c in rows.chunks)])
-    if len(lengths) < 2:
+    if len(lengths) < 3:
         raise ValueError(
-            f"the data holds {len(lengths)} document(s): validation holds out whole documents (one in {VAL_EVERY}), "
-            "so training needs at least two; give more text"
+            f"the data holds {len(lengths)} document(s): validation and test hold out whole documents (one in "
+            f"{VAL_EVERY} each), so training needs at least three; give more text"
         )
-    val = validation_mask(lengths, VAL_BLOCKS * seq_len)
-    train_out, val_out = _Packer(tmp / "train.arrow", seq_len), _Packer(tmp / "val.arrow", seq_len)
+    val, test = holdout_masks(lengths, eval_blocks * seq_len)
+    packers = {split: _Packer(tmp / f"{split}.arrow", seq_len) for split in ("train", "val", "test")}
     for first in range(0, len(lengths), ROWS_PER_PASS):
-        part, keep = rows.slice(first, ROWS_PER_PASS), val[first : first + ROWS_PER_PASS]
-        train_out.add(_flat_ids(part, ~keep))
-        val_out.add(_flat_ids(part, keep))
-    train_out.close(), val_out.close()
+        part = rows.slice(first, ROWS_PER_PASS)
+        keep_val, keep_test = val[first : first + ROWS_PER_PASS], test[first : first + ROWS_PER_PASS]
+        packers["train"].add(_flat_ids(part, ~(keep_val | keep_test)))
+        packers["val"].add(_flat_ids(part, keep_val))
+        packers["test"].add(_flat_ids(part, keep_test))
+    for packer in packers.values():
+        packer.close()
     del docs, ids, rows
     shutil.rmtree(work)
-    if train_out.blocks < 1 or val_out.blocks < 1:
+    counts = {split: packer.blocks for split, packer in packers.items()}
+    if min(counts.values()) < 1:
         raise ValueError(
-            f"the data gives {train_out.blocks} training and {val_out.blocks} validation blocks of --seq-len "
-            f"{seq_len} ({int(lengths.sum())} tokens); give more text or a shorter --seq-len"
+            f"the data gives {counts['train']} training, {counts['val']} validation and {counts['test']} test blocks "
+            f"of --seq-len {seq_len} ({int(lengths.sum())} tokens); give more text or a shorter --seq-len"
         )
     return {
         "seq_len": seq_len, "documents": len(lengths), "tokens": int(lengths.sum()),
         "val_documents": int(val.sum()), "val_tokens": int(lengths[val].sum()),
-        "train_blocks": train_out.blocks, "val_blocks": evaluated_blocks(val_out.blocks),
+        "test_documents": int(test.sum()), "test_tokens": int(lengths[test].sum()),
+        "train_blocks": counts["train"], "val_blocks": evaluated_blocks(counts["val"], eval_blocks),
+        "test_blocks": evaluated_blocks(counts["test"], eval_blocks),
         "read_seconds": read - start, "tokenize_seconds": tokenized - read,
         "pack_seconds": time.perf_counter() - tokenized,
     }  # fmt: skip
@@ -242,29 +266,38 @@ def _documents_of(shards: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
         yield {"text": doc}
 
 
-def streaming_validation(corpus: Corpus, tokenizer: Any, seq_len: int) -> tuple[TokenBlocks, frozenset, int]:
-    """The validation blocks of a streamed corpus, by the same rule as the cached ones (so the same blocks), read
-    from its first documents; with the ``(shard, document)`` numbers they come from, and their tokens."""
-    budget, eos, held = VAL_BLOCKS * seq_len, end_of_text(tokenizer), []
-    ids: list[int] = []
-    number = 0
+def streaming_holdout(
+    corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
+) -> tuple[dict[str, TokenBlocks], frozenset, dict[str, int]]:
+    """The validation and test blocks of a streamed corpus, by the rule of the cached ones (the same blocks for a
+    corpus of ``VAL_EVERY`` documents or more), read from its first documents; with the ``(shard, document)``
+    numbers they come from, and each split's tokens."""
+    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), []
+    ids: dict[str, list[int]] = {"val": [], "test": []}
+    offset, number = VAL_EVERY // 2, 0
     for shard, (kind, source) in enumerate(corpus.shards):
         for index, doc in enumerate(documents(kind, source)):
-            if number % VAL_EVERY == 0:
-                if len(ids) >= budget:
-                    break
-                ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
+            split = {0: "val", offset: "test"}.get(number % VAL_EVERY)
+            if split is not None and len(ids[split]) < budget:
+                ids[split].extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
                 held.append((shard, index))
             number += 1
+            if min(map(len, ids.values())) >= budget:
+                break
         else:
             continue
         break
-    count = evaluated_blocks(len(ids) // seq_len)
-    if count < 1 or number < 2:
-        raise ValueError(f"the data's validation documents give {len(ids)} tokens, less than one block of --seq-len "
-                         f"{seq_len}; give more text or a shorter --seq-len")  # fmt: skip
-    blocks = torch.tensor(ids[: count * seq_len], dtype=torch.long).view(count, seq_len)
-    return TokenBlocks(blocks), frozenset(held), len(ids)
+    blocks = {}
+    for split, tokens in ids.items():
+        count = evaluated_blocks(len(tokens) // seq_len, eval_blocks)
+        if count < 1:
+            raise ValueError(
+                f"the data's {'validation' if split == 'val' else 'test'} documents give {len(tokens)} tokens, less "
+                f"than one block of --seq-len {seq_len} (streamed, the test documents are the 10th, 30th, ...); give "
+                "more text or a shorter --seq-len"
+            )
+        blocks[split] = TokenBlocks(torch.tensor(tokens[: count * seq_len], dtype=torch.long).view(count, seq_len))
+    return blocks, frozenset(held), {split: len(tokens) for split, tokens in ids.items()}
 
 
 def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozenset, seed: int) -> Any:

@@ -1,6 +1,6 @@
 """``hf-geonorm train``'s data made ready for Trainer: the tokenizer trained on the fly (on a bounded sample of the
-corpus, cached), the training and validation blocks (``pipeline``), and the log lines that account for the tokens:
-how many the data holds, how many train, and how many epochs ``--max-steps`` amounts to."""
+corpus, cached), the training, validation and test blocks (``pipeline``), and the log lines that account for the
+tokens: how many the data holds, how many train, and how many epochs ``--max-steps`` amounts to."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from typing import Any
 from .corpus import Corpus, corpus_documents
 from .data import TokenBlocks, fast_tokenizer, train_tokenizer
 from .options import TrainOptions
-from .pipeline import FORMAT, builds_here, prepare_blocks, streaming_blocks, streaming_validation, wait_for, world_size
+from .pipeline import (
+    FORMAT,
+    builds_here,
+    prepare_blocks,
+    streaming_blocks,
+    streaming_holdout,
+    wait_for,
+    world_size,
+)
 
 TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
 EPOCH_WARNING = 4
@@ -23,10 +31,12 @@ EPOCH_WARNING = 4
 
 @dataclass
 class TrainingData:
-    """What Trainer gets: training blocks (memory-mapped, or a stream) and validation blocks (in memory)."""
+    """What Trainer gets: training blocks (memory-mapped, or a stream), and validation and test blocks (in memory:
+    runs choose on validation and report on test)."""
 
     train: Any
     val: TokenBlocks
+    test: TokenBlocks
     label: str
 
 
@@ -72,13 +82,17 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
                 f"--max-tokens caps the cached data; with --streaming, --max-steps bounds the tokens ({steps}): "
                 "drop --max-tokens"
             )
-        val, held, val_tokens = streaming_validation(corpus, tokenizer, length)
+        held_out, held, tokens = streaming_holdout(corpus, tokenizer, length, options.eval_blocks)
         log(f"data: {corpus.label}, streamed: tokenized and packed as training reads it, so how many tokens it holds "
-            f"is unknown in advance; validation: {len(held)} documents, {val_tokens:,} tokens ({len(val)} blocks "
-            f"evaluated); {steps}")  # fmt: skip
-        return TrainingData(streaming_blocks(corpus, tokenizer, length, held, options.seed), val, corpus.label)
+            f"is unknown in advance; validation and test: {len(held)} documents, {tokens['val']:,} and "
+            f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks evaluated); "
+            f"{steps}")  # fmt: skip
+        train = streaming_blocks(corpus, tokenizer, length, held, options.seed)
+        return TrainingData(train, held_out["val"], held_out["test"], corpus.label)
     cache = Path(options.data_cache).expanduser()
-    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.data_workers, builds_here())
+    prepared = prepare_blocks(
+        corpus, tokenizer, length, cache, options.eval_blocks, options.data_workers, builds_here()
+    )
     meta = prepared.meta
     limit = None if options.max_tokens is None else options.max_tokens // length
     if limit is not None and limit < 1:
@@ -100,12 +114,13 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
     log(f"data: {corpus.label}: {meta['documents']:,} documents, {meta['tokens']:,} tokens (an end-of-text token "
         f"after each document); {how}")  # fmt: skip
     log(f"validation: {meta['val_documents']:,} documents, {meta['val_tokens']:,} tokens ({meta['val_blocks']} blocks "
-        f"evaluated); training on {train_tokens:,} tokens ({len(train):,} blocks){cap}; {steps} = {epochs:.3g} "
-        "epochs")  # fmt: skip
+        f"evaluated); test: {meta['test_documents']:,} documents, {meta['test_tokens']:,} tokens "
+        f"({meta['test_blocks']} blocks evaluated at the end); training on {train_tokens:,} tokens "
+        f"({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")  # fmt: skip
     if epochs > EPOCH_WARNING:
         warnings.warn(
             f"--max-steps {options.max_steps} goes over the training tokens {epochs:.1f} times (more than "
             f"{EPOCH_WARNING} epochs): the model will learn them by heart; give more data or fewer --max-steps",
             stacklevel=2,
         )
-    return TrainingData(train, prepared.val(), corpus.label)
+    return TrainingData(train, prepared.val(), prepared.test(), corpus.label)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 import warnings
 from dataclasses import asdict
@@ -25,22 +24,27 @@ from ..atomic import atomic_directory
 from ..evaluation import NonFiniteError, explain_non_finite
 from ..hub import save_shareable
 from ..loading import first_line
+from ..model_card import CardInfo
 from ..patching import family_for
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .corpus import resolve_corpus
 from .data import tokenizer_from
-from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer
+from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
     clear_earlier_run,
+    curve_title,
     finished_metrics,
+    machine_load,
     output_removed_on_failure,
+    perplexity,
     plot_losses,
     prepare_output,
     replace_file,
     strict_json,
+    training_facts,
 )
 from .prepare import corpus_tokenizer, training_data
 
@@ -80,11 +84,13 @@ class CheckedTrainer(AtomicCheckpointTrainer):
             self._stop(f"the training loss at step {self.state.global_step + 1}", loss.item(), inputs["input_ids"])
         return loss
 
-    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        metrics = super().evaluate(*args, **kwargs)
-        loss = metrics.get("eval_loss")
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        loss = metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None and not math.isfinite(loss):
-            self._stop(f"the validation loss at step {self.state.global_step}", loss, self.eval_dataset.blocks)
+            what = "validation" if metric_key_prefix == "eval" else metric_key_prefix
+            blocks = (eval_dataset or self.eval_dataset).blocks
+            self._stop(f"the {what} loss at step {self.state.global_step}", loss, blocks)
         return metrics
 
     def _stop(self, what: str, value: float, blocks: torch.Tensor) -> None:
@@ -233,10 +239,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if checkpoint is not None:
             check_resumable_adapters(model, checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
-    log(
-        f"model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, norm_style "
-        f"{getattr(model.config, 'norm_style', '?')}"
-    )
+    log(f"model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
+    options, why = with_learning_rate(options, model.config)
+    if why and main:
+        log(why)
     callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
@@ -269,6 +275,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         activation_checkpointing=options.gradient_checkpointing,
         eval_strategy="steps",
         eval_steps=options.eval_every,
+        eval_on_start=checkpoint is None,  # where the run starts from (a fine-tune's starting point)
         logging_steps=options.logging_steps,
         save_strategy="steps",
         save_steps=options.save_every or options.eval_every,
@@ -314,29 +321,36 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             progress.restore_bars()
     seconds = time.perf_counter() - start
     final_eval = last_evaluation(trainer.state) or trainer.evaluate()
+    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
+    test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
+    steps_run = trainer.state.global_step - resumed_step
+    blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
+    tokens = steps_run * blocks_per_step * options.seq_len
     to_save = model.merge_and_unload() if options.lora else model
     if use_cache is not None:
         to_save.config.use_cache = use_cache
     # FSDP: every process takes part in gathering the full weights; the main process writes them
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     final_dir = output / "final"
+    card = CardInfo(training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
     if trainer.is_world_process_zero():
         with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
-            save_shareable(to_save, tmp, tokenizer=tokenizer, **({"state_dict": state_dict} if state_dict else {}))
+            save_shareable(
+                to_save, tmp, tokenizer=tokenizer, card_info=card, **({"state_dict": state_dict} if state_dict else {})
+            )
         published.append(final_dir)
-    steps_run = trainer.state.global_step - resumed_step
-    blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
-    tokens = steps_run * blocks_per_step * options.seq_len
-    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     metrics = {
         "final_eval_loss": loss,
-        "final_eval_perplexity": math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf,
+        "final_eval_perplexity": perplexity(loss),
+        "final_test_loss": test_loss,  # held-out documents apart from validation's: report this, choose on that
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
         "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
         "tokens_per_step": blocks_per_step * options.seq_len,
-        "tokens_per_second": tokens / seconds if steps_run else 0.0,  # tokens of the steps run, all processes
+        # tokens of the steps run, all processes; on a shared machine it says more about the others' load (below)
+        "tokens_per_second": tokens / seconds if steps_run else 0.0,
+        "machine": machine_load(),
         "parameters": n_params,
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
@@ -351,14 +365,15 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     published.append(output / "metrics.json")
     curve = output / "loss_curve.png"
     try:
-        plot_losses(metrics["log_history"], curve)
+        plot_losses(metrics["log_history"], curve, curve_title(to_save.config, n_params, options, data.label))
         published.append(curve)
     except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
         warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=2)
         curve = None
     resumed = f" (steps {resumed_step + 1}-{metrics['steps']} in this run)" if resumed_step else ""
     log(
-        f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}); "
+        f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}), "
+        f"test loss {test_loss:.4f}; "
         f"{metrics['tokens_per_second']:.0f} tokens/s{resumed}; model in {final_dir}; metrics in "
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )

@@ -1,0 +1,33 @@
+"""``hf-geonorm sweep``: a grid of norm styles x learning rates x seeds, each run as ``hf-geonorm train`` runs it
+(hf_geonorm.training.sweep). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
+generated from their one declaration."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from .options import declarations, declared_options, given, pop_settings
+from .train import run_checked
+
+
+@click.command()
+@declared_options("SweepOptions", "TrainOptions", command="sweep")
+def sweep(**kwargs: Any) -> None:
+    """Is GeoNorm better than Pre-Norm on this data, and at which learning rate?
+
+    Trains every style (and --alphas for geo) at every rate and seed, one run after the other, as `hf-geonorm
+    train` would; appends each finished run to OUTPUT/runs.jsonl (the same command again trains only the runs
+    that are missing) and writes OUTPUT/sweep.md and sweep.png: the loss against the rate per style, each style's
+    best rate chosen on validation, and the styles compared at their own best rates on test.
+    """
+    settings = pop_settings(kwargs)
+    sweep_names = {spec.name for spec in dataclasses.fields(declarations().SweepOptions)}
+    sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
+    from hf_geonorm.training.options import SweepOptions, TrainOptions
+    from hf_geonorm.training.sweep import run_sweep
+
+    options = SweepOptions(**sweep_values)
+    run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
