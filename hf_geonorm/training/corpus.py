@@ -1,14 +1,15 @@
 """What ``--data`` names, as a ``Corpus``: an ordered list of shards (files, or a ``datasets`` name) and the
 documents each holds, read in pieces so that no file is ever held whole in memory.
 
-A document is what validation holds out whole and what the end-of-text token closes:
+A document is what validation and test hold out whole and what the end-of-text token closes. Documents are
+pieces of bounded size, so that the held-out ones spread over the data and no file is one huge document:
 
-- a text file given by name is cut into documents at blank lines: a document ends before the first non-blank
-  line that follows a blank (whitespace-only) line once it holds ``DOC_MIN_CHARS`` characters;
-- each text file of a folder (and of the standard library's source, the default) is one document;
-- each row of a JSON lines or parquet file (its ``text`` column), or of a ``datasets`` corpus, is one document;
-- no document is longer than ``DOC_MAX_CHARS``: a longer one is cut (at a line end for a text file given by name,
-  every ``DOC_MAX_CHARS`` characters otherwise).
+- a text file (given by name, or in a folder, or of the standard library's source, the default) is cut into
+  pieces: a piece ends before the first non-blank line that follows a blank (whitespace-only) line once it holds
+  ``DOC_MIN_CHARS`` characters, and at the first line end once it holds ``PIECE_CHARS`` (text without blank lines,
+  one sentence a line, is cut at line ends); a line longer than ``PIECE_CHARS`` is cut at whitespace;
+- each row of a JSON lines or parquet file (its ``text`` column), or of a ``datasets`` corpus, is one document, cut
+  every ``DOC_MAX_CHARS`` characters when it is longer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..text_files import BINARY_PROBE, text_chunks
 from .data import TEXT_SUFFIXES, looks_like_path, stdlib_files
 
 DOC_MIN_CHARS = 1_000
+PIECE_CHARS = 8_000
 DOC_MAX_CHARS = 1_000_000
 ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
 
@@ -105,9 +107,7 @@ def documents(kind: str, source: str) -> Iterator[str]:
         if not found:
             raise ValueError(f"{source} contains no text")
     elif kind == "file":
-        text = "".join(text_chunks(source))
-        if text.strip():
-            yield from _capped(text)
+        yield from paragraph_documents(text_chunks(source))
     elif kind == "jsonl":
         yield from _capped_all(_jsonl_texts(Path(source)))
     elif kind == "parquet":
@@ -126,13 +126,14 @@ def corpus_documents(shards: Iterable[tuple[str, str]]) -> Iterator[str]:
 
 
 def paragraph_documents(chunks: Iterable[str]) -> Iterator[str]:
-    """Text cut into documents at blank lines, each of at least ``DOC_MIN_CHARS`` characters (the last one may be
-    shorter) and at most ``DOC_MAX_CHARS``; the text is kept whole: the documents joined are the input."""
+    """Text cut into pieces at blank lines, each of at least ``DOC_MIN_CHARS`` characters (the last one may be
+    shorter), and at line ends once a piece holds ``PIECE_CHARS``; the text is kept whole: the pieces joined are the
+    input. Pieces of whitespace only are dropped."""
     doc: list[str] = []
     size, after_blank, has_text = 0, False, False
     for line in _lines(chunks):
         blank = not line.strip()
-        if doc and ((not blank and after_blank and size >= DOC_MIN_CHARS) or size + len(line) > DOC_MAX_CHARS):
+        if doc and ((not blank and after_blank and size >= DOC_MIN_CHARS) or size >= PIECE_CHARS):
             yield "".join(doc)
             doc, size, has_text = [], 0, False
         doc.append(line)
@@ -143,18 +144,34 @@ def paragraph_documents(chunks: Iterable[str]) -> Iterator[str]:
 
 
 def _lines(chunks: Iterable[str]) -> Iterator[str]:
-    """The lines of ``chunks`` with their ``\\n``; a line longer than ``DOC_MAX_CHARS`` comes in pieces."""
+    """The lines of ``chunks`` with their ``\\n``; a line longer than ``PIECE_CHARS`` comes in pieces, cut after
+    the last whitespace before ``PIECE_CHARS`` characters (or at ``PIECE_CHARS``, where there is none)."""
     rest = ""
     for chunk in chunks:
         parts = (rest + chunk).split("\n")
         rest = parts.pop()
         for part in parts:
-            yield part + "\n"
-        while len(rest) > DOC_MAX_CHARS:
-            yield rest[:DOC_MAX_CHARS]
-            rest = rest[DOC_MAX_CHARS:]
+            yield from _cut_long(part + "\n")
+        while len(rest) > PIECE_CHARS:
+            piece, rest = _split_at_space(rest)
+            yield piece
     if rest:
-        yield rest
+        yield from _cut_long(rest)
+
+
+def _cut_long(line: str) -> Iterator[str]:
+    while len(line) > PIECE_CHARS:
+        piece, line = _split_at_space(line)
+        yield piece
+    if line:
+        yield line
+
+
+def _split_at_space(text: str) -> tuple[str, str]:
+    """``text`` cut after its last whitespace within the first ``PIECE_CHARS`` characters."""
+    cut = max(text.rfind(" ", 0, PIECE_CHARS), text.rfind("\t", 0, PIECE_CHARS)) + 1
+    cut = cut if cut > 0 else PIECE_CHARS
+    return text[:cut], text[cut:]
 
 
 def _capped(text: str) -> Iterator[str]:

@@ -36,7 +36,7 @@ from .corpus import Corpus, corpus_documents, documents
 from .data import TokenBlocks
 
 VAL_EVERY = 20
-FORMAT = 3  # of the cached blocks: a new layout gets new cache keys
+FORMAT = 4  # of the cached blocks: a new layout gets new cache keys
 ROWS_PER_PASS = 10_000  # tokenized documents packed at a time
 
 
