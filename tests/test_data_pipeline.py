@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from hf_geonorm.training import trainer as trainer_module
 from hf_geonorm.training.corpus import resolve_corpus
-from hf_geonorm.training.pipeline import ArrowBlocks, streaming_blocks, streaming_validation
+from hf_geonorm.training.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
@@ -30,11 +30,11 @@ SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmu
 
 def reference_documents(text: str) -> list[str]:
     """The documents of one text file as documented: cut before a non-blank line that follows a blank line, once
-    the document holds at least 1,000 characters."""
+    the document holds at least 1,000 characters, and at a line end once it holds 8,000."""
     docs, current, after_blank = [], "", False
     for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
         blank = not line.strip()
-        if current and not blank and after_blank and len(current) >= 1000:
+        if current and ((not blank and after_blank and len(current) >= 1000) or len(current) >= 8000):
             docs.append(current)
             current = ""
         current += line
@@ -42,25 +42,35 @@ def reference_documents(text: str) -> list[str]:
     return [*docs, current]
 
 
+def held_out(lengths: list[int], first: int, budget: int) -> list[int]:
+    """Documents first, first + 20, ... while the ones before hold fewer than ``budget`` tokens."""
+    chosen, held = [], 0
+    for index in range(first, len(lengths), 20):
+        if held >= budget:
+            break
+        chosen.append(index)
+        held += lengths[index]
+    return chosen
+
+
 def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
     """Training and validation blocks by the documented rules: the end-of-text token after every document;
-    documents 0, 20, 40, ... are validation until they hold 64 blocks' tokens; at most 64 validation blocks, a
-    multiple of 8 from 8 on. Also the data's tokens and the validation documents' tokens."""
+    documents 0, 20, 40, ... are validation and 10, 30, 50, ... test (the middle one of fewer than 20), each until
+    they hold 64 blocks' tokens; at most 64 validation blocks, a multiple of 8 from 8 on. Also the data's tokens and
+    the held-out (validation and test) documents' tokens."""
     ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
-    val, held = [], 0
-    for index in range(0, len(ids), 20):
-        if held >= 64 * seq_len:
-            break
-        val.append(index)
-        held += len(ids[index])
-    train = [t for i, doc in enumerate(ids) if i not in set(val) for t in doc]
+    lengths = [len(doc) for doc in ids]
+    val = held_out(lengths, 0, 64 * seq_len)
+    test = [i for i in held_out(lengths, min(10, len(ids) // 2), 64 * seq_len) if i not in val]
+    train = [t for i, doc in enumerate(ids) if i not in set(val + test) for t in doc]
     val_ids = [t for i in val for t in ids[i]]
 
     def cut(tokens: list[int]) -> list[list[int]]:
         return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
 
     evaluated = min(64, len(cut(val_ids)))
-    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(map(len, ids)), held
+    held = sum(lengths[i] for i in val + test)
+    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(lengths), held
 
 
 def marked_text(size: int) -> str:
@@ -150,19 +160,24 @@ def test_validation_documents_never_appear_in_training_blocks(tmp_path, corpus):
     assert result.exit_code == 0, result.output
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
     docs = reference_documents(corpus.read_text())
-    _, val_blocks, _, held = reference_blocks(tokenizer, docs, 64)
-    val_docs = [i for i in range(0, len(docs), 20)][: logged(result.output, r"validation: ([\d,]+) documents")]
-    assert sum(len(tokenizer(docs[i])["input_ids"]) + 1 for i in val_docs) == held  # the reference's documents
+    _, val_blocks, _, _ = reference_blocks(tokenizer, docs, 64)
+    lengths = [len(tokenizer(doc)["input_ids"]) + 1 for doc in docs]
+    val_docs = held_out(lengths, 0, 64 * 64)
+    test_docs = held_out(lengths, 10, 64 * 64)
+    assert logged(result.output, r"validation: ([\d,]+) documents") == len(val_docs)
+    assert logged(result.output, r"test: ([\d,]+) documents") == len(test_docs)
+    assert logged(result.output, r"validation: [\d,]+ documents, ([\d,]+) tokens") == sum(lengths[i] for i in val_docs)
     folder = next(p for p in cache.glob("blocks-*") if (p / "meta.json").is_file())
     timings = {k: v for k, v in json.loads((folder / "meta.json").read_text()).items() if k.endswith("_seconds")}
     # the stages' timings of the build this run made (the cache is this test's own): within the run's wall time
     assert len(timings) == 3 and all(v >= 0 for v in timings.values()) and sum(timings.values()) <= elapsed, timings
     blocks = ArrowBlocks(folder / "train.arrow", 64)
     text = tokenizer.decode([t for view in blocks.views for t in view.ravel().tolist()])
-    val_markers = {m for i in val_docs for m in re.findall(r"#@ \d{6}", docs[i])}
-    train_markers = {m for i, d in enumerate(docs[:-1]) if i not in val_docs for m in re.findall(r"#@ \d{6}", d)}
+    held = set(val_docs + test_docs)
+    val_markers = {m for i in held for m in re.findall(r"#@ \d{6}", docs[i])}
+    train_markers = {m for i, d in enumerate(docs[:-1]) if i not in held for m in re.findall(r"#@ \d{6}", d)}
     found = set(re.findall(r"#@ \d{6}", text))
-    assert val_markers and not val_markers & found
+    assert val_markers and not val_markers & found  # neither validation's nor test's documents train
     assert train_markers <= found
     val = [b.tolist() for view in ArrowBlocks(folder / "val.arrow", 64).views for b in view]
     assert val[: len(val_blocks)] == val_blocks and len(val_blocks) == 64
@@ -196,7 +211,8 @@ def test_streaming_trains_on_the_blocks_of_the_cached_pipeline(tmp_path, corpus,
     assert "unknown in advance" in result.output
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
     data = resolve_corpus(str(corpus))
-    val, held, _ = streaming_validation(data, tokenizer, 64)
+    held_blocks, held, _ = streaming_holdout(data, tokenizer, 64, 64)
+    val = held_blocks["val"]
     streamed = sorted(tuple(b["input_ids"]) for b in streaming_blocks(data, tokenizer, 64, held, seed=0))
     train_blocks, val_blocks, _, _ = reference_blocks(tokenizer, reference_documents(corpus.read_text()), 64)
     assert streamed == sorted(map(tuple, train_blocks)) and val.blocks.tolist() == val_blocks

@@ -147,9 +147,9 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
     sweep.validate()
     if train.lr is not None:
         raise ValueError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
-    for setting, option in (("norm_style", "--styles"), ("geo_alpha", "--alphas")):
+    for setting, option, single in (("norm_style", "--styles", "--norm-style"), ("geo_alpha", "--alphas", "--alpha")):
         if setting in train.settings and (setting == "norm_style" or sweep.alphas is not None):
-            raise ValueError(f"the sweep sets {setting} of each run: give {option}, not --{setting.split('_')[-1]}")
+            raise ValueError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).expanduser().absolute()
     path, finished = open_journal(folder, replace(train, lr=None))
