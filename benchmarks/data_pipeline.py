@@ -50,10 +50,10 @@ args = json.loads(sys.argv[1])
 start = time.perf_counter()
 out = {}
 if args["job"] == "old":
-    from hf_geonorm.training.corpus import corpus_documents, resolve_corpus
+    from hf_geonorm.training.corpus import resolve_corpus
     from hf_geonorm.training.data import fast_tokenizer
     tokenizer = fast_tokenizer(args["tokenizer"])
-    docs = list(corpus_documents(resolve_corpus(args["data"]).shards))
+    docs = list(resolve_corpus(args["data"]).all_documents())
     start = time.perf_counter()
     ids = []
     for doc in docs:  # the old token_blocks: every document into one Python list
@@ -170,12 +170,12 @@ def main() -> None:
         make_corpus(smallest, min(args.sizes))
     tokenizer = args.work / "tokenizer.json"  # one tokenizer for every measurement: trained as train does
     if not tokenizer.exists():
-        from hf_geonorm.training.corpus import corpus_documents, resolve_corpus
+        from hf_geonorm.training.corpus import resolve_corpus
         from hf_geonorm.training.data import train_tokenizer
         from hf_geonorm.training.prepare import TOKENIZER_SAMPLE_CHARS
 
         sample, chars = [], 0
-        for doc in corpus_documents(resolve_corpus(str(smallest)).shards):
+        for doc in resolve_corpus(str(smallest)).all_documents():
             sample.append(doc)
             chars += len(doc)
             if chars >= TOKENIZER_SAMPLE_CHARS:

@@ -199,7 +199,7 @@ def test_jsonl_and_parquet_rows_are_the_documents(tmp_path, cache):
         assert logged(result.output, r"training on ([\d,]+) tokens") == (total - held) // 32 * 32
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
     bad = train("--data", str(tmp_path / "bad.jsonl"), *SMALL, "--data-cache", str(cache), "--output", str(out) + "x")
-    assert bad.exit_code != 0 and 'bad.jsonl, line 2: no "text" string' in bad.output, bad.output
+    assert bad.exit_code != 0 and "bad.jsonl, line 2: no 'text' string" in bad.output, bad.output
     assert "Traceback" not in bad.output
 
 

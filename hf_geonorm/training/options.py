@@ -83,8 +83,19 @@ class TrainOptions:
                                                         choices=PRESET_NAMES))  # fmt: skip
     settings: dict[str, Any] = field(default_factory=dict)
     data: str | None = field(default=None, metadata=option(
-        "A text file, a folder of text files, a JSON lines or parquet file (its text column), or a `datasets` "
-        "name.", default_text="the Python standard library's source"))  # fmt: skip
+        "A text file, a folder of text files, a JSON lines or parquet file (its --text-column), a folder saved by "
+        "`Dataset.save_to_disk`, or a `datasets` name.",
+        default_text="the Python standard library's source"))  # fmt: skip
+    text_column: str = field(default="text", metadata=option(
+        "The column of JSON lines, parquet or `datasets` rows that holds the text."))
+    data_config: str | None = field(default=None, metadata=option(
+        "The configuration of a `datasets` corpus (e.g. wikitext-2-raw-v1); with it, a local folder is read as a "
+        "`datasets` dataset.", metavar="NAME"))  # fmt: skip
+    data_split: str = field(default="train", metadata=option(
+        "The split of a `datasets` corpus (or of a `save_to_disk` folder holding several) to train on; validation "
+        "and test are held out of it by documents.", metavar="NAME"))  # fmt: skip
+    data_revision: str | None = field(default=None, metadata=option(
+        "The revision (branch, tag or commit) of a `datasets` corpus on the Hub; it keys the cache.", metavar="REV"))
     tokenizer: str | None = field(default=None, metadata=option(
         "Tokenizer folder.", default_text="the model folder's, else a byte-level BPE trained on the data"))
     vocab_size: int | None = field(default=None, metadata=option(

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..atomic import atomic_directory
-from .corpus import Corpus, corpus_documents, documents
+from .corpus import Corpus
 from .data import TokenBlocks
 
 VAL_EVERY = 20
@@ -209,7 +209,7 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     datasets.disable_progress_bars()
     try:
         docs = datasets.Dataset.from_generator(
-            _documents_of, gen_kwargs={"shards": list(corpus.shards)}, cache_dir=str(work),
+            _documents_of, gen_kwargs={"corpus": corpus}, cache_dir=str(work),
             features=datasets.Features({"text": datasets.Value("string")}),
         )  # fmt: skip
         read = time.perf_counter()
@@ -261,8 +261,8 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     }  # fmt: skip
 
 
-def _documents_of(shards: list[tuple[str, str]]) -> Iterator[dict[str, str]]:
-    for doc in corpus_documents(shards):
+def _documents_of(corpus: Corpus) -> Iterator[dict[str, str]]:
+    for doc in corpus.all_documents():
         yield {"text": doc}
 
 
@@ -275,8 +275,8 @@ def streaming_holdout(
     budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), []
     ids: dict[str, list[int]] = {"val": [], "test": []}
     offset, number = VAL_EVERY // 2, 0
-    for shard, (kind, source) in enumerate(corpus.shards):
-        for index, doc in enumerate(documents(kind, source)):
+    for shard in range(len(corpus.shards)):
+        for index, doc in enumerate(corpus.documents(shard)):
             split = {0: "val", offset: "test"}.get(number % VAL_EVERY)
             if split is not None and len(ids[split]) < budget:
                 ids[split].extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
@@ -306,23 +306,23 @@ def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozens
     packs on its own: its last partial block is dropped (the cached pipeline drops only the corpus's last)."""
     import datasets
 
-    shards = [(number, kind, source) for number, (kind, source) in enumerate(corpus.shards)]
+    shards = list(range(len(corpus.shards)))  # a list: the stream's readers share it out
     ids = datasets.List(datasets.Value("int64"), length=seq_len)
     stream = datasets.IterableDataset.from_generator(
         _stream_blocks, features=datasets.Features({"input_ids": ids, "labels": ids}),
-        gen_kwargs={"shards": shards, "held": held, "tokenizer": tokenizer, "seq_len": seq_len},
+        gen_kwargs={"shards": shards, "corpus": corpus, "held": held, "tokenizer": tokenizer, "seq_len": seq_len},
     )  # fmt: skip
     return stream.shuffle(seed=seed, buffer_size=1000)
 
 
 def _stream_blocks(
-    shards: list[tuple[int, str, str]], held: frozenset, tokenizer: Any, seq_len: int
+    shards: list[int], corpus: Corpus, held: frozenset, tokenizer: Any, seq_len: int
 ) -> Iterator[dict[str, list[int]]]:
     eos = end_of_text(tokenizer)
-    for number, kind, source in shards:
+    for number in shards:
         rest: list[int] = []
         batch: list[str] = []
-        docs = (doc for index, doc in enumerate(documents(kind, source)) if (number, index) not in held)
+        docs = (doc for index, doc in enumerate(corpus.documents(number)) if (number, index) not in held)
         for doc in _then_none(docs):
             if doc is not None:
                 batch.append(doc)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .corpus import Corpus, corpus_documents
+from .corpus import Corpus
 from .data import TokenBlocks, fast_tokenizer, train_tokenizer
 from .options import TrainOptions
 from .pipeline import (
@@ -52,7 +52,7 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, log: Any) -> 
         log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
         return fast_tokenizer(str(path))
     sample, chars, complete = [], 0, True
-    for doc in corpus_documents(corpus.shards):
+    for doc in corpus.all_documents():
         if chars >= TOKENIZER_SAMPLE_CHARS:
             complete = False
             break

@@ -28,7 +28,7 @@ from ..model_card import CardInfo
 from ..patching import family_for
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
-from .corpus import resolve_corpus
+from .corpus import HubSource, resolve_corpus
 from .data import tokenizer_from
 from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
@@ -212,7 +212,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
-    corpus = resolve_corpus(options.data)
+    hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
+    corpus = resolve_corpus(options.data, options.text_column, hub)
     data_log = log if main else (lambda *_: None)
     folder_tokenizer = model_tokenizer(options)
     if folder_tokenizer is not None:
