@@ -1,0 +1,158 @@
+"""The corpora users have (hf_geonorm.training.corpus): one sentence a line with no blank lines, a huge single
+line, `.json` JSON lines, text columns of the wrong type, hidden files, CRLF and a BOM, FIFOs and devices, and
+`datasets` folders with a config and a text column. Each expectation is computed here from the file's content."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sysconfig
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from transformers import AutoTokenizer
+
+from hf_geonorm.training.corpus import PIECE_CHARS, resolve_corpus
+from hf_geonorm.training.pipeline import ArrowBlocks
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1",
+         "--eval-every", "1", "--eval-blocks", "8"]  # fmt: skip
+
+
+def train(tmp_path: Path, data: Path | str, *more: str, name: str = "run") -> object:
+    return CliRunner().invoke(cli, ["train", "--data", str(data), *SMALL, "--data-cache", str(tmp_path / "cache"),
+                                    "--output", str(tmp_path / name), *more])  # fmt: skip
+
+
+def sentences(count: int) -> str:
+    """Numbered sentences, one a line, no blank line: the shape of most text dumps."""
+    words = re.findall(r"[a-z]+", (STDLIB / "textwrap.py").read_text())
+    return "".join(f"S{n:06d} {' '.join(words[n % 500 : n % 500 + 12])}.\n" for n in range(count))
+
+
+def test_one_sentence_a_line_trains_and_holds_out_a_few_percent_never_trained(tmp_path):
+    data = tmp_path / "lines.txt"
+    data.write_text(sentences(5000))  # about 400 KB, no blank line
+    assert 300_000 < data.stat().st_size < 600_000
+    result = train(tmp_path, data)
+    assert result.exit_code == 0, result.output
+    found = re.findall(r"(\w+): [\d,]+ documents, ([\d,]+) tokens", result.output)
+    counted = {name: int(tokens.replace(",", "")) for name, tokens in found}
+    total = int(re.search(r"documents, ([\d,]+) tokens \(an end-of-text", result.output).group(1).replace(",", ""))
+    assert counted["validation"] + counted["test"] <= 0.05 * total  # a few percent, not half of the data
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    [folder] = (tmp_path / "cache").glob("blocks-*")
+    decode = lambda name: tokenizer.decode(  # noqa: E731
+        [t for view in ArrowBlocks(folder / name, 64).views for t in view.ravel().tolist()]
+    )
+    held = set(re.findall(r"S\d{6}", decode("val.arrow"))) | set(re.findall(r"S\d{6}", decode("test.arrow")))
+    trained = set(re.findall(r"S\d{6}", decode("train.arrow")))
+    assert len(held) >= 8 * 64 // 20 and not held & trained  # enough blocks to evaluate, none of it trained on
+
+
+def test_a_single_huge_line_is_cut_into_bounded_pieces_at_whitespace(tmp_path):
+    data = tmp_path / "one-line.txt"
+    text = " ".join(f"w{n}" for n in range(2_500_000))  # about 20 MB, no line end at all
+    data.write_text(text)
+    corpus = resolve_corpus(str(data))
+    sizes, joined = [], []
+    for piece in corpus.all_documents():
+        sizes.append(len(piece))
+        if len(joined) < 3:
+            joined.append(piece)
+    assert max(sizes) <= 2 * PIECE_CHARS and sum(sizes) == len(text) and len(sizes) > 1000
+    assert all(piece.endswith(" ") for piece in joined)  # cut after whitespace, never inside a word
+
+
+def test_json_named_jsonl_is_read_as_rows_and_a_json_array_is_refused(tmp_path):
+    rows = [{"text": f"row {n}: " + "words and more words " * 20, "id": n} for n in range(400)]
+    (tmp_path / "rows.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    corpus = resolve_corpus(str(tmp_path / "rows.json"))
+    assert list(corpus.all_documents()) == [row["text"] for row in rows]  # the texts, not `{"text": ...`
+    (tmp_path / "array.json").write_text(json.dumps(rows))
+    result = train(tmp_path, tmp_path / "array.json")
+    assert result.exit_code == 1 and "array.json is a JSON array: give JSON lines" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(("values", "kind"), [([b"bytes"] * 50, "binary"), (list(range(50)), "int64"),
+                                               ([["a"]] * 50, "list<element: string>")])  # fmt: skip
+def test_a_text_column_that_is_not_strings_is_refused_naming_file_column_and_type(tmp_path, values, kind, streaming):
+    pq.write_table(pa.table({"text": values}), tmp_path / "bad.parquet")
+    result = train(tmp_path, tmp_path / "bad.parquet", *(["--streaming"] if streaming else []))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"bad.parquet: column 'text' holds {kind}, not text (string)" in result.output, result.output
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("blocks-*"))  # refused before work
+
+
+def test_an_empty_parquet_and_a_missing_column_are_named(tmp_path):
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    assert "empty.parquet has no rows" in train(tmp_path, tmp_path / "empty.parquet").output
+    pq.write_table(pa.table({"body": sentences(2000).splitlines()}), tmp_path / "body.parquet")
+    result = train(tmp_path, tmp_path / "body.parquet")
+    assert "has no 'text' column (it has body); give --text-column" in result.output
+    result = train(tmp_path, tmp_path / "body.parquet", "--text-column", "body")
+    assert result.exit_code == 0, result.output
+
+
+def test_hidden_files_and_folders_are_skipped_and_counted(tmp_path):
+    folder = tmp_path / "data"
+    (folder / ".hiddendir").mkdir(parents=True)
+    (folder / ".hiddendir" / "secret.txt").write_text("SECRET " * 200)
+    (folder / ".hidden.txt").write_text("SECRET " * 200)
+    (folder / "visible.txt").write_text(sentences(300))
+    with pytest.warns(UserWarning, match=r"skipped 2 hidden file\(s\)"):
+        corpus = resolve_corpus(str(folder))
+    assert [Path(source).name for _, source in corpus.shards] == ["visible.txt"]
+    assert "SECRET" not in "".join(corpus.all_documents())
+
+
+def test_crlf_and_a_bom_read_as_the_same_text(tmp_path):
+    text = sentences(400) + "\n" + sentences(400)
+    (tmp_path / "unix.txt").write_text(text, newline="\n")
+    (tmp_path / "dos.txt").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    unix, dos = (list(resolve_corpus(str(tmp_path / name)).all_documents()) for name in ("unix.txt", "dos.txt"))
+    assert dos == unix and "\r" not in "".join(dos) and not dos[0].startswith("\ufeff")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifos_and_devices_are_refused_as_what_they_are(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    result = train(tmp_path, tmp_path / "pipe")
+    assert result.exit_code == 1 and "pipe is a FIFO (named pipe), not a file or folder" in result.output
+    result = train(tmp_path, "/dev/null")
+    assert result.exit_code == 1 and "/dev/null is a character device" in result.output
+
+
+def test_text_column_and_data_config_on_a_local_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "corpus"
+    for config in ("small", "other"):
+        (folder / config).mkdir(parents=True)
+        rows = [{"body": f"{config} row {n}: " + "some words " * 30} for n in range(200)]
+        (folder / config / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: small\n  data_files: small/*.jsonl\n"
+                                      "- config_name: other\n  data_files: other/*.jsonl\n---\n")  # fmt: skip
+    corpus = resolve_corpus(str(folder), "body", _source(folder, "other"))
+    assert next(corpus.all_documents()).startswith("other row 0:")
+    result = train(tmp_path, folder, "--data-config", "small", "--text-column", "body")
+    assert result.exit_code == 0, result.output
+    assert "config small, split train" in result.output
+    missing = train(tmp_path, folder, "--data-config", "small", name="missing")
+    assert missing.exit_code == 1 and "has no 'text' column (it has body); give --text-column" in missing.output
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": [f"saved row {n} " + "text " * 40 for n in range(200)]}).save_to_disk(saved)
+    assert next(resolve_corpus(str(saved)).all_documents()).startswith("saved row 0")
+
+
+def _source(folder: Path, config: str):
+    from hf_geonorm.training.corpus import HubSource
+
+    return HubSource(str(folder), config)
