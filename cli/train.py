@@ -31,10 +31,11 @@ def run_checked(run: Any) -> Any:
     """Run a training job: the library's mistakes as one-line errors (a setting as a usage error, exit 2)."""
     from hf_geonorm.evaluation import NonFiniteError
     from hf_geonorm.loading import SettingsError
+    from hf_geonorm.training.options import OptionError
 
     try:
         return run()
-    except SettingsError as error:  # a setting given on the command line: named as its option
+    except (SettingsError, OptionError) as error:  # a value given on the command line: named as its option
         raise click.UsageError(_option_words(first_line(error))) from None
     except NonFiniteError as error:  # names the model's settings, as perplexity does
         raise click.ClickException(_option_words(first_line(error, limit=600))) from None

@@ -156,3 +156,68 @@ def _source(folder: Path, config: str):
     from hf_geonorm.training.corpus import HubSource
 
     return HubSource(str(folder), config)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-tokens", "1"], "--max-tokens 1 is less than one block of --seq-len 64: give at least 64"),
+        (["--gradient-accumulation-steps", "100000"], "tokens per optimizer step, beyond the limit of 16,777,216"),
+    ],
+)
+def test_options_beyond_sense_are_refused_before_any_tokenizing(tmp_path, args, message):
+    (tmp_path / "text.txt").write_text(sentences(300))
+    result = train(tmp_path, tmp_path / "text.txt", *args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "cache").exists()  # nothing tokenized, no tokenizer trained
+
+
+def test_seq_len_beyond_the_models_positions_is_refused_before_tokenizing(tmp_path):
+    init = ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "320"]
+    assert CliRunner().invoke(cli, init).exit_code == 0
+    (tmp_path / "text.txt").write_text(sentences(300))
+    result = train(tmp_path, tmp_path / "text.txt", "--model", str(tmp_path / "cfg"), "--seq-len", "2048")
+    assert result.exit_code == 2 and "--seq-len 2048 is beyond the 256 positions of" in result.output, result.output
+    assert not (tmp_path / "cache").exists()
+
+
+def test_too_many_data_workers_are_capped_with_a_line_and_the_device_is_logged(tmp_path):
+    (tmp_path / "text.txt").write_text(sentences(3000))
+    result = train(tmp_path, tmp_path / "text.txt", "--data-workers", "64")
+    assert result.exit_code == 0, result.output
+    cpus = os.cpu_count()
+    assert f"--data-workers 64 is more than this machine's {cpus} CPUs: tokenizing with {cpus}" in result.output
+    assert "device: cpu, 1 process(es), precision fp32" in result.output
+
+
+FITS = ["--seq-len", "64", "--batch-size", "2", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
+        "--eval-blocks", "8"]  # fmt: skip
+
+
+def test_a_config_with_a_vocabulary_gets_a_tokenizer_of_that_size_or_an_error(tmp_path):
+    (tmp_path / "text.txt").write_text(sentences(6000))
+    fits = ["--data", str(tmp_path / "text.txt"), *FITS, "--data-cache", str(tmp_path / "cache")]
+    assert CliRunner().invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "512"]
+                              ).exit_code == 0  # fmt: skip
+    result = CliRunner().invoke(cli, ["train", "--model", str(tmp_path / "cfg"), *fits, "--output", tmp_path / "a"])
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a" / "final")
+    config = json.loads((tmp_path / "a" / "final" / "config.json").read_text())
+    assert len(tokenizer) == config["vocab_size"] == 512  # trained to the config's size, no resize
+    assert CliRunner().invoke(cli, ["init", "gpt2", str(tmp_path / "big"), "--preset", "125m"]).exit_code == 0
+    (tmp_path / "small.txt").write_text(sentences(1500))
+    small = ["--data", str(tmp_path / "small.txt"), *FITS, "--output", str(tmp_path / "b")]
+    result = CliRunner().invoke(cli, ["train", "--model", str(tmp_path / "big"), *small])
+    assert result.exit_code == 1 and "not the vocab_size 50304" in result.output and "--vocab-size" in result.output
+
+
+@pytest.mark.slow
+def test_the_125m_config_trains_at_the_vocabulary_a_small_corpus_asks_for(tmp_path):
+    (tmp_path / "text.txt").write_text(sentences(6000))
+    assert CliRunner().invoke(cli, ["init", "gpt2", str(tmp_path / "big"), "--preset", "125m"]).exit_code == 0
+    result = CliRunner().invoke(cli, ["train", "--model", str(tmp_path / "big"), "--data", str(tmp_path / "text.txt"),
+                                      *FITS, "--vocab-size", "320", "--output", str(tmp_path / "c")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "has vocab_size 50304; the tokenizer has 320 tokens: the model is built with 320 rows" in result.output
+    config = json.loads((tmp_path / "c" / "final" / "config.json").read_text())
+    assert config["vocab_size"] == len(AutoTokenizer.from_pretrained(tmp_path / "c" / "final")) == 320

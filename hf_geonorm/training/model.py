@@ -4,6 +4,7 @@ benchmarks train on it, so the three agree field for field. A folder's model is 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -28,10 +29,11 @@ from ..loading import (
 )
 from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
-from .options import FINE_TUNING_LR, PRETRAINING_LR, TrainOptions
+from .options import FINE_TUNING_LR, PRETRAINING_LR, OptionError, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
 
-DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size says
+DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
 
 def padded_vocab(tokens: int) -> int:
@@ -121,6 +123,42 @@ def model_tokenizer(options: TrainOptions) -> str | None:
     return str(folder)
 
 
+def tokenizer_vocab(options: TrainOptions) -> int:
+    """The vocabulary of a tokenizer trained on the fly: ``--vocab-size``, else a from-scratch config's own
+    ``vocab_size`` (``init --preset 125m``: 50,304, so the model is trained at the size it was written for), else
+    ``DEFAULT_TOKENIZER_VOCAB``."""
+    if options.vocab_size is not None:
+        return options.vocab_size
+    config = folder_config(options)
+    if config is not None and not has_trained_weights(options.model) and config.get("vocab_size"):
+        return int(config["vocab_size"])
+    return DEFAULT_TOKENIZER_VOCAB
+
+
+def folder_config(options: TrainOptions) -> dict[str, Any] | None:
+    """The ``config.json`` of the ``--model`` folder, as it is written (None without a folder or a config)."""
+    if options.model is None:
+        return None
+    path = Path(options.model).expanduser() / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the loading names what is wrong with it
+
+
+def check_positions(options: TrainOptions) -> None:
+    """``--seq-len`` within the ``--model`` folder's positions, before any tokenizing (a model built from
+    ``--arch`` gets ``--seq-len`` positions)."""
+    config = folder_config(options) or {}
+    positions = next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
+    if positions is not None and options.seq_len > positions:
+        raise OptionError(
+            f"--seq-len {options.seq_len} is beyond the {positions} positions of {options.model} (config.json "
+            f"max_position_embeddings): give --seq-len {positions} or less, or write the config with more positions "
+            "(hf-geonorm init --max-length)"
+        )
+
+
 def has_trained_weights(folder: str) -> bool:
     """Whether a ``--model`` folder holds weights (a checkpoint: fine-tuned), not a config to train from scratch."""
     return bool(open_source(Path(folder).expanduser()).weight_files)
@@ -134,7 +172,10 @@ def build_model(
     vocabulary. Settings given in ``options.settings`` override the folder's. ``log`` gets a line when the model's
     vocabulary is not the folder config's."""
     if options.model is not None:
-        return model_from_folder(options.model, options.settings, tokenizer, own_tokenizer=own_tokenizer, log=log)
+        sized = options.vocab_size is not None or options.tokenizer is not None  # the user chose the vocabulary
+        return model_from_folder(
+            options.model, options.settings, tokenizer, own_tokenizer=own_tokenizer, sized_by_user=sized, log=log
+        )
     config = scratch_config(
         options.arch, options.preset, padded_vocab(len(tokenizer)), options.seq_len, options.settings,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -143,7 +184,13 @@ def build_model(
 
 
 def model_from_folder(
-    folder: str, settings: dict[str, Any], tokenizer: Any, *, own_tokenizer: bool = True, log: Any = None
+    folder: str,
+    settings: dict[str, Any],
+    tokenizer: Any,
+    *,
+    own_tokenizer: bool = True,
+    sized_by_user: bool = True,
+    log: Any = None,
 ) -> torch.nn.Module:
     """The model of a folder, as GeoNorm with ``settings`` applied: its safetensors weights loaded strictly (a
     stock checkpoint is converted), or, for a config written to train from scratch (``hf-geonorm init``: no
@@ -185,6 +232,12 @@ def model_from_folder(
             "scratch comes from hf-geonorm init)"
         )
     rows = padded_vocab(len(tokenizer))
+    if not own_tokenizer and rows != config.vocab_size and not sized_by_user:
+        raise ValueError(
+            f"the tokenizer trained on the data has {len(tokenizer)} tokens, not the vocab_size {config.vocab_size} "
+            f"of {path / 'config.json'}: the data holds too little text for that vocabulary; give --vocab-size N "
+            "(the model is then built with N rows) or a --tokenizer of that size"
+        )
     if not own_tokenizer and rows != config.vocab_size:
         if log is not None:
             log(

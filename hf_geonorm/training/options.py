@@ -32,6 +32,14 @@ PRETRAINING_LR = {"pre": 2e-3, "geo": 2e-3}
 FINE_TUNING_LR = 1e-4
 
 
+MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
+
+
+class OptionError(ValueError):
+    """An option's value is refused before any work (the command line's usage error, exit 2); the message names
+    the option and the limit."""
+
+
 def option(help: str, **form: Any) -> dict[str, Any]:
     """A field's command-line option: ``help`` and the form of its value. ``form`` may hold ``minimum``,
     ``maximum``, ``min_open``, ``max_open`` (a number range), ``choices``, ``metavar``, ``folder`` ("existing": a
@@ -191,6 +199,18 @@ class TrainOptions:
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        if self.max_tokens is not None and self.max_tokens < self.seq_len:
+            raise OptionError(
+                f"--max-tokens {self.max_tokens} is less than one block of --seq-len {self.seq_len}: give at least "
+                f"{self.seq_len}"
+            )
+        per_step = self.batch_size * self.gradient_accumulation_steps * self.seq_len
+        if per_step > MAX_TOKENS_PER_STEP:
+            raise OptionError(
+                f"--batch-size {self.batch_size} x --gradient-accumulation-steps {self.gradient_accumulation_steps} x "
+                f"--seq-len {self.seq_len} = {per_step:,} tokens per optimizer step, beyond the limit of "
+                f"{MAX_TOKENS_PER_STEP:,}: give fewer accumulation steps"
+            )
         for name in ("vocab_size", "max_tokens", "save_every"):
             value = getattr(self, name)
             if value is not None and value < 1:

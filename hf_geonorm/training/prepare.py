@@ -90,9 +90,11 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
         train = streaming_blocks(corpus, tokenizer, length, held, options.seed)
         return TrainingData(train, held_out["val"], held_out["test"], corpus.label)
     cache = Path(options.data_cache).expanduser()
-    prepared = prepare_blocks(
-        corpus, tokenizer, length, cache, options.eval_blocks, options.data_workers, builds_here()
-    )
+    workers = min(options.data_workers, os.cpu_count() or 1)
+    if workers < options.data_workers:
+        log(f"--data-workers {options.data_workers} is more than this machine's {workers} CPUs: tokenizing with "
+            f"{workers}")
+    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.eval_blocks, workers, builds_here())
     meta = prepared.meta
     limit = None if options.max_tokens is None else options.max_tokens // length
     if limit is not None and limit < 1:
@@ -108,7 +110,7 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
     how = (
         f"tokenized by an earlier run, read from the cache {prepared.folder}"
         if prepared.cached
-        else f"tokenized in {prepared.seconds:.1f} s by {options.data_workers} process(es), cached in {prepared.folder}"
+        else f"tokenized in {prepared.seconds:.1f} s by {workers} process(es), cached in {prepared.folder}"
     )
     epochs = planned / train_tokens
     log(f"data: {corpus.label}: {meta['documents']:,} documents, {meta['tokens']:,} tokens (an end-of-text token "

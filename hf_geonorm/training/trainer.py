@@ -30,7 +30,14 @@ from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .corpus import HubSource, resolve_corpus
 from .data import tokenizer_from
-from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer, what_it_computes, with_learning_rate
+from .model import (
+    build_model,
+    check_positions,
+    model_tokenizer,
+    tokenizer_vocab,
+    what_it_computes,
+    with_learning_rate,
+)
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
@@ -173,7 +180,7 @@ def options_used(options: TrainOptions, tokenizer_from_model: bool) -> dict[str,
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
     else:
-        used["vocab_size"] = options.vocab_size or DEFAULT_TOKENIZER_VOCAB
+        used["vocab_size"] = tokenizer_vocab(options)
         del used["tokenizer"]
     if options.bridge_anneal is None:
         del used["bridge_anneal"], used["bridge_order"]
@@ -214,6 +221,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     torch.manual_seed(options.seed)
     hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
     corpus = resolve_corpus(options.data, options.text_column, hub)
+    check_positions(options)
     data_log = log if main else (lambda *_: None)
     folder_tokenizer = model_tokenizer(options)
     if folder_tokenizer is not None:
@@ -221,8 +229,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     elif options.tokenizer is not None:
         tokenizer = tokenizer_from(options.tokenizer)
     else:
-        vocab_size = options.vocab_size or DEFAULT_TOKENIZER_VOCAB
-        tokenizer = corpus_tokenizer(corpus, vocab_size, Path(options.data_cache).expanduser(), data_log)
+        tokenizer = corpus_tokenizer(corpus, tokenizer_vocab(options), Path(options.data_cache).expanduser(), data_log)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     data = training_data(corpus, tokenizer, options, data_log)
@@ -289,7 +296,6 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         dataloader_num_workers=0,
         # a stream: every process reads its own shards, rather than the first process reading for all
         accelerator_config={"dispatch_batches": False} if options.streaming else None,
-        use_cpu=not torch.cuda.is_available(),
         **_fsdp_arguments(options),
     )
     trainer = CheckedTrainer(
@@ -301,6 +307,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         eval_dataset=data.val,
         callbacks=callbacks,
     )
+    if main:  # the device is Trainer's (accelerate's) choice: CUDA, MPS, XPU, ... or the CPU
+        log(f"device: {trainer.args.device}, {trainer.args.world_size} process(es), precision {options.precision}")
     trainer.remove_callback(ProgressCallback)
     progress = RunProgress()
     trainer.add_callback(progress)
