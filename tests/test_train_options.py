@@ -73,6 +73,23 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
 
 
+def test_the_default_rates_are_the_best_of_the_committed_sweep_of_trains_default_model():
+    """The defaults follow the evidence: each style's best rate in the study's journal, chosen on validation."""
+    from hf_geonorm.training.sweep import read_journal
+    from hf_geonorm.training.sweep_report import best_rates
+
+    journal = Path(__file__).parent.parent / "benchmarks" / "results" / "sweeps" / "a_gpt2" / "runs.jsonl"
+    header, runs = read_journal(journal)
+    shape = header["train_options"]
+    assert (shape["arch"], shape["preset"], shape["model"], shape["settings"]) == ("gpt2", "tiny", None, {})
+    assert (shape["seq_len"], shape["batch_size"]) == (TrainOptions().seq_len, TrainOptions().batch_size)
+    by_validation = {}
+    for style in PRETRAINING_LR:  # written out: the lowest seed-0 validation loss of each style
+        seed0 = [r for r in runs if r["style"] == style and r["seed"] == 0]
+        by_validation[style] = min(seed0, key=lambda r: r["val_loss"])["lr"]
+    assert PRETRAINING_LR == by_validation == best_rates(runs)
+
+
 def test_the_default_learning_rate_follows_the_norm_style_and_fine_tuning(tmp_path):
     class Config:
         norm_style = "geo"
