@@ -43,7 +43,7 @@ class GeoNormGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except SystemExit as error:
-            if _is_instance(error, "hf_geonorm.atomic", "Terminated"):
+            if _is_instance(error, "hf_geonorm.files.atomic", "Terminated"):
                 stopped = click.ClickException("terminated (SIGTERM); no partial output is left")
                 stopped.exit_code = 128 + signal.SIGTERM
                 raise stopped from None
@@ -58,7 +58,7 @@ class GeoNormGroup(click.Group):
             if isinstance(error, (ValueError, OSError)) and _raised_by_library(error):  # a message for the user
                 if _is_instance(error, "hf_geonorm.loading", "SettingsError"):
                     raise click.UsageError(option_words(first_line(error))) from None
-                if _is_instance(error, "hf_geonorm.evaluation", "NonFiniteError"):
+                if _is_instance(error, "hf_geonorm.analysis.evaluation", "NonFiniteError"):
                     raise click.ClickException(option_words(first_line(error, limit=600))) from None
                 raise click.ClickException(first_line(error, limit=600)) from None
             if ctx.obj and ctx.obj.get("debug"):

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .card_checks import check_remote_code
-from .folders import saved_parameter_count
 from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
+from .sharing.card_checks import check_remote_code
+from .sharing.folders import saved_parameter_count
 from .training.model import parameter_count
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .folders import safetensors_header, weight_files
-from .gguf_files import dequantize_gguf
+from .files.gguf_files import dequantize_gguf
 from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
+from .sharing.folders import safetensors_header, weight_files
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"

@@ -1,6 +1,7 @@
 """The library behind the command line, called directly: loading sources strictly (hf_geonorm.loading, GGUF),
-conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one (hf_geonorm.evaluation),
-angles (hf_geonorm.angles), folder facts (hf_geonorm.inspection) and from-scratch configs (hf_geonorm.training.model).
+conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one
+(hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.inspection) and
+from-scratch configs (hf_geonorm.training.model).
 
 Issue 15 items 2, 5 and 9: no tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
@@ -21,7 +22,9 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import angles, conversion, evaluation, inspection, loading, text_files
+from hf_geonorm import conversion, inspection, loading
+from hf_geonorm.analysis import angles, evaluation
+from hf_geonorm.files import text_files
 from hf_geonorm.training.model import write_scratch_config
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -307,7 +310,7 @@ def test_write_scratch_config_sizes_and_counts(tmp_path):
 
 
 def test_bridge_costs_need_frames_and_leave_the_bridge_as_it_was():
-    from hf_geonorm.calibration import bridge_costs
+    from hf_geonorm.analysis.calibration import bridge_costs
 
     windows = [token_ids(16, seed=s)[0].tolist() for s in range(2)]
     with pytest.raises(ValueError, match="geo_frames.*--calibrate"):

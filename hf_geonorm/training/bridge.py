@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import TrainerCallback
 
-from ..evaluation import residual_modules
+from ..analysis.evaluation import residual_modules
 from ..modeling.geometry import per_update
 from .options import BRIDGE_ORDERS
 

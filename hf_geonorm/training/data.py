@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
+from ..files.text_files import read_text
 from ..loading import TOKENIZER_FILES, first_line
-from ..text_files import read_text
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
 

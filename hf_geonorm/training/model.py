@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ..atomic import atomic_directory, check_target
-from ..folders import save_config_with_remote_code
+from ..files.atomic import atomic_directory, check_target
 from ..loading import (
     PICKLE_WEIGHTS,
     TOKENIZER_FILES,
@@ -28,6 +27,7 @@ from ..loading import (
 )
 from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
+from ..sharing.folders import save_config_with_remote_code
 from .options import FINE_TUNING_LR, PRETRAINING_LR, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
 

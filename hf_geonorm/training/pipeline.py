@@ -31,7 +31,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ..atomic import atomic_directory
+from ..files.atomic import atomic_directory
 from .corpus import Corpus, corpus_documents, documents
 from .data import TokenBlocks
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..evaluation import NonFiniteError
+from ..analysis.evaluation import NonFiniteError
 from ..loading import first_line
 from .checkpoints import checkpoints
 from .options import SweepOptions, TrainOptions

@@ -20,12 +20,12 @@ from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ..atomic import atomic_directory
-from ..evaluation import NonFiniteError, explain_non_finite
-from ..hub import save_shareable
+from ..analysis.evaluation import NonFiniteError, explain_non_finite
+from ..files.atomic import atomic_directory
 from ..loading import first_line
-from ..model_card import CardInfo
 from ..patching import family_for
+from ..sharing.hub import save_shareable
+from ..sharing.model_card import CardInfo
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .corpus import resolve_corpus

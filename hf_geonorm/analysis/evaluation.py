@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
-from .modeling.residual import GeoNormResidual
-from .patching import apply_geonorm
-from .text_files import read_text
+from ..files.text_files import read_text
+from ..loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from ..modeling.residual import GeoNormResidual
+from ..patching import apply_geonorm
 
 BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"
 CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here makes a token of more than 32 characters' worth of text

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..modeling.geometry import prenorm_angle, tangent
+from ..modeling.settings import computes_prenorm
 from .evaluation import perplexity, read_with_hooks, residual_modules
-from .modeling.geometry import prenorm_angle, tangent
-from .modeling.settings import computes_prenorm
 
 RADII = ("embedding", "sqrt_d")
 
