@@ -107,7 +107,7 @@ def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor, co
 def growth_hook(model: torch.nn.Module, steps: int) -> Any:
     """The last-first anneal of the first version, for comparison: shares in proportion to how much each update's
     Pre-Norm update grows the state, max(log(c_j / c_j+1), 0.02), from the frames."""
-    from hf_geonorm.analysis.evaluation import residual_modules
+    from hf_geonorm.modeling.residual import residual_modules
     from hf_geonorm.training.bridge import last_first_bridges
 
     weights = [max(-math.log(module.frame[1]), 0.02) for _, _, module in residual_modules(model)]
@@ -227,8 +227,8 @@ def part_anatomy(smol: Smol) -> dict[str, Any]:
     calibrated step size (median) with its 10% and 90% quantiles, and the share of tokens whose base angle at the
     embedding radius exceeds pi/4 (where the default clamp binds)."""
     import hf_geonorm
-    from hf_geonorm.analysis.evaluation import residual_modules
     from hf_geonorm.modeling.geometry import prenorm_angle, tangent
+    from hf_geonorm.modeling.residual import residual_modules
 
     model = hf_geonorm.convert(smol.model, norm_style="pre")
     rows: list[dict[str, Any]] = []

@@ -176,8 +176,8 @@ def convert_checkpoint(
     name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on the first ``cost_tokens`` tokens
     (``calibration.bridge_costs``: one forward pass over them per update).
 
-    Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
-    ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
+    Raises ``ValueError`` for a bad source, output or weights (``errors.SettingsError`` for a bad setting,
+    ``errors.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
     while the conversion runs; nothing is written then. ``progress`` receives one line per stage.
     """
     total = 4 + (eval_text is not None) + (calibrate_text is not None)

@@ -20,25 +20,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import SettingsError, first_line
 from .files.gguf_files import dequantize_gguf
+from .files.safetensors_files import safetensors_header, weight_files
 from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
-from .sharing.folders import safetensors_header, weight_files
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an error message, at most ``limit`` characters."""
-    text = str(error).strip() or type(error).__name__
-    line = text.splitlines()[0].strip()
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 @dataclass
@@ -303,10 +297,6 @@ def load_tokenizer(source: Source) -> Any:
         if source.kind != "hub":
             warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
         return None
-
-
-class SettingsError(ValueError):
-    """A GeoNorm setting given by the caller is out of range (the message names the setting)."""
 
 
 def current_settings(source: Source) -> dict[str, Any]:

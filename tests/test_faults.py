@@ -274,7 +274,8 @@ def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
 
 
 def test_a_nan_perplexity_is_called_nan():
-    from hf_geonorm.analysis.evaluation import NonFiniteError, check_finite, perplexity
+    from hf_geonorm.analysis.evaluation import check_finite, perplexity
+    from hf_geonorm.errors import NonFiniteError
 
     model = hf_geonorm.convert(tiny_model("llama"), norm_style="pre")
     with torch.no_grad():

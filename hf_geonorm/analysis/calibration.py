@@ -31,8 +31,9 @@ import torch
 from torch import nn
 
 from ..modeling.geometry import prenorm_angle, tangent
+from ..modeling.residual import residual_modules
 from ..modeling.settings import computes_prenorm
-from .evaluation import perplexity, read_with_hooks, residual_modules
+from .evaluation import perplexity, read_with_hooks
 
 RADII = ("embedding", "sqrt_d")
 

@@ -17,11 +17,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..files.safetensors_files import saved_parameter_count
 from ..modeling.geometry import step_sizes, updates_per_layer
 from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from ..modeling.settings import GeoNormSettings
 from ..patching import family_for
-from .folders import saved_parameter_count
 
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"

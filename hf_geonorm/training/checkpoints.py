@@ -28,11 +28,12 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from ..errors import SettingsError, first_line
 from ..files.atomic import remove_stale_partials, remove_tree
-from ..loading import SettingsError, first_line, read_config_json
+from ..files.safetensors_files import safetensors_header, weight_files
+from ..loading import read_config_json
 from ..loading_info import tensor_names
 from ..modeling.settings import GeoNormSettings
-from ..sharing.folders import safetensors_header, weight_files
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names

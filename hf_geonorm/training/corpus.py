@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import first_line
 from ..files.text_files import BINARY_PROBE, text_chunks
-from ..loading import first_line
 from .data import TEXT_SUFFIXES, looks_like_path, stdlib_files
 
 DOC_MIN_CHARS = 1_000

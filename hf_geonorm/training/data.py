@@ -18,8 +18,9 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
+from ..errors import first_line
 from ..files.text_files import read_text
-from ..loading import TOKENIZER_FILES, first_line
+from ..loading import TOKENIZER_FILES
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
 

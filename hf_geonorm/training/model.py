@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from ..errors import SettingsError, first_line
 from ..files.atomic import atomic_directory, check_target
+from ..inspection import parameter_count
 from ..loading import (
     PICKLE_WEIGHTS,
     TOKENIZER_FILES,
-    SettingsError,
     check_supported,
-    first_line,
     load_model,
     open_source,
     resolve_settings,
@@ -61,7 +61,7 @@ def scratch_config(
     ``tie_embeddings`` True (the default, for ``init`` and ``train --arch`` alike) shares the input embedding and the
     output head, as the paper's GPT-3-shaped preset sizes count them; None keeps the family's default.
     ``ValueError`` when the sizes do not fit ``arch``,
-    ``loading.SettingsError`` for a bad setting.
+    ``errors.SettingsError`` for a bad setting.
     """
     check_supported(arch)
     family_config = config_class_for(arch)
@@ -202,21 +202,6 @@ def model_from_folder(
     return AutoModelForCausalLM.from_config(config)
 
 
-def parameter_count(config: Any, check_forward: bool = False) -> int:
-    """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
-    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together."""
-    with torch.device("meta"):
-        # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
-        # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
-        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
-        if check_forward:
-            try:
-                model(torch.ones((1, 4), dtype=torch.long))
-            except NotImplementedError:  # data-dependent ops (MoE routing) cannot run on meta: not checked
-                pass
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 @dataclass
 class ScratchConfig:
     """What ``write_scratch_config`` wrote."""
@@ -245,7 +230,7 @@ def write_scratch_config(
 
     The vocabulary is ``vocab_size``, else the tokenizer's rounded up to 64, else ``presets.DEFAULT_VOCAB``; the
     tokenizer's special-token ids go into the config. ``ValueError`` when the preset does not fit ``arch``,
-    ``loading.SettingsError`` for a bad setting; nothing is written then.
+    ``errors.SettingsError`` for a bad setting; nothing is written then.
     """
     check_target(output_dir, force)
     loaded = None

@@ -20,9 +20,9 @@ from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ..analysis.evaluation import NonFiniteError, explain_non_finite
+from ..analysis.evaluation import explain_non_finite
+from ..errors import NonFiniteError, first_line
 from ..files.atomic import atomic_directory
-from ..loading import first_line
 from ..patching import family_for
 from ..sharing.hub import save_shareable
 from ..sharing.model_card import CardInfo
