@@ -87,7 +87,9 @@ class Source:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` names a local file or folder (one that is not there) rather than a Hub id ``NAME`` or
+    ``ORG/NAME``: it starts like a path, has more than one ``/``, or ends like a checkpoint or tokenizer file."""
     return (
         spec.startswith((".", "/", "~"))
         or spec.count("/") > 1
@@ -175,7 +177,7 @@ def open_source(spec: str | os.PathLike) -> Source:
         source = Source(spec, "gguf", str(path.parent), path.name, _gguf_config(path), path)
     elif path.is_dir():
         source = Source(spec, "folder", str(path), None, read_config_json(path), path)
-    elif _looks_like_path(spec):
+    elif looks_like_path(spec):
         raise ValueError(f"{spec}: no such file or folder")
     else:
         source = Source(spec, "hub", spec, None, _hub_config(spec))

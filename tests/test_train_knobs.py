@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 import hf_geonorm
 from hf_geonorm.training import options as options_module
-from hf_geonorm.training.data import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -19,7 +19,6 @@ from ..files.atomic import atomic_directory, check_target
 from ..inspection import parameter_count
 from ..loading import (
     PICKLE_WEIGHTS,
-    TOKENIZER_FILES,
     check_supported,
     load_model,
     open_source,
@@ -30,8 +29,6 @@ from ..patching import config_class_for
 from ..sharing.folders import save_config_with_remote_code
 from .options import FINE_TUNING_LR, PRETRAINING_LR, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
-
-DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size says
 
 
 def padded_vocab(tokens: int) -> int:
@@ -97,28 +94,6 @@ def scratch_config(
             f"{first_line(error)}); build a config of your own with transformers and convert it, or choose another "
             "architecture"
         ) from None
-
-
-def model_tokenizer(options: TrainOptions) -> str | None:
-    """The folder ``options.model`` when it holds a tokenizer: the model is trained with it (its embedding rows are
-    that tokenizer's). ``ValueError`` when ``--tokenizer`` names another one or ``--vocab-size`` asks for a tokenizer
-    trained on the fly, which would not fit the model's rows."""
-    if options.model is None:
-        return None
-    folder = Path(options.model).expanduser()
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    if options.tokenizer is not None and Path(options.tokenizer).expanduser().absolute() != folder.absolute():
-        raise ValueError(
-            f"--tokenizer {options.tokenizer}: {options.model} has a tokenizer of its own, which its model's rows are "
-            "for; drop --tokenizer (or give a model folder without one)"
-        )
-    if options.vocab_size is not None:
-        raise ValueError(
-            f"--vocab-size {options.vocab_size}: {options.model} has a tokenizer of its own, which the run trains "
-            "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
-        )
-    return str(folder)
 
 
 def has_trained_weights(folder: str) -> bool:

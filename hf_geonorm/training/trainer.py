@@ -28,9 +28,7 @@ from ..sharing.hub import save_shareable
 from ..sharing.model_card import CardInfo
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
-from .corpus import resolve_corpus
-from .data import tokenizer_from
-from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer, what_it_computes, with_learning_rate
+from .model import build_model, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
@@ -46,7 +44,8 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .prepare import corpus_tokenizer, training_data
+from .prepare import training_data
+from .tokenizer import DEFAULT_TOKENIZER_VOCAB
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
@@ -212,20 +211,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
-    corpus = resolve_corpus(options.data)
-    data_log = log if main else (lambda *_: None)
-    folder_tokenizer = model_tokenizer(options)
-    if folder_tokenizer is not None:
-        tokenizer = tokenizer_from(folder_tokenizer)
-    elif options.tokenizer is not None:
-        tokenizer = tokenizer_from(options.tokenizer)
-    else:
-        vocab_size = options.vocab_size or DEFAULT_TOKENIZER_VOCAB
-        tokenizer = corpus_tokenizer(corpus, vocab_size, Path(options.data_cache).expanduser(), data_log)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    data = training_data(corpus, tokenizer, options, data_log)
-    model = build_model(options, tokenizer, own_tokenizer=folder_tokenizer is not None, log=log if main else None)
+    data = training_data(options, log if main else (lambda *_: None))
+    tokenizer = data.tokenizer
+    model = build_model(options, tokenizer, own_tokenizer=data.tokenizer_from_model, log=log if main else None)
     # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
     use_cache = getattr(model.config, "use_cache", None)
     if checkpoint is not None:
@@ -355,7 +343,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
         "data": data.label,
-        "options": options_used(options, tokenizer_from_model=folder_tokenizer is not None),
+        "options": options_used(options, tokenizer_from_model=data.tokenizer_from_model),
         "log_history": trainer.state.log_history,
     }
     if not trainer.is_world_process_zero():
