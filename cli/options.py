@@ -10,16 +10,15 @@ answers without importing torch and transformers.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import re
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import click
+
+from .library import library_module
 
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 DECAYS = ("harmonic", "sqrt", "linear", "constant")
@@ -30,18 +29,9 @@ NO_CLAMP = "none"
 
 
 def declarations() -> ModuleType:
-    """``hf_geonorm/training/options.py`` (``TrainOptions``, ``SweepOptions``) loaded from its file: it imports only
-    the standard library, and importing it through the package would run ``hf_geonorm/__init__`` (torch and
-    transformers) for a ``--help``. The commands build the library's own classes from the values."""
-    name = "hf_geonorm_cli._declarations"
-    if name not in sys.modules:
-        package = importlib.util.find_spec("hf_geonorm")  # finds the package without running it
-        path = Path(package.submodule_search_locations[0]) / "training" / "options.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses looks its module up
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """``hf_geonorm/training/options.py`` (``TrainOptions``, ``SweepOptions``) read from its file (``library``), for
+    a ``--help`` without torch. The commands build the library's own classes from the values."""
+    return library_module("training/options")
 
 
 PRESET_NAMES = declarations().PRESET_NAMES

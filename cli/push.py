@@ -1,4 +1,4 @@
-"""``hf-geonorm push``: upload a GeoNorm folder to the Hugging Face Hub (hf_geonorm.hub.push_folder)."""
+"""``hf-geonorm push``: upload a GeoNorm folder to the Hugging Face Hub (hf_geonorm.sharing.hub.push_folder)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def push(
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    from hf_geonorm.hub import NotShareable, push_folder, shareable_files
+    from hf_geonorm.sharing.hub import NotShareable, push_folder, shareable_files
 
     if create_pr and revision and revision != "main":
         raise click.UsageError("--create-pr opens a pull request against main; it cannot be combined with --revision")

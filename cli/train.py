@@ -29,8 +29,7 @@ def train(**kwargs: Any) -> None:
 
 def run_checked(run: Any) -> Any:
     """Run a training job: the library's mistakes as one-line errors (a setting as a usage error, exit 2)."""
-    from hf_geonorm.evaluation import NonFiniteError
-    from hf_geonorm.loading import SettingsError
+    from hf_geonorm.errors import NonFiniteError, SettingsError
     from hf_geonorm.training.options import OptionError
 
     try:

@@ -6,7 +6,6 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
-from .hub import push_to_hub as _push_to_hub
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -30,6 +29,7 @@ from .patching import (
     family_for,
     supported_architectures,
 )
+from .sharing.hub import push_to_hub as _push_to_hub
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_to_hub

@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_directory, check_target
-from .calibration import bridge_costs, calibrate
-from .evaluation import check_finite, perplexity, text_windows
-from .gguf_files import gguf_metadata
-from .hub import save_shareable
+from .analysis.calibration import bridge_costs, calibrate
+from .analysis.evaluation import check_finite, perplexity, text_windows
+from .files.atomic import atomic_directory, check_target
+from .files.gguf_files import gguf_metadata
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
-from .model_card import CardInfo
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
+from .sharing.hub import save_shareable
+from .sharing.model_card import CardInfo
 
 # The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
 MIN_CALIBRATION_TOKENS = 64
@@ -176,8 +176,8 @@ def convert_checkpoint(
     name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on the first ``cost_tokens`` tokens
     (``calibration.bridge_costs``: one forward pass over them per update).
 
-    Raises ``ValueError`` for a bad source, output or weights (``loading.SettingsError`` for a bad setting,
-    ``evaluation.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
+    Raises ``ValueError`` for a bad source, output or weights (``errors.SettingsError`` for a bad setting,
+    ``errors.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
     while the conversion runs; nothing is written then. ``progress`` receives one line per stage.
     """
     total = 4 + (eval_text is not None) + (calibrate_text is not None)

@@ -1,5 +1,6 @@
-"""What a checkpoint folder holds (``hf-geonorm info``) and which architectures GeoNorm patches, and how
-(``hf-geonorm architectures``); read from headers and configs, loading no weights."""
+"""What a checkpoint folder holds (``hf-geonorm info``), how many parameters a config gives (``parameter_count``,
+also for ``hf-geonorm init``), and which architectures GeoNorm patches, and how (``hf-geonorm architectures``);
+read from headers and configs, loading no weights."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .card_checks import check_remote_code
-from .folders import saved_parameter_count
-from .loading import Source, check_supported, first_line, read_config_json, resolve_settings
+import torch
+from transformers import AutoModelForCausalLM
+
+from .errors import first_line
+from .files.safetensors_files import saved_parameter_count
+from .loading import Source, check_supported, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
-from .training.model import parameter_count
+from .sharing.card_checks import check_remote_code
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -73,6 +77,21 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     out["model_card"] = _card_facts(path / "README.md")
     out["tokenizer"] = any((path / name).is_file() for name in TOKENIZER_FILES)
     return out
+
+
+def parameter_count(config: Any, check_forward: bool = False) -> int:
+    """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
+    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together."""
+    with torch.device("meta"):
+        # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
+        # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
+        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
+        if check_forward:
+            try:
+                model(torch.ones((1, 4), dtype=torch.long))
+            except NotImplementedError:  # data-dependent ops (MoE routing) cannot run on meta: not checked
+                pass
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def _card_facts(readme: Path) -> dict[str, Any] | None:

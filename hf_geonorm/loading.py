@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .folders import safetensors_header, weight_files
-from .gguf_files import dequantize_gguf
+from .errors import SettingsError, first_line
+from .files.gguf_files import dequantize_gguf
+from .files.safetensors_files import safetensors_header, weight_files
 from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
@@ -32,13 +33,6 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an error message, at most ``limit`` characters."""
-    text = str(error).strip() or type(error).__name__
-    line = text.splitlines()[0].strip()
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 @dataclass
@@ -93,7 +87,9 @@ class Source:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` names a local file or folder (one that is not there) rather than a Hub id ``NAME`` or
+    ``ORG/NAME``: it starts like a path, has more than one ``/``, or ends like a checkpoint or tokenizer file."""
     return (
         spec.startswith((".", "/", "~"))
         or spec.count("/") > 1
@@ -181,7 +177,7 @@ def open_source(spec: str | os.PathLike) -> Source:
         source = Source(spec, "gguf", str(path.parent), path.name, _gguf_config(path), path)
     elif path.is_dir():
         source = Source(spec, "folder", str(path), None, read_config_json(path), path)
-    elif _looks_like_path(spec):
+    elif looks_like_path(spec):
         raise ValueError(f"{spec}: no such file or folder")
     else:
         source = Source(spec, "hub", spec, None, _hub_config(spec))
@@ -303,10 +299,6 @@ def load_tokenizer(source: Source) -> Any:
         if source.kind != "hub":
             warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
         return None
-
-
-class SettingsError(ValueError):
-    """A GeoNorm setting given by the caller is out of range (the message names the setting)."""
 
 
 def current_settings(source: Source) -> dict[str, Any]:

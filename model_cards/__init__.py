@@ -1,1 +1,2 @@
-"""The model-card template that ``hf_geonorm.model_card`` renders (installed as package ``hf_geonorm.model_cards``)."""
+"""The model-card template that ``hf_geonorm.sharing.model_card`` renders (installed as package
+``hf_geonorm.model_cards``)."""

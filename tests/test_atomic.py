@@ -1,4 +1,4 @@
-"""Output folders written all or nothing (hf_geonorm.atomic), on their own and through ``hf-geonorm convert``
+"""Output folders written all or nothing (hf_geonorm.files.atomic), on their own and through ``hf-geonorm convert``
 killed with SIGTERM or SIGKILL, or raced, at points the test controls (issue 15, items 3 and 8).
 
 The kill tests run the real command line in a child process that stops at a named point (the weights are
@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
-from hf_geonorm import atomic, conversion
+from hf_geonorm import conversion
+from hf_geonorm.files import atomic
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])

@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm import conversion
-from hf_geonorm.card_checks import check_remote_code
+from hf_geonorm.sharing.card_checks import check_remote_code
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")

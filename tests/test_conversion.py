@@ -1,6 +1,7 @@
 """The library behind the command line, called directly: loading sources strictly (hf_geonorm.loading, GGUF),
-conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one (hf_geonorm.evaluation),
-angles (hf_geonorm.angles), folder facts (hf_geonorm.inspection) and from-scratch configs (hf_geonorm.training.model).
+conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one
+(hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.inspection) and
+from-scratch configs (hf_geonorm.training.model).
 
 Issue 15 items 2, 5 and 9: no tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
@@ -21,7 +22,9 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import angles, conversion, evaluation, inspection, loading, text_files
+from hf_geonorm import conversion, errors, inspection, loading
+from hf_geonorm.analysis import angles, evaluation
+from hf_geonorm.files import text_files
 from hf_geonorm.training.model import write_scratch_config
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -146,7 +149,7 @@ def test_gguf_is_dequantised_and_a_missing_tensor_refused(tmp_path):
 def test_settings_errors_tell_a_bad_argument_from_a_bad_file(stock_llama, tmp_path):
     source = loading.open_source(stock_llama)
     assert loading.resolve_settings({"geo_alpha": 0.5}, source)["geo_alpha"] == 0.5
-    with pytest.raises(loading.SettingsError, match=r"one value per layer \(3\)"):
+    with pytest.raises(errors.SettingsError, match=r"one value per layer \(3\)"):
         loading.resolve_settings({"geo_alpha": [1.0, 2.0]}, source)
     geo = tmp_path / "geo"
     shutil.copytree(stock_llama, geo)
@@ -155,7 +158,7 @@ def test_settings_errors_tell_a_bad_argument_from_a_bad_file(stock_llama, tmp_pa
     (geo / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=rf"{geo / 'config.json'}: geo_decay must be one of") as caught:
         loading.resolve_settings({}, loading.open_source(geo))
-    assert not isinstance(caught.value, loading.SettingsError)
+    assert not isinstance(caught.value, errors.SettingsError)
     assert loading.resolve_settings({"geo_decay": "sqrt"}, loading.open_source(geo))["geo_decay"] == "sqrt"
     with pytest.raises(ValueError, match=rf"{geo / 'config.json'}: geo_decay must be one of"):
         inspection.describe_folder(geo)
@@ -184,7 +187,7 @@ def test_convert_checkpoint_refuses_before_writing(stock_llama, tmp_path):
     broken = edited_copy(stock_llama, tmp_path / "broken", lambda t: t.pop(Q_PROJ))
     with pytest.raises(ValueError, match=Q_PROJ):
         conversion.convert_checkpoint(broken, tmp_path / "out")
-    with pytest.raises(loading.SettingsError):
+    with pytest.raises(errors.SettingsError):
         conversion.convert_checkpoint(stock_llama, tmp_path / "out", {"geo_bridge": 2.0})
     with pytest.raises(ValueError, match="overlaps the source"):
         conversion.convert_checkpoint(stock_llama, stock_llama / "inside")
@@ -237,7 +240,7 @@ def test_a_non_finite_perplexity_says_where_and_which_setting(stock_llama, tmp_p
     nan_weights = edited_copy(
         stock_llama, tmp_path / "nan", lambda t: t["model.layers.1.mlp.down_proj.weight"].fill_(float("nan"))
     )
-    with pytest.raises(evaluation.NonFiniteError, match="non-finite values: model.layers.1.mlp.down_proj.weight"):
+    with pytest.raises(errors.NonFiniteError, match="non-finite values: model.layers.1.mlp.down_proj.weight"):
         evaluation.measure_perplexity(nan_weights, TEXT, max_tokens=32)
 
     def huge_mlp(tensors):  # fine in float32, beyond float16's range (65504) after the second layer's MLP
@@ -246,10 +249,10 @@ def test_a_non_finite_perplexity_says_where_and_which_setting(stock_llama, tmp_p
 
     huge = edited_copy(stock_llama, tmp_path / "huge", huge_mlp)
     assert math.isfinite(evaluation.measure_perplexity(huge, TEXT, max_tokens=32).perplexity)
-    with pytest.raises(evaluation.NonFiniteError, match=r"the mlp update of layer 2 .*float16 \(use dtype float32\)"):
+    with pytest.raises(errors.NonFiniteError, match=r"the mlp update of layer 2 .*float16 \(use dtype float32\)"):
         evaluation.measure_perplexity(huge, TEXT, max_tokens=32, dtype="float16")
     confident = edited_copy(stock_llama, tmp_path / "confident", lambda t: t["lm_head.weight"].mul_(1e5))
-    with pytest.raises(evaluation.NonFiniteError, match="is infinite: the outputs are finite, but the mean loss"):
+    with pytest.raises(errors.NonFiniteError, match="is infinite: the outputs are finite, but the mean loss"):
         evaluation.measure_perplexity(confident, TEXT, max_tokens=32)  # exp(mean loss) overflows
 
 
@@ -299,7 +302,7 @@ def test_write_scratch_config_sizes_and_counts(tmp_path):
     assert result.parameters == sum(p.numel() for p in model.parameters())
     assert (result.config.n_layer, result.config.n_embd, result.config.geo_alpha) == (4, 128, 0.4)
     assert json.loads((tmp_path / "fresh" / "config.json").read_text())["model_type"] == "geonorm_gpt2"
-    with pytest.raises(loading.SettingsError):
+    with pytest.raises(errors.SettingsError):
         write_scratch_config("gpt2", tmp_path / "bad", "tiny", {"geo_alpha": [1.0, 2.0]})
     with pytest.raises(ValueError, match="unsupported architecture 'bert'"):
         write_scratch_config("bert", tmp_path / "bad", "tiny")
@@ -307,7 +310,7 @@ def test_write_scratch_config_sizes_and_counts(tmp_path):
 
 
 def test_bridge_costs_need_frames_and_leave_the_bridge_as_it_was():
-    from hf_geonorm.calibration import bridge_costs
+    from hf_geonorm.analysis.calibration import bridge_costs
 
     windows = [token_ids(16, seed=s)[0].tolist() for s in range(2)]
     with pytest.raises(ValueError, match="geo_frames.*--calibrate"):

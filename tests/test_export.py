@@ -1,5 +1,5 @@
 """Saved GeoNorm folders: remote code written by one writer on every save, the method specification beside it,
-folder utilities (hf_geonorm.remote_code, hf_geonorm.folders).
+folder utilities (hf_geonorm.remote_code, hf_geonorm.sharing.folders).
 
 The plugin-less side runs in a separate interpreter that sees torch and transformers but not hf_geonorm (the
 ``plugin_free_python`` fixture of conftest.py), and loads the saved folders with trust_remote_code=True.
@@ -25,11 +25,11 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm.card_checks import auto_map_for, check_remote_code
-from hf_geonorm.folders import add_remote_code, save_config_with_remote_code
-from hf_geonorm.hub import save_shareable
-from hf_geonorm.model_card import CardInfo
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
+from hf_geonorm.sharing.card_checks import auto_map_for, check_remote_code
+from hf_geonorm.sharing.folders import add_remote_code, save_config_with_remote_code
+from hf_geonorm.sharing.hub import save_shareable
+from hf_geonorm.sharing.model_card import CardInfo
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hf_geonorm" / "modeling"
@@ -316,7 +316,7 @@ def test_package_data_of_the_wheel(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"hf_geonorm/model_cards/geonorm_model_card.md", "hf_geonorm/docs/method.md"} <= names
     assert {f"hf_geonorm/modeling/{p.name}" for p in remote_code_files()} <= names
-    assert {"hf_geonorm_cli/main.py", "hf_geonorm/hub.py", "hf_geonorm/model_card.py"} <= names
+    assert {"hf_geonorm_cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
 
 
 def test_markdown_links_of_a_saved_card_resolve_in_the_folder(tmp_path):

@@ -274,7 +274,8 @@ def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
 
 
 def test_a_nan_perplexity_is_called_nan():
-    from hf_geonorm.evaluation import NonFiniteError, check_finite, perplexity
+    from hf_geonorm.analysis.evaluation import check_finite, perplexity
+    from hf_geonorm.errors import NonFiniteError
 
     model = hf_geonorm.convert(tiny_model("llama"), norm_style="pre")
     with torch.no_grad():
@@ -306,7 +307,7 @@ def test_a_tensor_missing_from_a_sharded_checkpoint_names_the_index(tmp_path):
 
 
 def test_an_output_name_of_240_characters_is_written(tmp_path):
-    from hf_geonorm.atomic import atomic_directory, remove_stale_partials
+    from hf_geonorm.files.atomic import atomic_directory, remove_stale_partials
 
     output = tmp_path / ("m" * 240)
     with atomic_directory(output) as tmp:

@@ -26,8 +26,8 @@ import importlib.resources, json, sys
 from pathlib import Path
 
 import hf_geonorm
-from hf_geonorm.hub import save_shareable
-from hf_geonorm.model_card import CardInfo, card_template
+from hf_geonorm.sharing.hub import save_shareable
+from hf_geonorm.sharing.model_card import CardInfo, card_template
 from transformers import AutoModelForCausalLM
 
 venv = Path(sys.argv[1]).resolve()

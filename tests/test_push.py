@@ -1,4 +1,4 @@
-"""``hf-geonorm push`` and ``hf_geonorm.hub.push_to_hub`` (issue 5) against a local Hub (tests/fake_hub.py).
+"""``hf-geonorm push`` and ``hf_geonorm.sharing.hub.push_to_hub`` (issue 5) against a local Hub (tests/fake_hub.py).
 
 huggingface_hub reads HF_ENDPOINT into ``constants.ENDPOINT`` (and the download URL template) when imported, so
 in-process tests set those constants (``HfApi()`` reads ENDPOINT when created); the subprocess test sets
@@ -25,10 +25,10 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm.card_checks import auto_map_for, validate_card
-from hf_geonorm.hub import push_to_hub, shareable_files
-from hf_geonorm.model_card import CardInfo
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
+from hf_geonorm.sharing.card_checks import auto_map_for, validate_card
+from hf_geonorm.sharing.hub import push_to_hub, shareable_files
+from hf_geonorm.sharing.model_card import CardInfo
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 

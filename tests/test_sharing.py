@@ -28,10 +28,17 @@ from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm.card_checks import auto_map_for, check_remote_code, check_shareable, validate_card
-from hf_geonorm.hub import save_shareable, shareable_files
-from hf_geonorm.model_card import CARD_DATA, CardInfo, load_card_info, max_rotation, render_model_card, write_model_card
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
+from hf_geonorm.sharing.card_checks import auto_map_for, check_remote_code, check_shareable, validate_card
+from hf_geonorm.sharing.hub import save_shareable, shareable_files
+from hf_geonorm.sharing.model_card import (
+    CARD_DATA,
+    CardInfo,
+    load_card_info,
+    max_rotation,
+    render_model_card,
+    write_model_card,
+)
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.trainer import run_training
 
@@ -207,7 +214,7 @@ def test_folders_carry_auto_map_the_flat_self_contained_source_and_the_spec(fold
     checkpoint = folders["checkpoint-4"]
     assert check_shareable(checkpoint) == [
         f"{checkpoint} has no README.md model card: write one with "
-        f"hf_geonorm.model_card.write_model_card({str(checkpoint)!r})"
+        f"hf_geonorm.sharing.model_card.write_model_card({str(checkpoint)!r})"
     ]
     assert "optimizer.pt" not in shareable_files(checkpoint)  # Trainer state is not uploaded
 

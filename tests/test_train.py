@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm.training.data import read_texts, stdlib_files
+from hf_geonorm.training.corpus import stdlib_files
+from hf_geonorm.training.data import read_texts
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]

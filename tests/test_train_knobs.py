@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 import hf_geonorm
 from hf_geonorm.training import options as options_module
-from hf_geonorm.training.data import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -204,7 +204,7 @@ def geonorm_folder(arch: str, folder: Path, tokenizer_folder: Path) -> Path:
     """A tiny from-scratch GeoNorm ``arch`` model with its tokenizer, saved as a checkpoint folder."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from hf_geonorm.hub import save_shareable
+    from hf_geonorm.sharing.hub import save_shareable
 
     made = CliRunner().invoke(cli, ["init", arch, str(folder / "cfg"), "--preset", "tiny", "--tokenizer",
                                     str(tokenizer_folder)])  # fmt: skip

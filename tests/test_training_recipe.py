@@ -19,9 +19,9 @@ from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import TrainingArguments
 
-from hf_geonorm.training.data import train_tokenizer
 from hf_geonorm.training.model import build_model
 from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -169,3 +169,18 @@ class GeoNormResidual(nn.Module):
         if style == "deepnorm":
             return norm(self.deepnorm_alpha * x + update)
         return x + self.output_norm(update)
+
+
+def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:
+    """(layer, sublayer, GeoNormResidual) for every residual update, in order."""
+    found: list[tuple[int, str, GeoNormResidual]] = []
+    for module in model.modules():
+        attn = getattr(module, "geonorm_attn_residual", None)
+        if isinstance(attn, GeoNormResidual):
+            mlp = getattr(module, "geonorm_mlp_residual", None)
+            k = attn.layer_index + 1
+            if isinstance(mlp, GeoNormResidual):
+                found += [(k, "attn", attn), (k, "mlp", mlp)]
+            else:
+                found.append((k, "attn+mlp", attn))
+    return sorted(found, key=lambda item: (item[0], item[1] == "mlp"))

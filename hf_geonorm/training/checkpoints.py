@@ -6,7 +6,7 @@ into one hidden folder ``.checkpoint-N.partial-PID-staging`` next to it and move
 place when all of them are done. ``resume_checkpoint`` checks the checkpoints newest first and falls back past
 damaged ones (unreadable files), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
 the Trainer would keep the values of ``--model`` for tensors it does not find. ``remove_leftovers`` removes what
-killed runs left (``hf_geonorm.atomic`` naming).
+killed runs left (``hf_geonorm.files.atomic`` naming).
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..atomic import remove_stale_partials, remove_tree
-from ..folders import safetensors_header, weight_files
-from ..loading import SettingsError, first_line, read_config_json
+from ..errors import SettingsError, first_line
+from ..files.atomic import remove_stale_partials, remove_tree
+from ..files.safetensors_files import safetensors_header, weight_files
+from ..loading import read_config_json
 from ..loading_info import tensor_names
 from ..modeling.settings import GeoNormSettings
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.atomic's temporary names
+LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names
 
 
 class NoSpaceError(OSError):

@@ -1,5 +1,6 @@
-"""What ``--data`` names, as a ``Corpus``: an ordered list of shards (files, or a ``datasets`` corpus) and the
-documents each holds, read in pieces so that no file is ever held whole in memory.
+"""What ``--data`` names, as a ``Corpus`` (the first step of the data: documents, tokenizer, blocks): an ordered
+list of shards (files, or a ``datasets`` corpus) and the documents each holds, read in pieces so that no file is ever
+held whole in memory.
 
 A document is what validation and test hold out whole and what the end-of-text token closes. Documents are
 pieces of bounded size, so that the held-out ones spread over the data and no file is one huge document:
@@ -21,15 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
+import sysconfig
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..loading import first_line
-from ..text_files import BINARY_PROBE, text_chunks
-from .data import TEXT_SUFFIXES, looks_like_path, stdlib_files
+from ..errors import first_line
+from ..files.text_files import BINARY_PROBE, text_chunks
 
 DOC_MIN_CHARS = 1_000
 PIECE_CHARS = 8_000
@@ -37,6 +39,25 @@ DOC_MAX_CHARS = 1_000_000
 ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
 SAVED_DATASET = ("dataset_info.json", "state.json")  # what Dataset.save_to_disk writes
 TEXT_TYPES = ("string", "large_string")
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
+# Of the data caches (the tokenizer trained on the fly, the packed blocks): a new way of cutting documents or
+# packing blocks gets new cache keys.
+FORMAT = 4
+
+
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` names a local file or folder rather than a Hub name (``NAME`` or ``ORG/NAME``)."""
+    return (
+        spec.startswith((".", "/", "~"))
+        or spec.count("/") > 1
+        or (os.sep != "/" and os.sep in spec)
+        or spec.lower().endswith(TEXT_SUFFIXES)
+    )
+
+
+def stdlib_files() -> list[Path]:
+    """The Python standard library's own top-level source files, sorted: text every Python install has."""
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
 
 
 @dataclass(frozen=True)

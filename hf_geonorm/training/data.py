@@ -1,42 +1,20 @@
-"""What ``hf-geonorm train`` reads: text (files, a folder, a ``datasets`` corpus, or the Python standard library's
-own source), a tokenizer (loaded, or a byte-level BPE trained on the text), and fixed-length blocks of token ids.
-
-Every user mistake (no such file, a binary file, a tokenizer that is not there) is a one-line ``ValueError`` that
-names the file and the fix; text that is not UTF-8 is read with a warning that names the file.
+"""The old in-memory data path, which only the benchmarks' own training loop still reads (``benchmarks/run_loop.py``):
+documents read into a list (``read_texts``), tokenized into one tensor of fixed-length blocks (``token_blocks``)
+and its last blocks held out for validation (``split_blocks``). ``hf-geonorm train`` reads its data through
+``corpus``, ``tokenizer`` and ``pipeline`` instead.
 """
 
 from __future__ import annotations
 
-import os
-import sysconfig
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerFast
 
-from ..loading import TOKENIZER_FILES, first_line
-from ..text_files import read_text
-
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
-
-
-def looks_like_path(spec: str) -> bool:
-    """Whether ``spec`` names a local file or folder rather than a Hub name (``NAME`` or ``ORG/NAME``)."""
-    return (
-        spec.startswith((".", "/", "~"))
-        or spec.count("/") > 1
-        or (os.sep != "/" and os.sep in spec)
-        or spec.lower().endswith(TEXT_SUFFIXES)
-    )
-
-
-def stdlib_files() -> list[Path]:
-    """The Python standard library's own top-level source files, sorted: text every Python install has."""
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+from ..errors import first_line
+from ..files.text_files import read_text
+from .corpus import TEXT_SUFFIXES, looks_like_path, stdlib_files
 
 
 def read_texts(data: str | None, max_chars: int) -> tuple[list[str], str]:
@@ -101,70 +79,6 @@ def _dataset_texts(name: str, max_chars: int) -> list[str]:
         if total >= max_chars:
             break
     return texts
-
-
-def tokenizer_from(spec: str) -> Any:
-    """The tokenizer in folder ``spec``, or of Hub model ``spec``; a ``ValueError`` that says which it was taken
-    for and what is wrong (no such folder, a folder without tokenizer files, a Hub id that does not load)."""
-    from transformers import AutoTokenizer
-
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise ValueError(f"{spec} holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); give a tokenizer folder")
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except Exception as error:  # noqa: BLE001 - reported in one line
-            raise ValueError(f"cannot load the tokenizer in {spec}: {first_line(error)}") from None
-    if path.exists():
-        raise ValueError(f"{spec} is a file; give the folder that holds the tokenizer, or a Hub model id")
-    if looks_like_path(spec):
-        raise ValueError(f"{spec}: no such folder; give a tokenizer folder or a Hub model id (such as gpt2)")
-    try:
-        return AutoTokenizer.from_pretrained(spec)
-    except Exception as error:  # noqa: BLE001 - offline, unknown id, ...
-        raise ValueError(
-            f"{spec} is not a local folder, and loading its tokenizer from the Hugging Face Hub failed: "
-            f"{first_line(error)}"
-        ) from None
-
-
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on ``texts`` (GPT-2's scheme), with one end-of-text token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return fast_tokenizer(tokenizer)
-
-
-def fast_tokenizer(tokenizer: Any) -> PreTrainedTokenizerFast:
-    """transformers' tokenizer over a ``tokenizers`` one (or its JSON file) made by ``train_tokenizer``."""
-    source = {"tokenizer_file": tokenizer} if isinstance(tokenizer, str) else {"tokenizer_object": tokenizer}
-    return PreTrainedTokenizerFast(
-        **source, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-
-
-class TokenBlocks(Dataset):
-    """Fixed-length blocks of token ids; each is its own label (the model shifts)."""
-
-    def __init__(self, blocks: torch.Tensor) -> None:
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
 
 
 def token_blocks(tokenizer: Any, texts: list[str], seq_len: int) -> torch.Tensor:

@@ -4,7 +4,6 @@ benchmarks train on it, so the three agree field for field. A folder's model is 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -15,24 +14,23 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ..atomic import atomic_directory, check_target
-from ..folders import save_config_with_remote_code
+from ..errors import SettingsError, first_line
+from ..files.atomic import atomic_directory, check_target
+from ..inspection import parameter_count
 from ..loading import (
     PICKLE_WEIGHTS,
-    TOKENIZER_FILES,
-    SettingsError,
     check_supported,
-    first_line,
     load_model,
     open_source,
     resolve_settings,
 )
 from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
+from ..sharing.folders import save_config_with_remote_code
 from .options import FINE_TUNING_LR, PRETRAINING_LR, OptionError, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
+from .tokenizer import folder_config, has_trained_weights
 
-DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
 
@@ -63,7 +61,7 @@ def scratch_config(
     ``tie_embeddings`` True (the default, for ``init`` and ``train --arch`` alike) shares the input embedding and the
     output head, as the paper's GPT-3-shaped preset sizes count them; None keeps the family's default.
     ``ValueError`` when the sizes do not fit ``arch``,
-    ``loading.SettingsError`` for a bad setting.
+    ``errors.SettingsError`` for a bad setting.
     """
     check_supported(arch)
     family_config = config_class_for(arch)
@@ -101,51 +99,6 @@ def scratch_config(
         ) from None
 
 
-def model_tokenizer(options: TrainOptions) -> str | None:
-    """The folder ``options.model`` when it holds a tokenizer: the model is trained with it (its embedding rows are
-    that tokenizer's). ``ValueError`` when ``--tokenizer`` names another one or ``--vocab-size`` asks for a tokenizer
-    trained on the fly, which would not fit the model's rows."""
-    if options.model is None:
-        return None
-    folder = Path(options.model).expanduser()
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    if options.tokenizer is not None and Path(options.tokenizer).expanduser().absolute() != folder.absolute():
-        raise ValueError(
-            f"--tokenizer {options.tokenizer}: {options.model} has a tokenizer of its own, which its model's rows are "
-            "for; drop --tokenizer (or give a model folder without one)"
-        )
-    if options.vocab_size is not None:
-        raise ValueError(
-            f"--vocab-size {options.vocab_size}: {options.model} has a tokenizer of its own, which the run trains "
-            "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
-        )
-    return str(folder)
-
-
-def tokenizer_vocab(options: TrainOptions) -> int:
-    """The vocabulary of a tokenizer trained on the fly: ``--vocab-size``, else a from-scratch config's own
-    ``vocab_size`` (``init --preset 125m``: 50,304, so the model is trained at the size it was written for), else
-    ``DEFAULT_TOKENIZER_VOCAB``."""
-    if options.vocab_size is not None:
-        return options.vocab_size
-    config = folder_config(options)
-    if config is not None and not has_trained_weights(options.model) and config.get("vocab_size"):
-        return int(config["vocab_size"])
-    return DEFAULT_TOKENIZER_VOCAB
-
-
-def folder_config(options: TrainOptions) -> dict[str, Any] | None:
-    """The ``config.json`` of the ``--model`` folder, as it is written (None without a folder or a config)."""
-    if options.model is None:
-        return None
-    path = Path(options.model).expanduser() / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the loading names what is wrong with it
-
-
 def check_positions(options: TrainOptions) -> None:
     """``--seq-len`` within the ``--model`` folder's positions, before any tokenizing (a model built from
     ``--arch`` gets ``--seq-len`` positions)."""
@@ -157,11 +110,6 @@ def check_positions(options: TrainOptions) -> None:
             f"max_position_embeddings): give --seq-len {positions} or less, or write the config with more positions "
             "(hf-geonorm init --max-length)"
         )
-
-
-def has_trained_weights(folder: str) -> bool:
-    """Whether a ``--model`` folder holds weights (a checkpoint: fine-tuned), not a config to train from scratch."""
-    return bool(open_source(Path(folder).expanduser()).weight_files)
 
 
 def build_model(
@@ -255,21 +203,6 @@ def model_from_folder(
     return AutoModelForCausalLM.from_config(config)
 
 
-def parameter_count(config: Any, check_forward: bool = False) -> int:
-    """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
-    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together."""
-    with torch.device("meta"):
-        # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
-        # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
-        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
-        if check_forward:
-            try:
-                model(torch.ones((1, 4), dtype=torch.long))
-            except NotImplementedError:  # data-dependent ops (MoE routing) cannot run on meta: not checked
-                pass
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
 @dataclass
 class ScratchConfig:
     """What ``write_scratch_config`` wrote."""
@@ -298,7 +231,7 @@ def write_scratch_config(
 
     The vocabulary is ``vocab_size``, else the tokenizer's rounded up to 64, else ``presets.DEFAULT_VOCAB``; the
     tokenizer's special-token ids go into the config. ``ValueError`` when the preset does not fit ``arch``,
-    ``loading.SettingsError`` for a bad setting; nothing is written then.
+    ``errors.SettingsError`` for a bad setting; nothing is written then.
     """
     check_target(output_dir, force)
     loaded = None

@@ -189,7 +189,7 @@ class TrainOptions:
     def validate(self) -> TrainOptions:
         import torch
 
-        from ..loading import SettingsError, first_line
+        from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
         if self.precision not in PRECISIONS:

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..atomic import remove_tree, terminate_raises
+from ..files.atomic import remove_tree, terminate_raises
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
 from .options import TrainOptions
 

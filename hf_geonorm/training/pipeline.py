@@ -18,7 +18,6 @@ import bisect
 import hashlib
 import itertools
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -31,12 +30,10 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ..atomic import atomic_directory
-from .corpus import Corpus
-from .data import TokenBlocks
+from ..files.atomic import atomic_directory, wait_for
+from .corpus import FORMAT, Corpus
 
 VAL_EVERY = 20
-FORMAT = 4  # of the cached blocks: a new layout gets new cache keys
 ROWS_PER_PASS = 10_000  # tokenized documents packed at a time
 
 
@@ -123,6 +120,19 @@ def _flat_ids(rows: pa.ChunkedArray, keep: np.ndarray) -> np.ndarray:
     return kept.combine_chunks().flatten().to_numpy() if len(kept) else np.empty(0, dtype=np.int32)
 
 
+class TokenBlocks(Dataset):
+    """Fixed-length blocks of token ids; each is its own label (the model shifts)."""
+
+    def __init__(self, blocks: torch.Tensor) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+
+
 class ArrowBlocks(Dataset):
     """The blocks of an Arrow file, memory-mapped: each is its own label (the model shifts). ``limit``: only the
     first blocks (``--max-tokens``)."""
@@ -193,12 +203,6 @@ def prepare_blocks(
     except FileExistsError:  # another run on the same data finished first: its folder is as good
         pass
     return Prepared(folder, json.loads((folder / "meta.json").read_text()), False, time.perf_counter() - start)
-
-
-def wait_for(path: Path, poll: float = 0.5) -> None:
-    """Wait until ``path`` exists: another process of the run writes it (a failing one ends the whole launch)."""
-    while not path.exists():
-        time.sleep(poll)
 
 
 def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, float]:
@@ -340,13 +344,3 @@ def _stream_blocks(
 def _then_none(items: Iterator[str]) -> Iterator[str | None]:
     yield from items
     yield None
-
-
-def world_size() -> int:
-    """The number of training processes (torchrun sets ``WORLD_SIZE``), known before the Trainer starts."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def builds_here() -> bool:
-    """Whether this process builds the cache (the first of its machine); the others wait for it."""
-    return os.environ.get("LOCAL_RANK", "0") == "0"

@@ -1,77 +1,56 @@
-"""``hf-geonorm train``'s data made ready for Trainer: the tokenizer trained on the fly (on a bounded sample of the
-corpus, cached), the training, validation and test blocks (``pipeline``), and the log lines that account for the
-tokens: how many the data holds, how many train, and how many epochs ``--max-steps`` amounts to."""
+"""``hf-geonorm train``'s data made ready for Trainer, in the order it flows: the documents of ``--data``
+(``corpus``), the tokenizer (``tokenizer``), the training, validation and test blocks (``pipeline``), and the log
+lines that account for the tokens: how many the data holds, how many train, and how many epochs ``--max-steps``
+amounts to."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .corpus import Corpus
-from .data import TokenBlocks, fast_tokenizer, train_tokenizer
+from .corpus import HubSource, resolve_corpus
 from .options import TrainOptions
-from .pipeline import (
-    FORMAT,
-    builds_here,
-    prepare_blocks,
-    streaming_blocks,
-    streaming_holdout,
-    wait_for,
-    world_size,
-)
+from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout
+from .tokenizer import training_tokenizer
 
-TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
 EPOCH_WARNING = 4
 
 
 @dataclass
 class TrainingData:
     """What Trainer gets: training blocks (memory-mapped, or a stream), and validation and test blocks (in memory:
-    runs choose on validation and report on test)."""
+    runs choose on validation and report on test); the tokenizer that made them, and whether it is the ``--model``
+    folder's own."""
 
     train: Any
     val: TokenBlocks
     test: TokenBlocks
     label: str
+    tokenizer: Any
+    tokenizer_from_model: bool
 
 
-def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, log: Any) -> Any:
-    """A byte-level BPE tokenizer trained on the corpus's first ``TOKENIZER_SAMPLE_CHARS`` characters (whole
-    documents): training on all of a large corpus would take long and hold it in memory, for little gain. Cached
-    under ``cache`` by the data and the vocabulary, so that a second run (and its cached blocks) finds the same one."""
-    parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS]
-    path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
-    if not builds_here():
-        wait_for(path)
-    if path.is_file():
-        log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
-        return fast_tokenizer(str(path))
-    sample, chars, complete = [], 0, True
-    for doc in corpus.all_documents():
-        if chars >= TOKENIZER_SAMPLE_CHARS:
-            complete = False
-            break
-        sample.append(doc)
-        chars += len(doc)
-    what = "all of the text" if complete else "a sample: the first documents of the text"
-    log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
-        f"{chars / 1e6:.1f} MB) of {corpus.label}")  # fmt: skip
-    trained = train_tokenizer(sample, vocab_size)
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    trained.backend_tokenizer.save(str(partial))
-    os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
-    return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks
+def world_size() -> int:
+    """The number of training processes (torchrun sets ``WORLD_SIZE``), known before the Trainer starts."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: Any) -> TrainingData:
-    """The training and validation blocks of ``corpus`` as ``options`` ask (cached or streamed, capped by
-    ``max_tokens``); ``log`` says what the data holds and what ``max_steps`` makes of it."""
+def builds_here() -> bool:
+    """Whether this process builds the caches (the first of its machine); the others wait for them."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def training_data(options: TrainOptions, log: Any) -> TrainingData:
+    """The corpus ``options.data`` names, its tokenizer and its training, validation and test blocks as ``options``
+    ask (cached or streamed, capped by ``max_tokens``); ``log`` says what the data holds and what ``max_steps``
+    makes of it."""
+    hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
+    corpus = resolve_corpus(options.data, options.text_column, hub)
+    builder = builds_here()
+    tokenizer, from_model = training_tokenizer(options, corpus, corpus.all_documents(), builder, log)
     length = options.seq_len
     per_step = options.batch_size * options.gradient_accumulation_steps * world_size()
     planned = options.max_steps * per_step * length
@@ -88,13 +67,13 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
             f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks evaluated); "
             f"{steps}")  # fmt: skip
         train = streaming_blocks(corpus, tokenizer, length, held, options.seed)
-        return TrainingData(train, held_out["val"], held_out["test"], corpus.label)
+        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model)
     cache = Path(options.data_cache).expanduser()
     workers = min(options.data_workers, os.cpu_count() or 1)
     if workers < options.data_workers:
         log(f"--data-workers {options.data_workers} is more than this machine's {workers} CPUs: tokenizing with "
             f"{workers}")
-    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.eval_blocks, workers, builds_here())
+    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.eval_blocks, workers, builder)
     meta = prepared.meta
     limit = None if options.max_tokens is None else options.max_tokens // length
     if limit is not None and limit < 1:
@@ -125,4 +104,4 @@ def training_data(corpus: Corpus, tokenizer: Any, options: TrainOptions, log: An
             f"{EPOCH_WARNING} epochs): the model will learn them by heart; give more data or fewer --max-steps",
             stacklevel=2,
         )
-    return TrainingData(train, prepared.val(), prepared.test(), corpus.label)
+    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, tokenizer, from_model)

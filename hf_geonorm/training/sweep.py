@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..evaluation import NonFiniteError
-from ..loading import first_line
+from ..errors import NonFiniteError, first_line
 from .checkpoints import checkpoints
 from .options import SweepOptions, TrainOptions
 from .sweep_report import rate_text, write_report

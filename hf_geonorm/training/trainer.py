@@ -20,24 +20,15 @@ from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ..atomic import atomic_directory
-from ..evaluation import NonFiniteError, explain_non_finite
-from ..hub import save_shareable
-from ..loading import first_line
-from ..model_card import CardInfo
+from ..analysis.evaluation import explain_non_finite
+from ..errors import NonFiniteError, first_line
+from ..files.atomic import atomic_directory
 from ..patching import family_for
+from ..sharing.hub import save_shareable
+from ..sharing.model_card import CardInfo
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
-from .corpus import HubSource, resolve_corpus
-from .data import tokenizer_from
-from .model import (
-    build_model,
-    check_positions,
-    model_tokenizer,
-    tokenizer_vocab,
-    what_it_computes,
-    with_learning_rate,
-)
+from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
@@ -53,7 +44,7 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .prepare import corpus_tokenizer, training_data
+from .prepare import training_data
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
@@ -168,7 +159,7 @@ def last_evaluation(state: TrainerState) -> dict[str, float] | None:
     return None
 
 
-def options_used(options: TrainOptions, tokenizer_from_model: bool) -> dict[str, Any]:
+def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
     """The options that applied to the run, for ``metrics.json``: ``model`` or ``arch``/``preset``, the
     tokenizer's source or the vocabulary trained, the bridge's order only with an anneal, and every optimizer and
     data knob; not the defaults of what the run did not use."""
@@ -180,7 +171,7 @@ def options_used(options: TrainOptions, tokenizer_from_model: bool) -> dict[str,
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
     else:
-        used["vocab_size"] = tokenizer_vocab(options)
+        used["vocab_size"] = vocab_size  # of the tokenizer trained on the fly
         del used["tokenizer"]
     if options.bridge_anneal is None:
         del used["bridge_anneal"], used["bridge_order"]
@@ -219,21 +210,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
-    hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
-    corpus = resolve_corpus(options.data, options.text_column, hub)
-    check_positions(options)
-    data_log = log if main else (lambda *_: None)
-    folder_tokenizer = model_tokenizer(options)
-    if folder_tokenizer is not None:
-        tokenizer = tokenizer_from(folder_tokenizer)
-    elif options.tokenizer is not None:
-        tokenizer = tokenizer_from(options.tokenizer)
-    else:
-        tokenizer = corpus_tokenizer(corpus, tokenizer_vocab(options), Path(options.data_cache).expanduser(), data_log)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    data = training_data(corpus, tokenizer, options, data_log)
-    model = build_model(options, tokenizer, own_tokenizer=folder_tokenizer is not None, log=log if main else None)
+    check_positions(options)  # before any tokenizing
+    data = training_data(options, log if main else (lambda *_: None))
+    tokenizer = data.tokenizer
+    model = build_model(options, tokenizer, own_tokenizer=data.tokenizer_from_model, log=log if main else None)
     # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
     use_cache = getattr(model.config, "use_cache", None)
     if checkpoint is not None:
@@ -364,7 +344,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
         "data": data.label,
-        "options": options_used(options, tokenizer_from_model=folder_tokenizer is not None),
+        "options": options_used(options, data.tokenizer_from_model, len(data.tokenizer)),
         "log_history": trainer.state.log_history,
     }
     if not trainer.is_world_process_zero():

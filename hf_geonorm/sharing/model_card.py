@@ -17,11 +17,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .folders import saved_parameter_count
-from .modeling.geometry import step_sizes, updates_per_layer
-from .modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
-from .modeling.settings import GeoNormSettings
-from .patching import family_for
+from ..files.safetensors_files import saved_parameter_count
+from ..modeling.geometry import step_sizes, updates_per_layer
+from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
+from ..modeling.settings import GeoNormSettings
+from ..patching import family_for
 
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
@@ -101,7 +101,7 @@ def card_template() -> str:
     try:
         return resources.files("hf_geonorm.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
     except (ModuleNotFoundError, FileNotFoundError):
-        fallback = Path(__file__).resolve().parent.parent / "model_cards" / CARD_TEMPLATE
+        fallback = Path(__file__).resolve().parents[2] / "model_cards" / CARD_TEMPLATE
         if not fallback.is_file():
             raise FileNotFoundError(f"the model card template {CARD_TEMPLATE} is not installed") from None
         return fallback.read_text(encoding="utf-8")

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evaluation import check_finite, prepare_model, read_with_hooks, residual_modules, text_windows
-from .loading import Source
-from .modeling.geometry import prenorm_angle
-from .modeling.settings import GeoNormSettings, computes_prenorm
+from ..loading import Source
+from ..modeling.geometry import prenorm_angle
+from ..modeling.residual import residual_modules
+from ..modeling.settings import GeoNormSettings, computes_prenorm
+from .evaluation import check_finite, prepare_model, read_with_hooks, text_windows
 
 
 @dataclass

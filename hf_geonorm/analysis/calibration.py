@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .evaluation import perplexity, read_with_hooks, residual_modules
-from .modeling.geometry import prenorm_angle, tangent
-from .modeling.settings import computes_prenorm
+from ..modeling.geometry import prenorm_angle, tangent
+from ..modeling.residual import residual_modules
+from ..modeling.settings import computes_prenorm
+from .evaluation import perplexity, read_with_hooks
 
 RADII = ("embedding", "sqrt_d")
 

@@ -15,18 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .loading import Source, load_model, load_tokenizer, open_source, resolve_settings
-from .modeling.residual import GeoNormResidual
-from .patching import apply_geonorm
-from .text_files import read_text
+from ..errors import NonFiniteError
+from ..files.text_files import read_text
+from ..loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from ..modeling.residual import GeoNormResidual, residual_modules
+from ..patching import apply_geonorm
 
 BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"
 CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here makes a token of more than 32 characters' worth of text
 MAX_EXP_ARGUMENT = math.log(sys.float_info.max)
-
-
-class NonFiniteError(ValueError):
-    """A metric came out NaN or infinite; the message says where the first non-finite value appeared and why."""
 
 
 def context_length(config: Any) -> int:
@@ -106,21 +103,6 @@ def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexi
     if math.isnan(mean):
         return math.nan
     return math.exp(mean) if mean < MAX_EXP_ARGUMENT else math.inf
-
-
-def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:
-    """(layer, sublayer, GeoNormResidual) for every residual update, in order."""
-    found: list[tuple[int, str, GeoNormResidual]] = []
-    for module in model.modules():
-        attn = getattr(module, "geonorm_attn_residual", None)
-        if isinstance(attn, GeoNormResidual):
-            mlp = getattr(module, "geonorm_mlp_residual", None)
-            k = attn.layer_index + 1
-            if isinstance(mlp, GeoNormResidual):
-                found += [(k, "attn", attn), (k, "mlp", mlp)]
-            else:
-                found.append((k, "attn+mlp", attn))
-    return sorted(found, key=lambda item: (item[0], item[1] == "mlp"))
 
 
 def read_with_hooks(model: nn.Module, windows: list[list[int]], hooks: list[tuple[nn.Module, Any]]) -> None:

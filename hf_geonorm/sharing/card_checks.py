@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .folders import safetensors_header, weight_files
-from .loading_info import tensor_names
+from ..files.safetensors_files import safetensors_header, weight_files
+from ..loading_info import tensor_names
+from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
+from ..patching import family_for
 from .model_card import HEAD_PIPELINE_TAGS
-from .modeling.remote_code import METHOD_SPEC, auto_map, module_closure
-from .patching import family_for
 
 GEONORM_PIPELINE_TAGS = ("text-generation", *HEAD_PIPELINE_TAGS.values())  # the causal LM's task, the heads'
 
@@ -242,7 +242,8 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
     readme = path / "README.md"
     if not readme.is_file():
         problems.append(
-            f"{path} has no README.md model card: write one with hf_geonorm.model_card.write_model_card({str(path)!r})"
+            f"{path} has no README.md model card: write one with "
+            f"hf_geonorm.sharing.model_card.write_model_card({str(path)!r})"
         )
     else:
         problems += [f"README.md: {p}" for p in validate_card(readme)]
@@ -276,7 +277,7 @@ def _weight_problems(path: Path) -> list[str]:
 
 
 def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str, str]) -> list[str]:
-    hint = f"add it with hf_geonorm.folders.add_remote_code({str(path)!r})"
+    hint = f"add it with hf_geonorm.sharing.folders.add_remote_code({str(path)!r})"
     found = config.get("auto_map")
     if not found:
         return [f"config.json has no auto_map, so the model does not load without hf-geonorm: {hint}"]

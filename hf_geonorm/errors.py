@@ -1,0 +1,22 @@
+"""The errors the library raises for its user, and how a message is cut to the one line the command line prints.
+
+Imports only the standard library: the command line reads ``first_line`` from this file (``hf_geonorm_cli.library``)
+without importing torch, so that it formats its own messages as the library does.
+"""
+
+from __future__ import annotations
+
+
+class SettingsError(ValueError):
+    """A GeoNorm setting given by the caller is out of range (the message names the setting)."""
+
+
+class NonFiniteError(ValueError):
+    """A metric came out NaN or infinite; the message says where the first non-finite value appeared and why."""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an error message, at most ``limit`` characters."""
+    text = str(error).strip() or type(error).__name__
+    line = text.splitlines()[0].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,177 @@
+"""The tokenizer of a run, the second step of the data (documents, tokenizer, blocks): the ``--model`` folder's
+own, ``--tokenizer``'s (a folder or a Hub id), or a byte-level BPE trained on the first documents of the corpus and
+cached beside the blocks.
+
+Every user mistake (no such folder, a folder without tokenizer files, a Hub id that does not load, a tokenizer that
+would not fit the model's rows) is a one-line ``ValueError`` that names it and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerFast
+
+from ..errors import first_line
+from ..files.atomic import wait_for
+from ..loading import TOKENIZER_FILES, looks_like_path, open_source
+from .corpus import FORMAT, Corpus
+from .options import TrainOptions
+
+DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
+
+
+def training_tokenizer(
+    options: TrainOptions, corpus: Corpus, documents: Iterable[str], builder: bool, log: Any
+) -> tuple[Any, bool]:
+    """The tokenizer the run trains with, and whether it is the ``--model`` folder's own (``model_tokenizer``):
+    else ``--tokenizer``'s, else one trained on ``documents`` (``corpus_tokenizer``); one without a padding token
+    pads with its end-of-text token."""
+    folder = model_tokenizer(options)
+    if folder is not None or options.tokenizer is not None:
+        tokenizer = tokenizer_from(folder or options.tokenizer)
+    else:
+        cache = Path(options.data_cache).expanduser()
+        tokenizer = corpus_tokenizer(corpus, documents, tokenizer_vocab(options), cache, builder, log)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, folder is not None
+
+
+def tokenizer_vocab(options: TrainOptions) -> int:
+    """The vocabulary of a tokenizer trained on the fly: ``--vocab-size``, else a from-scratch config's own
+    ``vocab_size`` (``init --preset 125m``: 50,304, so the model is trained at the size it was written for), else
+    ``DEFAULT_TOKENIZER_VOCAB``."""
+    if options.vocab_size is not None:
+        return options.vocab_size
+    config = folder_config(options)
+    if config is not None and not has_trained_weights(options.model) and config.get("vocab_size"):
+        return int(config["vocab_size"])
+    return DEFAULT_TOKENIZER_VOCAB
+
+
+def folder_config(options: TrainOptions) -> dict[str, Any] | None:
+    """The ``config.json`` of the ``--model`` folder, as it is written (None without a folder or a config)."""
+    if options.model is None:
+        return None
+    path = Path(options.model).expanduser() / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the loading names what is wrong with it
+
+
+def has_trained_weights(folder: str) -> bool:
+    """Whether a ``--model`` folder holds weights (a checkpoint: fine-tuned), not a config to train from scratch."""
+    return bool(open_source(Path(folder).expanduser()).weight_files)
+
+
+def model_tokenizer(options: TrainOptions) -> str | None:
+    """The folder ``options.model`` when it holds a tokenizer: the model is trained with it (its embedding rows are
+    that tokenizer's). ``ValueError`` when ``--tokenizer`` names another one or ``--vocab-size`` asks for a tokenizer
+    trained on the fly, which would not fit the model's rows."""
+    if options.model is None:
+        return None
+    folder = Path(options.model).expanduser()
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    if options.tokenizer is not None and Path(options.tokenizer).expanduser().absolute() != folder.absolute():
+        raise ValueError(
+            f"--tokenizer {options.tokenizer}: {options.model} has a tokenizer of its own, which its model's rows are "
+            "for; drop --tokenizer (or give a model folder without one)"
+        )
+    if options.vocab_size is not None:
+        raise ValueError(
+            f"--vocab-size {options.vocab_size}: {options.model} has a tokenizer of its own, which the run trains "
+            "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
+        )
+    return str(folder)
+
+
+def tokenizer_from(spec: str) -> Any:
+    """The tokenizer in folder ``spec``, or of Hub model ``spec``; a ``ValueError`` that says which it was taken
+    for and what is wrong (no such folder, a folder without tokenizer files, a Hub id that does not load)."""
+    from transformers import AutoTokenizer
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(f"{spec} holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); give a tokenizer folder")
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception as error:  # noqa: BLE001 - reported in one line
+            raise ValueError(f"cannot load the tokenizer in {spec}: {first_line(error)}") from None
+    if path.exists():
+        raise ValueError(f"{spec} is a file; give the folder that holds the tokenizer, or a Hub model id")
+    if looks_like_path(spec):
+        raise ValueError(f"{spec}: no such folder; give a tokenizer folder or a Hub model id (such as gpt2)")
+    try:
+        return AutoTokenizer.from_pretrained(spec)
+    except Exception as error:  # noqa: BLE001 - offline, unknown id, ...
+        raise ValueError(
+            f"{spec} is not a local folder, and loading its tokenizer from the Hugging Face Hub failed: "
+            f"{first_line(error)}"
+        ) from None
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts`` (GPT-2's scheme), with one end-of-text token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return fast_tokenizer(tokenizer)
+
+
+def fast_tokenizer(tokenizer: Any) -> PreTrainedTokenizerFast:
+    """transformers' tokenizer over a ``tokenizers`` one (or its JSON file) made by ``train_tokenizer``."""
+    source = {"tokenizer_file": tokenizer} if isinstance(tokenizer, str) else {"tokenizer_object": tokenizer}
+    return PreTrainedTokenizerFast(
+        **source, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+
+
+def corpus_tokenizer(
+    corpus: Corpus, documents: Iterable[str], vocab_size: int, cache: Path, builder: bool, log: Any
+) -> Any:
+    """A byte-level BPE tokenizer trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters (whole documents) of
+    the corpus's ``documents``: training on all of a large corpus would take long and hold it in memory, for little
+    gain. Cached under ``cache`` by the data and the vocabulary, so that a second run (and its cached blocks) finds
+    the same one; only the ``builder`` (the first process of a machine) trains it, the others wait for its file."""
+    parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS]
+    path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
+    if not builder:
+        wait_for(path)
+    if path.is_file():
+        log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
+        return fast_tokenizer(str(path))
+    sample, chars, complete = [], 0, True
+    for doc in documents:
+        if chars >= TOKENIZER_SAMPLE_CHARS:
+            complete = False
+            break
+        sample.append(doc)
+        chars += len(doc)
+    what = "all of the text" if complete else "a sample: the first documents of the text"
+    log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
+        f"{chars / 1e6:.1f} MB) of {corpus.label}")  # fmt: skip
+    trained = train_tokenizer(sample, vocab_size)
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    trained.backend_tokenizer.save(str(partial))
+    os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+    return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks
