@@ -13,12 +13,12 @@ from test_repository import PACKAGE, absolute, imported_names
 # ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has its folder.
 TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
-# The training modules, each after every module it imports: the declaration and the model sizes, then the data as
-# it flows (documents, the old in-memory path the benchmarks read, tokenizer, blocks, made ready for Trainer), the
-# model and what trains it, the run's outputs, the run, and the sweep over runs.
+# The training modules, each after every module it imports: the declaration, the transformers internals named and
+# the model sizes, then the data as it flows (documents, the old in-memory path the benchmarks read, tokenizer,
+# blocks, made ready for Trainer), the model and what trains it, the run's outputs, the run, and the sweep over runs.
 FLOW = (
-    "options", "presets", "corpus", "data", "tokenizer", "pipeline", "prepare", "model", "optim", "bridge",
-    "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
+    "options", "transformers_internals", "presets", "corpus", "data", "tokenizer", "pipeline", "prepare", "model",
+    "optim", "bridge", "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
 )  # fmt: skip
 MAX_ENTRIES = 2
 
