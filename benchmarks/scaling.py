@@ -36,11 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,55 +47,26 @@ import corpus_data  # noqa: E402
 import reports  # noqa: E402
 import run_loop  # noqa: E402
 import studies  # noqa: E402
-
-ALPHAS = (0.125, 0.25, 0.5, 1.0, 2.0)
-# Every GeoNorm setting spelled out: a run's identity must not depend on the library's defaults of the day.
-FIXED = {"geo_max_angle": math.pi / 4, "geo_learnable_step": False, "geo_radius": "embedding", "geo_bridge": 1.0}
-PRE = {"norm_style": "pre", "geo_alpha": 0.25, "geo_decay": "harmonic", **FIXED}
-CHOICE_CORPORA = ("stdlib", "prose")
-HELDOUT_CORPUS = "dict"
-PHASES = ("budget", "depth", "final", "width")  # in the order they run
-CHOICE_AXES = ("budget", "depth")  # the cells the rule is chosen on; width is a check run after the choice
-
-
-def geo(alpha: float, decay: str = "harmonic") -> dict[str, Any]:
-    return {"norm_style": "geo", "geo_alpha": alpha, "geo_decay": decay, **FIXED}
-
-
-def alpha_label(alpha: float, decay: str = "harmonic") -> str:
-    return f"geo {decay} alpha {alpha:g}"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One point of the grid: depth, width and training steps (16 x 128 tokens a step)."""
-
-    axis: str
-    layers: int
-    width: int
-    steps: int
-
-    @property
-    def name(self) -> str:
-        return f"L{self.layers} W{self.width} S{self.steps}"
-
-
-def grid(smoke: bool) -> dict[str, list[Cell]]:
-    """The cells of each axis, in the order they run (the middle point is run once, on the budget axis)."""
-    if smoke:
-        layers, width, budgets, depths, widths = 2, 16, (4, 8), (3,), (32,)
-    else:
-        layers, width, budgets, depths, widths = 12, 64, (64, 512, 192), (4, 32), (128, 256)
-    middle = budgets[-1]
-    return {
-        "budget": [Cell("budget", layers, width, s) for s in budgets],
-        "depth": [Cell("depth", d, width, middle) for d in depths],
-        "width": [Cell("width", layers, w, middle) for w in widths],
-    }
-
-
-def lr_for(width: int) -> float:
-    return 2e-3 * math.sqrt(128 / width)
+from scaling_grid import (  # noqa: E402
+    ALPHAS,
+    CHOICE_CORPORA,
+    HELDOUT_CORPUS,
+    PHASES,
+    PRE,
+    Cell,
+    alpha_label,
+    best_alpha,
+    cell_name,
+    cell_tables,
+    choice_tables,
+    chosen_rule,
+    complete,
+    geo,
+    grid,
+    lr_for,
+    variant,
+)
+from scaling_tables import write  # noqa: E402
 
 
 def spec_for(args: argparse.Namespace, cell: Cell, arch: str, corpus: str, label: str, settings: dict[str, Any],
@@ -110,14 +78,6 @@ def spec_for(args: argparse.Namespace, cell: Cell, arch: str, corpus: str, label
         warmup=max(1 if args.smoke else 10, steps // 10), eval_every=max(1, steps // 8),
     )  # fmt: skip
     return studies.base_spec(args, **overrides)
-
-
-def variant(result: dict[str, Any]) -> str:
-    return result["spec"]["label"].split(" | ", 1)[1]
-
-
-def cell_name(result: dict[str, Any]) -> str:
-    return result["spec"]["label"].split(" | ", 1)[0]
 
 
 class Study:
@@ -196,257 +156,6 @@ class Study:
     def final_cell(self) -> Cell:
         budget = grid(self.args.smoke)["budget"]
         return Cell("final", budget[0].layers, budget[0].width, max(c.steps for c in budget))
-
-
-def best_alpha(runs: list[dict[str, Any]]) -> float:
-    """The harmonic alpha with the lowest final validation loss among ``runs`` (one cell, shape and corpus)."""
-    harmonic = {r["spec"]["settings"]["geo_alpha"]: r["final_val_loss"] for r in runs
-                if r["spec"]["settings"]["norm_style"] == "geo" and r["spec"]["settings"]["geo_decay"] == "harmonic"
-                and math.isfinite(r["final_val_loss"])}  # fmt: skip
-    return min(harmonic, key=harmonic.get) if harmonic else 1.0
-
-
-# ---- the decision ----
-
-
-def cell_tables(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """Final validation loss of every variant, by (cell, arch, corpus): the grid's runs (seed 0, choice
-    corpora)."""
-    tables: dict[tuple[str, str, str], dict[str, float]] = {}
-    for r in results:
-        if r["spec"]["seed"] == 0 and r["spec"]["corpus"] != HELDOUT_CORPUS:
-            tables.setdefault((cell_name(r), r["spec"]["arch"], r["spec"]["corpus"]), {})[variant(r)] = r[
-                "final_val_loss"
-            ]
-    return tables
-
-
-def choice_tables(tables: dict[tuple[str, str, str], dict[str, float]], smoke: bool) -> dict:
-    """The tables of the cells the rule is chosen on (the budget and depth axes)."""
-    names = {c.name for axis in CHOICE_AXES for c in grid(smoke)[axis]}
-    return {key: table for key, table in tables.items() if key[0] in names}
-
-
-def complete(table: dict[str, float]) -> bool:
-    return "pre" in table and all(alpha_label(a) in table for a in ALPHAS)
-
-
-def regrets(tables: dict[tuple[str, str, str], dict[str, float]]) -> dict[float, list[float]]:
-    """Per alpha, its loss minus the best harmonic alpha's in each complete cell: what a user pays for a
-    fixed alpha instead of the best one of the cell."""
-    out: dict[float, list[float]] = {a: [] for a in ALPHAS}
-    for table in tables.values():
-        if not complete(table):
-            continue
-        best = min(table[alpha_label(a)] for a in ALPHAS)
-        for a in ALPHAS:
-            value = table[alpha_label(a)]
-            out[a].append(value - best if math.isfinite(value) else math.inf)
-    return out
-
-
-def chosen_rule(tables: dict[tuple[str, str, str], dict[str, float]]) -> tuple[float, str]:
-    """The single alpha (harmonic decay) with the lowest mean regret over every complete grid cell of the
-    choice corpora; harmonic unless constant decay at the cell's best alpha beats harmonic there in most
-    cells."""
-    mean_regret = {a: statistics.fmean(v) for a, v in regrets(tables).items() if v}
-    if not mean_regret:
-        return 1.0, "harmonic"
-    alpha = min(mean_regret, key=mean_regret.get)
-    constant_wins = total = 0
-    for table in tables.values():
-        if not complete(table):
-            continue
-        best = min(ALPHAS, key=lambda a: table[alpha_label(a)])
-        constant = table.get(alpha_label(best, "constant"))
-        if constant is not None:
-            total += 1
-            constant_wins += constant < table[alpha_label(best)]
-    return alpha, "constant" if total and constant_wins > total / 2 else "harmonic"
-
-
-# ---- writing ----
-
-
-def write(study: Study, pending: list[str], chosen: tuple[float, str] | None) -> dict[str, Any]:
-    args = study.args
-    name = studies.stem("scaling", args)
-    results = list(study.results.values())
-    env = reports.environment()
-    wall = time.perf_counter() - study.start
-    tables = cell_tables(results)
-    cells = {c.name: c for axis in grid(args.smoke).values() for c in axis}
-    lines = [
-        "# Scaling: the best geo_alpha by token budget, depth and width",
-        "",
-        f"Written by `benchmarks/{Path(__file__).name}` ({env['date']}; this invocation {wall / 60:.1f} min wall on "
-        f"{env['cpu_count']} shared CPU cores; runs finished earlier are taken from `{study.journal.name}`). "
-        f"Shapes: {', '.join(study.archs)}. Tokens per step: {args.batch} x {args.seq_len}. Learning rate fixed per "
-        "width: lr = 2e-3 sqrt(128 / width); warm-up over the first tenth of the steps, cosine decay to a tenth; "
-        f"AdamW (0.9, 0.95), clip 1.0, 4 heads, BPE vocabulary {args.vocab} per corpus, dropout off, one seed. "
-        "Every GeoNorm run: max angle pi/4, embedding radius, fixed step; 'constant' is constant decay at the "
-        "cell's best harmonic alpha. Choice corpora: " + ", ".join(args.choice_corpora) + f"; held out: "
-        f"{args.heldout} (final comparison only).",
-        "",
-    ]
-    if pending:
-        lines += ["**Still to run** (the study is resumable; rerun the same command): " + ", ".join(pending) + ".", ""]
-    for axis, axis_cells in grid(args.smoke).items():
-        lines += [f"## {axis} axis", "", "| cell | tokens | shape | corpus | pre | "
-                  + " | ".join(f"a={a:g}" for a in ALPHAS) + " | constant @best | best alpha | best geo - pre |",
-                  "|---|---|---|---|---|" + "---|" * len(ALPHAS) + "---|---|---|"]  # fmt: skip
-        middle = grid(args.smoke)["budget"][-1]
-        for cell in [*axis_cells, middle] if axis != "budget" else axis_cells:
-            for (cname, arch, corpus), table in sorted(tables.items()):
-                if cname != cell.name:
-                    continue
-                lines.append(row(cell, arch, corpus, table, args))
-        lines.append("")
-    lines += decision_lines(choice_tables(tables, args.smoke), chosen)
-    lines += chosen_lines(tables, chosen, args)
-    lines += final_lines(results, args, study.final_arm, study.final_cell())
-    lines += [f"![best alpha by axis]({name}.png)", ""]
-    payload = reports.write_results(args, name, lines, env, wall, pending=pending, chosen=chosen,
-                                   cells={k: {"layers": c.layers, "width": c.width, "steps": c.steps}
-                                          for k, c in cells.items()},
-                                   runs=results)  # fmt: skip
-    plot(args.out / f"{name}.png", tables, cells, args)
-    return payload
-
-
-def row(cell: Cell, arch: str, corpus: str, table: dict[str, float], args: argparse.Namespace) -> str:
-    tokens = cell.steps * args.batch * args.seq_len
-    losses = {a: table.get(alpha_label(a), math.nan) for a in ALPHAS}
-    finite = {a: v for a, v in losses.items() if math.isfinite(v)}
-    best = min(finite, key=finite.get) if finite else None
-    constant = next((v for k, v in table.items() if k.startswith("geo constant")), math.nan)
-    pre = table.get("pre", math.nan)
-    margin = (min(finite[best], constant if math.isfinite(constant) else math.inf) - pre) if best else math.nan
-    cells = " | ".join(("**" + reports.fmt(v) + "**") if a == best else reports.fmt(v) for a, v in losses.items())
-    return (f"| {cell.name} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {reports.fmt(pre)} | {cells} | "
-            f"{reports.fmt(constant)} | {best if best is not None else '-'} | {margin:+.3f} |")  # fmt: skip
-
-
-def decision_lines(tables: dict, chosen: tuple[float, str] | None) -> list[str]:
-    reg = regrets(tables)
-    n = len(next(iter(reg.values()), []))
-    lines = [
-        "## The rule",
-        "",
-        f"Mean regret of each fixed alpha (harmonic decay) over the {n} complete cells of the budget and depth axes "
-        "(shape x corpus x cell; regret = its validation loss minus the best harmonic alpha's in that cell; the "
-        "width axis is left out: it checks the choice):",
-        "",
-        "| alpha | mean regret | worst regret | cells where it is best |",
-        "|---|---|---|---|",
-    ]
-    for a, values in reg.items():
-        if values:
-            wins = sum(1 for t in tables.values() if complete(t)
-                       and min(ALPHAS, key=lambda b, t=t: t[alpha_label(b)]) == a)  # fmt: skip
-            lines.append(f"| {a:g} | {statistics.fmean(values):.3f} | {max(values):.3f} | {wins} |")
-    if chosen is not None:
-        lines += [
-            "",
-            f"Rule: the alpha with the lowest mean regret over every complete cell, with harmonic decay unless "
-            f"constant decay at a cell's best alpha beats harmonic in most cells: **alpha {chosen[0]:g}, "
-            f"{chosen[1]} decay**.",
-        ]
-    return lines + [""]
-
-
-def chosen_lines(tables: dict, chosen: tuple[float, str] | None, args: argparse.Namespace) -> list[str]:
-    """The chosen setting against Pre-Norm and against the cell's best alpha in every complete cell (one seed):
-    where it wins and where it loses; the width axis is marked as a check."""
-    if chosen is None:
-        return []
-    arm = alpha_label(*chosen)
-    widths = {c.name for c in grid(args.smoke)["width"]}
-    lines = [f"## {arm} in every cell (one seed)", "",
-             "| cell | tokens | shape | corpus | pre | chosen | chosen - pre | regret | |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    cells = {c.name: c for axis in grid(args.smoke).values() for c in axis}
-
-    def order(item: tuple) -> tuple:
-        cell = cells[item[0][0]]
-        return cell.steps, cell.layers, cell.width, item[0][1:]
-
-    for (cname, arch, corpus), table in sorted(tables.items(), key=order):
-        if not complete(table) or arm not in table:
-            continue
-        best = min(table[alpha_label(a)] for a in ALPHAS)
-        tokens = cells[cname].steps * args.batch * args.seq_len
-        lines.append(f"| {cname} | {tokens / 1e6:.2f}M | {arch} | {corpus} | {reports.fmt(table['pre'])} | "
-                     f"{reports.fmt(table[arm])} | {table[arm] - table['pre']:+.3f} | {table[arm] - best:.3f} | "
-                     f"{'check (width)' if cname in widths else ''} |")  # fmt: skip
-    return lines + [""]
-
-
-def final_lines(results: list[dict[str, Any]], args: argparse.Namespace, arm: str | None, cell: Cell) -> list[str]:
-    if arm is None:
-        return []
-    lines = [f"## Final comparison: {arm} against Pre-Norm ({cell.name}, {args.seeds} seeds)", "",
-             "| corpus | shape | pre mean +- std | chosen mean +- std | chosen - pre | margin (2 SE) | verdict |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for corpus in [*args.choice_corpora, args.heldout]:
-        for arch in args.archs.split(","):
-            arms = {label: [r for r in results if r["spec"]["label"] == f"{cell.name} | {label}"
-                            and r["spec"]["arch"] == arch and r["spec"]["corpus"] == corpus]
-                    for label in ("pre", arm)}  # fmt: skip
-            if not all(arms.values()):
-                continue
-            p, g = reports.summary(arms["pre"]), reports.summary(arms[arm])
-            margin = 2 * math.sqrt((p["std"] ** 2 + g["std"] ** 2) / max(1, min(p["n"], g["n"])))
-            diff = g["mean"] - p["mean"]
-            verdict = "GeoNorm better" if diff < -margin else ("Pre-Norm better" if diff > margin else "within noise")
-            tag = " (held out)" if corpus == args.heldout else ""
-            lines.append(f"| {corpus}{tag} | {arch} | {reports.fmt(p['mean'])} +- {reports.fmt(p['std'])} | "
-                         f"{reports.fmt(g['mean'])} +- {reports.fmt(g['std'])} | {diff:+.3f} | {margin:.3f} | "
-                         f"{verdict} |")  # fmt: skip
-    return lines + [""]
-
-
-def plot(path: Path, tables: dict, cells: dict[str, Cell], args: argparse.Namespace) -> None:
-    """Best alpha (top) and best GeoNorm minus Pre-Norm (bottom) against tokens, depth and width."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    axes_spec = [("budget", "tokens (M)", lambda c: c.steps * args.batch * args.seq_len / 1e6),
-                 ("depth", "layers", lambda c: c.layers), ("width", "width", lambda c: c.width)]  # fmt: skip
-    middle = grid(args.smoke)["budget"][-1]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5), squeeze=False)
-    for col, (axis, xlabel, x_of) in enumerate(axes_spec):
-        members = {c.name for c in grid(args.smoke)[axis]} | {middle.name}
-        series: dict[str, list[tuple[float, float, float]]] = {}
-        for (cname, arch, corpus), table in tables.items():
-            if cname in members and complete(table):
-                best = min(ALPHAS, key=lambda a, t=table: t[alpha_label(a)])
-                margin = table[alpha_label(best)] - table["pre"]
-                series.setdefault(f"{arch} / {corpus}", []).append((x_of(cells[cname]), best, margin))
-        for label, points in sorted(series.items()):
-            points.sort()
-            xs = [p[0] for p in points]
-            axes[0][col].plot(xs, [p[1] for p in points], "o-", label=label)
-            axes[1][col].plot(xs, [p[2] for p in points], "o-", label=label)
-        for row_index, ylabel in enumerate(["best alpha (harmonic)", "best GeoNorm - Pre-Norm (val loss)"]):
-            ax = axes[row_index][col]
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            if row_index == 0:
-                ax.set_yscale("log", base=2)
-                ax.set_title(f"{axis} axis", fontsize=10)
-            else:
-                ax.axhline(0.0, color="black", linewidth=0.8)
-            if series:
-                ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def test_no_clamp_step_stops_at_the_antipode_in_float16(fused):
             theta = (alpha * t_norm / x_norm).clamp_max(math.pi)
             expected = torch.cos(theta) * x + torch.sin(theta) * x_norm * t / t_norm
             xs, us = x.half().requires_grad_(), u.half().requires_grad_()
-            out = hf_geonorm.geonorm_step(xs, us, hf_geonorm.StepParams(alpha, None))
+            out = hf_geonorm.geonorm_step(xs, us, hf_geonorm.StepParams(alpha, max_angle=None))
             out.float().pow(2).sum().backward()
             assert torch.isfinite(out).all() and torch.isfinite(xs.grad).all() and torch.isfinite(us.grad).all()
             torch.testing.assert_close(out.double(), expected, atol=2e-2 * x_norm.max().item(), rtol=0)

@@ -94,7 +94,7 @@ def run(fn, x, u, g):
 
 def reference(x, u, g, alpha, max_angle):
     """The composed path in float64 on the (already rounded) inputs: the exact answer for them."""
-    params = StepParams(alpha, max_angle)
+    params = StepParams(alpha, max_angle=max_angle)
     return run(lambda a, b: composed_geonorm_step(a, b, params), x.double(), u.double(), g.double())
 
 
@@ -227,13 +227,13 @@ def grad_fn_name(out: torch.Tensor) -> str:
 def test_geonorm_step_dispatch():
     x, u = (t.float().requires_grad_(True) for t in rows())
     assert grad_fn_name(geonorm_step(x, u, StepParams(0.7))) == "FusedGeoNormStepBackward"
-    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7, None))) == "FusedGeoNormStepBackward"
+    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7, max_angle=None))) == "FusedGeoNormStepBackward"
     assert grad_fn_name(geonorm_step(x.double(), u.double(), StepParams(0.7))) == "FusedGeoNormStepBackward"
     # what the fused Function does not cover takes the composed path
     scale, bias = torch.tensor(1.0, requires_grad=True), torch.tensor(0.0, requires_grad=True)
     for out in (
         geonorm_step(x, u, StepParams(0.7, bridge=0.5)),
-        geonorm_step(x, u, StepParams(0.7, PI4, 1.0, scale, bias)),
+        geonorm_step(x, u, StepParams(0.7, max_angle=PI4, step_scale=scale, step_bias=bias)),
         geonorm_step(x, u, StepParams(torch.tensor(0.7))),
         geonorm_step(x, u[..., :1, :], StepParams(0.7)),  # broadcasting
     ):
@@ -461,10 +461,10 @@ def test_a_faulty_kernel_is_warned_about_once_and_replaced_by_the_composed_path(
         warnings.simplefilter("error")  # no second warning
         for dtype, max_angle in ((torch.float32, PI4), (torch.bfloat16, None), (torch.float32, None)):
             xd, ud = (t.detach().to(dtype).requires_grad_(True) for t in (x, u))
-            out = geonorm_step(xd, ud, StepParams(0.7, max_angle))
+            out = geonorm_step(xd, ud, StepParams(0.7, max_angle=max_angle))
             out.float().sum().backward()
             assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-            assert torch.equal(out, composed_geonorm_step(xd, ud, StepParams(0.7, max_angle)))
+            assert torch.equal(out, composed_geonorm_step(xd, ud, StepParams(0.7, max_angle=max_angle)))
     assert calls == []  # the kernel is not used again in this process
 
 
@@ -487,7 +487,7 @@ def test_a_correct_kernel_passes_the_check_once_per_device_dtype_and_variant(ker
     out.sum().backward()
     assert calls == ["forward", "backward", "forward", "forward", "backward"]  # no second check
     geonorm_step(x.bfloat16(), u.bfloat16(), StepParams(0.7))  # another dtype: checked once more
-    geonorm_step(x, u, StepParams(0.7, None))  # another variant of the kernel (no clamp, keeps u): checked too
+    geonorm_step(x, u, StepParams(0.7, max_angle=None))  # another kernel variant (no clamp, keeps u): checked too
     assert calls[5:] == ["forward", "backward", "forward"] * 2
     assert kernel_check._KERNEL_CHECKS == {
         ("cpu", torch.float32, torch.float32, False, "output"): None,
@@ -537,14 +537,14 @@ def extreme_rows(width: int = WIDTH, n: int = 40) -> tuple[torch.Tensor, torch.T
 
 
 def scale_and_bias():
-    return torch.tensor(1.3, requires_grad=True), torch.tensor(0.1, requires_grad=True)
+    return {"step_scale": torch.tensor(1.3, requires_grad=True), "step_bias": torch.tensor(0.1, requires_grad=True)}
 
 
 EXTREME_PATHS = {
-    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m)),
-    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m, 0.5)),
+    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m)),
+    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m, bridge=0.5)),
     "composed, learnable step": (
-        lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, m, 1.0, *scale_and_bias()))
+        lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m, **scale_and_bias()))
     ),
     "twin keeping u": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "update"),
     "twin keeping the output": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "output"),

@@ -212,10 +212,15 @@ def test_gradcheck_geonorm_step(max_angle, bridge, learnable):
     x, u = T(xs, grad=True), T(us, grad=True)
     if learnable:
         c, b = T(1.2, grad=True), T(0.05, grad=True)
-        fn = lambda x_, u_, c_, b_: geonorm_step(x_, u_, StepParams(1.5, max_angle, bridge, c_, b_))  # noqa: E731
+
+        def fn(x_, u_, c_, b_):
+            return geonorm_step(
+                x_, u_, StepParams(1.5, max_angle=max_angle, bridge=bridge, step_scale=c_, step_bias=b_)
+            )
+
         assert torch.autograd.gradcheck(fn, (x, u, c, b))
     else:
-        fn = lambda x_, u_: geonorm_step(x_, u_, StepParams(1.5, max_angle, bridge))  # noqa: E731
+        fn = lambda x_, u_: geonorm_step(x_, u_, StepParams(1.5, max_angle=max_angle, bridge=bridge))  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, u))
 
 
@@ -263,12 +268,21 @@ VARIANTS = {
     # name: (fn(x, u, a, c, b), bridge lam) -- lam None means "pure GeoNorm step, returns x"
     "geodesic_update": (lambda x, u, a, c, b: geodesic_update(x, u, a), 1.0),
     "step_default_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a)), 1.0),
-    "step_no_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, None)), 1.0),
-    "step_learnable": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, PI4, 1.0, c, b)), 1.0),
-    "step_learnable_no_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, None, 1.0, c, b)), 1.0),
+    "step_no_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=None)), 1.0),
+    "step_learnable": (
+        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=PI4, step_scale=c, step_bias=b)),
+        1.0,
+    ),
+    "step_learnable_no_clamp": (
+        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=None, step_scale=c, step_bias=b)),
+        1.0,
+    ),
     "step_bridge0": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=0.0)), 0.0),
     "step_bridge05": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=0.5)), 0.5),
-    "step_bridge05_learnable": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, PI4, 0.5, c, b)), 0.5),
+    "step_bridge05_learnable": (
+        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=PI4, bridge=0.5, step_scale=c, step_bias=b)),
+        0.5,
+    ),
     "step_bridge1": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=1.0)), 1.0),
 }
 
@@ -319,8 +333,10 @@ ZERO_ROW_FNS = {
     "exp_map": lambda x, u: exp_map(x, u),
     "geodesic_update": lambda x, u: geodesic_update(x, u, 1.0),
     "step_default": lambda x, u: geonorm_step(x, u, StepParams(0.5)),
-    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(2.0, None)),
-    "step_learnable": lambda x, u: geonorm_step(x, u, StepParams(0.5, PI4, 1.0, torch.tensor(1.3), torch.tensor(0.1))),
+    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(2.0, max_angle=None)),
+    "step_learnable": lambda x, u: geonorm_step(
+        x, u, StepParams(0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1))
+    ),
     "step_bridge0": lambda x, u: geonorm_step(x, u, StepParams(0.5, bridge=0.0)),
     "step_bridge05": lambda x, u: geonorm_step(x, u, StepParams(0.5, bridge=0.5)),
     "entry_sqrt_d": lambda x, u: entry_rescale(x, "sqrt_d", 1.0),
@@ -431,7 +447,7 @@ def test_clamped_step_angle_and_radius(base, alpha, expected_theta):
 def test_custom_max_angle():
     x, u = controlled([0.2, 0.5, 1.0, 2.0], seed=51)
     for m in (0.1, 0.4, 1.0, math.pi):
-        out = N(geonorm_step(T(x), T(u), StepParams(1.3, m)))
+        out = N(geonorm_step(T(x), T(u), StepParams(1.3, max_angle=m)))
         close(out, ref_geonorm_step(x, u, 1.3, m), 1e-9)
         np.testing.assert_allclose(
             angle_between(x, out), np.minimum(1.3 * np.minimum([0.2, 0.5, 1.0, 2.0], m), m), atol=1e-7
@@ -441,7 +457,7 @@ def test_custom_max_angle():
 def test_no_clamp_equals_geodesic_update():
     x, u = rand((6, 5, D), 52), rand((6, 5, D), 53, 2.0)  # large angles, so a clamp would matter
     a = 1.7
-    free = geonorm_step(T(x), T(u), StepParams(a, None))
+    free = geonorm_step(T(x), T(u), StepParams(a, max_angle=None))
     close(free, N(geodesic_update(T(x), T(u), a)), 1e-12)
     close(free, ref_geodesic_update(x, u, a), 1e-9)
     clamped = geonorm_step(T(x), T(u), StepParams(a))
@@ -454,14 +470,14 @@ def test_learnable_step_angle(c, b, max_angle):
     bases = [0.1, 0.5, 0.9, 2.0]
     x, u = controlled(bases, seed=54)
     a = 0.8
-    out = N(geonorm_step(T(x), T(u), StepParams(a, max_angle, 1.0, T(c), T(b))))
+    out = N(geonorm_step(T(x), T(u), StepParams(a, max_angle=max_angle, step_scale=T(c), step_bias=T(b))))
     close(out, ref_geonorm_step(x, u, a, max_angle, 1.0, c, b), 1e-9)
     expected = ref_geo_angle(np.array(bases), a, max_angle, c, b)
     np.testing.assert_allclose(angle_between(x, out), expected, rtol=0, atol=1e-7)
     close(nnorm(out), nnorm(x), 1e-12)
     # unit scale and zero bias are the plain step
     if (c, b) == (1.0, 0.0):
-        close(out, N(geonorm_step(T(x), T(u), StepParams(a, max_angle))), 1e-12)
+        close(out, N(geonorm_step(T(x), T(u), StepParams(a, max_angle=max_angle))), 1e-12)
 
 
 def test_geonorm_angle_formula():
@@ -484,8 +500,12 @@ def test_geonorm_angle_formula():
 def test_bridge_zero_is_prenorm():
     x, u = rand(SHAPE, 60), rand(SHAPE, 61, 1.5)
     for m in (PI4, None):
-        close(geonorm_step(T(x), T(u), StepParams(0.7, m, 0.0)), x + u, 1e-12)
-        close(geonorm_step(T(x), T(u), StepParams(0.7, m, 0.0, T(1.3), T(0.2))), x + u, 1e-12)
+        close(geonorm_step(T(x), T(u), StepParams(0.7, max_angle=m, bridge=0.0)), x + u, 1e-12)
+        close(
+            geonorm_step(T(x), T(u), StepParams(0.7, max_angle=m, bridge=0.0, step_scale=T(1.3), step_bias=T(0.2))),
+            x + u,
+            1e-12,
+        )
     # also an update that turns x around (x + u on the far side of the origin)
     x2, u2 = controlled([0.4, 1.0], seed=62, along=-2.5)
     close(geonorm_step(T(x2), T(u2), StepParams(0.7, bridge=0.0)), x2 + u2, 1e-12)
@@ -493,7 +513,7 @@ def test_bridge_zero_is_prenorm():
 
 def test_bridge_one_is_geonorm():
     x, u = rand(SHAPE, 63), rand(SHAPE, 64, 1.5)
-    out = geonorm_step(T(x), T(u), StepParams(0.7, PI4, 1.0))
+    out = geonorm_step(T(x), T(u), StepParams(0.7, max_angle=PI4, bridge=1.0))
     close(out, ref_geonorm_step(x, u, 0.7), 1e-9)
     close(out, N(geonorm_step(T(x), T(u), StepParams(0.7))), 0.0)
 
@@ -502,10 +522,14 @@ def test_bridge_one_is_geonorm():
 @pytest.mark.parametrize("max_angle", [PI4, None])
 def test_bridge_intermediate_formula(lam, max_angle):
     x, u = rand(SHAPE, 65), rand(SHAPE, 66, 1.5)
-    close(geonorm_step(T(x), T(u), StepParams(0.7, max_angle, lam)), ref_geonorm_step(x, u, 0.7, max_angle, lam), 1e-9)
+    close(
+        geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam)),
+        ref_geonorm_step(x, u, 0.7, max_angle, lam),
+        1e-9,
+    )
     c, b = 1.2, 0.1
     close(
-        geonorm_step(T(x), T(u), StepParams(0.7, max_angle, lam, T(c), T(b))),
+        geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam, step_scale=T(c), step_bias=T(b))),
         ref_geonorm_step(x, u, 0.7, max_angle, lam, c, b),
         1e-9,
     )
@@ -515,7 +539,7 @@ def test_bridge_intermediate_formula(lam, max_angle):
         nnorm(t) / nnorm(x), 0.7, max_angle
     )
     assert th.max() < math.pi
-    out = N(geonorm_step(T(x), T(u), StepParams(0.7, max_angle, lam)))
+    out = N(geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam)))
     np.testing.assert_allclose(angle_between(x, out), th[..., 0], rtol=0, atol=1e-7)
 
 
@@ -533,13 +557,13 @@ def test_framed_bridge_and_final_clamp_formula(lam):
     theta = (1 - lam) * theta_pre + lam * theta_geo
     radius = (1 - lam) * nnorm(r * (x + c * u)) + lam * nx
     expected = radius * (np.cos(theta) * x / nx + np.sin(theta) * t / nt)
-    got = geonorm_step(T(x), T(u), StepParams(a, m, lam, frame=(c, r), clamp="final"))
+    got = geonorm_step(T(x), T(u), StepParams(a, max_angle=m, bridge=lam, frame=(c, r), clamp="final"))
     close(got, expected, 1e-9)
     if lam == 0.0:
         assert torch.equal(got, T(r * (x + c * u)))  # exactly the framed Pre-Norm update
     both = ref_geonorm_step(x, u, a, m, lam) if lam == 1.0 else None
     if both is not None:  # the paper's clamp differs where the base angle passes max_angle
-        assert np.abs(N(geonorm_step(T(x), T(u), StepParams(a, m, lam))) - both).max() < 1e-9
+        assert np.abs(N(geonorm_step(T(x), T(u), StepParams(a, max_angle=m, bridge=lam))) - both).max() < 1e-9
         assert np.abs(both - expected).max() > 1e-3
 
 
@@ -587,10 +611,12 @@ STAYING_FNS = {  # the steps that keep the radius: a state below the floor has n
     "exp_map": lambda x, u: exp_map(x, tangent(x, u)),
     "geodesic_update": lambda x, u: geodesic_update(x, u, 1e3),
     "step_default": lambda x, u: geonorm_step(x, u, StepParams(0.5)),
-    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(MAX_ALPHA, None)),
-    "step_learnable": lambda x, u: geonorm_step(x, u, StepParams(0.5, PI4, 1.0, torch.tensor(1.3), torch.tensor(0.1))),
+    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(MAX_ALPHA, max_angle=None)),
+    "step_learnable": lambda x, u: geonorm_step(
+        x, u, StepParams(0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1))
+    ),
     "composed_default": lambda x, u: composed_geonorm_step(x, u, StepParams(0.5)),
-    "composed_no_clamp": lambda x, u: composed_geonorm_step(x, u, StepParams(MAX_ALPHA, None)),
+    "composed_no_clamp": lambda x, u: composed_geonorm_step(x, u, StepParams(MAX_ALPHA, max_angle=None)),
 }
 
 

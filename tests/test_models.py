@@ -456,3 +456,27 @@ def test_deepnorm_from_scratch_scales_value_output_and_ffn_weights():
     # converting trained weights leaves them as they are
     converted = hf_geonorm.convert(stock, norm_style="deepnorm")
     assert torch.equal(converted.model.layers[1].self_attn.v_proj.weight, s.self_attn.v_proj.weight)
+
+
+def test_the_step_schedule_is_computed_once_per_model_and_again_after_an_assignment(monkeypatch):
+    """Every residual module of a model reads one schedule: two forwards compute the step sizes once, an assigned
+    ``geo_alpha`` (or ``geo_bridge``) once more and changes the outputs; the modules of a copy read the copy's."""
+    from hf_geonorm.modeling import residual
+
+    computed = []
+    real = residual.step_sizes
+    monkeypatch.setattr(residual, "step_sizes", lambda *args: computed.append(args) or real(*args))
+    geo = hf_geonorm.convert(stock_model("llama"), geo_alpha=0.5)
+    first = logits(geo)
+    torch.testing.assert_close(logits(geo), first)
+    assert len(computed) == 1
+    geo.config.geo_alpha = 0.25
+    halved = logits(geo)
+    assert len(computed) == 2 and not torch.allclose(halved, first)
+    torch.testing.assert_close(halved, logits(hf_geonorm.convert(stock_model("llama"), geo_alpha=0.25)))
+    geo.config.geo_bridge = 0.0
+    torch.testing.assert_close(logits(geo), logits(stock_model("llama")))  # the bridges are the schedule's too
+    copied = copy.deepcopy(geo)
+    copied.config.geo_bridge = 1.0
+    torch.testing.assert_close(logits(copied), halved)
+    torch.testing.assert_close(logits(geo), logits(stock_model("llama")))

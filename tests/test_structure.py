@@ -13,12 +13,12 @@ from test_repository import PACKAGE, absolute, imported_names
 # ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has its folder.
 TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
-# The training modules, each after every module it imports: the declaration and the model sizes, then the data as
-# it flows (documents, the old in-memory path the benchmarks read, tokenizer, blocks, made ready for Trainer), the
-# model and what trains it, the run's outputs, the run, and the sweep over runs.
+# The training modules, each after every module it imports: the declaration, the transformers internals named and
+# the model sizes, then the data as it flows (documents, the old in-memory path the benchmarks read, tokenizer,
+# blocks, made ready for Trainer), the model and what trains it, the run's outputs, the run, and the sweep over runs.
 FLOW = (
-    "options", "presets", "corpus", "data", "tokenizer", "pipeline", "prepare", "model", "optim", "bridge",
-    "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
+    "options", "transformers_internals", "presets", "corpus", "data", "tokenizer", "pipeline", "prepare", "model",
+    "optim", "bridge", "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
 )  # fmt: skip
 MAX_ENTRIES = 2
 
@@ -129,3 +129,16 @@ def test_the_entries_are_counted_along_the_calls_and_not_the_annotations(tmp_pat
     )
     found = entries(tmp_path, ("run", "run"))
     assert found == {"low": {"run", "mid", "other"}, "mid": {"run"}, "other": {"run"}, "side": {"run"}}
+
+
+def test_the_modelling_code_passes_its_values_explicitly():
+    """No value of a forward travels through a module's ``__dict__`` behind nn.Module's back: the attention weights
+    are returned, the first tokens are an argument of the residual update and, from the base model's inputs, a
+    named attribute its layers share (``blocks.FirstTokens``)."""
+    found = [
+        f"{path.name}:{number}"
+        for path in sorted((PACKAGE / "modeling").glob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "__dict__" in line
+    ]
+    assert not found, f"side channels through __dict__: {found}"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layouts import DEEPNORM_SCALED, BlockLayout
-from .residual import GeoNormResidual, identity_norm_like
+from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
 
 
@@ -29,16 +29,30 @@ def _first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+class FirstTokens:
+    """The first real token of each sequence in the current forward of one base model (a bool mask over its
+    positions), found by the base model's forward pre-hook from a 2D attention mask when no position ids are given
+    (``_find_first_tokens``); None otherwise, and the layers then read the position ids. One object, shared by the
+    base model and its decoder layers: the stock model calls its layers with its own arguments, so this is how a
+    value of the model's inputs reaches them."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+
+
 class GeoNormDecoderLayerMixin:
     """The GeoNorm ``forward`` shared by every swapped decoder layer (docs/method.md, "The block").
 
     A block reads its parts through ``geonorm_layout``; ``geonorm_attn_residual`` and
-    ``geonorm_mlp_residual`` hold the residual update of each sublayer (one for parallel blocks).
+    ``geonorm_mlp_residual`` hold the residual update of each sublayer (one for parallel blocks). The values of one
+    forward pass from call to call as arguments and results (the attention weights, the first tokens);
+    ``geonorm_first_tokens`` is the base model's ``FirstTokens``.
     """
 
     geonorm_layout: BlockLayout
     geonorm_layer_index: int
     geonorm_parallel: bool
+    geonorm_first_tokens: FirstTokens
 
     def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
         return attn(hidden_states=h, **attn_kwargs)
@@ -54,15 +68,18 @@ class GeoNormDecoderLayerMixin:
     def _norm(self, name: str | None) -> nn.Module | None:
         return None if name is None else getattr(self, name)
 
-    def _attn_update(self, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> torch.Tensor:
+    def _attn_update(self, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention update, and the attention weights when the sublayer returns them (else None)."""
         lay = self.geonorm_layout
-        u = _first(self._call_attention(getattr(self, lay.attn), h, attn_kwargs))
+        output = self._call_attention(getattr(self, lay.attn), h, attn_kwargs)
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        u = _first(output)
         if lay.attn_out_norm is not None:
             u = getattr(self, lay.attn_out_norm)(u)
         u = self._dropout(lay.attn_dropout, u)
         if lay.residual_multiplier is not None:
             u = u * getattr(self, lay.residual_multiplier)
-        return u
+        return u, weights
 
     def _mlp_update(self, h: torch.Tensor) -> torch.Tensor:
         lay = self.geonorm_layout
@@ -74,7 +91,10 @@ class GeoNormDecoderLayerMixin:
             u = u * getattr(self, lay.residual_multiplier)
         return u
 
-    def _geonorm_block(self, hidden_states: torch.Tensor, attn_kwargs: dict[str, Any]) -> torch.Tensor:
+    def _geonorm_block(
+        self, hidden_states: torch.Tensor, attn_kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's new hidden states, and the attention weights its attention returned (or None)."""
         lay = self.geonorm_layout
         attn_res: GeoNormResidual = self.geonorm_attn_residual
         x = attn_res.enter(hidden_states) if self.geonorm_layer_index == 0 else hidden_states
@@ -89,24 +109,25 @@ class GeoNormDecoderLayerMixin:
                 mlp_norm, mlp_in = attn_norm, attn_in
             else:
                 mlp_in = attn_res.sublayer_input(x, mlp_norm)
-            u = self._attn_update(attn_in, attn_kwargs)
+            u, weights = self._attn_update(attn_in, attn_kwargs)
             u = self._dropout(lay.update_dropout, u + self._mlp_update(mlp_in))
-            return attn_res(x, u, attn_norm, first)
-        x = attn_res(x, self._attn_update(attn_in, attn_kwargs), attn_norm, first)
+            return attn_res(x, u, attn_norm, first), weights
+        u, weights = self._attn_update(attn_in, attn_kwargs)
+        x = attn_res(x, u, attn_norm, first)
         mlp_res: GeoNormResidual = self.geonorm_mlp_residual
         mlp_in = mlp_res.sublayer_input(x, mlp_norm) if mlp_norm is not None else x
-        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm, first)
+        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm, first), weights
 
     def _first_tokens(self, attn_kwargs: dict[str, Any]) -> torch.Tensor | None:
         """The first token of each sequence, when ``geo_first_token_prenorm`` keeps it on the Pre-Norm update (else
         None): where the caller's ``position_ids`` are 0 (also packed sequences); without them, the first position
         whose 2D ``attention_mask`` is 1 in each row (a left-padded batch; found by ``_find_first_tokens`` from the
-        base model's inputs); with neither, position 0 (the model's own position ids). A 4D mask or inputs passed
-        to the base model by position cannot be read: then the position ids decide."""
+        base model's inputs, in ``geonorm_first_tokens``); with neither, position 0 (the model's own position ids). A
+        4D mask or inputs passed to the base model by position cannot be read: then the position ids decide."""
         config = self.geonorm_attn_residual.config
         if config.norm_style != "geo" or not config.geo_first_token_prenorm:
             return None
-        first = self.__dict__.get("_geonorm_first_tokens")
+        first = self.geonorm_first_tokens.mask
         if first is not None:
             return first
         position_ids = attn_kwargs.get("position_ids")
@@ -122,23 +143,16 @@ class GeoNormKeywordLayerMixin(GeoNormDecoderLayerMixin):
     """Layers called as ``layer(hidden_states, **kwargs)`` that pass the kwargs on to attention (LLaMA)."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return self._geonorm_block(hidden_states, kwargs)
+        return self._geonorm_block(hidden_states, kwargs)[0]
 
 
 class GeoNormTupleLayerMixin(GeoNormDecoderLayerMixin):
     """Layers called as ``layer(hidden_states, **kwargs)`` that return ``(hidden_states, attention weights)``
     (Falcon, GPT-Neo: their models read ``outputs[0]`` and, with ``output_attentions``, ``outputs[1]``)."""
 
-    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
-        output = attn(hidden_states=h, **attn_kwargs)
-        if isinstance(output, tuple) and len(output) > 1 and attn_kwargs.get("output_attentions"):
-            self.__dict__["_geonorm_attn_weights"] = output[1]
-        return output
-
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.__dict__.pop("_geonorm_attn_weights", None)
-        hidden_states = self._geonorm_block(hidden_states, kwargs)
-        return hidden_states, self.__dict__.pop("_geonorm_attn_weights", None)
+        hidden_states, weights = self._geonorm_block(hidden_states, kwargs)
+        return hidden_states, weights if kwargs.get("output_attentions") else None
 
 
 class GeoNormGPT2LayerMixin(GeoNormDecoderLayerMixin):
@@ -160,7 +174,7 @@ class GeoNormGPT2LayerMixin(GeoNormDecoderLayerMixin):
         if encoder_hidden_states is not None:
             raise ValueError("GeoNorm supports decoder-only GPT-2 (no cross-attention)")
         attn_kwargs = dict(cache=cache, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
-        return self._geonorm_block(hidden_states, attn_kwargs)
+        return self._geonorm_block(hidden_states, attn_kwargs)[0]
 
 
 class GeoNormGPTBigCodeLayerMixin(GeoNormDecoderLayerMixin):
@@ -186,7 +200,7 @@ class GeoNormGPTBigCodeLayerMixin(GeoNormDecoderLayerMixin):
             output_attentions=output_attentions,
             **kwargs,
         )
-        return self._geonorm_block(hidden_states, attn_kwargs)
+        return self._geonorm_block(hidden_states, attn_kwargs)[0]
 
 
 LAYER_MIXINS: dict[str, type] = {
@@ -319,8 +333,9 @@ def _free_padding_row(base_model: nn.Module, fresh_init: bool) -> None:
 
 def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of a patched base model: under ``geo_first_token_prenorm``, called without
-    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), mark in every layer the first
-    position whose mask is 1 in each row; otherwise clear the mark (the layers then read the position ids)."""
+    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), mark the first position whose mask
+    is 1 in each row in the model's ``FirstTokens``; otherwise clear the mark (the layers then read the position
+    ids)."""
     first = None
     config = base_model.config
     mask, position_ids = kwargs.get("attention_mask"), kwargs.get("position_ids")
@@ -331,8 +346,7 @@ def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any
             length = inputs.shape[1]
             positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
             first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
-    for layer in _get_path(base_model, base_model.__dict__["_geonorm_layers"]):
-        layer.__dict__["_geonorm_first_tokens"] = first
+    base_model.geonorm_first_tokens.mask = first
 
 
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
@@ -346,28 +360,31 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     settings = GeoNormSettings.from_object(config)
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
-    base_model.__dict__["_geonorm_layers"] = layout.layers
-    if _find_first_tokens not in base_model._forward_pre_hooks.values():
+    first_tokens = getattr(base_model, "geonorm_first_tokens", None)
+    if not isinstance(first_tokens, FirstTokens):  # the first patch of this base model (a re-patch keeps its hook)
+        first_tokens = base_model.geonorm_first_tokens = FirstTokens()
         base_model.register_forward_pre_hook(_find_first_tokens, with_kwargs=True)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
     parallel = layout.is_parallel(config)
+    schedule = UpdateSchedule(config, num_layers, 1 if parallel else 2)  # one per model, for its residual modules
     for k, layer in enumerate(layers):
         layer.__class__ = geonorm_layer_class(type(layer), layout)
         layer.geonorm_layout = layout
         layer.geonorm_layer_index = k
         layer.geonorm_parallel = parallel
+        layer.geonorm_first_tokens = first_tokens
         sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
         for index, (part, norm_name) in enumerate(sublayers):
             existing = getattr(layer, f"geonorm_{part}_residual", None)
             if isinstance(existing, GeoNormResidual) and existing.fits(settings):
                 existing.config, existing.layer_index, existing.num_layers = config, k, num_layers
-                existing.sublayer, existing.sublayers = index, len(sublayers)
+                existing.sublayer, existing.sublayers, existing.schedule = index, len(sublayers), schedule
                 continue
             out_norm = None
             if settings.norm_style == "sandwich":
                 out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
-            residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers))
+            residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
             norm = getattr(layer, norm_name) if norm_name is not None else None
             reference = next((norm if norm is not None else layer).parameters(), None)
             if reference is not None:

@@ -14,7 +14,7 @@ The per-row pieces (``floored_norm``, ``tangent_coefficient``, ``tangent_from``,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -231,9 +231,10 @@ class StepParams:
     at ``MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the interpolation;
     ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame`` (c, c_next / c) the Pre-Norm
     frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final" (docs/method.md, "The update",
-    "The bridge")."""
+    "The bridge"). Every field but ``alpha`` is given by keyword: ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
 
     alpha: float | torch.Tensor
+    _: KW_ONLY
     max_angle: float | None = math.pi / 4
     bridge: float = 1.0
     step_scale: torch.Tensor | None = None

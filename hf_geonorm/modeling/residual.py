@@ -4,11 +4,13 @@ A block asks its residual module what each sublayer reads (``sublayer_input``) a
 given the sublayer's update (``forward``). Parameters exist only where a style needs them: the output
 norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
 
-The settings have one home, the model's config: a residual module keeps a reference to it and reads the step
-size, clamp, radius and bridge from it at every forward (docs/method.md, "Step sizes"), so assigning
-``model.config.geo_alpha`` changes the model at once. The two settings that decide which modules and
-parameters exist (``norm_style``, ``geo_learnable_step``) are fixed when the module is built; the config
-refuses to change them while a module reads it (``settings_in_use``).
+The settings have one home, the model's config: a residual module keeps a reference to it and reads the clamp,
+radius and the per-update values of the ``UpdateSchedule`` it shares with the model's other residual modules
+(step sizes, bridges, frames; docs/method.md, "Step sizes") from it at every forward, so assigning
+``model.config.geo_alpha`` changes the model at once; the schedule is computed again only after such an
+assignment. The two settings that decide which modules and parameters exist (``norm_style``,
+``geo_learnable_step``) are fixed when the module is built; the config refuses to change them while a module
+reads it (``settings_in_use``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,44 @@ def settings_in_use(config: Any) -> bool:
     return any(residual.config is config for residual in list(_LIVE_RESIDUALS))
 
 
+class UpdateSchedule:
+    """The per-update values of a model's residual updates, in the order they run: step sizes a_k (``geo_alpha``,
+    ``geo_decay``), bridges (``geo_bridge``) and frames (``geo_frames``: (c, c_next / c) per update). One object,
+    shared by the residual modules of a model: computed from ``config`` once, and again when one of those settings
+    has been assigned a new value since (a list changed in place is not seen; assignments are what the config
+    validates)."""
+
+    SOURCES = ("geo_decay", "geo_alpha", "geo_bridge", "geo_frames")
+
+    def __init__(self, config: Any, num_layers: int, sublayers: int) -> None:
+        self.config, self.num_layers, self.sublayers = config, num_layers, sublayers
+        self.computed_from: tuple[Any, ...] | None = None  # the setting values the lists below were computed from
+        self.step_sizes: list[float] = []
+        self.bridges: list[float] = []
+        self.frames: list[tuple[float, float]] | None = None
+
+    def current(self) -> UpdateSchedule:
+        """This schedule, computed again first if a setting it is computed from was assigned since."""
+        values = tuple(getattr(self.config, name) for name in self.SOURCES)
+        then = self.computed_from
+        if then is None or any(new is not old for new, old in zip(values, then, strict=True)):
+            decay, alpha, bridge, frames = values
+            layers, sublayers = self.num_layers, self.sublayers
+            self.step_sizes = step_sizes(decay, alpha, layers, sublayers)
+            if isinstance(bridge, list):
+                self.bridges = per_update("geo_bridge", bridge, layers, sublayers)
+            else:
+                self.bridges = [bridge] * (layers * sublayers)
+            if frames is None:
+                self.frames = None
+            else:
+                scales = per_update("geo_frames", frames, layers, sublayers)
+                nexts = [scales[i + 1] / scales[i] for i in range(len(scales) - 1)] + [1.0]
+                self.frames = list(zip(scales, nexts, strict=True))
+            self.computed_from = values
+        return self
+
+
 def identity_norm_like(norm: nn.Module, weight_offset: float = 0.0) -> nn.Module:
     """A fresh norm of the same kind as ``norm`` that starts as the plain normalisation
     (effective weight 1, bias 0). ``weight_offset`` is 1 for norms that compute (offset + w) x."""
@@ -51,6 +91,7 @@ class GeoNormResidual(nn.Module):
     ``config`` holds the settings (a model's config, or a ``GeoNormSettings``); it is read at every forward.
     ``sublayer`` is this update's place in its layer (0 attention, 1 feed-forward) and ``sublayers`` the layer's
     number of updates (1 for parallel blocks): a ``geo_alpha`` list with one value per update is read by them.
+    ``schedule`` is the model's ``UpdateSchedule`` (a module built alone gets its own).
     """
 
     def __init__(
@@ -61,6 +102,7 @@ class GeoNormResidual(nn.Module):
         output_norm: nn.Module | None = None,
         sublayer: int = 0,
         sublayers: int = 1,
+        schedule: UpdateSchedule | None = None,
     ) -> None:
         super().__init__()
         settings = GeoNormSettings.from_object(config).validate(num_layers)
@@ -70,6 +112,7 @@ class GeoNormResidual(nn.Module):
         self.num_layers = num_layers
         self.sublayer = sublayer
         self.sublayers = sublayers
+        self.schedule = schedule if schedule is not None else UpdateSchedule(config, num_layers, sublayers)
         if self.norm_style == "sandwich":
             if output_norm is None:
                 raise ValueError("norm_style='sandwich' needs an output norm for each sublayer")
@@ -105,27 +148,19 @@ class GeoNormResidual(nn.Module):
     @property
     def step_size(self) -> float:
         """a_k of this update, from the config's ``geo_alpha`` and ``geo_decay``."""
-        sizes = step_sizes(self.config.geo_decay, self.config.geo_alpha, self.num_layers, self.sublayers)
-        return sizes[self.update_index]
+        return self.schedule.current().step_sizes[self.update_index]
 
     @property
     def bridge(self) -> float:
         """This update's ``geo_bridge`` (a number, or a list with one value per layer or per update)."""
-        bridge = self.config.geo_bridge
-        if not isinstance(bridge, list):
-            return bridge
-        return per_update("geo_bridge", bridge, self.num_layers, self.sublayers)[self.update_index]
+        return self.schedule.current().bridges[self.update_index]
 
     @property
     def frame(self) -> tuple[float, float] | None:
         """(c, c_next / c) of this update from ``geo_frames``: the scale of the Pre-Norm state before it and the
         change to the next update's scale (none after the last update). None without frames."""
-        frames = self.config.geo_frames
-        if frames is None:
-            return None
-        scales = per_update("geo_frames", frames, self.num_layers, self.sublayers)
-        i = self.update_index
-        return scales[i], (scales[i + 1] / scales[i] if i + 1 < len(scales) else 1.0)
+        frames = self.schedule.current().frames
+        return None if frames is None else frames[self.update_index]
 
     def extra_repr(self) -> str:
         if self.norm_style != "geo":
@@ -157,9 +192,12 @@ class GeoNormResidual(nn.Module):
         if style == "pre":
             return x + update
         if style == "geo":
-            config, frame = self.config, self.frame
-            params = StepParams(self.step_size, config.geo_max_angle, self.bridge, self.step_scale, self.step_bias,
-                                frame, config.geo_clamp)  # fmt: skip
+            config, schedule, i = self.config, self.schedule.current(), self.update_index
+            frame = None if schedule.frames is None else schedule.frames[i]
+            params = StepParams(
+                schedule.step_sizes[i], max_angle=config.geo_max_angle, bridge=schedule.bridges[i],
+                step_scale=self.step_scale, step_bias=self.step_bias, frame=frame, clamp=config.geo_clamp,
+            )  # fmt: skip
             out = geonorm_step(x, update, params)
             if first_tokens is not None and config.geo_first_token_prenorm:
                 out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)

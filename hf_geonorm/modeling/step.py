@@ -38,7 +38,8 @@ def can_fuse(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> bool:
 
 def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
     """The model-level residual update of the ``geo`` style, with the Pre-Norm bridge:
-    ``geonorm_step(x, u, StepParams(alpha, max_angle, bridge, step_scale, step_bias, frame, clamp))``.
+    ``geonorm_step(x, u, StepParams(alpha, max_angle=..., bridge=..., step_scale=..., step_bias=..., frame=...,
+    clamp=...))``.
 
     bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly (x + u, or
     in the ``frame``); in between the angle and radius interpolate (docs/method.md, "The update" and "The bridge").

@@ -43,8 +43,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 class FusedGeoNormStep(torch.autograd.Function):
-    """geonorm_step(x, u, StepParams(alpha, max_angle)) with bridge 1. ``backend``: "triton" or "torch"; ``keep``:
-    "output" or "update", what the backward reads besides x (see the module docstring)."""
+    """geonorm_step(x, u, StepParams(alpha, max_angle=max_angle)) with bridge 1. ``backend``: "triton" or "torch";
+    ``keep``: "output" or "update", what the backward reads besides x (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, x, u, alpha, max_angle, backend, keep):
@@ -73,7 +73,7 @@ class FusedGeoNormStep(torch.autograd.Function):
             with torch.enable_grad():
                 xd = x if x.requires_grad else x.detach().requires_grad_()
                 ud = v if v.requires_grad else v.detach().requires_grad_()
-                out = composed_geonorm_step(xd, ud, StepParams(ctx.alpha, ctx.max_angle))
+                out = composed_geonorm_step(xd, ud, StepParams(ctx.alpha, max_angle=ctx.max_angle))
                 dx, du = torch.autograd.grad(out, (xd, ud), grad_out, create_graph=True)
             return dx, du, None, None, None, None
         x2, v2, g2 = _rows(x), _rows(v), _rows(grad_out)

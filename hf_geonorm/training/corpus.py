@@ -244,13 +244,24 @@ def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
         if kind not in TEXT_TYPES:
             raise ValueError(f"{source.name}: column {column!r} holds {kind}, not text (string); give the column "
                              "of the text with --text-column")  # fmt: skip
-    identity = getattr(rows, "_fingerprint", None) or _builder_hash(source)
+    identity = _saved_fingerprint(source) if saved else _builder_hash(source)
     parts = ["saved" if saved else "hub", source.name, source.config, source.split, source.revision, identity, column]
     digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
     part = "".join(f", {name} {value}" for name, value in (("config", source.config), ("split", source.split),
                                                            ("revision", source.revision)) if value)  # fmt: skip
     kind = "saved" if saved else "hub"
     return Corpus(((kind, source.name),), f"the datasets corpus {source.name!r}{part}", digest, column, source)
+
+
+def _saved_fingerprint(source: HubSource) -> str | None:
+    """What identifies a ``save_to_disk`` folder's data: the fingerprint its ``state.json`` records (of the split
+    read, when it holds several)."""
+    folder = Path(source.name)
+    state = folder / "state.json" if (folder / "state.json").is_file() else folder / source.split / "state.json"
+    try:
+        return json.loads(state.read_text(encoding="utf-8")).get("_fingerprint")
+    except (OSError, ValueError):
+        return None
 
 
 def _builder_hash(source: HubSource) -> str | None:

@@ -1,5 +1,7 @@
-"""The one optimizer and learning-rate schedule: ``hf-geonorm train`` (through the Trainer) and the benchmarks'
-own training loop both train with these functions, so that the benchmarks' evidence is about what ``train`` does.
+"""The one optimizer recipe and learning-rate schedule: ``hf-geonorm train`` trains with Trainer's optimizer over
+the parameter groups of ``decayed_parameter_names`` (any ``optim=`` of TrainingArguments keeps them) and with
+``make_scheduler``; the benchmarks' own training loop with ``make_optimizer`` (the same AdamW) and
+``clip_gradients``, so that the benchmarks' evidence is about what ``train`` does.
 
 AdamW with betas (0.9, ``beta2``), weight decay on the weight matrices only (never on norms, biases, embeddings
 or GeoNorm's scalar ``step_scale``/``step_bias``), a linear warm-up to the peak over ``warmup`` steps and a cosine
@@ -38,8 +40,8 @@ def decayed_parameter_names(model: nn.Module) -> set[str]:
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.0, beta2: float = BETA2) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters of ``model``: the first group decayed (``decayed_parameter_names``),
-    the second not."""
+    """AdamW over the trainable parameters of ``model``, grouped as Trainer groups them for ``train``: the first
+    group decayed (``decayed_parameter_names``), the second not."""
     decayed = decayed_parameter_names(model)
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     groups = [

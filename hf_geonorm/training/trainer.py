@@ -29,7 +29,7 @@ from ..sharing.model_card import CardInfo
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
-from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
+from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
     clear_earlier_run,
@@ -45,27 +45,27 @@ from .outputs import (
     training_facts,
 )
 from .prepare import training_data
+from .transformers_internals import check_trainer_overrides
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
-    """The Trainer of ``hf-geonorm train``. It trains with the library's optimizer and schedule (``optim``: AdamW
-    with betas (0.9, ``args.adam_beta2``), ``args.weight_decay`` on the weight matrices, warm-up over
-    ``args.warmup_steps`` then cosine to ``min_lr_ratio`` of ``args.learning_rate``), whose state checkpoints save
-    and a resumed run restores. It stops at the first non-finite training or validation loss with a
+    """The Trainer of ``hf-geonorm train``. It trains with the library's recipe (``optim``): Trainer's optimizer
+    (``args.optim``, AdamW by default, with betas (``args.adam_beta1``, ``args.adam_beta2``)) with
+    ``args.weight_decay`` on the weight matrices only (``get_decay_parameter_names``), and the library's schedule,
+    warm-up over ``args.warmup_steps`` then cosine to ``min_lr_ratio`` of ``args.learning_rate``, whose state
+    checkpoints save and a resumed run restores. It stops at the first non-finite training or validation loss with a
     ``NonFiniteError`` naming the step, before anything of that step is saved (transformers' Trainer trains on,
     and its logs hide NaN losses), so no NaN model is ever published as a checkpoint or as final."""
 
     def __init__(self, *args: Any, min_lr_ratio: float = MIN_LR_RATIO, **kwargs: Any) -> None:
+        check_trainer_overrides()
         super().__init__(*args, **kwargs)
         self.min_lr_ratio = min_lr_ratio
 
-    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
-        if self.optimizer is None:
-            self.optimizer = make_optimizer(
-                self.model if model is None else model, self.args.learning_rate, self.args.weight_decay,
-                self.args.adam_beta2,
-            )  # fmt: skip
-        return self.optimizer
+    def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
+        """The weight matrices (``optim.decayed_parameter_names``): not the norms, biases, embeddings or GeoNorm's
+        step parameters, which Trainer's own rule (by module type and name) would decay in part."""
+        return sorted(decayed_parameter_names(model))
 
     def create_scheduler(
         self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
