@@ -201,9 +201,9 @@ def convert_checkpoint(
     before = after = None
     evaluation = []
     with atomic_directory(output_dir, force=force) as tmp:
+        tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
         say(f"loading the {src.model_type} model ({src.kind})")
         model = load_model(src, dtype, allow_missing=allow_missing)
-        tokenizer = load_tokenizer(src)
         if eval_text is not None:
             windows, how = text_windows(model, tokenizer, eval_text, eval_tokens, label=src.spec)
             say(f"perplexity of the source on {Path(eval_text).name}")

@@ -30,7 +30,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..atomic import remove_stale_partials, remove_tree
 from ..folders import safetensors_header, weight_files
-from ..loading import SettingsError, first_line, read_config_json
+from ..loading import NO_REMOTE_CODE, SettingsError, first_line, read_config_json
 from ..loading_info import tensor_names
 from ..modeling.settings import GeoNormSettings
 
@@ -234,7 +234,7 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     try:
         loaded, info = AutoModelForCausalLM.from_pretrained(
             checkpoint, config=copy.deepcopy(model.config), dtype=next(model.parameters()).dtype,
-            use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True, **NO_REMOTE_CODE,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         raise ValueError(f"--resume: cannot load {checkpoint}: {first_line(error)}") from None

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerFast
 
-from ..loading import TOKENIZER_FILES, first_line
+from ..loading import NO_REMOTE_CODE, TOKENIZER_FILES, custom_code_error, first_line, needs_custom_code
 from ..text_files import read_text
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
@@ -103,9 +103,16 @@ def _dataset_texts(name: str, max_chars: int) -> list[str]:
     return texts
 
 
+STANDARD_TOKENIZER_FIX = (
+    "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "
+    "of a transformers tokenizer writes)"
+)
+
+
 def tokenizer_from(spec: str) -> Any:
-    """The tokenizer in folder ``spec``, or of Hub model ``spec``; a ``ValueError`` that says which it was taken
-    for and what is wrong (no such folder, a folder without tokenizer files, a Hub id that does not load)."""
+    """The tokenizer in folder ``spec``, or of Hub model ``spec``, never with code of its own; a ``ValueError`` that
+    says which it was taken for and what is wrong (no such folder, a folder without tokenizer files, a tokenizer
+    that needs custom code, a Hub id that does not load)."""
     from transformers import AutoTokenizer
 
     path = Path(spec).expanduser()
@@ -113,16 +120,20 @@ def tokenizer_from(spec: str) -> Any:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"{spec} holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); give a tokenizer folder")
         try:
-            return AutoTokenizer.from_pretrained(path)
+            return AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
         except Exception as error:  # noqa: BLE001 - reported in one line
+            if needs_custom_code(error):
+                raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
             raise ValueError(f"cannot load the tokenizer in {spec}: {first_line(error)}") from None
     if path.exists():
         raise ValueError(f"{spec} is a file; give the folder that holds the tokenizer, or a Hub model id")
     if looks_like_path(spec):
         raise ValueError(f"{spec}: no such folder; give a tokenizer folder or a Hub model id (such as gpt2)")
     try:
-        return AutoTokenizer.from_pretrained(spec)
+        return AutoTokenizer.from_pretrained(spec, **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - offline, unknown id, ...
+        if needs_custom_code(error):
+            raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
         raise ValueError(
             f"{spec} is not a local folder, and loading its tokenizer from the Hugging Face Hub failed: "
             f"{first_line(error)}"

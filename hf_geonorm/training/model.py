@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from ..atomic import atomic_directory, check_target
 from ..folders import save_config_with_remote_code
 from ..loading import (
+    NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     TOKENIZER_FILES,
     SettingsError,
@@ -161,7 +162,7 @@ def model_from_folder(
     source = open_source(path)
     full = resolve_settings(settings, source)
     if source.is_geonorm:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, **NO_REMOTE_CODE)
         for name, value in full.items():
             setattr(config, name, value)
     else:
@@ -250,12 +251,9 @@ def write_scratch_config(
     check_target(output_dir, force)
     loaded = None
     if tokenizer:
-        from transformers import AutoTokenizer
+        from .data import tokenizer_from
 
-        try:
-            loaded = AutoTokenizer.from_pretrained(tokenizer)
-        except Exception as error:  # noqa: BLE001 - reported in one line
-            raise ValueError(f"cannot load the tokenizer {tokenizer}: {first_line(error)}") from None
+        loaded = tokenizer_from(tokenizer)
     if vocab_size is None:
         vocab_size = padded_vocab(len(loaded)) if loaded is not None else DEFAULT_VOCAB
     elif loaded is not None and vocab_size < len(loaded):
