@@ -28,6 +28,7 @@ from ..loading import (
     resolve_settings,
 )
 from ..modeling.settings import GeoNormSettings
+from ..output_lock import output_lock
 from ..patching import config_class_for
 from .options import FINE_TUNING_LR, PRETRAINING_LR, TrainOptions
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
@@ -269,7 +270,7 @@ def write_scratch_config(
             f"the {preset} preset does not fit {arch} ({type(error).__name__}: {first_line(error)}); build a config "
             "of your own with transformers and convert it, or choose another architecture"
         ) from None
-    with atomic_directory(output_dir, force=force) as tmp:
+    with output_lock(output_dir, "init", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
         save_config_with_remote_code(config, tmp, tokenizer=loaded)
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 

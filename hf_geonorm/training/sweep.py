@@ -23,6 +23,7 @@ from typing import Any
 
 from ..evaluation import NonFiniteError
 from ..loading import first_line
+from ..output_lock import output_lock
 from .checkpoints import checkpoints
 from .options import SweepOptions, TrainOptions
 from .sweep_report import rate_text, write_report
@@ -152,6 +153,11 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
             raise ValueError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).expanduser().absolute()
+    with output_lock(folder, "sweep"):  # one sweep per folder: two would train the same runs into the same places
+        return _run_grid(sweep, train, folder, log)
+
+
+def _run_grid(sweep: SweepOptions, train: TrainOptions, folder: Path, log: Any) -> list[dict[str, Any]]:
     path, finished = open_journal(folder, replace(train, lr=None))
     done = {_entry_key(entry) for entry in finished}
     runs = plan(sweep)

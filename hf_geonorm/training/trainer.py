@@ -7,6 +7,7 @@ GPT-2 on the Python standard library's own source files (present on every Python
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -25,6 +26,7 @@ from ..evaluation import NonFiniteError, explain_non_finite
 from ..hub import save_shareable
 from ..loading import first_line
 from ..model_card import CardInfo
+from ..output_lock import output_lock
 from ..patching import family_for
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
@@ -34,6 +36,7 @@ from .model import DEFAULT_TOKENIZER_VOCAB, build_model, model_tokenizer, what_i
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, make_optimizer, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
+    check_output_path,
     clear_earlier_run,
     curve_title,
     finished_metrics,
@@ -194,8 +197,10 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
+    check_output_path(output)
     with output_removed_on_failure(output, main, log) as published:
-        return _run(options, output, main, log, published)
+        with output_lock(output, "train") if main else contextlib.nullcontext():  # the other processes: the same run
+            return _run(options, output, main, log, published)
 
 
 def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
