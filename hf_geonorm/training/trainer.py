@@ -49,7 +49,9 @@ from .outputs import (
     strict_json,
     training_facts,
 )
+from .pipeline import tokenizer_digest, world_size
 from .prepare import corpus_tokenizer, training_data
+from .run_record import check_same_run, run_record
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
@@ -229,10 +231,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         tokenizer = corpus_tokenizer(corpus, vocab_size, Path(options.data_cache).expanduser(), data_log)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    data = training_data(corpus, tokenizer, options, data_log)
     model = build_model(options, tokenizer, own_tokenizer=folder_tokenizer is not None, log=log if main else None)
     # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
     use_cache = getattr(model.config, "use_cache", None)
+    settings = model.config.geonorm_settings().to_dict()  # as built: before LoRA and the bridge anneal
     if checkpoint is not None:
         ignore = ("geo_bridge",) if options.bridge_anneal else ()
         check_resumable(model, checkpoint, ignore=ignore, given=options.settings)
@@ -248,6 +250,11 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     options, why = with_learning_rate(options, model.config)
     if why and main:
         log(why)
+    data_key = (corpus.label, corpus.fingerprint)
+    record = run_record(options, data_key, tokenizer_digest(tokenizer), settings, world_size())
+    if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
+        check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
+    data = training_data(corpus, tokenizer, options, data_log)
     callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
@@ -300,6 +307,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         min_lr_ratio=options.min_lr_ratio,
         model=model,
         published=published,
+        run_record=record,
+        tokenizer=tokenizer,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.val,
