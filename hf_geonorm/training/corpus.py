@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..loading import first_line
 from ..text_files import BINARY_PROBE, text_chunks
+from .cache_checks import content_key
 from .data import TEXT_SUFFIXES, looks_like_path, stdlib_files
 
 DOC_MIN_CHARS = 1_000
@@ -35,7 +36,8 @@ ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
 class Corpus:
     """The shards of ``--data`` in order, each ``(kind, path or name)`` with kind ``paragraphs`` (a text file cut
     at blank lines), ``file`` (a text file, one document), ``jsonl``, ``parquet`` or ``hub``; a label for the log;
-    and a fingerprint of the data (paths, sizes, modification times; a ``datasets`` name) that keys the cache."""
+    and a fingerprint of the data (its files' kinds, sizes and content hashes, ``cache_checks.content_key``; a
+    ``datasets`` name) that keys the cache and that a resumed run must match."""
 
     shards: tuple[tuple[str, str], ...]
     label: str
@@ -79,9 +81,7 @@ def _is_binary(path: Path) -> bool:
 
 
 def _local(shards: list[tuple[str, Path]], label: str) -> Corpus:
-    stats = [(kind, str(p.absolute()), p.stat().st_size, p.stat().st_mtime_ns) for kind, p in shards]
-    digest = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
-    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest)
+    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, content_key(shards))
 
 
 def _hub_corpus(name: str) -> Corpus:

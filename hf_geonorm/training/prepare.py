@@ -4,6 +4,7 @@ tokens: how many the data holds, how many train, and how many epochs ``--max-ste
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..loading import first_line
+from .cache_checks import check_cache_folder, storage_errors
 from .corpus import Corpus, corpus_documents
 from .data import TokenBlocks, fast_tokenizer, train_tokenizer
 from .options import TrainOptions
@@ -44,13 +47,20 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, log: Any) -> 
     """A byte-level BPE tokenizer trained on the corpus's first ``TOKENIZER_SAMPLE_CHARS`` characters (whole
     documents): training on all of a large corpus would take long and hold it in memory, for little gain. Cached
     under ``cache`` by the data and the vocabulary, so that a second run (and its cached blocks) finds the same one."""
+    check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
     if not builds_here():
         wait_for(path)
     if path.is_file():
-        log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
-        return fast_tokenizer(str(path))
+        try:
+            cached = fast_tokenizer(str(path))
+        except Exception as error:  # noqa: BLE001 - a damaged file of the cache: trained again
+            warnings.warn(f"the cached tokenizer {path} does not load ({first_line(error)}): it is trained again",
+                          stacklevel=3)  # fmt: skip
+        else:
+            log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
+            return cached
     sample, chars, complete = [], 0, True
     for doc in corpus_documents(corpus.shards):
         if chars >= TOKENIZER_SAMPLE_CHARS:
@@ -62,10 +72,15 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, log: Any) -> 
     log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
         f"{chars / 1e6:.1f} MB) of {corpus.label}")  # fmt: skip
     trained = train_tokenizer(sample, vocab_size)
-    cache.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    trained.backend_tokenizer.save(str(partial))
-    os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+    try:
+        with storage_errors(cache):
+            cache.mkdir(parents=True, exist_ok=True)
+            trained.backend_tokenizer.save(str(partial))
+            os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+    finally:
+        with contextlib.suppress(OSError):  # written only when the save failed part way
+            partial.unlink(missing_ok=True)
     return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks
 
 
