@@ -20,6 +20,7 @@ from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
 from .files.atomic import atomic_directory, check_target
 from .files.gguf_files import gguf_metadata
+from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
@@ -177,8 +178,9 @@ def convert_checkpoint(
     (``calibration.bridge_costs``: one forward pass over them per update).
 
     Raises ``ValueError`` for a bad source, output or weights (``errors.SettingsError`` for a bad setting,
-    ``errors.NonFiniteError`` for a non-finite perplexity) and ``FileExistsError`` when the output appears
-    while the conversion runs; nothing is written then. ``progress`` receives one line per stage.
+    ``errors.NonFiniteError`` for a non-finite perplexity, ``output_lock.OutputInUse`` while another run writes
+    into ``output_dir``) and ``FileExistsError`` when the output appears while the conversion runs; nothing is
+    written then. ``progress`` receives one line per stage.
     """
     total = 4 + (eval_text is not None) + (calibrate_text is not None)
     stage = iter(range(1, total + 1))
@@ -200,10 +202,10 @@ def convert_checkpoint(
     started = time.perf_counter()
     before = after = None
     evaluation = []
-    with atomic_directory(output_dir, force=force) as tmp:
+    with output_lock(output_dir, "convert", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
+        tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
         say(f"loading the {src.model_type} model ({src.kind})")
         model = load_model(src, dtype, allow_missing=allow_missing)
-        tokenizer = load_tokenizer(src)
         if eval_text is not None:
             windows, how = text_windows(model, tokenizer, eval_text, eval_tokens, label=src.spec)
             say(f"perplexity of the source on {Path(eval_text).name}")

@@ -5,6 +5,10 @@ strictly.
 missing or wrong-shape tensor with random values and only log it, raises a ``ValueError`` that names the keys.
 Every user mistake (no such path, a corrupt config, damaged weights, an unsupported architecture) is a
 one-line ``ValueError`` that names the file and the fix.
+
+No code shipped with a folder or a Hub repository ever runs: every tokenizer, config and model is loaded with
+``NO_REMOTE_CODE`` (transformers then never asks "Do you wish to run the custom code?"), GeoNorm types load
+through the plugin's own classes, and what would need custom code is refused in one line (``custom_code_error``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,26 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+NO_REMOTE_CODE = {"trust_remote_code": False}  # for every from_pretrained of a folder, a file or a Hub id
+
+
+def needs_custom_code(error: BaseException) -> bool:
+    """Whether transformers refused to load something because it needs the code shipped with it."""
+    return isinstance(error, ValueError) and "trust_remote_code" in str(error)
+
+
+def custom_code_error(what: str, where: str, fix: str) -> ValueError:
+    """The one-line refusal of ``what`` (a tokenizer, a config) in ``where`` that needs custom code."""
+    return ValueError(
+        f"the {what} of {where} needs custom code (an auto_map in its tokenizer_config.json or config.json), which "
+        f"hf-geonorm never runs; {fix}"
+    )
+
+
+STANDARD_TOKENIZER = (
+    "give it a standard tokenizer: save one with save_pretrained (tokenizer.json and a tokenizer_config.json "
+    "without auto_map) in place of its tokenizer files"
+)
 
 
 @dataclass
@@ -114,16 +138,22 @@ def read_config_json(folder: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
-def check_supported(model_type: str, where: str | None = None) -> None:
-    """``ValueError`` unless GeoNorm has a family for ``model_type`` (stock ``X`` or ``geonorm_X``)."""
+def _supported(model_type: str) -> bool:
     try:
         family_for(model_type)
     except ValueError:
+        return False
+    return True
+
+
+def check_supported(model_type: str, where: str | None = None) -> None:
+    """``ValueError`` unless GeoNorm has a family for ``model_type`` (stock ``X`` or ``geonorm_X``)."""
+    if not _supported(model_type):
         n = len(supported_architectures())
         raise ValueError(
             f"unsupported architecture {model_type!r}{f' in {where}' if where else ''}: GeoNorm supports {n} "
             "decoder-only model types (list them with: hf-geonorm architectures)"
-        ) from None
+        )
 
 
 def _hub_config(spec: str) -> dict[str, Any]:
@@ -136,8 +166,10 @@ def _hub_config(spec: str) -> dict[str, Any]:
     except HFValidationError:
         raise ValueError(f"{spec}: no such file or folder, and not a valid Hugging Face Hub model id") from None
     try:
-        config = AutoConfig.from_pretrained(spec)
+        config = AutoConfig.from_pretrained(spec, **NO_REMOTE_CODE)
     except (OSError, ValueError, KeyError) as error:
+        if needs_custom_code(error):
+            raise custom_code_error("config", spec, "hf-geonorm converts the stock model types only") from None
         if is_offline_mode():
             reason = "the Hub is offline (HF_HUB_OFFLINE=1) and the model is not in the local cache"
         else:
@@ -158,7 +190,7 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - a corrupt or unsupported file, reported in one line
         raise ValueError(f"cannot read {path} as a GGUF checkpoint: {first_line(error)}") from None
     return config.to_dict()
@@ -177,6 +209,9 @@ def open_source(spec: str | os.PathLike) -> Source:
         source = Source(spec, "gguf", str(path.parent), path.name, _gguf_config(path), path)
     elif path.is_dir():
         source = Source(spec, "folder", str(path), None, read_config_json(path), path)
+        if source.config.get("auto_map") and not _supported(source.model_type):
+            raise custom_code_error("config", spec, "hf-geonorm converts the stock model types only (list them with: "
+                                    "hf-geonorm architectures)")  # fmt: skip
     elif looks_like_path(spec):
         raise ValueError(f"{spec}: no such file or folder")
     else:
@@ -255,6 +290,7 @@ def load_model(source: Source, dtype: str = "auto", config: Any = None, allow_mi
 
     kwargs: dict[str, Any] = {
         **source.load_kwargs(),
+        **NO_REMOTE_CODE,
         "output_loading_info": True,
         "ignore_mismatched_sizes": True,  # so they come back in the loading info; refused below
     }
@@ -288,14 +324,17 @@ def has_tokenizer(source: Source) -> bool:
 
 
 def load_tokenizer(source: Source) -> Any:
-    """The source's tokenizer, or None when it has none (a warning when a tokenizer is there but fails to load)."""
+    """The source's tokenizer, or None when it has none (a warning when a tokenizer is there but fails to load);
+    ``ValueError`` when it needs custom code."""
     if not has_tokenizer(source):
         return None
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs())
+        return AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - a source without a usable tokenizer is still usable
+        if needs_custom_code(error):
+            raise custom_code_error("tokenizer", source.spec, STANDARD_TOKENIZER) from None
         if source.kind != "hub":
             warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
         return None

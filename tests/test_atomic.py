@@ -198,10 +198,12 @@ def test_sigkill_during_convert_leaves_a_partial_that_the_next_run_removes(tmp_p
     child.send_signal(signal.SIGKILL)
     child.communicate(timeout=120)
     (partial,) = partials(tmp_path)  # nothing can clean up after SIGKILL ...
-    assert f"partial-{child.pid}-" in partial.name and not (tmp_path / "out").exists()
+    assert f"partial-{child.pid}-" in partial.name
+    assert names(tmp_path / "out") == [".hf-geonorm.lock"]  # OUT holds the killed run's lock file only
     result = CliRunner().invoke(cli, ["convert", str(stock), str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     assert f"warning: removed {partial.name}" in result.stderr  # ... but the next run for that output does
+    assert f"warning: took over the lock {tmp_path / 'out' / '.hf-geonorm.lock'}" in result.stderr
     assert names(tmp_path) == ["fifo", "out", "ready"] and (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -240,7 +242,7 @@ def test_convert_never_removes_an_output_that_appears_while_it_runs(tmp_path, st
 
     def someone_else_writes_the_output(model, path, **kwargs):
         save(model, path, **kwargs)
-        out.mkdir()
+        out.mkdir(exist_ok=True)  # there already, holding the run's lock file; another program ignores that
         (out / "theirs.txt").write_text("theirs")
 
     monkeypatch.setattr(conversion, "save_shareable", someone_else_writes_the_output)

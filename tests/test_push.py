@@ -2,8 +2,9 @@
 
 huggingface_hub reads HF_ENDPOINT into ``constants.ENDPOINT`` (and the download URL template) when imported, so
 in-process tests set those constants (``HfApi()`` reads ENDPOINT when created); the subprocess test sets
-HF_ENDPOINT itself. Xet is disabled (the
-local Hub speaks the plain LFS protocol), as is the token file of the user running the tests.
+HF_ENDPOINT itself. Offline mode (HF_HUB_OFFLINE=1, as an offline user has it set) is turned off for the local Hub
+the same ways, and Xet is disabled (the local Hub speaks the plain LFS protocol), as is the token file of the user
+running the tests.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """A running local Hub; huggingface_hub pointed at it with a valid token; no stored login, no Xet."""
+    """A running local Hub; huggingface_hub pointed at it with a valid token, online; no stored login, no Xet."""
     with FakeHub() as server:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
         monkeypatch.setattr(constants, "ENDPOINT", server.url)
         template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
@@ -172,7 +175,8 @@ def test_the_console_script_reads_hf_endpoint_and_hf_token(converted, tmp_path):
         pytest.skip("the hf-geonorm console script is not installed")
     with FakeHub() as server:
         env = {**os.environ, "HF_ENDPOINT": server.url, "HF_TOKEN": server.token, "HF_HUB_DISABLE_XET": "1",
-               "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+               "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf_home"),
+               "HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
         run = subprocess.run(
             [str(SCRIPT), "push", str(converted), "me/subprocess", "--revision", "v1"],
             env=env,

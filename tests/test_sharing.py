@@ -55,6 +55,8 @@ def invoke(*args):
 @pytest.fixture(scope="module")
 def hub():
     with FakeHub() as server, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(constants, "HF_HUB_OFFLINE", False)  # the local Hub is reachable also where HF_HUB_OFFLINE=1 is set
+        mp.setenv("HF_HUB_OFFLINE", "0")
         mp.setattr(constants, "ENDPOINT", server.url)
         mp.setattr(constants, "HF_HUB_DISABLE_XET", True)
         mp.setenv("HF_TOKEN", server.token)

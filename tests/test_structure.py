@@ -17,8 +17,8 @@ TRAINING = PACKAGE / "training"
 # the model sizes, then the data as it flows (documents, the old in-memory path the benchmarks read, tokenizer,
 # blocks, made ready for Trainer), the model and what trains it, the run's outputs, the run, and the sweep over runs.
 FLOW = (
-    "options", "transformers_internals", "presets", "corpus", "data", "tokenizer", "pipeline", "prepare", "model",
-    "optim", "bridge", "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
+    "options", "transformers_internals", "presets", "cache_checks", "corpus", "data", "tokenizer", "pipeline",
+    "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
 )  # fmt: skip
 MAX_ENTRIES = 2
 

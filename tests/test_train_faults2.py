@@ -71,18 +71,20 @@ def test_resuming_a_finished_run_does_nothing_and_keeps_its_metrics(tmp_path, fi
 
 def test_resume_refuses_a_checkpoint_missing_a_tensor_or_holding_an_unexpected_one(tmp_path, finished_run, data_file):
     out = shutil.copytree(finished_run, tmp_path / "run")
+    shutil.rmtree(out / "final")  # as if killed while writing final/: --resume writes it from checkpoint-2
+    (out / "metrics.json").unlink()
     weights = out / "checkpoint-2" / "model.safetensors"
     tensors = load_file(weights)
     missing = {k: v for k, v in tensors.items() if k != "transformer.h.0.attn.c_attn.weight"}
     save_file(missing, weights, metadata={"format": "pt"})
     before = snapshot(out)
-    resumed = train(*run_args(data_file, out)[:-4], "--max-steps", "3", "--output", out, "--resume")
+    resumed = train(*run_args(data_file, out), "--resume")
     assert resumed.exit_code != 0, resumed.output
     assert f"{out / 'checkpoint-2'}" in resumed.output and "transformer.h.0.attn.c_attn.weight" in resumed.output
     assert "missing" in resumed.output and "Traceback" not in resumed.output
     assert snapshot(out) == before
     save_file({**tensors, "transformer.h.0.extra": torch.zeros(2)}, weights, metadata={"format": "pt"})
-    extra = train(*run_args(data_file, out)[:-4], "--max-steps", "3", "--output", out, "--resume")
+    extra = train(*run_args(data_file, out), "--resume")
     assert extra.exit_code != 0 and "unexpected" in extra.output and "transformer.h.0.extra" in extra.output
 
 

@@ -189,8 +189,8 @@ def prepare_model(
     modules to observe), and moved to ``device``."""
     src = source if isinstance(source, Source) else open_source(source)
     chosen = resolve_settings(settings, src) if settings else None
+    tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
     model = load_model(src, dtype, allow_missing=allow_missing)
-    tokenizer = load_tokenizer(src)
     if chosen is not None:
         apply_geonorm(model, **chosen)
     elif not src.is_geonorm:

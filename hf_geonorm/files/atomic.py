@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -195,10 +196,17 @@ def _appeared(output: Path) -> OutputExists:
                         "written")  # fmt: skip
 
 
+def _holds_content(folder: Path) -> bool:
+    """Whether ``folder`` holds anything but its lock file."""
+    return any(entry.name != LOCK_NAME for entry in folder.iterdir())
+
+
 def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
-    """Move ``tmp`` to ``output`` without removing anything but the empty folder that was asked to be replaced."""
+    """Move ``tmp`` to ``output`` without removing anything but the empty folder that was asked to be replaced
+    (and the lock file in it, which the caller holds)."""
     if replace_empty:
         try:
+            (output / LOCK_NAME).unlink(missing_ok=True)
             output.rmdir()
         except FileNotFoundError:
             pass
@@ -244,7 +252,7 @@ def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
     output = Path(output_dir).expanduser().absolute()
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
-    if output.is_dir() and not force and any(output.iterdir()):
+    if output.is_dir() and not force and _holds_content(output):
         raise OutputExists(f"{output_dir} exists and is not empty")
     return output
 
@@ -283,7 +291,7 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
     for message in remove_stale_partials(output):
         warnings.warn(message, stacklevel=3)
     check_target(output_dir, force)
-    existed_empty = output.is_dir() and not output.is_symlink() and not any(output.iterdir())
+    existed_empty = output.is_dir() and not output.is_symlink() and not _holds_content(output)
     created = _missing_ancestors(output)
     with terminate_raises():
         tmp = None

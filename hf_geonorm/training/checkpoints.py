@@ -16,6 +16,7 @@ import copy
 import errno
 import json
 import os
+import pickle
 import re
 import uuid
 import warnings
@@ -31,9 +32,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..errors import SettingsError, first_line
 from ..files.atomic import remove_stale_partials, remove_tree
 from ..files.safetensors_files import safetensors_header, weight_files
-from ..loading import read_config_json
+from ..loading import NO_REMOTE_CODE, read_config_json
 from ..loading_info import tensor_names
 from ..modeling.settings import GeoNormSettings
+from .run_record import write_record
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names
@@ -77,15 +79,45 @@ class AtomicCheckpointTrainer(Trainer):
     Every process saves into the same hidden staging folder (the Trainer's own ``_save_checkpoint``, pointed
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
     the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
-    checkpoints this run moved into place (a failed run that created the output folder keeps only those). A whole
-    model is resumed with ``load_checkpoint_weights``; a full device while saving is a ``NoSpaceError``.
+    checkpoints this run moved into place (a failed run that created the output folder keeps only those); each
+    holds ``run_record`` (``run_record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
+    (saved here rather than given to the Trainer as ``processing_class``, which would write the tokenizer's padding
+    id into the model's config: a padding row that never trains). A resumed run takes this run's evaluation, save
+    and logging intervals (the Trainer would keep the checkpoint's and ignore the options). A whole model is resumed
+    with ``load_checkpoint_weights``; a full device while saving is a ``NoSpaceError``; an optimizer, scheduler or
+    random state file that holds more than tensors is refused (``tensors_only``).
     """
 
-    def __init__(self, *args: Any, published: list[Path] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        published: list[Path] | None = None,
+        run_record: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._staging: Path | None = None
         self._owner: int | None = None
         self.published = published if published is not None else []
+        self.run_record = run_record
+        self.run_tokenizer = tokenizer
+
+    def _load_callback_state(self) -> None:  # right after a resumed checkpoint's trainer_state.json is read
+        super()._load_callback_state()
+        self.state.compute_steps(self.args, self.args.max_steps)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        with tensors_only(checkpoint):
+            super()._load_rng_state(checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        with tensors_only(checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        with tensors_only(checkpoint):
+            super()._load_scaler(checkpoint)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         folder = Path(resume_from_checkpoint)
@@ -104,6 +136,10 @@ class AtomicCheckpointTrainer(Trainer):
         try:
             with disk_full_named(self._staging / name, output / name):
                 super()._save_checkpoint(model, trial)
+                if self.args.should_save and self.run_record is not None:
+                    write_record(self._staging / name, self.run_record)
+                if self.args.should_save and self.run_tokenizer is not None:
+                    self.run_tokenizer.save_pretrained(self._staging / name)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 publish(self._staging / name, output / name)
@@ -122,6 +158,21 @@ class AtomicCheckpointTrainer(Trainer):
                 torch.distributed.broadcast_object_list(pid, src=0)
             self._owner = pid[0]
         return self._owner
+
+
+@contextlib.contextmanager
+def tensors_only(checkpoint: str | None) -> Iterator[None]:
+    """A file of ``checkpoint`` that torch's safe loading refuses (it pickles more than tensors, which could run
+    code) as a ``ValueError`` naming the checkpoint, without torch's advice on how to load it anyway."""
+    try:
+        yield
+    except pickle.UnpicklingError:
+        name = Path(checkpoint).name if checkpoint else "the checkpoint"
+        raise ValueError(
+            f"--resume: {checkpoint} holds an optimizer, scheduler or random state file (optimizer.pt, scheduler.pt, "
+            "rng_state.pth) with more than tensors in it, which hf-geonorm never loads (unpickling it could run "
+            f"code); remove {name} to resume from an earlier checkpoint, or start anew with --force"
+        ) from None
 
 
 def publish(built: Path, target: Path) -> None:
@@ -235,7 +286,7 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     try:
         loaded, info = AutoModelForCausalLM.from_pretrained(
             checkpoint, config=copy.deepcopy(model.config), dtype=next(model.parameters()).dtype,
-            use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True,
+            use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True, **NO_REMOTE_CODE,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         raise ValueError(f"--resume: cannot load {checkpoint}: {first_line(error)}") from None

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..errors import first_line
 from ..files.text_files import BINARY_PROBE, text_chunks
+from .cache_checks import content_key
 
 DOC_MIN_CHARS = 1_000
 PIECE_CHARS = 8_000
@@ -42,7 +43,7 @@ TEXT_TYPES = ("string", "large_string")
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
 # Of the data caches (the tokenizer trained on the fly, the packed blocks): a new way of cutting documents or
 # packing blocks gets new cache keys.
-FORMAT = 4
+FORMAT = 5  # 5: meta.json records the Arrow files' checksums
 
 
 def looks_like_path(spec: str) -> bool:
@@ -74,8 +75,9 @@ class HubSource:
 class Corpus:
     """The shards of ``--data`` in order, each ``(kind, path or name)`` with kind ``paragraphs`` (a text file given
     by name), ``file`` (a text file of a folder), ``jsonl``, ``parquet``, ``saved`` (a ``save_to_disk`` folder) or
-    ``hub``; the rows' text column; a label for the log; and a fingerprint of the data that keys the cache (paths,
-    sizes, modification times; a ``datasets`` corpus's name, config, split, revision and fingerprint)."""
+    ``hub``; the rows' text column; a label for the log; and a fingerprint of the data that keys the cache and that a
+    resumed run must match (its files' kinds, sizes and content hashes, ``cache_checks.content_key``; a ``datasets``
+    corpus's name, config, split, revision and fingerprint)."""
 
     shards: tuple[tuple[str, str], ...]
     label: str
@@ -213,8 +215,7 @@ def _is_binary(path: Path) -> bool:
 
 
 def _local(shards: list[tuple[str, Path]], label: str, column: str = "text") -> Corpus:
-    stats = [(kind, str(p.absolute()), p.stat().st_size, p.stat().st_mtime_ns) for kind, p in shards]
-    digest = hashlib.sha256(json.dumps([stats, column]).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps([content_key(shards), column]).encode()).hexdigest()
     return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column)
 
 

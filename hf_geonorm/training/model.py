@@ -16,8 +16,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ..errors import SettingsError, first_line
 from ..files.atomic import atomic_directory, check_target
+from ..files.output_lock import output_lock
 from ..inspection import parameter_count
 from ..loading import (
+    NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
     load_model,
@@ -156,7 +158,7 @@ def model_from_folder(
     source = open_source(path)
     full = resolve_settings(settings, source)
     if source.is_geonorm:
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, **NO_REMOTE_CODE)
         for name, value in full.items():
             setattr(config, name, value)
     else:
@@ -236,12 +238,9 @@ def write_scratch_config(
     check_target(output_dir, force)
     loaded = None
     if tokenizer:
-        from transformers import AutoTokenizer
+        from .data import tokenizer_from
 
-        try:
-            loaded = AutoTokenizer.from_pretrained(tokenizer)
-        except Exception as error:  # noqa: BLE001 - reported in one line
-            raise ValueError(f"cannot load the tokenizer {tokenizer}: {first_line(error)}") from None
+        loaded = tokenizer_from(tokenizer)
     if vocab_size is None:
         vocab_size = padded_vocab(len(loaded)) if loaded is not None else DEFAULT_VOCAB
     elif loaded is not None and vocab_size < len(loaded):
@@ -257,7 +256,7 @@ def write_scratch_config(
             f"the {preset} preset does not fit {arch} ({type(error).__name__}: {first_line(error)}); build a config "
             "of your own with transformers and convert it, or choose another architecture"
         ) from None
-    with atomic_directory(output_dir, force=force) as tmp:
+    with output_lock(output_dir, "init", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
         save_config_with_remote_code(config, tmp, tokenizer=loaded)
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 

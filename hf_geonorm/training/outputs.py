@@ -1,5 +1,8 @@
 """What a run leaves in its output folder, also when it is stopped:
 
+- one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm.files.output_lock``) from before it looks
+  at the folder until it ends; a second run into the folder fails at once, naming the first;
+
 - checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
   place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
 - an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..files.atomic import remove_tree, terminate_raises
+from ..files.atomic import LOCK_NAME, remove_tree, terminate_raises
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
 from .options import TrainOptions
 
@@ -81,19 +84,24 @@ def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = N
 RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
 
 
-def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:
-    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
-    step)."""
+def check_output_path(output: Path) -> None:
+    """``ValueError`` when ``--output`` cannot be a folder: a dangling symbolic link or a file."""
     if output.is_symlink() and not output.exists():
         raise ValueError(
             f"--output {output} is a dangling symbolic link (to {os.readlink(output)}, which does not exist); create "
             "the folder it points to, remove the link, or give another --output"
         )
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} is a file; give a folder")
+
+
+def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:
+    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
+    step). The main process holds the folder's lock (``output_lock``) by then."""
+    check_output_path(output)
     if main:
         for line in remove_leftovers(output):
             warnings.warn(line, stacklevel=3)
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output} is a file; give a folder")
     if options.resume:
         checkpoint, step = resume_checkpoint(output, warn=main)
         if step > options.max_steps:
@@ -102,7 +110,8 @@ def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Pat
                 f"nothing to train; give a --max-steps above {step}"
             )
         return checkpoint, step
-    if output.is_dir() and any(not is_leftover(entry) for entry in output.iterdir()) and not options.force:
+    content = [e for e in output.iterdir() if not is_leftover(e) and e.name != LOCK_NAME] if output.is_dir() else []
+    if content and not options.force:
         raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
     return None, 0
 

@@ -1,8 +1,9 @@
 """The data ``hf-geonorm train`` trains on: a corpus (``corpus``) tokenized once with ``datasets``
 (``Dataset.map``, batched, over ``--data-workers`` processes), packed into blocks of ``--seq-len`` tokens with the
-end-of-text token after every document, and cached as Arrow files under ``--data-cache``, keyed by the data (paths,
-sizes, modification times), the tokenizer (its serialized JSON) and the block length. Training reads the blocks
-memory-mapped, so memory does not grow with the corpus. ``--streaming`` tokenizes and packs on the fly instead.
+end-of-text token after every document, and cached as Arrow files under ``--data-cache``, keyed by the data (its
+files' sizes and content hashes), the tokenizer (its serialized JSON) and the block length, and verified when read
+(``cache_checks``). Training reads the blocks memory-mapped, so memory does not grow with the corpus.
+``--streaming`` tokenizes and packs on the fly instead.
 
 Validation and test are held out by documents, disjoint from training and from each other: validation takes
 documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) and test documents 10, 30, 50, ... (``test_offset``:
@@ -15,11 +16,14 @@ dropped).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +34,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ..files.atomic import atomic_directory, wait_for
+from ..files.atomic import atomic_directory
+from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, Corpus
 
 VAL_EVERY = 20
@@ -187,22 +192,45 @@ def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int) -
 def prepare_blocks(
     corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, eval_blocks: int, workers: int = 1, builder: bool = True
 ) -> Prepared:
-    """The corpus's blocks from the cache, else tokenized and packed into it. The cache folder is built in a
-    temporary folder and moved into place whole, so a killed run never leaves one that a later run trusts. Only
-    the ``builder`` (the first process of a machine) builds; the others wait for its folder."""
+    """The corpus's blocks from the cache, verified (``cache_checks.entry_problem``), else tokenized and packed into
+    it. The cache folder is built in a temporary folder and moved into place whole, so a killed run never leaves
+    one that a later run trusts; an entry that does not verify is rebuilt, with a warning naming it. Only the
+    ``builder`` (the first process of a machine) builds; the others wait for an entry that verifies."""
+    check_cache_folder(cache)
     folder = cache / f"blocks-{blocks_key(corpus, tokenizer, seq_len, eval_blocks)}"
     if not builder:
-        wait_for(folder / "meta.json")
-    if (folder / "meta.json").is_file():
+        wait_for_entry(folder)
         return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
+    if os.path.lexists(folder):
+        problem = entry_problem(folder)
+        if problem is None:
+            return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
+        warnings.warn(f"the cached data {folder} does not verify ({problem}): it is rebuilt", stacklevel=3)
+        with storage_errors(cache):
+            discard(folder)
     start = time.perf_counter()
-    try:
-        with atomic_directory(folder) as tmp:
-            meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks)
-            (tmp / "meta.json").write_text(json.dumps(meta))
-    except FileExistsError:  # another run on the same data finished first: its folder is as good
-        pass
+    with storage_errors(cache):
+        try:
+            with atomic_directory(folder) as tmp:
+                meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks)
+                (tmp / "meta.json").write_text(json.dumps(meta))
+        except FileExistsError:  # another run on the same data finished first: its folder is as good
+            pass
     return Prepared(folder, json.loads((folder / "meta.json").read_text()), False, time.perf_counter() - start)
+
+
+def wait_for_entry(folder: Path, poll: float = 0.5) -> None:
+    """Wait until the cache entry ``folder`` verifies: the builder of the run writes it, or rebuilds one that does
+    not (checked again each time its ``meta.json`` is replaced)."""
+    seen = None
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            stat = os.stat(folder / "meta.json")
+            if (stat.st_ino, stat.st_mtime_ns) != seen:
+                if entry_problem(folder) is None:
+                    return
+                seen = (stat.st_ino, stat.st_mtime_ns)
+        time.sleep(poll)
 
 
 def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, float]:
@@ -223,8 +251,8 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
             features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
             new_fingerprint=f"tokenized-{tokenizer_digest(tokenizer)[:16]}",
         )  # fmt: skip
-    except datasets.exceptions.DatasetGenerationError as error:  # a user mistake in a shard: its own message
-        raise (error.__cause__ if isinstance(error.__cause__, ValueError) else error) from None
+    except datasets.exceptions.DatasetGenerationError as error:  # a user mistake in a shard, a full disk: its own
+        raise (error.__cause__ if isinstance(error.__cause__, (ValueError, OSError)) else error) from None
     finally:
         if progress:
             datasets.enable_progress_bars()
@@ -261,7 +289,7 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
         "train_blocks": counts["train"], "val_blocks": evaluated_blocks(counts["val"], eval_blocks),
         "test_blocks": evaluated_blocks(counts["test"], eval_blocks),
         "read_seconds": read - start, "tokenize_seconds": tokenized - read,
-        "pack_seconds": time.perf_counter() - tokenized,
+        "pack_seconds": time.perf_counter() - tokenized, "files": file_checks(tmp, [f"{n}.arrow" for n in packers]),
     }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .corpus import HubSource, resolve_corpus
+from .corpus import Corpus, HubSource, resolve_corpus
 from .options import TrainOptions
 from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout
 from .tokenizer import training_tokenizer
@@ -43,14 +43,19 @@ def builds_here() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-def training_data(options: TrainOptions, log: Any) -> TrainingData:
-    """The corpus ``options.data`` names, its tokenizer and its training, validation and test blocks as ``options``
-    ask (cached or streamed, capped by ``max_tokens``); ``log`` says what the data holds and what ``max_steps``
-    makes of it."""
+def data_source(options: TrainOptions, log: Any) -> tuple[Corpus, Any, bool]:
+    """The corpus ``options.data`` names and its tokenizer (and whether it is the ``--model`` folder's own), before
+    any tokenizing: a resumed run compares both with its checkpoint's first."""
     hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
     corpus = resolve_corpus(options.data, options.text_column, hub)
+    tokenizer, from_model = training_tokenizer(options, corpus, corpus.all_documents(), builds_here(), log)
+    return corpus, tokenizer, from_model
+
+
+def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_model: bool, log: Any) -> TrainingData:
+    """The training, validation and test blocks of ``corpus`` as ``options`` ask (cached or streamed, capped by
+    ``max_tokens``); ``log`` says what the data holds and what ``max_steps`` makes of it."""
     builder = builds_here()
-    tokenizer, from_model = training_tokenizer(options, corpus, corpus.all_documents(), builder, log)
     length = options.seq_len
     per_step = options.batch_size * options.gradient_accumulation_steps * world_size()
     planned = options.max_steps * per_step * length

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NonFiniteError, first_line
+from ..files.output_lock import output_lock
 from .checkpoints import checkpoints
 from .options import SweepOptions, TrainOptions
 from .sweep_report import rate_text, write_report
@@ -151,6 +152,11 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
             raise ValueError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).expanduser().absolute()
+    with output_lock(folder, "sweep"):  # one sweep per folder: two would train the same runs into the same places
+        return _run_grid(sweep, train, folder, log)
+
+
+def _run_grid(sweep: SweepOptions, train: TrainOptions, folder: Path, log: Any) -> list[dict[str, Any]]:
     path, finished = open_journal(folder, replace(train, lr=None))
     done = {_entry_key(entry) for entry in finished}
     runs = plan(sweep)

@@ -8,9 +8,11 @@ would not fit the model's rows) is a one-line ``ValueError`` that names it and t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,11 +21,23 @@ from transformers import PreTrainedTokenizerFast
 
 from ..errors import first_line
 from ..files.atomic import wait_for
-from ..loading import TOKENIZER_FILES, looks_like_path, open_source
+from ..loading import (
+    NO_REMOTE_CODE,
+    TOKENIZER_FILES,
+    custom_code_error,
+    looks_like_path,
+    needs_custom_code,
+    open_source,
+)
+from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
 from .options import TrainOptions
 
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+STANDARD_TOKENIZER_FIX = (
+    "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "
+    "of a transformers tokenizer writes)"
+)
 TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
 
 
@@ -95,8 +109,9 @@ def model_tokenizer(options: TrainOptions) -> str | None:
 
 
 def tokenizer_from(spec: str) -> Any:
-    """The tokenizer in folder ``spec``, or of Hub model ``spec``; a ``ValueError`` that says which it was taken
-    for and what is wrong (no such folder, a folder without tokenizer files, a Hub id that does not load)."""
+    """The tokenizer in folder ``spec``, or of Hub model ``spec``, never with code of its own; a ``ValueError`` that
+    says which it was taken for and what is wrong (no such folder, a folder without tokenizer files, a tokenizer
+    that needs custom code, a Hub id that does not load)."""
     from transformers import AutoTokenizer
 
     path = Path(spec).expanduser()
@@ -104,16 +119,20 @@ def tokenizer_from(spec: str) -> Any:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"{spec} holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); give a tokenizer folder")
         try:
-            return AutoTokenizer.from_pretrained(path)
+            return AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
         except Exception as error:  # noqa: BLE001 - reported in one line
+            if needs_custom_code(error):
+                raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
             raise ValueError(f"cannot load the tokenizer in {spec}: {first_line(error)}") from None
     if path.exists():
         raise ValueError(f"{spec} is a file; give the folder that holds the tokenizer, or a Hub model id")
     if looks_like_path(spec):
         raise ValueError(f"{spec}: no such folder; give a tokenizer folder or a Hub model id (such as gpt2)")
     try:
-        return AutoTokenizer.from_pretrained(spec)
+        return AutoTokenizer.from_pretrained(spec, **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - offline, unknown id, ...
+        if needs_custom_code(error):
+            raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
         raise ValueError(
             f"{spec} is not a local folder, and loading its tokenizer from the Hugging Face Hub failed: "
             f"{first_line(error)}"
@@ -152,13 +171,20 @@ def corpus_tokenizer(
     the corpus's ``documents``: training on all of a large corpus would take long and hold it in memory, for little
     gain. Cached under ``cache`` by the data and the vocabulary, so that a second run (and its cached blocks) finds
     the same one; only the ``builder`` (the first process of a machine) trains it, the others wait for its file."""
+    check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
     if not builder:
         wait_for(path)
     if path.is_file():
-        log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
-        return fast_tokenizer(str(path))
+        try:
+            cached = fast_tokenizer(str(path))
+        except Exception as error:  # noqa: BLE001 - a damaged file of the cache: trained again
+            warnings.warn(f"the cached tokenizer {path} does not load ({first_line(error)}): it is trained again",
+                          stacklevel=3)  # fmt: skip
+        else:
+            log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
+            return cached
     sample, chars, complete = [], 0, True
     for doc in documents:
         if chars >= TOKENIZER_SAMPLE_CHARS:
@@ -170,8 +196,13 @@ def corpus_tokenizer(
     log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
         f"{chars / 1e6:.1f} MB) of {corpus.label}")  # fmt: skip
     trained = train_tokenizer(sample, vocab_size)
-    cache.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    trained.backend_tokenizer.save(str(partial))
-    os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+    try:
+        with storage_errors(cache):
+            cache.mkdir(parents=True, exist_ok=True)
+            trained.backend_tokenizer.save(str(partial))
+            os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+    finally:
+        with contextlib.suppress(OSError):  # written only when the save failed part way
+            partial.unlink(missing_ok=True)
     return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks

@@ -7,6 +7,7 @@ GPT-2 on the Python standard library's own source files (present on every Python
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -23,6 +24,7 @@ from transformers.utils import logging as hf_logging
 from ..analysis.evaluation import explain_non_finite
 from ..errors import NonFiniteError, first_line
 from ..files.atomic import atomic_directory
+from ..files.output_lock import output_lock
 from ..patching import family_for
 from ..sharing.hub import save_shareable
 from ..sharing.model_card import CardInfo
@@ -32,6 +34,7 @@ from .model import build_model, check_positions, what_it_computes, with_learning
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
 from .options import TrainOptions, trackers
 from .outputs import (
+    check_output_path,
     clear_earlier_run,
     curve_title,
     finished_metrics,
@@ -44,7 +47,9 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .prepare import training_data
+from .pipeline import tokenizer_digest
+from .prepare import data_source, training_data, world_size
+from .run_record import check_same_run, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -192,8 +197,10 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
+    check_output_path(output)
     with output_removed_on_failure(output, main, log) as published:
-        return _run(options, output, main, log, published)
+        with output_lock(output, "train") if main else contextlib.nullcontext():  # the other processes: the same run
+            return _run(options, output, main, log, published)
 
 
 def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
@@ -211,11 +218,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
     check_positions(options)  # before any tokenizing
-    data = training_data(options, log if main else (lambda *_: None))
-    tokenizer = data.tokenizer
-    model = build_model(options, tokenizer, own_tokenizer=data.tokenizer_from_model, log=log if main else None)
+    data_log = log if main else (lambda *_: None)
+    corpus, tokenizer, tokenizer_from_model = data_source(options, data_log)
+    model = build_model(options, tokenizer, own_tokenizer=tokenizer_from_model, log=log if main else None)
     # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
     use_cache = getattr(model.config, "use_cache", None)
+    settings = model.config.geonorm_settings().to_dict()  # as built: before LoRA and the bridge anneal
     if checkpoint is not None:
         ignore = ("geo_bridge",) if options.bridge_anneal else ()
         check_resumable(model, checkpoint, ignore=ignore, given=options.settings)
@@ -231,6 +239,11 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     options, why = with_learning_rate(options, model.config)
     if why and main:
         log(why)
+    data_key = (corpus.label, corpus.fingerprint)
+    record = run_record(options, data_key, tokenizer_digest(tokenizer), settings, world_size())
+    if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
+        check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
+    data = training_data(options, corpus, tokenizer, tokenizer_from_model, data_log)
     callbacks: list[TrainerCallback] = []
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
@@ -282,6 +295,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         min_lr_ratio=options.min_lr_ratio,
         model=model,
         published=published,
+        run_record=record,
+        tokenizer=tokenizer,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.val,
