@@ -150,7 +150,7 @@ def test_option_choices_match_the_library():
     assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
     assert options.RADII == hf_geonorm.RADII
     assert options.CLAMPS == settings.CLAMPS
-    assert options.BRIDGE_ORDERS == training_options.BRIDGE_ORDERS
+    assert options.declarations().BRIDGE_ORDERS == training_options.BRIDGE_ORDERS  # the CLI reads the declaration
     assert options.DECAYS == DECAYS
     assert options.DTYPES == loading.DTYPES
     assert options.PRESET_NAMES == tuple(presets.PRESETS)
