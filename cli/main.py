@@ -154,16 +154,15 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
     With --bridge 0 the converted model computes exactly what the source does; --bridge 1 (the default) is
     pure GeoNorm.
     """
-    from hf_geonorm.conversion import convert_checkpoint
+    from hf_geonorm.conversion import ConversionOptions, convert_checkpoint
 
+    options = ConversionOptions(
+        dtype=dtype, force=force, base_model=base_model, license=license_, repo_id=repo_id, eval_text=eval_text,
+        eval_tokens=eval_tokens, calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens,
+        cost_tokens=cost_tokens, allow_missing=allow_missing,
+    )  # fmt: skip
     try:
-        result = convert_checkpoint(
-            source, output_dir, pop_settings(kwargs), dtype=dtype, force=force, base_model=base_model,
-            license=license_, repo_id=repo_id, eval_text=eval_text, eval_tokens=eval_tokens,
-            calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens, cost_tokens=cost_tokens,
-            allow_missing=allow_missing,
-            progress=_progress,
-        )  # fmt: skip
+        result = convert_checkpoint(source, output_dir, pop_settings(kwargs), options, progress=_progress)
     except OSError as error:
         raise _cannot_write(output_dir, error) from None
     if result.perplexity_before is not None:

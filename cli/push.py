@@ -49,7 +49,7 @@ def push(
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    from hf_geonorm.sharing.hub import NotShareable, push_folder, shareable_files
+    from hf_geonorm.sharing.hub import NotShareable, PushOptions, push_folder, shareable_files
 
     if create_pr and revision and revision != "main":
         raise click.UsageError("--create-pr opens a pull request against main; it cannot be combined with --revision")
@@ -58,15 +58,11 @@ def push(
         if folder.is_dir():
             files = shareable_files(folder)
             click.echo(f"checking {path}: {len(files)} files, {_size(folder, files)}", err=True)
-        result = push_folder(
-            folder,
-            repo_id,
-            private=private or None,
-            revision=revision,
-            commit_message=commit_message,
-            commit_description=commit_description,
-            create_pr=create_pr,
-        )
+        options = PushOptions(
+            commit_message=commit_message, commit_description=commit_description, private=private or None,
+            revision=revision, create_pr=create_pr,
+        )  # fmt: skip
+        result = push_folder(folder, repo_id, options)
     except NotShareable as error:
         raise click.ClickException(f"not pushed: {error}") from None
     except HfHubHTTPError as error:

@@ -29,10 +29,10 @@ from .patching import (
     family_for,
     supported_architectures,
 )
-from .sharing.hub import push_to_hub as _push_to_hub
+from .sharing.hub import push_model_to_hub as _push_model_to_hub
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
-_model_mixins.PUSH_TO_HUB = _push_to_hub
+_model_mixins.PUSH_TO_HUB = _push_model_to_hub
 
 __all__ = [
     "NORM_STYLES",

@@ -132,6 +132,31 @@ def calibrated_settings(
 
 
 @dataclass
+class ConversionOptions:
+    """How ``convert_checkpoint`` converts, besides the settings. ``dtype``: of the weights written (``auto``: the
+    source's; GGUF de-quantises to float32); ``force``: replace a non-empty output; ``base_model``, ``license``,
+    ``repo_id``: the model card's (defaults from the source's card or GGUF metadata); ``eval_text``: perplexity on
+    its first ``eval_tokens`` tokens before and after conversion, into the card; ``calibrate_text`` (a Pre-Norm
+    source, ``geo`` settings): ``geo_alpha`` one step size per update and ``geo_frames`` the Pre-Norm frames,
+    measured on its first ``calibrate_tokens`` tokens (``calibration.calibrate``), ``geo_max_angle`` None unless
+    the settings name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on its first
+    ``cost_tokens`` tokens (``calibration.bridge_costs``: one forward pass over them per update);
+    ``allow_missing``: load weights with missing or unexpected tensors, with a warning."""
+
+    dtype: str = "auto"
+    force: bool = False
+    base_model: str | None = None
+    license: str | None = None
+    repo_id: str | None = None
+    eval_text: str | os.PathLike | None = None
+    eval_tokens: int = 2048
+    calibrate_text: str | os.PathLike | None = None
+    calibrate_tokens: int = 4096
+    cost_tokens: int = 1024
+    allow_missing: bool = False
+
+
+@dataclass
 class ConversionResult:
     """What ``convert_checkpoint`` wrote."""
 
@@ -150,38 +175,23 @@ def convert_checkpoint(
     source: Source | str,
     output_dir: str | os.PathLike,
     settings: dict[str, Any] | None = None,
-    *,
-    dtype: str = "auto",
-    force: bool = False,
-    base_model: str | None = None,
-    license: str | None = None,
-    repo_id: str | None = None,
-    eval_text: str | os.PathLike | None = None,
-    eval_tokens: int = 2048,
-    calibrate_text: str | os.PathLike | None = None,
-    calibrate_tokens: int = 4096,
-    cost_tokens: int = 1024,
-    allow_missing: bool = False,
+    options: ConversionOptions | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ConversionResult:
-    """Convert ``source`` (a checkpoint folder, a .gguf file or a Hub id) to a GeoNorm folder ``output_dir``.
+    """Convert ``source`` (a checkpoint folder, a .gguf file or a Hub id) to a GeoNorm folder ``output_dir``, as
+    ``options`` say (``ConversionOptions``: the dtype, the card's facts, evaluation and calibration texts).
 
     ``settings`` (GeoNorm config fields) update the source's own (a GeoNorm source) or the defaults; with
-    ``geo_bridge=0`` the converted model computes what the source does. The output gets safetensors weights in
-    ``dtype`` (``auto``: the source's; GGUF de-quantises to float32), the config, the remote code, the tokenizer
-    (when the source has one) and a model card naming ``base_model``, ``license`` and ``repo_id`` (defaults from
-    the source's card or GGUF metadata). With ``eval_text`` the perplexity on its first ``eval_tokens`` tokens is
-    measured before and after conversion and put in the card. With ``calibrate_text`` (a Pre-Norm source, ``geo``
-    settings) ``geo_alpha`` becomes one step size per update and ``geo_frames`` the Pre-Norm frames, measured on its
-    first ``calibrate_tokens`` tokens (``calibration.calibrate``), ``geo_max_angle`` None unless ``settings``
-    name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on the first ``cost_tokens`` tokens
-    (``calibration.bridge_costs``: one forward pass over them per update).
+    ``geo_bridge=0`` the converted model computes what the source does. The output gets safetensors weights, the
+    config, the remote code, the tokenizer (when the source has one) and a model card.
 
     Raises ``ValueError`` for a bad source, output or weights (``errors.SettingsError`` for a bad setting,
     ``errors.NonFiniteError`` for a non-finite perplexity, ``output_lock.OutputInUse`` while another run writes
     into ``output_dir``) and ``FileExistsError`` when the output appears while the conversion runs; nothing is
     written then. ``progress`` receives one line per stage.
     """
+    options = options or ConversionOptions()
+    force, eval_text, calibrate_text = options.force, options.eval_text, options.calibrate_text
     total = 4 + (eval_text is not None) + (calibrate_text is not None)
     stage = iter(range(1, total + 1))
 
@@ -205,20 +215,20 @@ def convert_checkpoint(
     with output_lock(output_dir, "convert", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
         tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
         say(f"loading the {src.model_type} model ({src.kind})")
-        model = load_model(src, dtype, allow_missing=allow_missing)
+        model = load_model(src, options.dtype, allow_missing=options.allow_missing)
         if eval_text is not None:
-            windows, how = text_windows(model, tokenizer, eval_text, eval_tokens, label=src.spec)
+            windows, how = text_windows(model, tokenizer, eval_text, options.eval_tokens, label=src.spec)
             say(f"perplexity of the source on {Path(eval_text).name}")
             before = check_finite(perplexity(model, windows, "source perplexity"), "the source's perplexity",
                                   model, windows)  # fmt: skip
         if calibrate_text is not None:
             say(f"calibrating the step sizes on {Path(calibrate_text).name}")
             chosen = calibrated_settings(model, tokenizer, src, chosen, settings or {}, calibrate_text,
-                                         calibrate_tokens)  # fmt: skip
+                                         options.calibrate_tokens)  # fmt: skip
         say(f"converting to geonorm_{src.stock_type}")
         apply_geonorm(model, **chosen)
         if calibrate_text is not None:
-            windows_for_costs, _ = text_windows(model, tokenizer, calibrate_text, cost_tokens, label=src.spec)
+            windows_for_costs, _ = text_windows(model, tokenizer, calibrate_text, options.cost_tokens, label=src.spec)
             chosen["geo_bridge_costs"] = bridge_costs(model, windows_for_costs)
             model.config.geo_bridge_costs = chosen["geo_bridge_costs"]
         if eval_text is not None:
@@ -231,11 +241,11 @@ def convert_checkpoint(
             )
         metadata = card_metadata(src)
         info = CardInfo(
-            base_model=base_model or metadata.get("base_model"),
-            license=license or metadata.get("license"),
+            base_model=options.base_model or metadata.get("base_model"),
+            license=options.license or metadata.get("license"),
             language=metadata.get("language"),
             source=src.spec if src.kind == "hub" else src.label,
-            repo_id=repo_id,
+            repo_id=options.repo_id,
             evaluation=evaluation,
         )
         say(f"writing {output_dir}")

@@ -144,13 +144,11 @@ def test_option_choices_match_the_library():
     from hf_geonorm import loading
     from hf_geonorm.modeling import settings
     from hf_geonorm.modeling.geometry import DECAYS
-    from hf_geonorm.training import options as training_options
     from hf_geonorm.training import presets
 
     assert options.NORM_STYLES == hf_geonorm.NORM_STYLES
     assert options.RADII == hf_geonorm.RADII
     assert options.CLAMPS == settings.CLAMPS
-    assert options.declarations().BRIDGE_ORDERS == training_options.BRIDGE_ORDERS  # the CLI reads the declaration
     assert options.DECAYS == DECAYS
     assert options.DTYPES == loading.DTYPES
     assert options.PRESET_NAMES == tuple(presets.PRESETS)

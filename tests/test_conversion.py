@@ -169,9 +169,8 @@ def test_settings_errors_tell_a_bad_argument_from_a_bad_file(stock_llama, tmp_pa
 
 def test_convert_checkpoint_writes_what_convert_computes(stock_llama, tmp_path):
     progress = []
-    result = conversion.convert_checkpoint(
-        stock_llama, tmp_path / "out", {"geo_alpha": 0.7}, eval_text=TEXT, eval_tokens=64, progress=progress.append
-    )
+    options = conversion.ConversionOptions(eval_text=TEXT, eval_tokens=64)
+    result = conversion.convert_checkpoint(stock_llama, tmp_path / "out", {"geo_alpha": 0.7}, options, progress.append)
     assert result.model_type == "geonorm_llama" and result.settings["geo_alpha"] == 0.7 and result.num_layers == 3
     assert [line[:5] for line in progress] == ["[1/5]", "[2/5]", "[3/5]", "[4/5]", "[5/5]"]
     assert {"model.safetensors", "config.json", "README.md"} <= set(result.files)

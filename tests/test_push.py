@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 import hf_geonorm
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
 from hf_geonorm.sharing.card_checks import auto_map_for, validate_card
-from hf_geonorm.sharing.hub import push_to_hub, shareable_files
+from hf_geonorm.sharing.hub import PushOptions, push_to_hub, shareable_files
 from hf_geonorm.sharing.model_card import CardInfo
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
@@ -337,7 +337,7 @@ def check_pushed_repo(hub, repo_id, revision="main"):
 def test_hub_push_to_hub_pushes_code_and_card(hub):
     model = tiny_geonorm()
     model.add_model_tags(["my-experiment"])
-    result = push_to_hub(model, "py-geo", card_info=CardInfo(license="apache-2.0"), revision="exp")
+    result = push_to_hub(model, "py-geo", PushOptions(revision="exp"), card_info=CardInfo(license="apache-2.0"))
     assert result.repo_id == "tester/py-geo" and result.revision == "exp"
     card = check_pushed_repo(hub, "tester/py-geo", "exp")
     data = card.data.to_dict()

@@ -58,7 +58,8 @@ def test_accumulated_batches_train_as_one_large_batch(tmp_path, data_file):
     weights = [load_file(tmp_path / name / "final" / "model.safetensors") for name in runs]
     assert weights[0].keys() == weights[1].keys()
     for key in weights[0]:
-        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-5)
+        # AdamW moves a weight whose gradient is rounding noise by noise of up to lr (2e-3) a step
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-4)
     for metrics in runs.values():  # 3 optimizer steps of 16 blocks of 32 tokens, however they were batched
         assert metrics["tokens"] == 3 * 16 * 32 and metrics["tokens_per_step"] == 16 * 32
         assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["train_seconds"])
@@ -82,7 +83,7 @@ def test_report_to_tensorboard_writes_the_logged_losses_under_the_output(tmp_pat
     history = json.loads((out / "metrics.json").read_text())["log_history"]
     logged = [(h["step"], h["loss"]) for h in history if "loss" in h]
     assert [(e.step, pytest.approx(e.value, rel=1e-5)) for e in events.Scalars("train/loss")] == logged
-    assert [e.step for e in events.Scalars("eval/loss")] == [4]
+    assert [e.step for e in events.Scalars("eval/loss")] == [0, 4]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,12 @@ def test_a_tracker_that_cannot_report_is_one_line(tmp_path, data_file, monkeypat
 def test_progress_bar_log_lines_one_final_evaluation_and_the_warmup_warning(tmp_path, data_file, monkeypatch):
     evaluations = []
     real_evaluate = CheckedTrainer.evaluate
-    monkeypatch.setattr(CheckedTrainer, "evaluate", lambda self, *a, **k: evaluations.append(1) or real_evaluate(self))
+
+    def counted(self, *args, **kwargs):
+        evaluations.append(kwargs.get("metric_key_prefix", "eval"))
+        return real_evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckedTrainer, "evaluate", counted)
     out = tmp_path / "run"
     result = train("--data", data_file, "--vocab-size", "300", *SMALL[:-4], "--warmup-steps", "4", "--max-steps", "4",
                    "--eval-every", "2", "--logging-steps", "1", "--output", out)  # fmt: skip
@@ -122,7 +128,8 @@ def test_progress_bar_log_lines_one_final_evaluation_and_the_warmup_warning(tmp_
     assert "\x1b[A" not in result.output and result.output.count("Writing model shards: 100%") == 1
     metrics = json.loads((out / "metrics.json").read_text())
     evals = [h for h in metrics["log_history"] if "eval_loss" in h]
-    assert [h["step"] for h in evals] == [2, 4] and len(evaluations) == 2  # the step-4 evaluation is the final one
+    # the step-4 evaluation is the final one; the test split is evaluated once, at the end
+    assert [h["step"] for h in evals] == [0, 2, 4] and evaluations == ["eval", "eval", "eval", "test"]
     assert metrics["final_eval_loss"] == evals[-1]["eval_loss"]
 
 

@@ -127,7 +127,7 @@ class GeoNormPreTrainedMixin:
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Push with the remote code and the GeoNorm model card where the plugin installed ``PUSH_TO_HUB``
-        (``hf_geonorm.sharing.hub.push_to_hub``; keyword arguments as transformers' ``push_to_hub``, plus
+        (``hf_geonorm.sharing.hub.push_model_to_hub``; keyword arguments as transformers' ``push_to_hub``, plus
         ``tokenizer`` and ``card_info``). Loaded as remote code: transformers' push (the folder still gets its code
         from ``save_pretrained``, but a generic card)."""
         if PUSH_TO_HUB is None:

@@ -1,6 +1,7 @@
 """Sharing GeoNorm models on the Hugging Face Hub: a folder ready to push (``save_shareable``: weights, remote
 code, tokenizer, model card), the upload of a checked folder in one commit (``push_folder``, what
-``hf-geonorm push`` runs) and ``push_to_hub`` for a model in memory (what ``model.push_to_hub`` routes to).
+``hf-geonorm push`` runs) and ``push_to_hub`` for a model in memory (``push_model_to_hub`` is what
+``model.push_to_hub`` routes to). How a push commits is one ``PushOptions``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import fnmatch
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,24 @@ def shareable_files(path: str | os.PathLike) -> list[str]:
         if file.is_file() and root in file.resolve().parents:
             names.append(relative.as_posix())
     return names
+
+
+@dataclass
+class PushOptions:
+    """How a push commits: the keyword arguments of transformers' ``PreTrainedModel.push_to_hub`` that apply to a
+    GeoNorm model. ``private`` applies when the repository is created; ``revision`` names a branch (created from
+    main when missing); ``create_pr`` opens a pull request instead of committing; ``token`` is the usual login when
+    None (HF_TOKEN, ``hf auth login``). ``max_shard_size`` and ``tags`` apply to a model in memory
+    (``push_to_hub``): the size of its weight files, and the card's tags besides the model's ``model_tags``."""
+
+    commit_message: str | None = None
+    commit_description: str | None = None
+    private: bool | None = None
+    token: str | None = None
+    revision: str | None = None
+    create_pr: bool = False
+    max_shard_size: int | str | None = "50GB"
+    tags: list[str] | None = None
 
 
 @dataclass
@@ -89,37 +108,28 @@ def _card_for_repo(path: Path, repo_id: str) -> bytes:
     return (path / "README.md").read_bytes().replace(f'"{CARD_REPO_PLACEHOLDER}"'.encode(), f'"{repo_id}"'.encode())
 
 
-def push_folder(
-    path: str | os.PathLike,
-    repo_id: str,
-    *,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    commit_description: str | None = None,
-    token: str | None = None,
-    create_pr: bool = False,
-) -> PushResult:
-    """Upload the GeoNorm folder ``path`` to the Hub model repository ``repo_id`` in one commit.
+def push_folder(path: str | os.PathLike, repo_id: str, options: PushOptions | None = None) -> PushResult:
+    """Upload the GeoNorm folder ``path`` to the Hub model repository ``repo_id`` in one commit, as ``options``
+    say (``PushOptions``).
 
     Refuses (``NotShareable``) a folder ``check_shareable`` finds incomplete, a malformed repository id and a
-    missing token before anything is sent. Creates the repository when missing (``private`` applies then
-    only) and the branch ``revision`` when it names a missing one. The endpoint is huggingface_hub's
-    (``HF_ENDPOINT``). Files in ``PUSH_IGNORED`` are not uploaded; the README's placeholder repository id
-    becomes ``repo_id``.
+    missing token before anything is sent. Creates the repository when missing and the branch ``revision`` when it
+    names a missing one. The endpoint is huggingface_hub's (``HF_ENDPOINT``). Files in ``PUSH_IGNORED`` are not
+    uploaded; the README's placeholder repository id becomes ``repo_id``.
     """
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    options = options or PushOptions()
     check_repo_id(repo_id)
     path = Path(path)
     problems = check_shareable(path)
     if problems:
         more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
         raise NotShareable(problems[0] + more)
-    token = resolve_token(token)
+    token = resolve_token(options.token)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     api = HfApi(token=token)
-    repo_id = _prepare_target(api, repo_id, private, revision)
+    repo_id = _prepare_target(api, repo_id, options.private, options.revision)
     files = shareable_files(path)
     operations = [
         CommitOperationAdd(
@@ -128,17 +138,17 @@ def push_folder(
         )
         for name in files
     ]
-    message = commit_message or f"Upload {config['model_type']} model (GeoNorm) with hf-geonorm"
+    message = options.commit_message or f"Upload {config['model_type']} model (GeoNorm) with hf-geonorm"
     info = api.create_commit(
         repo_id,
         operations,
         commit_message=message,
-        commit_description=commit_description,
+        commit_description=options.commit_description,
         repo_type="model",
-        revision=revision,
-        create_pr=create_pr,
+        revision=options.revision,
+        create_pr=options.create_pr,
     )
-    return PushResult(repo_id, revision or "main", info.commit_url, info.oid, files, info.pr_url)
+    return PushResult(repo_id, options.revision or "main", info.commit_url, info.oid, files, info.pr_url)
 
 
 def save_shareable(
@@ -176,44 +186,36 @@ def save_shareable(
 def push_to_hub(
     model: Any,
     repo_id: str,
+    options: PushOptions | None = None,
     *,
     tokenizer: Any = None,
     card_info: CardInfo | None = None,
-    commit_message: str | None = None,
-    commit_description: str | None = None,
-    private: bool | None = None,
-    token: str | None = None,
-    revision: str | None = None,
-    create_pr: bool = False,
-    max_shard_size: int | str | None = "50GB",
-    tags: list[str] | None = None,
 ) -> PushResult:
-    """Push a GeoNorm model (and ``tokenizer``) to the Hub with its remote code and model card.
+    """Push a GeoNorm model (and ``tokenizer``) to the Hub with its remote code and model card, as ``options`` say.
 
     What transformers' ``PreTrainedModel.push_to_hub`` does not do: it replaces the README with a generic card.
     This writes the folder with ``save_shareable`` into a temporary folder (the card from ``card_info``, plus
-    ``tags`` and the model's ``model_tags``; its loading examples name the repository pushed to) and uploads it
-    with ``push_folder``, which checks it like ``hf-geonorm push``. The keyword arguments are those of
-    ``PreTrainedModel.push_to_hub``; the model is left unchanged.
+    ``options.tags`` and the model's ``model_tags``; its loading examples name the repository pushed to) and
+    uploads it with ``push_folder``, which checks it like ``hf-geonorm push``. The model is left unchanged.
     """
     if type(model).__module__.startswith("peft"):
         raise ValueError("push_to_hub pushes full GeoNorm models; merge the adapters first (merge_and_unload())")
     if not model.config.model_type.startswith("geonorm_"):
         raise ValueError(f"push_to_hub pushes GeoNorm models; this one is {model.config.model_type!r}")
+    options = options or PushOptions()
     check_repo_id(repo_id)
-    token = resolve_token(token)
+    options = replace(options, token=resolve_token(options.token))
     info = copy.deepcopy(card_info) if card_info is not None else CardInfo()
-    extra = list(tags or []) + list(getattr(model, "model_tags", None) or [])
+    extra = list(options.tags or []) + list(getattr(model, "model_tags", None) or [])
     info.tags = info.tags + [t for t in extra if t not in info.tags]
     with tempfile.TemporaryDirectory(prefix="geonorm-push-") as tmp:
-        save_shareable(model, tmp, tokenizer=tokenizer, card_info=info, max_shard_size=max_shard_size)
-        return push_folder(
-            tmp,
-            repo_id,
-            private=private,
-            revision=revision,
-            commit_message=commit_message,
-            commit_description=commit_description,
-            token=token,
-            create_pr=create_pr,
-        )
+        save_shareable(model, tmp, tokenizer=tokenizer, card_info=info, max_shard_size=options.max_shard_size)
+        return push_folder(tmp, repo_id, options)
+
+
+def push_model_to_hub(model: Any, repo_id: str, **kwargs: Any) -> PushResult:
+    """What a GeoNorm model's ``push_to_hub(repo_id, **kwargs)`` runs: transformers' keyword arguments (the fields
+    of ``PushOptions``; another one is a ``TypeError``), plus ``tokenizer`` and ``card_info``, into
+    ``push_to_hub``."""
+    tokenizer, card_info = kwargs.pop("tokenizer", None), kwargs.pop("card_info", None)
+    return push_to_hub(model, repo_id, PushOptions(**kwargs), tokenizer=tokenizer, card_info=card_info)
