@@ -38,7 +38,7 @@ def prepare(path: Path, cache: Path, tokenizer) -> tuple[list[list[int]], str]:
     """The training blocks of ``path`` as a run gets them, and what the run logged."""
     lines: list[str] = []
     options = TrainOptions(data=str(path), seq_len=32, data_cache=str(cache), max_steps=1)
-    data = training_data(resolve_corpus(str(path)), tokenizer, options, lines.append)
+    data = training_data(options, resolve_corpus(str(path)), tokenizer, False, lines.append)
     return [data.train[i]["input_ids"].tolist() for i in range(len(data.train))], "\n".join(lines)
 
 

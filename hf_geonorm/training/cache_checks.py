@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -25,24 +24,10 @@ from typing import Any
 
 from ..errors import first_line
 from ..files.atomic import remove_tree
+from ..files.checksums import file_sha256
 from .options import DATA_CACHE_ENV
 
-CHUNK = 1 << 20
 WHERE = f"--data-cache (or ${DATA_CACHE_ENV})"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def content_key(shards: Iterable[tuple[str, Path]]) -> str:
-    """The key of local shards: in order, each one's kind, size and content hash (not its path or mtime)."""
-    parts = [(kind, path.stat().st_size, file_sha256(path)) for kind, path in shards]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def file_checks(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:

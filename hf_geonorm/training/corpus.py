@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import first_line
+from ..files.checksums import file_sha256
 from ..files.text_files import BINARY_PROBE, text_chunks
-from .cache_checks import content_key
 
 DOC_MIN_CHARS = 1_000
 PIECE_CHARS = 8_000
@@ -212,6 +212,12 @@ def _is_binary(path: Path) -> bool:
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}; make it readable (chmod u+r) or move it "
                          "out of the data") from None  # fmt: skip
+
+
+def content_key(shards: Iterable[tuple[str, Path]]) -> str:
+    """The key of local shards: in order, each one's kind, size and content hash (not its path or mtime)."""
+    parts = [(kind, path.stat().st_size, file_sha256(path)) for kind, path in shards]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def _local(shards: list[tuple[str, Path]], label: str, column: str = "text") -> Corpus:

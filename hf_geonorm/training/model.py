@@ -238,7 +238,7 @@ def write_scratch_config(
     check_target(output_dir, force)
     loaded = None
     if tokenizer:
-        from .data import tokenizer_from
+        from .tokenizer import tokenizer_from
 
         loaded = tokenizer_from(tokenizer)
     if vocab_size is None:

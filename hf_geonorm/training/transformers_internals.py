@@ -40,6 +40,18 @@ OVERRIDDEN_BY_TRAINER = (
     Internal("transformers.Trainer", "_save_checkpoint",
              "training/checkpoints.py overrides it: the checkpoint moves into place whole once every process saved",
              parameters=("self", "model", "trial")),
+    Internal("transformers.Trainer", "_load_callback_state",
+             "training/checkpoints.py overrides it: a resume applies the intervals the command gives, not the saved",
+             parameters=("self",)),
+    Internal("transformers.Trainer", "_load_rng_state",
+             "training/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
+             parameters=("self", "checkpoint")),
+    Internal("transformers.Trainer", "_load_optimizer_and_scheduler",
+             "training/checkpoints.py overrides it: the files are checked to hold tensors only (no pickle) first",
+             parameters=("self", "checkpoint")),
+    Internal("transformers.Trainer", "_load_scaler",
+             "training/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
+             parameters=("self", "checkpoint")),
 )  # fmt: skip
 
 INTERNALS = (
