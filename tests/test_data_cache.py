@@ -129,8 +129,8 @@ def test_a_full_device_while_the_blocks_are_built_is_one_line_and_leaves_nothing
     data.write_text(TEXT)
     documents = pipeline._documents_of
 
-    def device_fills(shards):
-        yield from list(documents(shards))[:3]
+    def device_fills(corpus):
+        yield from list(documents(corpus))[:3]
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pipeline, "_documents_of", device_fills)
