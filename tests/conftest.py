@@ -43,6 +43,17 @@ from safetensors.torch import load_file  # noqa: E402
 dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
 
 
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    """A small text file to train on (textwrap.py of the standard library); test modules with other data define
+    their own."""
+    import sysconfig
+
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text((Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text())
+    return path
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     threads = torch.get_num_threads()

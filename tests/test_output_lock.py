@@ -16,25 +16,11 @@ import pytest
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from test_train_faults import stopped_run
+from test_train_faults2 import error_lines, train
 from tiny_models import tiny_model
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "textwrap.py").read_text())
-    return path
-
-
-def train(*args: object) -> object:
-    return CliRunner().invoke(cli, ["train", *map(str, args)])
-
-
-def error_lines(output: str) -> list[str]:
-    return [line[line.index("Error:") :] for line in output.splitlines() if "Error:" in line]
 
 
 def test_a_second_train_into_the_same_output_fails_at_once_naming_the_first(tmp_path, data_file):

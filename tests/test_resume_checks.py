@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from test_train_faults2 import error_lines, train
 from test_training_recipe import written_factor
 
 from hf_geonorm.training.options import TrainOptions
@@ -23,21 +22,6 @@ from hf_geonorm.training.tokenizer import train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "textwrap.py").read_text())
-    return path
-
-
-def train(*args: object) -> object:
-    return CliRunner().invoke(cli, ["train", *map(str, args)])
-
-
-def error_lines(output: str) -> list[str]:
-    return [line[line.index("Error:") :] for line in output.splitlines() if "Error:" in line]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
