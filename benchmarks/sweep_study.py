@@ -12,6 +12,8 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
 - ``c_depth``: GPT-2 at 24 layers, width 64: five rates per arm (2e-3 to 32e-3, extended at an edge), then seeds
   0-2 at each best.
 - ``d_alpha``: geo_alpha 0.25, 0.5, 1 x four rates around GeoNorm's phase-a rate (half to four times).
+- ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
+  resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
 Every arm of a phase gets the same grid rule and the same seeds. The runs are 300 steps x 16 x 128 tokens (the
 issue asked 300-400; 300 fits the machine). Resumable: run it again and only missing runs train.
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import re
+import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,13 +109,17 @@ def phase_b(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
     folder = results / "b_fortunes"
     train = TrainOptions(arch="gpt2", data=str(files["fortunes"]), data_cache=cache, **BASE)
     for style in ARMS:
-        run_sweep(SweepOptions(output=str(folder), styles=(style,), lrs=tuple(around[style]), seeds=(0,)), train)
+        run_sweep(
+            SweepOptions(output=str(folder), styles=(style,), lrs=tuple(around[style]), seeds=(0,)), train, log=log
+        )
     chosen = best_rates([r for r in runs_of(folder) if r["seed"] == 0])
     seeded(folder, train, chosen)
     folder = results / "b_gcide"
     train = replace(train, data=str(files["gcide"]))
     for style in ARMS:
-        run_sweep(SweepOptions(output=str(folder), styles=(style,), lrs=tuple(around[style]), seeds=(0,)), train)
+        run_sweep(
+            SweepOptions(output=str(folder), styles=(style,), lrs=tuple(around[style]), seeds=(0,)), train, log=log
+        )
     seeded(folder, train, chosen)  # the rates chosen on fortunes: gcide's validation chooses nothing
 
 
@@ -130,14 +139,34 @@ def phase_d(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
     run_sweep(sweep, TrainOptions(arch="gpt2", data_cache=cache, **BASE), log=log)
 
 
+def reproduction(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
+    """Train phase a's GeoNorm run at its best rate, seed 0, again and write both results to
+    ``reproduction.json``: the later phases are comparable with the earlier ones only if it matches."""
+    lr = phase_a_best["geo"]
+    earlier = next(r for r in runs_of(results / "a_gpt2") if r["style"] == "geo" and r["lr"] == lr and r["seed"] == 0)
+    folder = results / "reproduction"
+    shutil.rmtree(folder, ignore_errors=True)
+    sweep = SweepOptions(output=str(folder), styles=("geo",), lrs=(lr,), seeds=(0,))
+    (again,) = run_sweep(sweep, TrainOptions(arch="gpt2", data_cache=cache, **BASE), log=log)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    keys = ("val_loss", "test_loss")
+    record = {"run": earlier["run"], "commit": commit.stdout.strip(), "journal": {k: earlier[k] for k in keys},
+              "again": {k: again[k] for k in keys},
+              "largest_difference": max(abs(earlier[k] - again[k]) for k in keys)}  # fmt: skip
+    (results / "reproduction.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    log(f"reproduction of {earlier['run']}: {record}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--phases", default="a,b,c,d")
+    parser.add_argument("--phases", default="a,b,c,d", help="any of a, b, c, d and r (the reproduction check)")
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
     phases = args.phases.split(",")
     best = phase_a(args.results, args.data_cache) if "a" in phases else best_rates(runs_of(args.results / "a_gpt2"))
+    if "r" in phases:
+        reproduction(args.results, args.data_cache, best)
     if "b" in phases:
         phase_b(args.results, args.data_cache, best)
     if "c" in phases:
