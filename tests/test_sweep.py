@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from hf_geonorm_cli.main import cli
 from transformers import AutoModelForCausalLM
 
 from hf_geonorm.training import sweep as sweep_module
-from hf_geonorm.training.options import SweepOptions
+from hf_geonorm.training.options import SweepOptions, TrainOptions
 from hf_geonorm.training.pipeline import ArrowBlocks
+from hf_geonorm.training.sweep import journal_key, open_journal
 from hf_geonorm.training.sweep_report import at_edge, best_rates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -158,3 +160,14 @@ def test_the_choice_compares_rates_on_their_common_seeds_and_flags_edges():
 def test_lr_range_doubles_from_low_to_high():
     assert SweepOptions(lr_range=(1e-3, 32e-3)).rates() == tuple(1e-3 * 2**i for i in range(6))
     assert SweepOptions(lr_range=(1e-3, 5e-3)).rates() == (1e-3, 2e-3, 4e-3)
+
+
+def test_a_journal_started_before_an_option_existed_resumes_at_that_options_default(tmp_path):
+    """A header written by an earlier hf-geonorm lacks the options added since; its runs ran as their defaults do."""
+    options = TrainOptions(data="corpus.txt", seq_len=32)
+    header = {name: value for name, value in json.loads(json.dumps(journal_key(options))).items()
+              if name not in ("text_column", "data_split")}  # fmt: skip
+    (tmp_path / "runs.jsonl").write_text(json.dumps({"format": 1, "train_options": header}) + "\n")
+    assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
+    with pytest.raises(ValueError, match="text_column 'text' there, 'body' now"):
+        open_journal(tmp_path, replace(options, text_column="body"))

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,14 @@ def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]
     return header, runs
 
 
+def option_defaults() -> dict[str, Any]:
+    """The default of every train option, as a journal holds it: an option that a journal's header lacks was added
+    to hf-geonorm after the journal was started, and its runs ran with what its default does."""
+    defaults = {f.name: f.default for f in fields(TrainOptions) if f.default is not MISSING}
+    defaults |= {f.name: f.default_factory() for f in fields(TrainOptions) if f.default_factory is not MISSING}
+    return json.loads(json.dumps({name: value for name, value in defaults.items() if name not in NOT_IN_KEY}))
+
+
 def _differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     names = sorted(set(before) | set(now))
     return [f"{name} {before.get(name)!r} there, {now.get(name)!r} now" for name in names
@@ -116,7 +124,7 @@ def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str
     header, runs = read_journal(path)
     key = json.loads(json.dumps(journal_key(train)))  # as it reads back (tuples as lists)
     if header is not None:
-        changed = _differences(header["train_options"], key)
+        changed = _differences({**option_defaults(), **header["train_options"]}, key)
         if changed:
             raise ValueError(
                 f"{path} holds runs made with other options ({'; '.join(changed)}): a sweep compares runs that "

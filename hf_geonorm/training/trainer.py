@@ -287,6 +287,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         seed=options.seed,
         data_seed=options.seed,
         dataloader_num_workers=0,
+        # the CPU only where torch sees no accelerator of any kind (CUDA, MPS, XPU, ...): Trainer then needs use_cpu
+        # to start several processes over gloo and to train in bf16 there; elsewhere the device is Trainer's choice
+        use_cpu=not torch.accelerator.is_available(),
+        dataloader_pin_memory=torch.accelerator.is_available(),
         # a stream: every process reads its own shards, rather than the first process reading for all
         accelerator_config={"dispatch_batches": False} if options.streaming else None,
         **_fsdp_arguments(options),
