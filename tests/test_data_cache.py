@@ -127,13 +127,13 @@ def test_a_data_cache_that_is_a_file_is_one_line_naming_it(tmp_path, monkeypatch
 def test_a_full_device_while_the_blocks_are_built_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, tokenizer):
     data, cache = tmp_path / "text.txt", tmp_path / "cache"
     data.write_text(TEXT)
-    documents = pipeline._documents_of
+    add = pipeline._Packer.add
 
-    def device_fills(corpus):
-        yield from list(documents(corpus))[:3]
+    def device_fills(packer, ids):  # the first blocks are written, then the device is full
+        add(packer, ids)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pipeline, "_documents_of", device_fills)
+    monkeypatch.setattr(pipeline._Packer, "add", device_fills)
     with pytest.raises(ValueError, match=re.escape(f"cannot write the data cache {cache}: no space left")) as raised:
         prepare(data, cache, tokenizer)
     assert "--data-cache" in str(raised.value) and "\n" not in str(raised.value)

@@ -15,10 +15,12 @@ TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "e
 TRAINING = PACKAGE / "training"
 # The training modules, each after every module it imports: the declaration, the transformers internals named and
 # the model sizes, then the data as it flows (documents, the old in-memory path the benchmarks read, tokenizer,
-# blocks, made ready for Trainer), the model and what trains it, the run's outputs, the run, and the sweep over runs.
+# token batches, blocks, made ready for Trainer), the model and what trains it, the run's outputs, the run, and the
+# sweep over runs.
 FLOW = (
-    "options", "transformers_internals", "presets", "cache_checks", "corpus", "data", "tokenizer", "pipeline",
-    "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer", "sweep_report", "sweep",
+    "options", "transformers_internals", "presets", "cache_checks", "corpus", "data", "tokenizer", "token_batches",
+    "pipeline", "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer",
+    "sweep_report", "sweep",
 )  # fmt: skip
 MAX_ENTRIES = 2
 

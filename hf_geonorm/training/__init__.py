@@ -3,7 +3,8 @@
 - ``options``: what a run and a sweep take (``TrainOptions``, ``SweepOptions``), declared once and checked first;
 - ``transformers_internals``: the private transformers attributes the package relies on, named;
 - the data, in the order it flows: ``corpus`` (the documents of ``--data``), ``tokenizer`` (the model folder's,
-  ``--tokenizer``'s or one trained on the documents), ``pipeline`` (the blocks, cached or streamed) and
+  ``--tokenizer``'s or one trained on the documents), ``token_batches`` (the documents tokenized in batches of
+  bounded text, here or in worker processes), ``pipeline`` (the blocks, cached or streamed) and
   ``prepare`` (made ready for Trainer, with the log that accounts for the tokens); ``data`` keeps the old
   in-memory path the benchmarks' own loop reads;
 - ``presets``, ``model``: the one from-scratch config recipe and the model to train;

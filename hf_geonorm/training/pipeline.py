@@ -1,9 +1,10 @@
-"""The data ``hf-geonorm train`` trains on: a corpus (``corpus``) tokenized once with ``datasets``
-(``Dataset.map``, batched, over ``--data-workers`` processes), packed into blocks of ``--seq-len`` tokens with the
-end-of-text token after every document, and cached as Arrow files under ``--data-cache``, keyed by the data (its
-files' sizes and content hashes), the tokenizer (its serialized JSON) and the block length, and verified when read
-(``cache_checks``). Training reads the blocks memory-mapped, so memory does not grow with the corpus.
-``--streaming`` tokenizes and packs on the fly instead.
+"""The data ``hf-geonorm train`` trains on: a corpus (``corpus``) tokenized once, in batches of about a megabyte of
+text (``BATCH_CHARS``) in this process or in ``--data-workers`` processes, packed into blocks of ``--seq-len`` tokens
+with the end-of-text token after every document as each batch arrives, and cached as Arrow files under
+``--data-cache``, keyed by the data (its files' sizes and content hashes), the tokenizer (its serialized JSON) and the
+block length, and verified when read (``cache_checks``). Neither preparing nor training holds the corpus: preparing
+holds a few batches, and training reads the blocks memory-mapped. ``--streaming`` tokenizes and packs on the fly
+instead.
 
 Validation and test are held out by documents, disjoint from training and from each other: validation takes
 documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) and test documents 10, 30, 50, ... (``test_offset``:
@@ -18,10 +19,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
-import itertools
 import json
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Iterator
@@ -37,9 +36,10 @@ from torch.utils.data import Dataset
 from ..files.atomic import atomic_directory
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, Corpus
+from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches
 
 VAL_EVERY = 20
-ROWS_PER_PASS = 10_000  # tokenized documents packed at a time
+SPLITS = ("train", "val", "test")
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
@@ -49,25 +49,6 @@ def tokenizer_digest(tokenizer: Any) -> str:
         sorted(tokenizer.get_vocab().items())
     )
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def end_of_text(tokenizer: Any) -> list[int]:
-    """The separator after each document: the end-of-text token (none for a tokenizer without one)."""
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-
-def _tokenize(batch: dict[str, list[str]], tokenizer: Any, eos: list[int]) -> pa.Table:
-    """The token ids of a batch of documents, each followed by ``eos``, as an Arrow column built from one flat
-    array: no Python list per document for Arrow to convert, and no attention masks."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        ids = [encoding.ids for encoding in backend.encode_batch(batch["text"], add_special_tokens=False)]
-    else:
-        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
-    np.cumsum([len(doc) + len(eos) for doc in ids], out=offsets[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(doc, eos) for doc in ids), np.int32, offsets[-1])
-    return pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))})
 
 
 def evaluated_blocks(count: int, limit: int) -> int:
@@ -83,18 +64,27 @@ def test_offset(documents: int) -> int:
     return min(VAL_EVERY // 2, documents // 2)
 
 
-def holdout_masks(lengths: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which documents are validation and which test: every ``VAL_EVERY``-th from the first (validation) and from
-    ``test_offset`` (test), each while the ones before hold fewer than ``budget`` tokens."""
-    masks = []
-    for first in (0, test_offset(len(lengths))):
-        candidates = np.arange(first, len(lengths), VAL_EVERY)
-        before = np.cumsum(lengths[candidates]) - lengths[candidates]
-        mask = np.zeros(len(lengths), dtype=bool)
-        mask[candidates[before < budget]] = True
-        masks.append(mask)
-    val, test = masks
-    return val, test & ~val
+class _HeldOut:
+    """Which documents are validation (1) and which test (2), decided as their token counts arrive in corpus order:
+    every ``VAL_EVERY``-th from the first (validation) and from the test offset (``test_offset``, known once
+    ``VAL_EVERY`` documents are read), each while the ones before hold fewer than ``budget`` tokens."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.documents = budget, 0
+        self.before = {1: 0, 2: 0}  # the tokens of each split's candidates so far
+
+    def codes(self, lengths: np.ndarray, test_first: int) -> np.ndarray:
+        """0 (train), 1 (validation) or 2 (test) for each of the next documents, of ``lengths`` tokens."""
+        number = np.arange(self.documents, self.documents + len(lengths))
+        codes = np.zeros(len(lengths), dtype=np.int8)
+        for code, first in ((1, 0), (2, test_first)):
+            candidates = np.flatnonzero(number % VAL_EVERY == first)
+            sizes = lengths[candidates]
+            chosen = candidates[self.before[code] + np.cumsum(sizes) - sizes < self.budget]
+            codes[chosen[codes[chosen] == 0]] = code  # a test document is never a validation one
+            self.before[code] += int(sizes.sum())
+        self.documents += len(lengths)
+        return codes
 
 
 class _Packer:
@@ -110,7 +100,9 @@ class _Packer:
         ids = np.concatenate([self.rest, ids]) if len(self.rest) else ids
         count = len(ids) // self.seq_len
         if count:
-            blocks = pa.FixedSizeListArray.from_arrays(pa.array(ids[: count * self.seq_len], pa.int32()), self.seq_len)
+            whole = np.ascontiguousarray(ids[: count * self.seq_len])  # as Arrow without a copy
+            values = pa.Array.from_buffers(pa.int32(), len(whole), [None, pa.py_buffer(whole)])
+            blocks = pa.FixedSizeListArray.from_arrays(values, self.seq_len)
             self.writer.write_batch(pa.record_batch([blocks], names=["input_ids"]))
             self.blocks += count
         self.rest = ids[count * self.seq_len :]
@@ -118,11 +110,6 @@ class _Packer:
     def close(self) -> None:
         self.writer.close()
         self.sink.close()
-
-
-def _flat_ids(rows: pa.ChunkedArray, keep: np.ndarray) -> np.ndarray:
-    kept = rows.filter(pa.array(keep))
-    return kept.combine_chunks().flatten().to_numpy() if len(kept) else np.empty(0, dtype=np.int32)
 
 
 class TokenBlocks(Dataset):
@@ -233,69 +220,57 @@ def wait_for_entry(folder: Path, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
-def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, float]:
-    import datasets
+def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, Any]:
+    """Tokenize the corpus batch by batch and pack each batch's documents into the training, validation and test
+    blocks as it arrives: nothing of the corpus is held but a few batches. The first batches wait until
+    ``VAL_EVERY`` documents are read, which fixes the test offset (or the end of a smaller corpus)."""
+    held, seconds = _HeldOut(eval_blocks * seq_len), dict.fromkeys(("read", "tokenize", "pack"), 0.0)
+    packers = [_Packer(tmp / f"{split}.arrow", seq_len) for split in SPLITS]
+    counts = np.zeros((len(SPLITS), 2), dtype=np.int64)  # per split: documents, tokens
 
-    work = tmp / "work"  # datasets' own Arrow files: the documents and their token ids
-    progress, start = datasets.is_progress_bar_enabled(), time.perf_counter()
-    datasets.disable_progress_bars()
+    def pack(ids: np.ndarray, lengths: np.ndarray, test_first: int) -> None:
+        with stage_clock(seconds, "pack"):
+            codes = held.codes(lengths, test_first)
+            token_codes = np.repeat(codes, lengths)
+            for code, packer in enumerate(packers):
+                packer.add(ids[token_codes == code])
+                counts[code] += (np.count_nonzero(codes == code), lengths[codes == code].sum())
+
+    waiting: list[tuple[np.ndarray, np.ndarray]] = []
     try:
-        docs = datasets.Dataset.from_generator(
-            _documents_of, gen_kwargs={"corpus": corpus}, cache_dir=str(work),
-            features=datasets.Features({"text": datasets.Value("string")}),
-        )  # fmt: skip
-        read = time.perf_counter()
-        ids = docs.map(
-            _tokenize, batched=True, batch_size=1000, num_proc=workers if workers > 1 else None,
-            remove_columns=["text"], fn_kwargs={"tokenizer": tokenizer, "eos": end_of_text(tokenizer)},
-            features=datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))}),
-            new_fingerprint=f"tokenized-{tokenizer_digest(tokenizer)[:16]}",
-        )  # fmt: skip
-    except datasets.exceptions.DatasetGenerationError as error:  # a user mistake in a shard, a full disk: its own
-        raise (error.__cause__ if isinstance(error.__cause__, (ValueError, OSError)) else error) from None
+        for batch in encoded_batches(corpus, tokenizer, workers, seconds):
+            waiting.append(batch)
+            if held.documents + sum(len(lengths) for _, lengths in waiting) >= VAL_EVERY:
+                for ids, lengths in waiting:
+                    pack(ids, lengths, VAL_EVERY // 2)
+                waiting = []
+        documents = held.documents + sum(len(lengths) for _, lengths in waiting)
+        for ids, lengths in waiting:
+            pack(ids, lengths, test_offset(documents))
     finally:
-        if progress:
-            datasets.enable_progress_bars()
-    tokenized = time.perf_counter()
-    rows = ids.data.table.column("input_ids")
-    lengths = np.concatenate([np.zeros(0, dtype=np.int64), *(c.value_lengths().to_numpy() for c in rows.chunks)])
-    if len(lengths) < 3:
+        for packer in packers:
+            packer.close()
+    if held.documents < 3:
         raise ValueError(
-            f"the data holds {len(lengths)} document(s): validation and test hold out whole documents (one in "
+            f"the data holds {held.documents} document(s): validation and test hold out whole documents (one in "
             f"{VAL_EVERY} each), so training needs at least three; give more text"
         )
-    val, test = holdout_masks(lengths, eval_blocks * seq_len)
-    packers = {split: _Packer(tmp / f"{split}.arrow", seq_len) for split in ("train", "val", "test")}
-    for first in range(0, len(lengths), ROWS_PER_PASS):
-        part = rows.slice(first, ROWS_PER_PASS)
-        keep_val, keep_test = val[first : first + ROWS_PER_PASS], test[first : first + ROWS_PER_PASS]
-        packers["train"].add(_flat_ids(part, ~(keep_val | keep_test)))
-        packers["val"].add(_flat_ids(part, keep_val))
-        packers["test"].add(_flat_ids(part, keep_test))
-    for packer in packers.values():
-        packer.close()
-    del docs, ids, rows
-    shutil.rmtree(work)
-    counts = {split: packer.blocks for split, packer in packers.items()}
-    if min(counts.values()) < 1:
+    blocks = dict(zip(SPLITS, (packer.blocks for packer in packers), strict=True))
+    if min(blocks.values()) < 1:
         raise ValueError(
-            f"the data gives {counts['train']} training, {counts['val']} validation and {counts['test']} test blocks "
-            f"of --seq-len {seq_len} ({int(lengths.sum())} tokens); give more text or a shorter --seq-len"
+            f"the data gives {blocks['train']} training, {blocks['val']} validation and {blocks['test']} test blocks "
+            f"of --seq-len {seq_len} ({int(counts[:, 1].sum())} tokens); give more text or a shorter --seq-len"
         )
+    (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens) = counts.tolist()
     return {
-        "seq_len": seq_len, "documents": len(lengths), "tokens": int(lengths.sum()),
-        "val_documents": int(val.sum()), "val_tokens": int(lengths[val].sum()),
-        "test_documents": int(test.sum()), "test_tokens": int(lengths[test].sum()),
-        "train_blocks": counts["train"], "val_blocks": evaluated_blocks(counts["val"], eval_blocks),
-        "test_blocks": evaluated_blocks(counts["test"], eval_blocks),
-        "read_seconds": read - start, "tokenize_seconds": tokenized - read,
-        "pack_seconds": time.perf_counter() - tokenized, "files": file_checks(tmp, [f"{n}.arrow" for n in packers]),
+        "seq_len": seq_len, "documents": held.documents, "tokens": train_tokens + val_tokens + test_tokens,
+        "val_documents": val_documents, "val_tokens": val_tokens,
+        "test_documents": test_documents, "test_tokens": test_tokens,
+        "train_blocks": blocks["train"], "val_blocks": evaluated_blocks(blocks["val"], eval_blocks),
+        "test_blocks": evaluated_blocks(blocks["test"], eval_blocks),
+        **{f"{stage}_seconds": value for stage, value in seconds.items()},
+        "files": file_checks(tmp, [f"{split}.arrow" for split in SPLITS]),
     }  # fmt: skip
-
-
-def _documents_of(corpus: Corpus) -> Iterator[dict[str, str]]:
-    for doc in corpus.all_documents():
-        yield {"text": doc}
 
 
 def streaming_holdout(
@@ -352,23 +327,11 @@ def _stream_blocks(
 ) -> Iterator[dict[str, list[int]]]:
     eos = end_of_text(tokenizer)
     for number in shards:
-        rest: list[int] = []
-        batch: list[str] = []
+        rest = np.empty(0, dtype=np.int32)
         docs = (doc for index, doc in enumerate(corpus.documents(number)) if (number, index) not in held)
-        for doc in _then_none(docs):
-            if doc is not None:
-                batch.append(doc)
-            if batch and (doc is None or len(batch) == 256):
-                for tokens in tokenizer(batch, add_special_tokens=False)["input_ids"]:
-                    rest.extend(tokens + eos)
-                batch = []
-                whole = len(rest) // seq_len * seq_len
-                for start in range(0, whole, seq_len):
-                    block = rest[start : start + seq_len]
-                    yield {"input_ids": block, "labels": block}
-                rest = rest[whole:]
-
-
-def _then_none(items: Iterator[str]) -> Iterator[str | None]:
-    yield from items
-    yield None
+        for texts in text_batches(docs):
+            rest = np.concatenate([rest, encode_documents(texts, tokenizer, eos)[0]])
+            whole = len(rest) // seq_len * seq_len
+            for block in rest[:whole].reshape(-1, seq_len).tolist():
+                yield {"input_ids": block, "labels": block}
+            rest = rest[whole:]
