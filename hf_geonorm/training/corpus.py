@@ -331,7 +331,10 @@ def _lines(chunks: Iterable[str]) -> Iterator[str]:
         parts = (rest + chunk).split("\n")
         rest = parts.pop()
         for part in parts:
-            yield from _cut_long(part + "\n")
+            if len(part) < PIECE_CHARS:  # the common case, without a generator per line
+                yield part + "\n"
+            else:
+                yield from _cut_long(part + "\n")
         while len(rest) > PIECE_CHARS:
             piece, rest = _split_at_space(rest)
             yield piece
