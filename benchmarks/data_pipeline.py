@@ -1,21 +1,40 @@
-"""The data pipeline of ``hf-geonorm train`` (hf_geonorm.training.pipeline) on corpora of about 25, 100 and 400 MB:
-tokenization throughput with 1 and 2 processes against the old in-memory path (re-implemented here: every document
-tokenized into one Python list), peak memory while preparing and while training, time to the first training step on
-a first and on a cached second run, and the cache's size on disk.
+"""Preparing ``hf-geonorm train``'s data (hf_geonorm.training: corpus, tokenizer, token_batches, pipeline) against the
+raw ``tokenizers`` tokenizer, on the two shapes of corpus of issue 29, at the sizes of ``--sizes`` (MB of text):
 
-The corpora need no download: the Python standard library's ``.py`` files (all of them, sorted by path), each after a
-header line naming it, concatenated into one text file and repeated (with the copy number in the headers) until the
-size is reached. Every measurement runs in a child process of its own, so that its peak RSS (``getrusage``, the
-process and its own children) is its alone. Tokenizers run with ``TOKENIZERS_PARALLELISM=false``: one thread per
-process, so that "per process" means what it says.
+- ``file``: one plain text file of one line a line and no blank line: every non-blank line of the Python standard
+  library's ``.py`` files (sorted by path), each file after a header line naming it, repeated with the copy's number
+  in the headers until the size is reached;
+- ``folder``: many small files: the standard library's ``.py`` files as they are, copied into numbered folders
+  until the size is reached.
 
-    python benchmarks/data_pipeline.py            # writes benchmarks/results/data_pipeline.md and .json
-    python benchmarks/data_pipeline.py --sizes 25 --work /tmp/bench   # a quick look
+For each shape and size, each measurement in a child process of its own:
+
+- ``raw``: the tokenizer's ``encode_batch`` on pieces of 20 lines of the same text (no piece across two files),
+  1,000 pieces a call, reading each encoding's ids; only the calls are timed, over the first ``--raw-mb`` MB;
+- ``given-1`` / ``given-2``: preparation with the tokenizer given, ``--data-workers`` 1 and 2: ``resolve_corpus``
+  (listing and hashing the files) and ``prepare_blocks`` (reading the documents, tokenizing, packing, writing and
+  checksumming the cache), timed from start to end;
+- ``trained-1``: the same with the tokenizer trained on the fly first (``corpus_tokenizer``, its 20 MB sample),
+  one process.
+
+Peak memory: ``getrusage``'s peak RSS of the child and of its largest worker, and the peak of the child's process
+tree's summed PSS (shared pages counted once), sampled every 0.2 s with psutil. Tokenizers run with
+``TOKENIZERS_PARALLELISM=false``: one thread per process, so that "per process" means what it says. The given
+tokenizer is trained once as train trains one (the first 20 MB of the smallest folder corpus, 2,048 tokens).
+
+Results: ``--out``/data_pipeline.md and .json, the issue's targets marked met or missed
+(``data_pipeline_tables.py``). Each measurement is journaled in ``--work``/journal.json as it ends, so a run cut
+short resumes at the next one (remove the journal to measure again).
+
+    python benchmarks/data_pipeline.py --sizes 100 1000   # the results file: writes benchmarks/results
+    python benchmarks/data_pipeline.py --sizes 20 --work /tmp/bench20 --out /tmp/bench20/results   # a quick look
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -23,183 +42,241 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from data_pipeline_tables import markdown, targets  # noqa: E402
+from reports import environment, write_json  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-SEQ_LEN, VOCAB = 128, 2048
+SHAPES = ("file", "folder")
+JOBS = ("raw", "given-1", "given-2", "trained-1")
+SEQ_LEN, VOCAB, EVAL_BLOCKS = 128, 2048, 64
+PIECE_LINES, RAW_BATCH = 20, 1000
+SAMPLE_SECONDS = 0.2
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
-def make_corpus(path: Path, megabytes: int) -> None:
-    """The standard library's source, repeated with numbered headers, up to ``megabytes`` MB, as one text file."""
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
-    target, written, copy = megabytes * 1_000_000, 0, 0
-    with open(path, "w", encoding="utf-8") as out:
-        while written < target:
-            copy += 1
-            for file in files:
-                text = file.read_text(encoding="utf-8", errors="replace")
-                written += out.write(f"# ==== copy {copy}: {file.name} ====\n\n{text}\n\n")
-                if written >= target:
-                    return
+def stdlib_sources() -> list[Path]:
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
 
 
-CHILD = r"""
-import json, resource, sys, time
-args = json.loads(sys.argv[1])
-start = time.perf_counter()
-out = {}
-if args["job"] == "old":
-    from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.tokenizer import fast_tokenizer
-    tokenizer = fast_tokenizer(args["tokenizer"])
-    docs = list(resolve_corpus(args["data"]).all_documents())
-    start = time.perf_counter()
-    ids = []
-    for doc in docs:  # the old token_blocks: every document into one Python list
-        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
-        ids.append(tokenizer.eos_token_id)
-    out = {"tokens": len(ids), "seconds": time.perf_counter() - start}
-elif args["job"] == "prepare":
-    from pathlib import Path
-    from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.tokenizer import fast_tokenizer
-    from hf_geonorm.training.pipeline import prepare_blocks
-    tokenizer = fast_tokenizer(args["tokenizer"])
-    corpus = resolve_corpus(args["data"])
-    start = time.perf_counter()
-    prepared = prepare_blocks(corpus, tokenizer, args["seq_len"], Path(args["cache"]), 64, args["workers"])
-    out = {"tokens": prepared.meta["tokens"], "seconds": time.perf_counter() - start, "meta": prepared.meta,
-           "folder": str(prepared.folder)}
-else:  # a training run of a tiny model: the wall time of its first step from the start of this process
-    from hf_geonorm.training import trainer as trainer_module
-    from hf_geonorm.training.options import TrainOptions
-    step = trainer_module.CheckedTrainer.training_step
-    first = []
-    def timed(self, *a, **k):
-        if not first:
-            first.append(time.time() - args["launched"])
-        return step(self, *a, **k)
-    trainer_module.CheckedTrainer.training_step = timed
-    options = TrainOptions(data=args["data"], data_cache=args["cache"], output=args["output"], max_steps=3,
-                           eval_every=1000, seq_len=args["seq_len"], batch_size=8, vocab_size=args["vocab"],
-                           data_workers=args["workers"], warmup_steps=0, force=True)
-    trainer_module.run_training(options, log=lambda line: print(line, flush=True))
-    out = {"first_step_seconds": first[0]}
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-out.update(peak_rss_mb=own, peak_rss_children_mb=children)
-print("RESULT " + json.dumps(out), flush=True)
-"""
+def source_text(path: Path) -> str:
+    """A source file's text, NUL bytes dropped (a file that holds one would be taken for binary)."""
+    return path.read_text(encoding="utf-8", errors="replace").replace("\0", "")
 
 
-def child(**args: object) -> dict:
-    """Run one measurement in a fresh process; its result line."""
-    args["launched"] = time.time()
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=ENV)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{args['job']} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+def make_corpus(shape: str, megabytes: int, work: Path) -> Path:
+    """The corpus of ``shape`` of ``megabytes`` MB under ``work``, written once (under a temporary name, then moved
+    into place, so that a run cut short never leaves one half written)."""
+    path = work / (f"file-{megabytes}MB.txt" if shape == "file" else f"folder-{megabytes}MB")
+    if path.exists():
+        return path
+    partial = path.with_name(path.name + ".partial")
+    if partial.is_dir():
+        shutil.rmtree(partial)
+    partial.unlink(missing_ok=True)
+    files, target, written = stdlib_sources(), megabytes * 1_000_000, 0
+    copies = ((copy, number, source) for copy in itertools.count(1) for number, source in enumerate(files))
+    if shape == "folder":
+        partial.mkdir()
+    with open(partial, "w", encoding="utf-8") if shape == "file" else contextlib.nullcontext() as out:
+        for copy, number, source in copies:
+            text = source_text(source)
+            if shape == "file":
+                lines = "".join(line + "\n" for line in text.splitlines() if line.strip())
+                written += out.write(f"# ==== copy {copy}: {source.name} ====\n{lines}")
+            elif text.strip():
+                folder = partial / f"copy-{copy:03d}"
+                folder.mkdir(exist_ok=True)
+                written += (folder / f"{number:05d}-{source.name}").write_text(text, encoding="utf-8")
+            if written >= target:
+                break
+    partial.rename(path)
+    return path
 
 
-def folder_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
-
-
-def measure(size: int, work: Path, tokenizer: str, old_up_to: int) -> dict:
-    data = work / f"corpus-{size}MB.txt"
-    if not data.exists():
-        make_corpus(data, size)
-    row: dict = {"megabytes": size, "file_mb": data.stat().st_size / 1e6}
-    if size <= old_up_to:
-        old = child(job="old", data=str(data), tokenizer=tokenizer)
-        row["old"] = {**old, "tokens_per_second": old["tokens"] / old["seconds"]}
-    for workers in (1, 2):
-        cache = work / f"cache-{size}-{workers}"
-        shutil.rmtree(cache, ignore_errors=True)
-        prepared = child(job="prepare", data=str(data), tokenizer=tokenizer, seq_len=SEQ_LEN, cache=str(cache),
-                         workers=workers)  # fmt: skip
-        prepared["tokens_per_second"] = prepared["tokens"] / prepared["seconds"]
-        prepared["map_tokens_per_second"] = prepared["tokens"] / prepared["meta"]["tokenize_seconds"]
-        prepared["cache_mb"] = folder_mb(Path(prepared["folder"]))
-        row[f"prepare_{workers}"] = prepared
-        shutil.rmtree(cache)
-    cache = work / f"cache-{size}-train"
-    shutil.rmtree(cache, ignore_errors=True)
-    runs = [child(job="train", data=str(data), cache=str(cache), output=str(work / f"run-{size}"), seq_len=SEQ_LEN,
-                  vocab=VOCAB, workers=2) for _ in range(2)]  # fmt: skip
-    row["first_run"], row["cached_run"] = runs
-    shutil.rmtree(cache)
-    print(json.dumps(row), flush=True)
-    return row
-
-
-def table(rows: list[dict]) -> str:
-    head = (
-        "| corpus | tokens | old path tok/s | 1 process tok/s: map / all | 2 processes tok/s: map / all | "
-        "peak RSS prepare (1 / 2 proc, main+workers) | peak RSS training (cached run) | first step: first run | "
-        "first step: cached run | speed-up | cache on disk |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    lines = []
-    for r in rows:
-        one, two, first, cached = r["prepare_1"], r["prepare_2"], r["first_run"], r["cached_run"]
-        old = f"{r['old']['tokens_per_second'] / 1e6:.2f} M" if "old" in r else "not run"
-        lines.append(
-            f"| {r['file_mb']:.0f} MB | {one['tokens'] / 1e6:.1f} M | {old} | "
-            f"{one['map_tokens_per_second'] / 1e6:.2f} M / "
-            f"{one['tokens_per_second'] / 1e6:.2f} M | {two['map_tokens_per_second'] / 1e6:.2f} M / "
-            f"{two['tokens_per_second'] / 1e6:.2f} M | {one['peak_rss_mb']:.0f} / {two['peak_rss_mb']:.0f}+"
-            f"{two['peak_rss_children_mb']:.0f} MB | {cached['peak_rss_mb']:.0f} MB | "
-            f"{first['first_step_seconds']:.1f} s | {cached['first_step_seconds']:.1f} s | "
-            f"{first['first_step_seconds'] / cached['first_step_seconds']:.1f}x | {one['cache_mb']:.0f} MB |"
-        )
-    return head + "\n".join(lines) + "\n"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[25, 100, 400], help="corpus sizes in MB")
-    parser.add_argument("--old-up-to", type=int, default=100, help="run the old path on corpora up to this size (MB)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/hf-geonorm-data-bench"), help="corpora and caches")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    smallest = args.work / f"corpus-{min(args.sizes)}MB.txt"
-    if not smallest.exists():
-        make_corpus(smallest, min(args.sizes))
-    tokenizer = args.work / "tokenizer.json"  # one tokenizer for every measurement: trained as train does
-    if not tokenizer.exists():
+def given_tokenizer(work: Path, megabytes: int) -> Path:
+    """The tokenizer of the ``given`` runs, trained once as train trains one: on the first 20 MB of the documents
+    of the folder corpus of ``megabytes`` MB."""
+    path = work / "tokenizer.json"
+    if not path.exists():
         from hf_geonorm.training.corpus import resolve_corpus
         from hf_geonorm.training.tokenizer import TOKENIZER_SAMPLE_CHARS, train_tokenizer
 
         sample, chars = [], 0
-        for doc in resolve_corpus(str(smallest)).all_documents():
+        for doc in resolve_corpus(str(make_corpus("folder", megabytes, work))).all_documents():
             sample.append(doc)
             chars += len(doc)
             if chars >= TOKENIZER_SAMPLE_CHARS:
                 break
-        train_tokenizer(sample, VOCAB).backend_tokenizer.save(str(tokenizer))
-    start = time.perf_counter()
-    rows = [measure(size, args.work, str(tokenizer), args.old_up_to) for size in args.sizes]
-    payload = {"seq_len": SEQ_LEN, "vocab": VOCAB, "cpus": os.cpu_count(), "seconds": time.perf_counter() - start,
-               "rows": rows}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "data_pipeline.json").write_text(json.dumps(payload, indent=1))
-    (args.out / "data_pipeline.md").write_text(
-        "# Data pipeline: tokenization, memory, time to the first step\n\n"
-        f"`python benchmarks/data_pipeline.py` on {os.cpu_count()} CPUs, {payload['seconds'] / 60:.0f} minutes. "
-        "Corpora: the Python standard library's `.py` files concatenated (each after a header line) and repeated "
-        f"to size. Byte-level BPE of {VOCAB} tokens, blocks of {SEQ_LEN}; one tokenizer thread per process.\n\n"
-        "- old path: every document tokenized into one Python list (the former `token_blocks`), tokenization only;\n"
-        "- 1 / 2 processes: map: the `Dataset.map` tokenization alone; all: `prepare_blocks` from start to end (read "
-        "the file into documents, tokenize, pack, write the Arrow cache);\n"
-        "- peak RSS training: the cached run (tiny model, 3 steps of 8 blocks) from start to end;\n"
-        "- first step: wall time from process start to the first training step; the first run trains the "
-        "tokenizer (20 MB sample) and builds the cache with 2 processes, the second finds both cached.\n\n"
-        + table(rows)
-    )
-    print(table(rows))
+        train_tokenizer(sample, VOCAB).backend_tokenizer.save(str(path))
+    return path
+
+
+def line_pieces(files: list[str]) -> Iterator[str]:
+    """The files' text in pieces of ``PIECE_LINES`` lines, none across two files."""
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            while piece := "".join(itertools.islice(f, PIECE_LINES)):
+                yield piece
+
+
+def raw_throughput(spec: dict[str, Any]) -> dict[str, Any]:
+    """The raw tokenizer's ``encode_batch`` on short pieces of the corpus's text: tokens, characters, seconds."""
+    from tokenizers import Tokenizer
+
+    from hf_geonorm.training.corpus import resolve_corpus
+
+    tokenizer = Tokenizer.from_file(spec["tokenizer"])
+    pieces = line_pieces([path for _, path in resolve_corpus(spec["data"]).shards])
+    tokens = chars = 0
+    seconds = cpu_seconds = 0.0
+    while chars < spec["raw_chars"] and (batch := list(itertools.islice(pieces, RAW_BATCH))):
+        start, cpu = time.perf_counter(), time.process_time()
+        tokens += sum(len(encoding.ids) for encoding in tokenizer.encode_batch(batch, add_special_tokens=False))
+        seconds += time.perf_counter() - start
+        cpu_seconds += time.process_time() - cpu
+        chars += sum(map(len, batch))
+    return {"tokens": tokens, "chars": chars, "seconds": seconds, "cpu_seconds": cpu_seconds}
+
+
+def cpu_time() -> float:
+    """The CPU time of this process and of its children that ended."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def preparation(spec: dict[str, Any]) -> dict[str, Any]:
+    """What ``hf-geonorm train`` does before its model: the corpus resolved (its files hashed), the tokenizer given
+    or trained on the fly, the blocks built into an empty cache."""
+    from hf_geonorm.training.corpus import resolve_corpus
+    from hf_geonorm.training.pipeline import prepare_blocks
+    from hf_geonorm.training.tokenizer import corpus_tokenizer, fast_tokenizer
+
+    cache = Path(spec["cache"])
+    start, cpu = time.perf_counter(), cpu_time()
+    corpus = resolve_corpus(spec["data"])
+    resolved = time.perf_counter()
+    if spec["tokenizer"] is not None:
+        tokenizer = fast_tokenizer(spec["tokenizer"])
+    else:
+        tokenizer = corpus_tokenizer(corpus, corpus.all_documents(), VOCAB, cache, True, log=lambda line: None)
+    ready = time.perf_counter()
+    prepared = prepare_blocks(corpus, tokenizer, SEQ_LEN, cache, EVAL_BLOCKS, spec["workers"])
+    end = time.perf_counter()
+    return {
+        "seconds": end - start, "cpu_seconds": cpu_time() - cpu, "resolve_seconds": resolved - start,
+        "tokenizer_seconds": ready - resolved,
+        "build_seconds": end - ready, "meta": {k: v for k, v in prepared.meta.items() if k != "files"},
+        "tokens": prepared.meta["tokens"], "cache_mb": sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+        / 1e6,
+    }  # fmt: skip
+
+
+def child(spec: dict[str, Any]) -> None:
+    """One measurement, in this process: its result and its peak RSS (and its largest worker's) on one line."""
+    import resource
+
+    out = raw_throughput(spec) if spec["job"] == "raw" else preparation(spec)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    out["peak_worker_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e6
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def tree_pss_mb(process: Any) -> float:
+    """The summed proportional set size of ``process`` and its descendants (0 for any that ended meanwhile)."""
+    import psutil
+
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += member.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return total / 1e6
+
+
+def measure(job: str, data: Path, tokenizer: Path, work: Path, raw_mb: int) -> dict[str, Any]:
+    """Run ``job`` on ``data`` in a child process, sampling its tree's memory; its result with the peak and the
+    machine's load average before and after."""
+    import psutil
+
+    cache = work / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    spec = {"job": job, "data": str(data), "cache": str(cache), "raw_chars": raw_mb * 1_000_000,
+            "tokenizer": None if job.startswith("trained") else str(tokenizer),
+            "workers": int(job.partition("-")[2] or 1)}  # fmt: skip
+    load, started = os.getloadavg()[0], time.perf_counter()
+    command = [sys.executable, __file__, "--child", json.dumps(spec)]
+    output, errors = work / "child-output.txt", work / "child-errors.txt"  # files: a pipe could fill and block it
+    with open(output, "w") as stdout, open(errors, "w") as stderr:
+        running = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=ENV)
+        process, peak = psutil.Process(running.pid), 0.0
+        while running.poll() is None:
+            peak = max(peak, tree_pss_mb(process))
+            time.sleep(SAMPLE_SECONDS)
+    shutil.rmtree(cache, ignore_errors=True)
+    lines = [line for line in output.read_text().splitlines() if line.startswith("RESULT ")]
+    if running.returncode != 0 or not lines:
+        raise SystemExit(f"{job} on {data} failed:\n{errors.read_text()[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result.update(peak_tree_pss_mb=peak, wall_seconds=time.perf_counter() - started, load_before=load,
+                  load_after=os.getloadavg()[0], tokens_per_second=result["tokens"] / result["seconds"])  # fmt: skip
+    return result
+
+
+def write(args: argparse.Namespace, journal: dict[str, Any], wall: float) -> None:
+    import tokenizers
+
+    payload = {
+        "args": {"sizes": args.sizes, "shapes": args.shapes, "raw_mb": args.raw_mb}, "environment": environment(),
+        "tokenizers": tokenizers.__version__,
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "seq_len": SEQ_LEN, "vocab": VOCAB, "piece_lines": PIECE_LINES, "raw_batch": RAW_BATCH,
+        "wall_seconds": wall, "measurements": journal,
+    }  # fmt: skip
+    payload["targets"] = targets(payload)
+    write_json(args.out / "data_pipeline.json", payload)
+    (args.out / "data_pipeline.md").write_text(markdown(payload), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="corpus sizes in MB")
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--raw-mb", type=int, default=100, help="the raw tokenizer reads at most this much text")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hf-geonorm-data-bench"), help="corpora, journal")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(json.loads(args.child))
+    args.work.mkdir(parents=True, exist_ok=True)
+    journal_path = args.work / "journal.json"
+    journal = json.loads(journal_path.read_text()) if journal_path.exists() else {}
+    tokenizer = given_tokenizer(args.work, min(args.sizes))
+    start = time.perf_counter() - sum(m["wall_seconds"] for m in journal.values())
+    for size, shape in itertools.product(args.sizes, args.shapes):
+        data = make_corpus(shape, size, args.work)
+        for job in JOBS:
+            key = f"{shape}-{size}-{job}"
+            if key in journal:
+                continue
+            print(f"{key} ...", flush=True)
+            journal[key] = {"shape": shape, "megabytes": size, "job": job,
+                            **measure(job, data, tokenizer, args.work, args.raw_mb)}  # fmt: skip
+            journal_path.write_text(json.dumps(journal, indent=1))
+            print(f"{key}: {journal[key]['tokens_per_second'] / 1e3:.0f}k tokens/s, peak RSS "
+                  f"{journal[key]['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+            write(args, journal, time.perf_counter() - start)
+    write(args, journal, time.perf_counter() - start)
+    print((args.out / "data_pipeline.md").read_text())
 
 
 if __name__ == "__main__":
