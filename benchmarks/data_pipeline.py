@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="corpus sizes in MB")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--raw-mb", type=int, default=100, help="the raw tokenizer reads at most this much text")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/hf-geonorm-data-bench"), help="corpora, journal")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hf-geonorm-data-pipeline"), help="corpora, journal")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
