@@ -17,8 +17,9 @@ For each shape and size, each measurement in a child process of its own:
 - ``trained-1``: the same with the tokenizer trained on the fly first (``corpus_tokenizer``, its 20 MB sample),
   one process.
 
-Peak memory: ``getrusage``'s peak RSS of the child and of its largest worker, and the peak of the child's process
-tree's summed PSS (shared pages counted once), sampled every 0.2 s with psutil. Tokenizers run with
+Peak memory: ``getrusage``'s peak RSS of the child and of its largest worker; for two processes, the child's
+and twice its largest worker's (a bound: it counts the pages a forked worker shares with the child once in each
+process, and the peaks need not coincide). Tokenizers run with
 ``TOKENIZERS_PARALLELISM=false``: one thread per process, so that "per process" means what it says. The given
 tokenizer is trained once as train trains one (the first 20 MB of the smallest folder corpus, 2,048 tokens).
 
@@ -56,7 +57,6 @@ SHAPES = ("file", "folder")
 JOBS = ("raw", "given-1", "given-2", "trained-1")
 SEQ_LEN, VOCAB, EVAL_BLOCKS = 128, 2048, 64
 PIECE_LINES, RAW_BATCH = 20, 1000
-SAMPLE_SECONDS = 0.2
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
@@ -189,44 +189,23 @@ def child(spec: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def tree_pss_mb(process: Any) -> float:
-    """The summed proportional set size of ``process`` and its descendants (0 for any that ended meanwhile)."""
-    import psutil
-
-    total = 0
-    for member in [process, *process.children(recursive=True)]:
-        try:
-            total += member.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return total / 1e6
-
-
 def measure(job: str, data: Path, tokenizer: Path, work: Path, raw_mb: int) -> dict[str, Any]:
-    """Run ``job`` on ``data`` in a child process, sampling its tree's memory; its result with the peak and the
-    machine's load average before and after."""
-    import psutil
-
+    """Run ``job`` on ``data`` in a child process of its own; its result, with the machine's load average before
+    and after."""
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     spec = {"job": job, "data": str(data), "cache": str(cache), "raw_chars": raw_mb * 1_000_000,
             "tokenizer": None if job.startswith("trained") else str(tokenizer),
             "workers": int(job.partition("-")[2] or 1)}  # fmt: skip
     load, started = os.getloadavg()[0], time.perf_counter()
-    command = [sys.executable, __file__, "--child", json.dumps(spec)]
-    output, errors = work / "child-output.txt", work / "child-errors.txt"  # files: a pipe could fill and block it
-    with open(output, "w") as stdout, open(errors, "w") as stderr:
-        running = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=ENV)
-        process, peak = psutil.Process(running.pid), 0.0
-        while running.poll() is None:
-            peak = max(peak, tree_pss_mb(process))
-            time.sleep(SAMPLE_SECONDS)
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                          env=ENV)  # fmt: skip
     shutil.rmtree(cache, ignore_errors=True)
-    lines = [line for line in output.read_text().splitlines() if line.startswith("RESULT ")]
-    if running.returncode != 0 or not lines:
-        raise SystemExit(f"{job} on {data} failed:\n{errors.read_text()[-3000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{job} on {data} failed:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
-    result.update(peak_tree_pss_mb=peak, wall_seconds=time.perf_counter() - started, load_before=load,
+    result.update(workers=spec["workers"], wall_seconds=time.perf_counter() - started, load_before=load,
                   load_after=os.getloadavg()[0], tokens_per_second=result["tokens"] / result["seconds"])  # fmt: skip
     return result
 
