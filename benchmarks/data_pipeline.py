@@ -1,7 +1,6 @@
 """The data pipeline of ``hf-geonorm train`` (hf_geonorm.training.pipeline) on corpora of about 25, 100 and 400 MB:
-tokenization throughput with 1 and 2 processes against the old in-memory path (re-implemented here: every document
-tokenized into one Python list), peak memory while preparing and while training, time to the first training step on
-a first and on a cached second run, and the cache's size on disk.
+tokenization throughput with 1 and 2 processes, peak memory while preparing and while training, time to the first
+training step on a first and on a cached second run, and the cache's size on disk.
 
 The corpora need no download: the Python standard library's ``.py`` files (all of them, sorted by path), each after a
 header line naming it, concatenated into one text file and repeated (with the copy number in the headers) until the
@@ -49,18 +48,7 @@ import json, resource, sys, time
 args = json.loads(sys.argv[1])
 start = time.perf_counter()
 out = {}
-if args["job"] == "old":
-    from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.tokenizer import fast_tokenizer
-    tokenizer = fast_tokenizer(args["tokenizer"])
-    docs = list(resolve_corpus(args["data"]).all_documents())
-    start = time.perf_counter()
-    ids = []
-    for doc in docs:  # the old token_blocks: every document into one Python list
-        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
-        ids.append(tokenizer.eos_token_id)
-    out = {"tokens": len(ids), "seconds": time.perf_counter() - start}
-elif args["job"] == "prepare":
+if args["job"] == "prepare":
     from pathlib import Path
     from hf_geonorm.training.corpus import resolve_corpus
     from hf_geonorm.training.tokenizer import fast_tokenizer
@@ -107,14 +95,11 @@ def folder_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
 
 
-def measure(size: int, work: Path, tokenizer: str, old_up_to: int) -> dict:
+def measure(size: int, work: Path, tokenizer: str) -> dict:
     data = work / f"corpus-{size}MB.txt"
     if not data.exists():
         make_corpus(data, size)
     row: dict = {"megabytes": size, "file_mb": data.stat().st_size / 1e6}
-    if size <= old_up_to:
-        old = child(job="old", data=str(data), tokenizer=tokenizer)
-        row["old"] = {**old, "tokens_per_second": old["tokens"] / old["seconds"]}
     for workers in (1, 2):
         cache = work / f"cache-{size}-{workers}"
         shutil.rmtree(cache, ignore_errors=True)
@@ -137,16 +122,15 @@ def measure(size: int, work: Path, tokenizer: str, old_up_to: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| corpus | tokens | old path tok/s | 1 process tok/s: map / all | 2 processes tok/s: map / all | "
+        "| corpus | tokens | 1 process tok/s: map / all | 2 processes tok/s: map / all | "
         "peak RSS prepare (1 / 2 proc, main+workers) | peak RSS training (cached run) | first step: first run | "
-        "first step: cached run | speed-up | cache on disk |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "first step: cached run | speed-up | cache on disk |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
         one, two, first, cached = r["prepare_1"], r["prepare_2"], r["first_run"], r["cached_run"]
-        old = f"{r['old']['tokens_per_second'] / 1e6:.2f} M" if "old" in r else "not run"
         lines.append(
-            f"| {r['file_mb']:.0f} MB | {one['tokens'] / 1e6:.1f} M | {old} | "
+            f"| {r['file_mb']:.0f} MB | {one['tokens'] / 1e6:.1f} M | "
             f"{one['map_tokens_per_second'] / 1e6:.2f} M / "
             f"{one['tokens_per_second'] / 1e6:.2f} M | {two['map_tokens_per_second'] / 1e6:.2f} M / "
             f"{two['tokens_per_second'] / 1e6:.2f} M | {one['peak_rss_mb']:.0f} / {two['peak_rss_mb']:.0f}+"
@@ -160,7 +144,6 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[25, 100, 400], help="corpus sizes in MB")
-    parser.add_argument("--old-up-to", type=int, default=100, help="run the old path on corpora up to this size (MB)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/hf-geonorm-data-bench"), help="corpora and caches")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -181,7 +164,7 @@ def main() -> None:
                 break
         train_tokenizer(sample, VOCAB).backend_tokenizer.save(str(tokenizer))
     start = time.perf_counter()
-    rows = [measure(size, args.work, str(tokenizer), args.old_up_to) for size in args.sizes]
+    rows = [measure(size, args.work, str(tokenizer)) for size in args.sizes]
     payload = {"seq_len": SEQ_LEN, "vocab": VOCAB, "cpus": os.cpu_count(), "seconds": time.perf_counter() - start,
                "rows": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +174,6 @@ def main() -> None:
         f"`python benchmarks/data_pipeline.py` on {os.cpu_count()} CPUs, {payload['seconds'] / 60:.0f} minutes. "
         "Corpora: the Python standard library's `.py` files concatenated (each after a header line) and repeated "
         f"to size. Byte-level BPE of {VOCAB} tokens, blocks of {SEQ_LEN}; one tokenizer thread per process.\n\n"
-        "- old path: every document tokenized into one Python list (the former `token_blocks`), tokenization only;\n"
         "- 1 / 2 processes: map: the `Dataset.map` tokenization alone; all: `prepare_blocks` from start to end (read "
         "the file into documents, tokenize, pack, write the Arrow cache);\n"
         "- peak RSS training: the cached run (tiny model, 3 steps of 8 blocks) from start to end;\n"
