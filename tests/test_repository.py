@@ -33,8 +33,9 @@ def repository_files() -> list[Path]:
 
 
 def documents() -> list[Path]:
-    """The README, every page of docs/ and every Markdown file of benchmarks/results/."""
-    results = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
+    """The README, every page of docs/ and every Markdown file of benchmarks/results/ and its history/."""
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.md")) + sorted(
+        (ROOT / "benchmarks" / "results" / "history").glob("*.md"))  # fmt: skip
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *results]
 
 

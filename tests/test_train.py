@@ -23,8 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm.training.corpus import stdlib_files
-from hf_geonorm.training.data import read_texts
+from hf_geonorm.training.corpus import resolve_corpus, stdlib_files
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
@@ -232,9 +231,12 @@ def test_a_non_empty_output_is_refused_without_resume(tmp_path, data_file):
 
 
 def test_the_embedded_default_reads_the_standard_library():
-    texts, label = read_texts(None, max_chars=10_000)
-    assert "standard library" in label and sum(len(t) for t in texts) == 10_000
-    assert stdlib_files() and all(p.suffix == ".py" for p in stdlib_files())
+    corpus = resolve_corpus(None)
+    files = [path for path in stdlib_files() if path.stat().st_size > 0]
+    assert "standard library" in corpus.label and files and all(path.suffix == ".py" for path in files)
+    assert [(kind, Path(source)) for kind, source in corpus.shards] == [("file", path.absolute()) for path in files]
+    # the first file's documents are that file, whole (pieces of whitespace alone are dropped)
+    assert "".join(corpus.documents(0)).split() == files[0].read_text(encoding="utf-8").split()
 
 
 def torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
-"""The training recipe is written once: ``hf-geonorm init`` + ``train --model``, ``train --arch`` and the benchmarks
-build the same from-scratch config (dropout off), and ``train`` and the benchmarks' own loop train with the same
-optimizer (AdamW, betas (0.9, beta2), decay on the weight matrices only) and schedule (warm-up, cosine to a floor)."""
+"""The training recipe is written once: ``hf-geonorm init`` + ``train --model`` and ``train --arch`` build the same
+from-scratch config (dropout off), and ``train`` trains with the one optimizer (AdamW, betas (0.9, beta2), decay on
+the weight matrices only) and schedule (warm-up, cosine to a floor)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shutil
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -24,16 +23,8 @@ from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import corpus_data  # noqa: E402 - benchmarks/corpus_data.py
-import run_loop  # noqa: E402 - benchmarks/run_loop.py, the benchmarks' training loop
-
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
-# what saving a trained model adds to its config: its classes, remote code and dtype
-SAVED_WITH_A_MODEL = {"architectures", "auto_map", "dtype"}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +61,7 @@ def adamw_steps(monkeypatch) -> list[dict]:
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_init_then_train_and_train_from_arch_and_the_benchmarks_build_the_same_model(arch, tmp_path, data_file):
+def test_init_then_train_and_train_from_arch_build_the_same_model(arch, tmp_path, data_file):
     vocab, seq = 512, 32
     runner = CliRunner()
     made = runner.invoke(cli, ["init", arch, str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", str(vocab),
@@ -97,15 +88,6 @@ def test_init_then_train_and_train_from_arch_and_the_benchmarks_build_the_same_m
     weights = [load_file(tmp_path / out / "final" / "model.safetensors") for out in ("from_init", "arch")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    # the benchmarks' model at the tiny preset's sizes (4 layers, width 128, 4 heads), written out
-    tokens = len(json.loads((tmp_path / "arch" / "final" / "tokenizer.json").read_text())["model"]["vocab"])
-    spec = run_loop.RunSpec(label="same", arch=arch, layers=4, width=128, heads=4, seq_len=seq)
-    run_loop.spec_config(spec, tokens).save_pretrained(tmp_path / "bench")
-    bench = json.loads((tmp_path / "bench" / "config.json").read_text())
-    differ = {k for k in bench.keys() | from_arch.keys() if bench.get(k) != from_arch.get(k)}
-    # the benchmarks keep the family's own tying, as their journals' runs were built (LLaMA's head untied)
-    allowed = RUN_NAMING | SAVED_WITH_A_MODEL | ({"tie_word_embeddings"} if arch == "llama" else set())
-    assert differ <= allowed, {k: (bench.get(k), from_arch.get(k)) for k in differ}
 
 
 def test_a_config_with_fewer_rows_than_its_own_tokenizer_is_refused(tmp_path, data_file):
@@ -138,20 +120,6 @@ def test_train_steps_at_the_written_schedule_and_resumes_it(tmp_path, data_file,
     adamw_steps.clear()
     run_training(TrainOptions(**options, resume=True), log=lambda line: None)
     assert [s["lr"][0] for s in adamw_steps] == pytest.approx(expected[4:], rel=1e-12)
-
-
-def test_the_benchmark_loop_trains_with_the_same_recipe(adamw_steps):
-    torch.manual_seed(0)
-    blocks = torch.randint(0, 300, (40, 16))
-    corpus = corpus_data.Corpus("random", "random tokens", blocks[:32], blocks[32:], 300)
-    spec = run_loop.RunSpec(label="recipe", layers=2, width=32, heads=2, seq_len=16, batch=4, steps=9, warmup=2,
-                            lr=3e-3, eval_every=9)  # fmt: skip
-    model = run_loop.AutoModelForCausalLM.from_config(run_loop.spec_config(spec, corpus.vocab))
-    run_loop.train_steps(model, spec, corpus)
-    expected = [3e-3 * written_factor(s, 2, 9, 0.1) for s in range(9)]  # the benchmarks' floor: a tenth
-    assert [s["lr"][0] for s in adamw_steps] == pytest.approx(expected, rel=1e-12)
-    assert {b for s in adamw_steps for b in s["betas"]} == {(0.9, 0.95)}
-    assert {d for s in adamw_steps for d in s["decay"]} == {0.0}
 
 
 EMBEDDING_NAMES = ("wte.weight", "wpe.weight", "embed_tokens.weight")  # GPT-2's token and position, LLaMA's

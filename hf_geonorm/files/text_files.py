@@ -1,5 +1,5 @@
 """Reading a text file as UTF-8, for perplexity (``hf_geonorm.analysis.evaluation``) and training data
-(``hf_geonorm.training.data``): a binary file is refused, bytes that are not UTF-8 are replaced with a warning."""
+(``hf_geonorm.training.corpus``): a binary file is refused, bytes that are not UTF-8 are replaced with a warning."""
 
 from __future__ import annotations
 

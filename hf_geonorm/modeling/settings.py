@@ -68,9 +68,9 @@ def check_frames(frames: list[float]) -> None:
 class GeoNormSettings:
     """Which residual update every block uses; ``geo`` with the defaults is the paper's GeoNorm.
 
-    ``geo_alpha`` defaults to 0.5, not the spec's 1.0: the scaling study (``benchmarks/scaling.py``, results in
-    ``benchmarks/results/scaling.md``) trained GPT-2 and LLaMA shapes over token budgets 0.13M-1M, depths 4-32
-    and alpha 0.125-2 on two corpora, and 0.5 (harmonic decay) had the lowest mean regret against each cell's best
+    ``geo_alpha`` defaults to 0.5, not the spec's 1.0: the scaling study, now history
+    (``benchmarks/results/history/scaling.md``), trained GPT-2 and LLaMA shapes over token budgets 0.13M-1M, depths
+    4-32 and alpha 0.125-2 on two corpora, and 0.5 (harmonic decay) had the lowest mean regret against each cell's best
     alpha; the best alpha grows with the budget and shrinks with depth, so 0.5 is a middle, not an optimum
     everywhere. Set ``geo_alpha`` for your budget where you can tune it."""
 

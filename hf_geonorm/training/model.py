@@ -51,7 +51,7 @@ def scratch_config(
     *,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
-    tie_embeddings: bool | None = True,
+    tie_embeddings: bool = True,
 ) -> PretrainedConfig:
     """The GeoNorm config of a from-scratch ``arch`` model: ``sizes`` (a preset name, or layers, width and heads
     as ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) with the sizes that follow from them,
@@ -61,7 +61,7 @@ def scratch_config(
     defaults that fit the vocabulary); there is no padding id: blocks are never padded, and a padding row is a zero
     embedding, a fixed point of the geodesic step (a token sharing its id, often eos, would never move off zero).
     ``tie_embeddings`` True (the default, for ``init`` and ``train --arch`` alike) shares the input embedding and the
-    output head, as the paper's GPT-3-shaped preset sizes count them; None keeps the family's default.
+    output head, as the paper's GPT-3-shaped preset sizes count them.
     ``ValueError`` when the sizes do not fit ``arch``,
     ``errors.SettingsError`` for a bad setting.
     """
@@ -85,8 +85,7 @@ def scratch_config(
         if token_id is not None:
             values[name] = token_id
     values["pad_token_id"] = None
-    if tie_embeddings is not None:
-        values["tie_word_embeddings"] = tie_embeddings
+    values["tie_word_embeddings"] = tie_embeddings
     fit_token_ids(values, family_config)
     for name, value in vars(family_config()).items():  # pretraining from scratch: no dropout, as nanoGPT and LLaMA
         if (name.endswith("pdrop") or name.endswith("dropout")) and isinstance(value, float):

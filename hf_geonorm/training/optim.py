@@ -1,7 +1,6 @@
 """The one optimizer recipe and learning-rate schedule: ``hf-geonorm train`` trains with Trainer's optimizer over
 the parameter groups of ``decayed_parameter_names`` (any ``optim=`` of TrainingArguments keeps them) and with
-``make_scheduler``; the benchmarks' own training loop with ``make_optimizer`` (the same AdamW) and
-``clip_gradients``, so that the benchmarks' evidence is about what ``train`` does.
+``make_scheduler``.
 
 AdamW with betas (0.9, ``beta2``), weight decay on the weight matrices only (never on norms, biases, embeddings
 or GeoNorm's scalar ``step_scale``/``step_bias``), a linear warm-up to the peak over ``warmup`` steps and a cosine
@@ -17,7 +16,6 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 BETA1 = 0.9
-BETA2 = 0.95
 MIN_LR_RATIO = 0.1
 MAX_GRAD_NORM = 1.0
 
@@ -39,25 +37,8 @@ def decayed_parameter_names(model: nn.Module) -> set[str]:
     return {name for name, p in model.named_parameters() if p.ndim >= 2 and id(p) not in embeddings}
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.0, beta2: float = BETA2) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters of ``model``, grouped as Trainer groups them for ``train``: the first
-    group decayed (``decayed_parameter_names``), the second not."""
-    decayed = decayed_parameter_names(model)
-    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for name, p in trainable if name in decayed], "weight_decay": weight_decay},
-        {"params": [p for name, p in trainable if name not in decayed], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=(BETA1, beta2))
-
-
 def make_scheduler(
     optimizer: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float = MIN_LR_RATIO
 ) -> LambdaLR:
     """The schedule ``lr_factor`` over ``optimizer``'s peak learning rate; ``step()`` after every optimizer step."""
     return LambdaLR(optimizer, lambda step: lr_factor(step, warmup, total, min_ratio))
-
-
-def clip_gradients(model: nn.Module) -> torch.Tensor:
-    """Clip the gradient norm of ``model`` to ``MAX_GRAD_NORM`` (what the Trainer does with ``max_grad_norm``)."""
-    return nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
