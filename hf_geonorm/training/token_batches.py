@@ -50,7 +50,8 @@ def piece_cuts(backend: Any) -> re.Pattern | None:
     """Where a ``tokenizers`` tokenizer can take a document in pieces and give the very tokens of the whole: before
     an ASCII space or line end that an ASCII letter, digit or punctuation mark follows (one that starts no added
     token), for a byte-level tokenizer with GPT-2's split pattern (the one trained on the fly, GPT-2's own): no
-    normalizer, no prefix space, no truncation, added tokens without whitespace or stripping. None for any other.
+    normalizer, no prefix space, no truncation or padding, added tokens without whitespace or stripping. None for
+    any other.
 
     Why it is exact: the pattern ends a piece before the last character of a whitespace run that a non-space
     character follows (a last space joins the next word, a last line end is a piece of its own), matching resumes
@@ -62,9 +63,9 @@ def piece_cuts(backend: Any) -> re.Pattern | None:
     split = backend.pre_tokenizer
     if not (isinstance(split, pre_tokenizers.ByteLevel) and split.use_regex and not split.add_prefix_space):
         return None
-    if backend.normalizer is not None or backend.truncation is not None:
+    if backend.normalizer is not None or backend.truncation is not None or backend.padding is not None:
         return None
-    added = [token for token in backend.get_added_tokens_decoder().values()]
+    added = list(backend.get_added_tokens_decoder().values())
     if any(t.lstrip or t.rstrip or t.single_word or not t.content or any(map(str.isspace, t.content)) for t in added):
         return None
     starts = {t.content[0] for t in added}
@@ -157,7 +158,9 @@ def _timed(items: Iterator[Any], seconds: dict[str, float], stage: str) -> Itera
         yield item
 
 
-def encoded_batches(corpus: Corpus, tokenizer: Any, workers: int, seconds: dict[str, float]) -> Iterator[Any]:
+def encoded_batches(
+    corpus: Corpus, tokenizer: Any, workers: int, seconds: dict[str, float]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The corpus's batches of documents tokenized (``encode_documents``), in order: here, or by ``workers``
     processes with at most two batches each under way, so that memory holds a few batches whatever the corpus.
     ``seconds`` gets the time spent reading the documents and tokenizing (or waiting for the processes)."""
