@@ -12,13 +12,17 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
 - ``c_depth``: GPT-2 at 24 layers, width 64: five rates per arm (2e-3 to 32e-3, extended at an edge), then seeds
   0-2 at each best.
 - ``d_alpha``: geo_alpha 0.25, 0.5, 1 x four rates around GeoNorm's phase-a rate (half to four times).
+- ``e_alpha_*``: the check phase d calls for when an alpha other than the default wins there: the default (0.5)
+  and phase d's winner, each at its own phase-d rate, seeds 0-2, on the standard library (``e_alpha_stdlib``) and
+  on the dictionary held out from every choice (``e_alpha_gcide``); at 24 layers x 64 (``e_alpha_depth``) each
+  alpha at half, once and twice GeoNorm's phase-c rate, then seeds 0-2 at its best.
 - ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
   resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
 Every arm of a phase gets the same grid rule and the same seeds. The runs are 300 steps x 16 x 128 tokens (the
 issue asked 300-400; 300 fits the machine). Resumable: run it again and only missing runs train.
 
-    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d]
+    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from pathlib import Path
 
 from hf_geonorm.training.options import SweepOptions, TrainOptions
 from hf_geonorm.training.sweep import read_journal, run_sweep
-from hf_geonorm.training.sweep_report import best_rates
+from hf_geonorm.training.sweep_report import arm_name, best_rates
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STEPS, WARMUP = 300, 30
@@ -139,6 +143,34 @@ def phase_d(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
     run_sweep(sweep, TrainOptions(arch="gpt2", data_cache=cache, **BASE), log=log)
 
 
+def phase_e(results: Path, cache: str) -> None:
+    """The default alpha against phase d's best alpha, seeded and on data the choice never saw."""
+    chosen = best_rates(runs_of(results / "d_alpha"))  # "geo alpha 0.5": its best rate, ...
+    winner = min(chosen, key=lambda arm: _val_at(results / "d_alpha", arm, chosen[arm]))
+    rates = {float(arm.split()[-1]): chosen[arm] for arm in {"geo alpha 0.5", winner}}
+    files = corpus_files(results / "corpora")
+    stdlib = TrainOptions(arch="gpt2", data_cache=cache, **BASE)
+    for name, train in (("e_alpha_stdlib", stdlib), ("e_alpha_gcide", replace(stdlib, data=str(files["gcide"])))):
+        for alpha, lr in rates.items():
+            sweep = SweepOptions(output=str(results / name), styles=("geo",), alphas=(alpha,), lrs=(lr,), seeds=SEEDS)
+            run_sweep(sweep, train, log=log)
+    folder, depth = results / "e_alpha_depth", TrainOptions(arch="gpt2", data_cache=cache, **{**BASE, "preset": DEPTH})
+    geo = best_rates(runs_of(results / "c_depth"))["geo"]
+    for alpha in rates:
+        around = (geo / 2, geo, geo * 2)
+        sweep = SweepOptions(output=str(folder), styles=("geo",), alphas=(alpha,), lrs=around, seeds=(0,))
+        run_sweep(sweep, depth, log=log)
+    for arm, lr in best_rates([r for r in runs_of(folder) if r["seed"] == 0]).items():
+        sweep = SweepOptions(output=str(folder), styles=("geo",), alphas=(float(arm.split()[-1]),), lrs=(lr,),
+                             seeds=SEEDS)  # fmt: skip
+        run_sweep(sweep, depth, log=log)
+
+
+def _val_at(folder: Path, arm: str, lr: float) -> float:
+    (loss,) = [r["val_loss"] for r in runs_of(folder) if arm_name(r) == arm and r["lr"] == lr and r["seed"] == 0]
+    return loss
+
+
 def reproduction(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
     """Train phase a's GeoNorm run at its best rate, seed 0, again and write both results to
     ``reproduction.json``: the later phases are comparable with the earlier ones only if it matches."""
@@ -160,7 +192,7 @@ def reproduction(results: Path, cache: str, phase_a_best: dict[str, float]) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--phases", default="a,b,c,d", help="any of a, b, c, d and r (the reproduction check)")
+    parser.add_argument("--phases", default="a,b,c,d,e", help="any of a-e and r (the reproduction check)")
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
     phases = args.phases.split(",")
@@ -173,6 +205,8 @@ def main() -> None:
         phase_c(args.results, args.data_cache)
     if "d" in phases:
         phase_d(args.results, args.data_cache, best)
+    if "e" in phases:
+        phase_e(args.results, args.data_cache)
 
 
 if __name__ == "__main__":
