@@ -10,7 +10,8 @@ raw ``tokenizers`` tokenizer, on the two shapes of corpus of issue 29, at the si
 For each shape and size, each measurement in a child process of its own:
 
 - ``raw``: the tokenizer's ``encode_batch`` on pieces of 20 lines of the same text (no piece across two files),
-  1,000 pieces a call, reading each encoding's ids; only the calls are timed, over the first ``--raw-mb`` MB;
+  1,000 pieces a call, reading each encoding's ids; only the calls are timed, over the first ``--raw-mb`` MB; and
+  ``encode_batch_fast`` (no offsets, what the pipeline calls) on the same pieces, timed apart;
 - ``given-1`` / ``given-2``: preparation with the tokenizer given, ``--data-workers`` 1 and 2: ``resolve_corpus``
   (listing and hashing the files) and ``prepare_blocks`` (reading the documents, tokenizing, packing, writing and
   checksumming the cache), timed from start to end;
@@ -133,15 +134,19 @@ def raw_throughput(spec: dict[str, Any]) -> dict[str, Any]:
 
     tokenizer = Tokenizer.from_file(spec["tokenizer"])
     pieces = line_pieces([path for _, path in resolve_corpus(spec["data"]).shards])
-    tokens = chars = 0
-    seconds = cpu_seconds = 0.0
+    tokens = chars = fast_tokens = 0
+    seconds = cpu_seconds = fast_seconds = 0.0
     while chars < spec["raw_chars"] and (batch := list(itertools.islice(pieces, RAW_BATCH))):
         start, cpu = time.perf_counter(), time.process_time()
         tokens += sum(len(encoding.ids) for encoding in tokenizer.encode_batch(batch, add_special_tokens=False))
         seconds += time.perf_counter() - start
         cpu_seconds += time.process_time() - cpu
+        start = time.perf_counter()
+        fast_tokens += sum(len(e.ids) for e in tokenizer.encode_batch_fast(batch, add_special_tokens=False))
+        fast_seconds += time.perf_counter() - start
         chars += sum(map(len, batch))
-    return {"tokens": tokens, "chars": chars, "seconds": seconds, "cpu_seconds": cpu_seconds}
+    return {"tokens": tokens, "chars": chars, "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "fast_tokens_per_second": fast_tokens / fast_seconds}  # fmt: skip
 
 
 def cpu_time() -> float:

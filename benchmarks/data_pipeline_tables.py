@@ -84,14 +84,15 @@ def mark(met: bool | None) -> str:
 def measurement_row(runs: dict[str, Any], shape: str, size: int) -> str:
     got = {job: runs.get(f"{shape}-{size}-{job}") for job in ("raw", *MEMORY_RUNS)}
     if None in got.values():
-        return f"| {SHAPE_NAMES[shape]}, {size} MB | not measured yet |" + " |" * 11
+        return f"| {SHAPE_NAMES[shape]}, {size} MB | not measured yet |" + " |" * 13
     raw, one, two, trained = got.values()
     meta = one["meta"]
     split = " / ".join(f"{seconds:.1f}" for seconds in (one["resolve_seconds"], meta["read_seconds"],
                                                           meta["tokenize_seconds"], meta["pack_seconds"]))  # fmt: skip
     return (
         f"| {SHAPE_NAMES[shape]}, {size} MB | {meta['documents']:,} | {one['tokens'] / 1e6:,.1f} M | "
-        f"{rate(raw['tokens_per_second'])} ({raw['chars'] / 1e6:.0f} MB) | {rate(one['tokens_per_second'])} | "
+        f"{rate(raw['tokens_per_second'])} ({raw['chars'] / 1e6:.0f} MB) | {rate(raw['fast_tokens_per_second'])} | "
+        f"{rate(one['tokens_per_second'])} | {one['tokens_per_second'] / raw['fast_tokens_per_second']:.2f}x | "
         f"{rate(two['tokens_per_second'])} | {cpu_rate(one) / cpu_rate(raw):.2f}x | "
         f"{rate(trained['tokens_per_second'])} "
         f"({trained['tokenizer_seconds']:.0f} s training) | {one['seconds']:.1f} s: {split} | "
@@ -118,7 +119,8 @@ def markdown(payload: dict[str, Any]) -> str:
         "line, no blank line, repeated to size; *many small files*: those files as they are, copied to size;",
         f"- raw: the `tokenizers` tokenizer's `encode_batch` on pieces of {payload['piece_lines']} lines of the same "
         f"text, {payload['raw_batch']:,} pieces a call, each encoding's ids read; the calls alone timed, over the "
-        f"first {args['raw_mb']} MB;",
+        f"first {args['raw_mb']} MB (the targets' measure); raw, no offsets: `encode_batch_fast` on the same pieces, "
+        "the call the pipeline makes (it needs no character offsets), to show what the pipeline adds;",
         "- 1 / 2 processes: preparation with the tokenizer given (byte-level BPE of "
         f"{payload['vocab']:,} tokens trained as train trains one), `--data-workers` 1 and 2, timed from start to "
         f"end: hashing the files, reading the documents, tokenizing, packing blocks of {payload['seq_len']}, "
@@ -139,10 +141,10 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         "## Measurements",
         "",
-        "| corpus | documents | tokens | raw | 1 process | 2 processes | 1 process / raw, on CPU time | trained, "
-        "1 process | 1 process: seconds, split hash / read / tokenize / pack | peak RSS, 1 process | 2 processes: "
-        "process + largest worker | trained: peak RSS | cache |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| corpus | documents | tokens | raw | raw, no offsets | 1 process | 1 process / raw, no offsets | "
+        "2 processes | 1 process / raw, on CPU time | trained, 1 process | 1 process: seconds, split hash / read / "
+        "tokenize / pack | peak RSS, 1 process | 2 processes: process + largest worker | trained: peak RSS | cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(measurement_row(payload["measurements"], shape, size) for size in args["sizes"] for shape in args["shapes"]),
         "",
     ]

@@ -97,7 +97,8 @@ def encode_documents(texts: list[str], tokenizer: Any, eos: list[int]) -> tuple[
         cuts = piece_cuts(backend)
         pieces = [_pieces(text, cuts) if cuts else [text] for text in texts]
         flat_pieces = [piece for doc in pieces for piece in doc]
-        parts = [encoding.ids for encoding in backend.encode_batch(flat_pieces, add_special_tokens=False)]
+        encodings = backend.encode_batch_fast(flat_pieces, add_special_tokens=False)  # no offsets: a fifth faster
+        parts = [encoding.ids for encoding in encodings]
         counts = [len(doc) for doc in pieces]
     sequence, first = [], 0  # each document's parts, then its separator
     for count in counts:
