@@ -15,7 +15,8 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
 - ``e_alpha_*``: the check phase d calls for when an alpha other than the default wins there: the default (0.5)
   and phase d's winner, each at its own phase-d rate, seeds 0-2, on the standard library (``e_alpha_stdlib``) and
   on the dictionary held out from every choice (``e_alpha_gcide``); at 24 layers x 64 (``e_alpha_depth``) each
-  alpha at half, once and twice GeoNorm's phase-c rate, then seeds 0-2 at its best.
+  alpha at half, once and twice GeoNorm's phase-c rate (extended twice at most while its best is at an edge), then
+  seeds 0-2 at its best.
 - ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
   resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
@@ -57,13 +58,17 @@ def runs_of(folder: Path) -> list[dict]:
     return read_journal(folder / "runs.jsonl")[1]
 
 
-def tuned(folder: Path, train: TrainOptions, style: str, rates: list[float], extend: int = 2) -> float:
-    """Sweep one arm over ``rates`` (seed 0), widening the grid by a factor 2 while its best rate is at an edge
-    (``extend`` times at most); its best rate, chosen on validation."""
-    grid = sorted(rates)
+def tuned(
+    folder: Path, train: TrainOptions, style: str, rates: list[float], extend: int = 2, alpha: float | None = None
+) -> float:
+    """Sweep one arm (a style, or GeoNorm at one ``alpha``) over ``rates`` (seed 0), widening the grid by a factor 2
+    while its best rate is at an edge (``extend`` times at most); its best rate, chosen on validation."""
+    grid, alphas = sorted(rates), None if alpha is None else (alpha,)
+    arm = style if alpha is None else f"{style} alpha {alpha:g}"
     for _ in range(extend + 1):
-        run_sweep(SweepOptions(output=str(folder), styles=(style,), lrs=tuple(grid), seeds=(0,)), train, log=log)
-        best = best_rates([r for r in runs_of(folder) if r["seed"] == 0 and r["lr"] in grid])[style]
+        sweep = SweepOptions(output=str(folder), styles=(style,), alphas=alphas, lrs=tuple(grid), seeds=(0,))
+        run_sweep(sweep, train, log=log)
+        best = best_rates([r for r in runs_of(folder) if r["seed"] == 0 and r["lr"] in grid])[arm]
         if best == grid[0]:
             grid.insert(0, grid[0] / 2)
         elif best == grid[-1]:
@@ -156,13 +161,9 @@ def phase_e(results: Path, cache: str) -> None:
             run_sweep(sweep, train, log=log)
     folder, depth = results / "e_alpha_depth", TrainOptions(arch="gpt2", data_cache=cache, **{**BASE, "preset": DEPTH})
     geo = best_rates(runs_of(results / "c_depth"))["geo"]
-    for alpha in rates:
-        around = (geo / 2, geo, geo * 2)
-        sweep = SweepOptions(output=str(folder), styles=("geo",), alphas=(alpha,), lrs=around, seeds=(0,))
-        run_sweep(sweep, depth, log=log)
-    for arm, lr in best_rates([r for r in runs_of(folder) if r["seed"] == 0]).items():
-        sweep = SweepOptions(output=str(folder), styles=("geo",), alphas=(float(arm.split()[-1]),), lrs=(lr,),
-                             seeds=SEEDS)  # fmt: skip
+    best = {alpha: tuned(folder, depth, "geo", [geo / 2, geo, geo * 2], alpha=alpha) for alpha in sorted(rates)}
+    for alpha, lr in best.items():
+        sweep = SweepOptions(output=str(folder), styles=("geo",), alphas=(alpha,), lrs=(lr,), seeds=SEEDS)
         run_sweep(sweep, depth, log=log)
 
 

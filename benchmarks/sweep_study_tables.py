@@ -6,6 +6,7 @@ journals (``runs.jsonl``, written by ``hf-geonorm sweep``'s library function in 
   GeoNorm's difference against the larger seed spread.
 - The best rates by shape (phase a's 4 layers x width 128 against phase c's 24 x 64): the data for a rate rule.
 - Alpha and rate together (phase d): validation loss per alpha at each rate, each alpha's best rate.
+- Alpha 0.5 against alpha 1, seeded (phase e): on the standard library, on the held-out dictionary, and at depth.
 
 A phase still running is shown with the seeds it has. Run it at any time; it trains nothing:
 
@@ -73,11 +74,36 @@ def alpha_grid(results: Path) -> dict[str, Any] | None:
     return {"runs": len(runs), "val_loss": grid, "best": bests, "best_alpha": min(bests, key=lambda a: bests[a]["val"])}
 
 
+ALPHA_CHECKS = {
+    "e_alpha_stdlib": "4 layers x 128, standard library source, 8e-3",
+    "e_alpha_gcide": "4 layers x 128, GCIDE dictionary (held out), 8e-3",
+    "e_alpha_depth": "24 layers x 64, standard library source, each alpha's best of three rates",
+}
+
+
+def alpha_check(results: Path, phase: str) -> dict[str, Any] | None:
+    """Phase e on one shape or corpus: each alpha at its best rate (chosen on validation), test loss over its seeds;
+    alpha 1 minus alpha 0.5 and that difference in units of the larger seed spread."""
+    runs = runs_of(results / phase)
+    table, best = cells(runs), best_rates(runs)
+    if not {"geo alpha 0.5", "geo alpha 1"} <= set(table):
+        return None
+    row: dict[str, Any] = {"phase": phase, "what": ALPHA_CHECKS[phase]}
+    for arm in ("geo alpha 0.5", "geo alpha 1"):
+        mean, spread, n = mean_spread(table[arm][best[arm]].test)
+        by_rate = {rate_text(lr): mean_spread(cell.val)[0] for lr, cell in table[arm].items()}
+        row[arm] = {"lr": best[arm], "test_mean": mean, "test_spread": spread, "seeds": n, "val_by_rate": by_rate}
+    row["one_minus_half"] = row["geo alpha 1"]["test_mean"] - row["geo alpha 0.5"]["test_mean"]
+    spreads = [row[a]["test_spread"] for a in ("geo alpha 0.5", "geo alpha 1") if row[a]["test_spread"] is not None]
+    row["in_spreads"] = abs(row["one_minus_half"]) / max(spreads) if spreads else None
+    return row
+
+
 def loss_text(mean: float, spread: float | None, n: int) -> str:
     return f"{mean:.3f}" + ("" if spread is None else f" ± {spread:.3f}") + f" (n={n})"
 
 
-def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None) -> str:
+def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list[dict[str, Any]]) -> str:
     lines = [
         "# The study: GeoNorm against a tuned Pre-Norm",
         "",
@@ -118,6 +144,33 @@ def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None) -> str:
                    for r in rates]  # fmt: skip
             lines.append(f"| {arm} | " + " | ".join(row) + f" | {rate_text(best['lr'])}: {best['test']:.3f} |")
         lines += ["", f"Lowest validation loss at its own best rate: {alphas['best_alpha']}."]
+    if checks:
+        lines += [
+            "",
+            "## Alpha 0.5 against alpha 1, seeded (phase e)",
+            "",
+            "Test loss over seeds at each alpha's rate (on depth: each alpha's best of three rates around phase c's, "
+            "chosen on seed 0's validation). Negative: alpha 1 lower.",
+            "",
+            "| phase | shape and data | alpha 0.5: rate, test | alpha 1: rate, test | alpha 1 − alpha 0.5 | spreads |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in checks:
+            half, one = row["geo alpha 0.5"], row["geo alpha 1"]
+            spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
+            lines.append(
+                f"| [{row['phase']}]({row['phase']}/sweep.md) | {row['what']} | {rate_text(half['lr'])}: "
+                f"{loss_text(half['test_mean'], half['test_spread'], half['seeds'])} | {rate_text(one['lr'])}: "
+                f"{loss_text(one['test_mean'], one['test_spread'], one['seeds'])} | {row['one_minus_half']:+.3f} | "
+                f"{spreads} |"
+            )
+        for row in checks:
+            if max(len(row[arm]["val_by_rate"]) for arm in ("geo alpha 0.5", "geo alpha 1")) > 1:
+                grid = "; ".join(
+                    f"{arm}: " + ", ".join(f"{lr} {val:.3f}" for lr, val in row[arm]["val_by_rate"].items())
+                    for arm in ("geo alpha 0.5", "geo alpha 1")
+                )
+                lines += ["", f"{row['phase']}, validation loss by rate (mean over the seeds run): {grid}."]
     return "\n".join(lines) + "\n"
 
 
@@ -127,8 +180,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = [row for phase in PHASES if (row := compare(args.results, phase)) is not None]
     alphas = alpha_grid(args.results)
-    (args.results / "study.md").write_text(page(rows, alphas), encoding="utf-8")
-    (args.results / "study.json").write_text(json.dumps({"phases": rows, "alpha": alphas}, indent=1) + "\n")
+    checks = [row for phase in ALPHA_CHECKS if (row := alpha_check(args.results, phase)) is not None]
+    (args.results / "study.md").write_text(page(rows, alphas, checks), encoding="utf-8")
+    payload = {"phases": rows, "alpha": alphas, "alpha_checks": checks}
+    (args.results / "study.json").write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {args.results / 'study.md'}")
 
 
