@@ -250,3 +250,33 @@ def test_convert_never_removes_an_output_that_appears_while_it_runs(tmp_path, st
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.rstrip().splitlines()[-1].startswith(f"Error: {out} appeared while")
     assert names(tmp_path) == ["out"] and names(out) == ["theirs.txt"]
+
+
+class SignalsWhenCollected:
+    """Sends this process SIGTERM from its finalizer, where Python ignores the exception the handler raises."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs here, inside the finalizer
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
+def test_a_sigterm_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
+    reached = []
+    with pytest.raises(atomic.Terminated) as raised:
+        with atomic.terminate_raises():
+            SignalsWhenCollected()  # collected at once: its Terminated is printed as ignored, not raised here
+            reached.append(True)
+    assert reached and raised.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    atomic.raise_if_terminated()  # raised once: nothing left pending
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
+def test_a_swallowed_sigterm_stops_training_at_the_next_step():
+    from hf_geonorm.training.trainer import TerminationCheck
+
+    with atomic.terminate_raises():
+        SignalsWhenCollected()
+        with pytest.raises(atomic.Terminated):
+            TerminationCheck().on_step_end()

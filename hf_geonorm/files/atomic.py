@@ -151,21 +151,40 @@ def remove_stale_partials(output_dir: str | os.PathLike) -> list[str]:
     return done
 
 
+_TERMINATIONS: list[int] = []  # SIGTERMs raised as Terminated and not yet seen to propagate
+
+
 @contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
-    """Turn SIGTERM into ``Terminated`` for the block (main thread, default handler only), so cleanup runs."""
+    """Turn SIGTERM into ``Terminated`` for the block (main thread, default handler only), so cleanup runs. A
+    signal handler raises wherever the main thread is, and Python ignores an exception raised inside a finalizer or
+    a weakref callback: such a SIGTERM is raised again at ``raise_if_terminated`` (each training step) and when the
+    block ends, so that it is never lost."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
 
     def handler(signum: int, frame: object) -> None:
+        _TERMINATIONS.append(signum)
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except Terminated:
+        _TERMINATIONS.clear()
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise_if_terminated()
+
+
+def raise_if_terminated() -> None:
+    """Raise ``Terminated`` again for a SIGTERM whose first ``Terminated`` was swallowed (``terminate_raises``)."""
+    if _TERMINATIONS:
+        signum = _TERMINATIONS[-1]
+        _TERMINATIONS.clear()
+        raise Terminated(signum)
 
 
 @contextlib.contextmanager

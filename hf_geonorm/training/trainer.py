@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from ..analysis.evaluation import explain_non_finite
 from ..errors import NonFiniteError, first_line
-from ..files.atomic import atomic_directory
+from ..files.atomic import atomic_directory, raise_if_terminated
 from ..files.output_lock import output_lock
 from ..patching import family_for
 from ..sharing.hub import save_shareable
@@ -103,6 +103,14 @@ class CheckedTrainer(AtomicCheckpointTrainer):
             f"{what} is {value}{why}; the run stops, with no final model: lower --lr (it is "
             f"{self.args.learning_rate:g}), or train in fp32 rather than fp16/bf16"
         )
+
+
+class TerminationCheck(TrainerCallback):
+    """A SIGTERM whose ``Terminated`` was swallowed (raised inside a finalizer, where Python ignores it) stops the
+    run at the next step rather than at its end."""
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        raise_if_terminated()
 
 
 class RunProgress(ProgressCallback):
@@ -244,7 +252,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
         check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
     data = training_data(options, corpus, tokenizer, tokenizer_from_model, data_log)
-    callbacks: list[TrainerCallback] = []
+    callbacks: list[TrainerCallback] = [TerminationCheck()]
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
         model.config.geo_bridge = anneal.value_at(resumed_step)  # what the checkpoint last ran at (0: the start)
