@@ -70,6 +70,15 @@ def test_a_single_huge_line_is_cut_into_bounded_pieces_at_whitespace(tmp_path):
     assert all(piece.endswith(" ") for piece in joined)  # cut after whitespace, never inside a word
 
 
+def test_a_long_run_of_blank_lines_gives_no_document_of_whitespace(tmp_path):
+    data = tmp_path / "gap.txt"
+    first, last = sentences(200), sentences(400)[len(sentences(200)) :]
+    data.write_text(first + "\n" * (3 * PIECE_CHARS) + last)
+    pieces = list(resolve_corpus(str(data)).all_documents())
+    assert all(piece.strip() for piece in pieces)
+    assert "".join(pieces).split() == (first + last).split()  # every word, in order, once
+
+
 def test_json_named_jsonl_is_read_as_rows_and_a_json_array_is_refused(tmp_path):
     rows = [{"text": f"row {n}: " + "words and more words " * 20, "id": n} for n in range(400)]
     (tmp_path / "rows.json").write_text("".join(json.dumps(row) + "\n" for row in rows))

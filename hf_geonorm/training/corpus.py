@@ -43,7 +43,7 @@ TEXT_TYPES = ("string", "large_string")
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
 # Of the data caches (the tokenizer trained on the fly, the packed blocks): a new way of cutting documents or
 # packing blocks gets new cache keys.
-FORMAT = 5  # 5: meta.json records the Arrow files' checksums
+FORMAT = 6  # 5: meta.json records the Arrow files' checksums; 6: no document of whitespace only
 
 
 def looks_like_path(spec: str) -> bool:
@@ -307,14 +307,15 @@ def normalised(chunks: Iterable[str]) -> Iterator[str]:
 
 def paragraph_documents(chunks: Iterable[str]) -> Iterator[str]:
     """Text cut into pieces at blank lines, each of at least ``DOC_MIN_CHARS`` characters (the last one may be
-    shorter), and at line ends once a piece holds ``PIECE_CHARS``; the text is kept whole: the pieces joined are the
-    input. Pieces of whitespace only are dropped."""
+    shorter), and at line ends once a piece holds ``PIECE_CHARS``; the pieces joined are the input, less the pieces
+    of whitespace only (a long run of blank lines), which are dropped."""
     doc: list[str] = []
     size, after_blank, has_text = 0, False, False
     for line in _lines(chunks):
         blank = not line.strip()
         if doc and ((not blank and after_blank and size >= DOC_MIN_CHARS) or size >= PIECE_CHARS):
-            yield "".join(doc)
+            if has_text:
+                yield "".join(doc)
             doc, size, has_text = [], 0, False
         doc.append(line)
         size += len(line)
