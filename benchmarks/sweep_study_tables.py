@@ -77,7 +77,7 @@ def alpha_grid(results: Path) -> dict[str, Any] | None:
 ALPHA_CHECKS = {
     "e_alpha_stdlib": "4 layers x 128, standard library source, 8e-3",
     "e_alpha_gcide": "4 layers x 128, GCIDE dictionary (held out), 8e-3",
-    "e_alpha_depth": "24 layers x 64, standard library source, each alpha's best of three rates",
+    "e_alpha_depth": "24 layers x 64, standard library source, each alpha's best rate",
 }
 
 
@@ -149,8 +149,9 @@ def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list
             "",
             "## Alpha 0.5 against alpha 1, seeded (phase e)",
             "",
-            "Test loss over seeds at each alpha's rate (on depth: each alpha's best of three rates around phase c's, "
-            "chosen on seed 0's validation). Negative: alpha 1 lower.",
+            "Test loss over seeds at each alpha's rate (on depth: each alpha's best rate, chosen on seed 0's "
+            "validation among half, once and twice phase c's, the grid extended while the best is at an edge). "
+            "Negative: alpha 1 lower.",
             "",
             "| phase | shape and data | alpha 0.5: rate, test | alpha 1: rate, test | alpha 1 − alpha 0.5 | spreads |",
             "|---|---|---|---|---|---|",
