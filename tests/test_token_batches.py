@@ -121,3 +121,16 @@ def test_small_batches_and_two_processes_build_the_blocks_of_the_documented_rule
         assert prepared.val().blocks.tolist() == val
         built.append((prepared.folder / "train.arrow").read_bytes())
     assert built[0] == built[1]
+
+
+def test_workers_die_of_sigterm_even_where_the_process_raises_on_it(tokenizer):
+    """The pool ends its workers with SIGTERM; inheriting the raising handler of ``terminate_raises`` a worker could
+    swallow the raise and wait for tasks forever (seen: a benchmark's pool joining its worker for ever)."""
+    import signal
+
+    from hf_geonorm.files.atomic import terminate_raises
+
+    with terminate_raises(), token_batches._tokenizer_pool(tokenizer, [0], 2) as pool:
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)  # the process raises
+        handlers = pool.map(signal.getsignal, [signal.SIGTERM] * 4, chunksize=1)
+    assert handlers == [signal.SIG_DFL] * 4

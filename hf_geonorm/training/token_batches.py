@@ -12,6 +12,7 @@ import itertools
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -114,6 +115,10 @@ _WORKER: dict[str, Any] = {}  # a tokenizing process's tokenizer and separator (
 
 
 def _start_worker(tokenizer: Any, eos: list[int]) -> None:
+    """A forked worker inherits the process's SIGTERM handler (``terminate_raises``: it raises, for the cleanup of a
+    folder the worker never writes); the pool ends its workers with SIGTERM, and a raise it could swallow would leave
+    the worker waiting for tasks and the pool's join waiting for the worker. So a worker dies of SIGTERM outright."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER.update(tokenizer=tokenizer, eos=eos)
 
 
