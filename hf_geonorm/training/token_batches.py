@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -115,10 +116,6 @@ _WORKER: dict[str, Any] = {}  # a tokenizing process's tokenizer and separator (
 
 
 def _start_worker(tokenizer: Any, eos: list[int]) -> None:
-    """A forked worker inherits the process's SIGTERM handler (``terminate_raises``: it raises, for the cleanup of a
-    folder the worker never writes); the pool ends its workers with SIGTERM, and a raise it could swallow would leave
-    the worker waiting for tasks and the pool's join waiting for the worker. So a worker dies of SIGTERM outright."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER.update(tokenizer=tokenizer, eos=eos)
 
 
@@ -129,19 +126,37 @@ def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 @contextlib.contextmanager
 def _tokenizer_pool(tokenizer: Any, eos: list[int], workers: int) -> Iterator[Any]:
     """``workers`` processes of one tokenizer thread each (``TOKENIZERS_PARALLELISM=false``, which also spares the
-    tokenizers' warning about a fork after their threads ran), forked on Linux: nothing to import or copy."""
+    tokenizers' warning about a fork after their threads ran), forked on Linux: nothing to import or copy.
+
+    The workers are forked with SIGTERM's default action, not the process's raising handler (``terminate_raises``,
+    there for folders a worker never writes), and a block that ends well ends them by their queue (close, join),
+    not by ``Pool.terminate``'s SIGTERM: a worker that SIGTERM reached while it started could swallow the raise and
+    wait for tasks for ever, and the pool's join with it (seen in CI)."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    in_main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if in_main else None
+    if handler is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         pool = multiprocessing.get_context(method).Pool(workers, _start_worker, (tokenizer, eos))
     finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
         if previous is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
-    with pool:
+    try:
         yield pool
+    except BaseException:
+        pool.terminate()
+        raise
+    else:
+        pool.close()
+    finally:
+        pool.join()
 
 
 @contextlib.contextmanager
