@@ -43,6 +43,12 @@ def chosen_rates(results: Path, phase: str) -> dict[str, float]:
     return best_rates([r for r in runs_of(results / source) if r["alpha"] is None])
 
 
+def in_spreads(difference: float, *arms: dict[str, Any]) -> float | None:
+    """``difference`` in units of the larger seed spread of ``arms`` (None where no arm has more than one seed)."""
+    spreads = [arm["test_spread"] for arm in arms if arm["test_spread"] is not None]
+    return abs(difference) / max(spreads) if spreads else None
+
+
 def compare(results: Path, phase: str) -> dict[str, Any] | None:
     """Pre-Norm against GeoNorm at their rates on ``phase``'s test split (None while an arm has no run there)."""
     runs = [r for r in runs_of(results / phase) if r["alpha"] is None]
@@ -56,8 +62,7 @@ def compare(results: Path, phase: str) -> dict[str, Any] | None:
         row[style] = {"lr": rates[style], "test_mean": mean, "test_spread": spread, "seeds": n,
                       "diverged": len(cell.test) - n}  # fmt: skip
     row["geo_minus_pre"] = row["geo"]["test_mean"] - row["pre"]["test_mean"]
-    spreads = [row[s]["test_spread"] for s in ("pre", "geo") if row[s]["test_spread"] is not None]
-    row["in_spreads"] = abs(row["geo_minus_pre"]) / max(spreads) if spreads else None
+    row["in_spreads"] = in_spreads(row["geo_minus_pre"], row["pre"], row["geo"])
     return row
 
 
@@ -94,13 +99,20 @@ def alpha_check(results: Path, phase: str) -> dict[str, Any] | None:
         by_rate = {rate_text(lr): mean_spread(cell.val)[0] for lr, cell in table[arm].items()}
         row[arm] = {"lr": best[arm], "test_mean": mean, "test_spread": spread, "seeds": n, "val_by_rate": by_rate}
     row["one_minus_half"] = row["geo alpha 1"]["test_mean"] - row["geo alpha 0.5"]["test_mean"]
-    spreads = [row[a]["test_spread"] for a in ("geo alpha 0.5", "geo alpha 1") if row[a]["test_spread"] is not None]
-    row["in_spreads"] = abs(row["one_minus_half"]) / max(spreads) if spreads else None
+    row["in_spreads"] = in_spreads(row["one_minus_half"], row["geo alpha 0.5"], row["geo alpha 1"])
     return row
 
 
-def loss_text(mean: float, spread: float | None, n: int) -> str:
-    return f"{mean:.3f}" + ("" if spread is None else f" ± {spread:.3f}") + f" (n={n})"
+def arm_test_loss(arm: dict[str, Any]) -> str:
+    """An arm's test loss: mean ± spread (n=seeds)."""
+    spread = "" if arm["test_spread"] is None else f" ± {arm['test_spread']:.3f}"
+    return f"{arm['test_mean']:.3f}{spread} (n={arm['seeds']})"
+
+
+def phase_cells(row: dict[str, Any]) -> tuple[str, str]:
+    """A row's first cell (the phase, linked to its report) and last (the difference in seed spreads)."""
+    spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
+    return f"[{row['phase']}]({row['phase']}/sweep.md)", spreads
 
 
 def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list[dict[str, Any]]) -> str:
@@ -118,12 +130,10 @@ def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list
     ]
     for row in rows:
         pre, geo = row["pre"], row["geo"]
-        spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
+        phase, spreads = phase_cells(row)
         lines.append(
-            f"| [{row['phase']}]({row['phase']}/sweep.md) | {row['what']} | {rate_text(pre['lr'])} | "
-            f"{loss_text(pre['test_mean'], pre['test_spread'], pre['seeds'])} | {rate_text(geo['lr'])} | "
-            f"{loss_text(geo['test_mean'], geo['test_spread'], geo['seeds'])} | {row['geo_minus_pre']:+.3f} | "
-            f"{spreads} |"
+            f"| {phase} | {row['what']} | {rate_text(pre['lr'])} | {arm_test_loss(pre)} | {rate_text(geo['lr'])} | "
+            f"{arm_test_loss(geo)} | {row['geo_minus_pre']:+.3f} | {spreads} |"
         )
     ratios = [f"{row['phase']}: {row['geo']['lr'] / row['pre']['lr']:g}x" for row in rows]
     lines += ["", "GeoNorm's best rate over Pre-Norm's: " + ", ".join(ratios) + "."]
@@ -158,12 +168,10 @@ def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list
         ]
         for row in checks:
             half, one = row["geo alpha 0.5"], row["geo alpha 1"]
-            spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
+            phase, spreads = phase_cells(row)
             lines.append(
-                f"| [{row['phase']}]({row['phase']}/sweep.md) | {row['what']} | {rate_text(half['lr'])}: "
-                f"{loss_text(half['test_mean'], half['test_spread'], half['seeds'])} | {rate_text(one['lr'])}: "
-                f"{loss_text(one['test_mean'], one['test_spread'], one['seeds'])} | {row['one_minus_half']:+.3f} | "
-                f"{spreads} |"
+                f"| {phase} | {row['what']} | {rate_text(half['lr'])}: {arm_test_loss(half)} | {rate_text(one['lr'])}: "
+                f"{arm_test_loss(one)} | {row['one_minus_half']:+.3f} | {spreads} |"
             )
         for row in checks:
             if max(len(row[arm]["val_by_rate"]) for arm in ("geo alpha 0.5", "geo alpha 1")) > 1:
