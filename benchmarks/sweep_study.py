@@ -17,13 +17,18 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
   on the dictionary held out from every choice (``e_alpha_gcide``); at 24 layers x 64 (``e_alpha_depth``) each
   alpha at half, once and twice GeoNorm's phase-c rate (extended twice at most while its best is at an edge), then
   seeds 0-2 at its best.
+- ``h_styles``, ``f_length_*``, ``g_*``: on the study corpus (``benchmarks/study_corpus.py``: 32M tokens of the
+  Python source of torch and transformers, so that no run trains on a token twice; 1,024 evaluation blocks of 128
+  tokens for validation and as many for test). ``h_styles``: the paper's table, all five norm styles tuned as phase
+  a tuned two (``phase_h``). ``f_length_1200`` and ``f_length_2400``: train's default model at 4x and 8x phase h's
+  300 steps, warm-up a tenth of the run (``phase_f``). ``g_*``: width and depth apart, and LLaMA (``phase_g``).
 - ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
   resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
 Every arm of a phase gets the same grid rule and the same seeds. The runs are 300 steps x 16 x 128 tokens (the
 issue asked 300-400; 300 fits the machine). Resumable: run it again and only missing runs train.
 
-    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e]
+    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e,h,f,g]
 """
 
 from __future__ import annotations
@@ -48,6 +53,15 @@ BASE = dict(preset="tiny", max_steps=STEPS, warmup_steps=WARMUP, batch_size=16, 
 DEPTH = {"num_hidden_layers": 24, "hidden_size": 64, "num_attention_heads": 4}
 SEEDS = (0, 1, 2)
 ARMS = ("pre", "geo")
+STYLES = ("pre", "geo", "post", "sandwich", "deepnorm")
+REPOSITORY = Path(__file__).parent.parent
+STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"
+LENGTHS = (1200, 2400)  # phase f beyond phase h's 300 steps: 8x in all
+LENGTH_SEEDS = {1200: SEEDS, 2400: (0, 1)}  # two seeds at the longest length, for both arms alike (the budget)
+# phase g: (name, architecture, layers, width)
+G_CELLS = (("width_64", "gpt2", 4, 64), ("depth_2", "gpt2", 2, 128), ("llama_128", "llama", 4, 128),
+           ("llama_64", "llama", 4, 64), ("depth_8", "gpt2", 8, 128), ("width_256", "gpt2", 4, 256),
+           ("llama_256", "llama", 4, 256))  # fmt: skip
 
 
 def log(line: str) -> None:
@@ -78,10 +92,10 @@ def tuned(
     return best
 
 
-def seeded(folder: Path, train: TrainOptions, best: dict[str, float]) -> None:
-    """Seeds 0-2 of each arm at its best rate."""
+def seeded(folder: Path, train: TrainOptions, best: dict[str, float], seeds: tuple[int, ...] = SEEDS) -> None:
+    """``seeds`` (0-2) of each arm at its best rate."""
     for style, lr in best.items():
-        run_sweep(SweepOptions(output=str(folder), styles=(style,), lrs=(lr,), seeds=SEEDS), train, log=log)
+        run_sweep(SweepOptions(output=str(folder), styles=(style,), lrs=(lr,), seeds=seeds), train, log=log)
 
 
 def phase_a(results: Path, cache: str) -> dict[str, float]:
@@ -190,13 +204,77 @@ def reproduction(results: Path, cache: str, phase_a_best: dict[str, float]) -> N
     log(f"reproduction of {earlier['run']}: {record}")
 
 
+def study_options(cache: str, steps: int = STEPS, **changes: object) -> TrainOptions:
+    """A run of the study corpus (``benchmarks/study_corpus.py``; its folder must be built): ``steps`` steps of
+    16 x 128 tokens, warm-up a tenth of them, evaluated at the end on the corpus's evaluation blocks. Refused when
+    the run would see more tokens than the corpus's training split holds (no token is trained on twice)."""
+    corpus = json.loads(STUDY_CORPUS.read_text(encoding="utf-8"))
+    folder = (REPOSITORY / corpus["folder"]).resolve()
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} does not exist: build the study corpus first (python benchmarks/study_corpus.py)")
+    tokens, available = steps * 16 * 128, corpus["tokens"]["train_tokens"]
+    if tokens > available:
+        raise SystemExit(f"{steps} steps train on {tokens:,} tokens, more than the corpus's {available:,}")
+    base = {**BASE, "max_steps": steps, "warmup_steps": steps * WARMUP // STEPS, "eval_every": steps,
+            "eval_blocks": corpus["tokens"]["eval_blocks"]}  # fmt: skip
+    return TrainOptions(data=str(folder), data_cache=cache, **{"arch": "gpt2", **base, **changes})
+
+
+def phase_h(results: Path, cache: str) -> dict[str, float]:
+    """The paper's table: the five norm styles on the study corpus at 300 steps, each tuned as phase a tuned
+    Pre-Norm and GeoNorm (six rates a factor 2 apart, extended twice at most at an edge, chosen on seed 0), then
+    seeds 0-2 at each best rate. Its pre and geo arms are phase f's shortest length."""
+    folder, train = results / "h_styles", study_options(cache)
+    best = {style: tuned(folder, train, style, [1e-3 * 2**i for i in range(6)]) for style in STYLES}
+    seeded(folder, train, best)
+    return best
+
+
+def phase_f(results: Path, cache: str, lengths: tuple[int, ...], seeds: dict[int, tuple[int, ...]]) -> None:
+    """Length: GPT-2 4 x 128 on the study corpus at each of ``lengths`` steps (beyond phase h's 300), each arm
+    tuned on a factor-2 grid around its best rate at the length before (extended while its best is at an edge,
+    chosen on seed 0), then ``seeds[length]`` at its best."""
+    previous = {style: lr for style, lr in best_rates(runs_of(results / "h_styles")).items() if style in ARMS}
+    for steps in lengths:
+        folder, train = results / f"f_length_{steps}", study_options(cache, steps)
+        best = {s: tuned(folder, train, s, [lr / 2, lr, lr * 2], extend=3) for s, lr in previous.items()}
+        seeded(folder, train, best, seeds.get(steps, SEEDS))
+        previous = best
+
+
+def phase_g(results: Path, cache: str) -> None:
+    """Width and depth apart: GPT-2 at widths 64 and 256 (4 layers) and depths 2 and 8 (width 128), LLaMA at
+    widths 64, 128 and 256 (4 layers), heads of 32 dimensions; each arm on a factor-2 grid around its best rate in
+    phase h (extended while its best is at an edge, chosen on seed 0); seeds 0-2 at each best of the width cells,
+    seed 0 alone for the others (GPT-2 4 x 128 is phase h)."""
+    start = best_rates(runs_of(results / "h_styles"))
+    for name, arch, layers, width in G_CELLS:
+        shape = {"num_hidden_layers": layers, "hidden_size": width, "num_attention_heads": width // 32,
+                 "max_position_embeddings": 256}  # fmt: skip
+        folder, train = results / f"g_{name}", study_options(cache, arch=arch, preset=shape)
+        best = {style: tuned(folder, train, style, [start[style] / 2, start[style], start[style] * 2], extend=3)
+                for style in ARMS}  # fmt: skip
+        seeded(folder, train, best, SEEDS if name.startswith(("width", "llama")) else (0,))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--phases", default="a,b,c,d,e", help="any of a-e and r (the reproduction check)")
+    parser.add_argument("--phases", default="a,b,c,d,e",
+                        help="a comma list of a-h, r (the reproduction check), f1200 or f2400 (one length of f)")
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
     phases = args.phases.split(",")
+    if "h" in phases:
+        phase_h(args.results, args.data_cache)
+    for phase in phases:
+        if phase.startswith("f"):
+            lengths = LENGTHS if phase == "f" else (int(phase[1:]),)
+            phase_f(args.results, args.data_cache, lengths, LENGTH_SEEDS)
+    if "g" in phases:
+        phase_g(args.results, args.data_cache)
+    if not {"a", "b", "c", "d", "e", "r"} & set(phases):
+        return
     best = phase_a(args.results, args.data_cache) if "a" in phases else best_rates(runs_of(args.results / "a_gpt2"))
     if "r" in phases:
         reproduction(args.results, args.data_cache, best)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sysconfig
+import textwrap
 import time
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def test_all_tokens_train_the_cache_is_reused_and_max_tokens_caps(tmp_path, corp
     assert logged(first.output, r"([\d,]+) tokens \(an end-of-text token after each document\)") == total
     trained = logged(first.output, r"training on ([\d,]+) tokens")
     assert trained == len(train_blocks) * 64 and abs(trained - (total - held)) <= 0.01 * (total - held)
-    assert "training a byte-level BPE tokenizer (300 tokens) on all of the text" in first.output
+    assert "training a byte-level BPE tokenizer (300 tokens) on all of its training documents" in first.output
     assert "tokenized in" in first.output and "read from the cache" not in first.output
     [folder] = cache.glob("blocks-*")
     assert [b.tolist() for b in ArrowBlocks(folder / "train.arrow", 64).views[0][:3]] == train_blocks[:3]
@@ -236,3 +237,25 @@ def test_resume_in_the_middle_of_an_epoch_sees_the_same_next_batches(tmp_path, c
     resumed = train(*common, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert len(unbroken) == 4 and seen == unbroken[2:]
+
+
+@pytest.mark.parametrize("where", ["held out", "training"])
+def test_the_tokenizer_learns_from_training_documents_only(tmp_path, where):
+    """A string frequent in the documents validation and test may hold out (every 20th from the first and from the
+    10th) never becomes a token of the tokenizer trained on the fly; the same string in training documents does
+    (the control, so that the test can fail)."""
+    import random
+
+    rng = random.Random(0)
+    filler = lambda: " ".join("".join(rng.choices("abcdefgh", k=rng.randint(2, 7))) for _ in range(200))  # noqa: E731
+    marked = {0, 10, 20, 30} if where == "held out" else {1, 11, 21, 31}
+    docs = [" ".join(["qzxv"] * 300) if number in marked else filler() for number in range(40)]
+    data = tmp_path / "corpus.txt"
+    data.write_text("\n\n".join(textwrap.fill(doc, 70) for doc in docs) + "\n", encoding="utf-8")
+    result = train("--data", str(data), *SMALL, "--data-cache", str(tmp_path / "cache"), "--output",
+                   str(tmp_path / "run"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "no document that validation or test may hold out is read" in result.output
+    vocab = AutoTokenizer.from_pretrained(tmp_path / "run" / "final").get_vocab()
+    learned = [token for token in vocab if "qz" in token]
+    assert bool(learned) == (where == "training"), learned

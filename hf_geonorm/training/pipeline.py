@@ -64,6 +64,14 @@ def test_offset(documents: int) -> int:
     return min(VAL_EVERY // 2, documents // 2)
 
 
+def may_be_held_out(number: int, documents: int) -> bool:
+    """Whether document ``number`` of a corpus of ``documents`` may be a validation or test one, whatever the
+    tokenizer (how many of the candidates are taken depends on their token counts): every ``VAL_EVERY``-th from the
+    first and from the ``VAL_EVERY // 2``-th, and the test offset of a small corpus. ``documents`` need only be
+    known up to ``VAL_EVERY``: any larger count gives the same answer."""
+    return number % VAL_EVERY in (0, VAL_EVERY // 2) or number == test_offset(documents)
+
+
 class _HeldOut:
     """Which documents are validation (1) and which test (2), decided as their token counts arrive in corpus order:
     every ``VAL_EVERY``-th from the first (validation) and from the test offset (``test_offset``, known once

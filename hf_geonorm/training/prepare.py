@@ -13,7 +13,7 @@ from typing import Any
 
 from .corpus import Corpus, HubSource, resolve_corpus
 from .options import TrainOptions
-from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout
+from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout, tokenizer_digest
 from .tokenizer import training_tokenizer
 
 EPOCH_WARNING = 4
@@ -31,6 +31,7 @@ class TrainingData:
     label: str
     tokenizer: Any
     tokenizer_from_model: bool
+    facts: dict[str, Any]  # what a sweep's journal records of the data: fingerprints and the splits' sizes
 
 
 def world_size() -> int:
@@ -72,7 +73,8 @@ def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_mo
             f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks evaluated); "
             f"{steps}")  # fmt: skip
         train = streaming_blocks(corpus, tokenizer, length, held, options.seed)
-        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model)
+        facts = data_facts(corpus, tokenizer, None, {s: (None, tokens[s], len(held_out[s])) for s in ("val", "test")})
+        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model, facts)
     cache = Path(options.data_cache).expanduser()
     workers = min(options.data_workers, os.cpu_count() or 1)
     if workers < options.data_workers:
@@ -109,4 +111,19 @@ def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_mo
             f"{EPOCH_WARNING} epochs): the model will learn them by heart; give more data or fewer --max-steps",
             stacklevel=2,
         )
-    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, tokenizer, from_model)
+    held = {s: (meta[f"{s}_documents"], meta[f"{s}_tokens"], meta[f"{s}_blocks"]) for s in ("val", "test")}
+    facts = data_facts(corpus, tokenizer, train_tokens, held)
+    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, tokenizer, from_model, facts)
+
+
+def data_facts(
+    corpus: Corpus, tokenizer: Any, train_tokens: int | None, held: dict[str, tuple[int | None, int, int]]
+) -> dict[str, Any]:
+    """What a run trained and was judged on: the data's and the tokenizer's fingerprints, the training tokens the
+    run could draw from (None when streamed: unknown in advance), and each held-out split's documents, tokens and
+    evaluated blocks."""
+    facts: dict[str, Any] = {"fingerprint": corpus.fingerprint, "tokenizer": tokenizer_digest(tokenizer),
+                             "train_tokens": train_tokens}  # fmt: skip
+    for split, (documents, tokens, blocks) in held.items():
+        facts |= {f"{split}_documents": documents, f"{split}_tokens": tokens, f"{split}_blocks": blocks}
+    return facts

@@ -210,7 +210,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     return {
         **entry, "settings": metrics["settings"], "steps": metrics["steps"], "tokens": metrics["tokens"],
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
-        "train_seconds": metrics["train_seconds"], "model": str(output / "final"),
+        "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
     }  # fmt: skip
 
 

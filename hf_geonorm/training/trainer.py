@@ -371,6 +371,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "model_type": to_save.config.model_type,
         "settings": to_save.config.geonorm_settings().to_dict(),
         "data": data.label,
+        "data_facts": data.facts,
         "options": options_used(options, data.tokenizer_from_model, len(data.tokenizer)),
         "log_history": trainer.state.log_history,
     }

@@ -1,0 +1,111 @@
+"""The study corpus: enough text that no run of the study sees a training token twice, on any machine, offline.
+
+It is the Python source of two packages every install of hf-geonorm has, at the versions the project pins
+(torch 2.13.0 and transformers 5.24): code, and the prose of its docstrings and comments. Files whose content
+repeats another's exactly are taken once. The files are put in an order shuffled with a fixed seed and written,
+with a blank line between them, into text shards of about 4 MB, so that the documents ``train`` holds out for
+validation and test (one in 20 each, from the first) are a mix of both packages rather than the first of them in
+alphabetical order.
+
+The script then prepares the data as every study run does (``train``'s own data step, at the study's sequence
+length and evaluation size), which tokenizes it into the cache the runs read, and writes what it took, its hash and
+its size in tokens (training, validation, test) to ``benchmarks/results/study_corpus.json``.
+
+    python benchmarks/study_corpus.py [--out DIR] [--data-cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "study_corpus.json"
+DEFAULT_OUT = Path(__file__).parent / "results" / "sweeps" / "corpora" / "study"  # ignored by git
+PACKAGES = {"torch": "2.13.0", "transformers": "5.24"}  # the versions the README's install and pyproject pin
+SHARD_BYTES = 4_000_000
+SEED = 0
+# the study's data step: the sequence length and the evaluation blocks of every study run
+SEQ_LEN, EVAL_BLOCKS = 128, 1024
+
+
+def package_files(name: str) -> tuple[str, list[Path]]:
+    """The installed version of package ``name`` and its ``.py`` files, sorted by path."""
+    version = importlib.metadata.version(name)
+    if not version.startswith(PACKAGES[name]):
+        raise SystemExit(f"{name} {version} is installed; the study corpus is made of {name} {PACKAGES[name]}")
+    root = Path(importlib.util.find_spec(name).origin).parent
+    return version, sorted(p for p in root.rglob("*.py") if p.is_file())
+
+
+def build(out: Path) -> dict:
+    """Write the shards into ``out`` (replaced whole); what was taken."""
+    taken, seen, versions, skipped = [], set(), {}, 0
+    for name in PACKAGES:
+        versions[name], files = package_files(name)
+        for path in files:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if not text or digest in seen:
+                skipped += 1
+                continue
+            seen.add(digest)
+            taken.append(text)
+    random.Random(SEED).shuffle(taken)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    corpus_hash, shard, size, shards = hashlib.sha256(), [], 0, 0
+
+    def flush() -> None:
+        nonlocal shard, size, shards
+        data = ("\n\n\n".join(shard) + "\n").encode()
+        (partial / f"shard-{shards:03d}.txt").write_bytes(data)
+        corpus_hash.update(data)
+        shard, size, shards = [], 0, shards + 1
+
+    for text in taken:
+        shard.append(text)
+        size += len(text.encode())
+        if size >= SHARD_BYTES:
+            flush()
+    if shard:
+        flush()
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return {"packages": versions, "files": len(taken), "duplicate_or_empty_files_skipped": skipped,
+            "shards": shards, "bytes": sum(p.stat().st_size for p in out.iterdir()), "sha256": corpus_hash.hexdigest(),
+            "order": f"files shuffled with random.Random({SEED}), a blank line between them"}  # fmt: skip
+
+
+def token_counts(out: Path, cache: str) -> dict:
+    """The corpus's tokens as the study's runs see them: ``train``'s data step (the tokenizer trained on the fly,
+    the held-out documents, the blocks), which also fills the cache the runs read."""
+    from hf_geonorm.training.options import TrainOptions
+    from hf_geonorm.training.prepare import data_source, training_data
+
+    options = TrainOptions(data=str(out), data_cache=cache, seq_len=SEQ_LEN, eval_blocks=EVAL_BLOCKS)
+    corpus, tokenizer, from_model = data_source(options, print)
+    facts = training_data(options, corpus, tokenizer, from_model, print).facts
+    return {"seq_len": SEQ_LEN, "eval_blocks": EVAL_BLOCKS, "vocab_size": len(tokenizer), **facts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
+    args = parser.parse_args()
+    record = {"folder": os.path.relpath(args.out.absolute(), Path(__file__).parent.parent), **build(args.out.absolute())}
+    record["tokens"] = token_counts(args.out.absolute(), args.data_cache)
+    RESULTS.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
