@@ -101,8 +101,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
-    record = {"folder": os.path.relpath(args.out.absolute(), Path(__file__).parent.parent), **build(args.out.absolute())}
-    record["tokens"] = token_counts(args.out.absolute(), args.data_cache)
+    out = args.out.absolute()
+    record = {"folder": os.path.relpath(out, Path(__file__).parent.parent), **build(out)}
+    record["tokens"] = token_counts(out, args.data_cache)
     RESULTS.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(record, indent=1))
 

@@ -24,6 +24,7 @@ from hf_geonorm.training.sweep import read_journal
 from hf_geonorm.training.sweep_report import best_rates, cells, mean_spread, rate_text
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
+STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"
 PHASES = {
     "a_gpt2": "GPT-2, 4 layers x 128, standard library source",
     "a_llama": "LLaMA, 4 layers x 128, standard library source",
@@ -115,7 +116,9 @@ def phase_cells(row: dict[str, Any]) -> tuple[str, str]:
     return f"[{row['phase']}]({row['phase']}/sweep.md)", spreads
 
 
-def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list[dict[str, Any]]) -> str:
+def page(
+    rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list[dict[str, Any]], again: dict[str, Any]
+) -> str:
     lines = [
         "# The study: GeoNorm against a tuned Pre-Norm",
         "",
@@ -180,6 +183,214 @@ def page(rows: list[dict[str, Any]], alphas: dict[str, Any] | None, checks: list
                     for arm in ("geo alpha 0.5", "geo alpha 1")
                 )
                 lines += ["", f"{row['phase']}, validation loss by rate (mean over the seeds run): {grid}."]
+    if again["pairs"]:
+        lines += [
+            "",
+            "## Reruns",
+            "",
+            f"{len(again['pairs'])} runs of the same cell (options, settings, rate and seed) appear in two phases, "
+            f"trained by the code of different sessions; their validation or test losses differ by up to "
+            f"{again['largest']:.3f}: phases of different sessions are comparable to that precision.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+STYLE_NAMES = {"pre": "Pre-Norm", "geo": "GeoNorm", "post": "Post-Norm", "sandwich": "SandwichNorm",
+               "deepnorm": "DeepNorm"}  # fmt: skip
+LENGTH_PHASES = {300: "h_styles", 1200: "f_length_1200", 2400: "f_length_2400"}  # steps: phase
+TOKENS_PER_STEP = 16 * 128
+
+
+def arm_at_best(runs: list[dict[str, Any]], style: str) -> dict[str, Any] | None:
+    """One style of a phase at its best rate (chosen on validation): its test loss over the seeds run there, the
+    rates it was swept at, and whether every rate diverged (None while the style has no run)."""
+    table = cells([r for r in runs if r["alpha"] is None])
+    if style not in table:
+        return None
+    lr = best_rates([r for r in runs if r["alpha"] is None and r["style"] == style])[style]
+    cell = table[style][lr]
+    mean, spread, n = mean_spread(cell.test)
+    diverged = all(v is None for c in table[style].values() for v in c.val)
+    rates = [rate_text(r) for r in table[style]]
+    return {"lr": lr, "test_mean": mean, "test_spread": spread, "seeds": n, "rates": rates,
+            "every_rate_diverged": diverged}  # fmt: skip
+
+
+def styles_table(results: Path) -> dict[str, Any] | None:
+    """Phase h: each of the five styles at its best rate, and its difference from Pre-Norm in seed spreads."""
+    runs = runs_of(results / "h_styles")
+    arms = {style: arm for style in STYLE_NAMES if (arm := arm_at_best(runs, style)) is not None}
+    if "pre" not in arms:
+        return None
+    for arm in arms.values():
+        if arm["test_mean"] is not None and arms["pre"]["test_mean"] is not None:
+            arm["minus_pre"] = arm["test_mean"] - arms["pre"]["test_mean"]
+            arm["in_spreads"] = in_spreads(arm["minus_pre"], arm, arms["pre"])
+    return arms
+
+
+def length_rows(results: Path) -> list[dict[str, Any]]:
+    """Phase f: Pre-Norm against GeoNorm at each length, each at its own best rate there."""
+    rows = []
+    for steps, phase in LENGTH_PHASES.items():
+        runs = runs_of(results / phase)
+        arms = {style: arm_at_best(runs, style) for style in ("pre", "geo")}
+        if None in arms.values() or None in (arms["pre"]["test_mean"], arms["geo"]["test_mean"]):
+            continue
+        margin = arms["geo"]["test_mean"] - arms["pre"]["test_mean"]
+        rows.append({"steps": steps, "tokens": steps * TOKENS_PER_STEP, "phase": phase, **arms,
+                     "geo_minus_pre": margin, "in_spreads": in_spreads(margin, arms["pre"], arms["geo"]),
+                     "margin_spread": _difference_spread(arms["pre"], arms["geo"])})  # fmt: skip
+    return rows
+
+
+def _difference_spread(pre: dict[str, Any], geo: dict[str, Any]) -> float | None:
+    """The standard error of a difference of two means over seeds (None with one seed on either side)."""
+    if pre["test_spread"] is None or geo["test_spread"] is None:
+        return None
+    return (pre["test_spread"] ** 2 / pre["seeds"] + geo["test_spread"] ** 2 / geo["seeds"]) ** 0.5
+
+
+def length_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """GeoNorm's margin on test against the tokens trained, with the standard error of the difference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    tokens = [row["tokens"] / 1e6 for row in rows]
+    errors = [row["margin_spread"] or 0.0 for row in rows]
+    axis.errorbar(tokens, [row["geo_minus_pre"] for row in rows], yerr=errors, marker="o", capsize=4)
+    axis.axhline(0.0, color="grey", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xticks(tokens, [f"{t:.1f}M" for t in tokens])
+    axis.set_xlabel("tokens trained (GPT-2 4 x 128, study corpus)")
+    axis.set_ylabel("test loss: GeoNorm − Pre-Norm (nats)")
+    axis.set_title("GeoNorm's margin against training length (each arm at its best rate)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+G_PHASES = {"g_width_64": "GPT-2 4 x 64", "h_styles": "GPT-2 4 x 128 (phase h)", "g_width_256": "GPT-2 4 x 256",
+            "g_depth_2": "GPT-2 2 x 128", "g_depth_8": "GPT-2 8 x 128", "g_llama_64": "LLaMA 4 x 64",
+            "g_llama_128": "LLaMA 4 x 128", "g_llama_256": "LLaMA 4 x 256"}  # fmt: skip
+
+
+def shape_rows(results: Path) -> list[dict[str, Any]]:
+    """Phase g (and phase h's GPT-2 4 x 128): each arm's best rate and test loss per shape."""
+    rows = []
+    for phase, what in G_PHASES.items():
+        runs = runs_of(results / phase)
+        arms = {style: arm_at_best(runs, style) for style in ("pre", "geo")}
+        if None not in arms.values():
+            rows.append({"phase": phase, "what": what, **arms})
+    return rows
+
+
+def reruns(results: Path) -> dict[str, Any]:
+    """Runs of the same cell (options, settings, rate, seed) in two journals, trained at different commits: the
+    largest difference of their validation and test losses, which bounds how far phases of different sessions
+    are comparable."""
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    pairs = []
+    for folder in sorted(p for p in results.iterdir() if (p / "runs.jsonl").is_file()):
+        header, runs = read_journal(folder / "runs.jsonl")
+        for run in runs:
+            if run["val_loss"] is None:
+                continue
+            key = json.dumps([header["train_options"], run["settings"], run["lr"], run["seed"]], sort_keys=True)
+            if key in seen and seen[key][0] != folder.name:
+                earlier_phase, earlier = seen[key]
+                difference = max(abs(earlier[k] - run[k]) for k in ("val_loss", "test_loss"))
+                pairs.append({"runs": [f"{earlier_phase}/{earlier['run']}", f"{folder.name}/{run['run']}"],
+                              "largest_difference": difference})  # fmt: skip
+            seen.setdefault(key, (folder.name, run))
+    return {"pairs": pairs, "largest": max((p["largest_difference"] for p in pairs), default=None)}
+
+
+def study_page(styles: dict[str, Any] | None, lengths: list[dict[str, Any]], shapes: list[dict[str, Any]]) -> str:
+    """The sections of the phases on the study corpus (h, f, g)."""
+    corpus = json.loads(STUDY_CORPUS.read_text(encoding="utf-8")) if STUDY_CORPUS.is_file() else None
+    lines = ["", "# On the study corpus (phases h, f, g)", ""]
+    if corpus:
+        tokens = corpus["tokens"]
+        lines += [
+            f"The study corpus ([study_corpus.json](../study_corpus.json), `benchmarks/study_corpus.py`): the Python "
+            f"source of {', '.join(f'{k} {v}' for k, v in corpus['packages'].items())}, {corpus['files']:,} files, "
+            f"{corpus['bytes'] / 1e6:.0f} MB, sha256 {corpus['sha256'][:12]}…; {tokens['train_tokens']:,} training "
+            f"tokens (the tokenizer, trained on the fly, read training documents only); validation "
+            f"{tokens['val_documents']} documents, {tokens['val_tokens']:,} tokens; test {tokens['test_documents']} "
+            f"documents, {tokens['test_tokens']:,} tokens ({tokens['val_blocks']} blocks of 128 each). The longest run "
+            f"trains on {max(LENGTH_PHASES) * TOKENS_PER_STEP:,} tokens: no token is trained on twice. Warm-up is a "
+            "tenth of each run; only the peak rate is tuned (warm-up, clipping, decay and weight decay are the same "
+            "for every arm).",
+        ]
+    if styles:
+        lines += [
+            "",
+            "## The five norm styles ([h_styles](h_styles/sweep.md), GPT-2 4 x 128, 300 steps)",
+            "",
+            "Each style tuned as phase a tuned two: six rates a factor 2 apart from 1e-3, the grid extended at an "
+            "edge, chosen on seed 0's validation, then seeds 0-2 at the best. Negative: lower than Pre-Norm.",
+            "",
+            "| style | rates swept | best rate | test loss | − Pre-Norm | spreads |",
+            "|---|---|---|---|---|---|",
+        ]
+        for style, arm in styles.items():
+            if arm["every_rate_diverged"]:
+                rates = ", ".join(arm["rates"])
+                lines.append(f"| {STYLE_NAMES[style]} | {rates} | diverged at every rate | – | – | – |")
+                continue
+            minus = "–" if "minus_pre" not in arm or style == "pre" else f"{arm['minus_pre']:+.3f}"
+            spreads = "–" if arm.get("in_spreads") is None or style == "pre" else f"{arm['in_spreads']:.1f}"
+            lines.append(
+                f"| {STYLE_NAMES[style]} | {', '.join(arm['rates'])} | {rate_text(arm['lr'])} | {arm_test_loss(arm)} "
+                f"| {minus} | {spreads} |"
+            )
+    if lengths:
+        lines += [
+            "",
+            "## Length (phase f: GPT-2 4 x 128; 300 steps is phase h)",
+            "",
+            "Each arm tuned at each length on a factor-2 grid around its best at the length before (extended while "
+            "the best is at an edge, chosen on seed 0), then seeded at its best. ± on the margin: the standard error "
+            "of the difference of the two means.",
+            "",
+            "| steps | tokens | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm "
+            "| spreads |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in lengths:
+            pre, geo = row["pre"], row["geo"]
+            error = "" if row["margin_spread"] is None else f" ± {row['margin_spread']:.3f}"
+            spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
+            lines.append(
+                f"| [{row['steps']}]({row['phase']}/sweep.md) | {row['tokens'] / 1e6:.1f}M | {rate_text(pre['lr'])} "
+                f"| {arm_test_loss(pre)} | {rate_text(geo['lr'])} | {arm_test_loss(geo)} | "
+                f"{row['geo_minus_pre']:+.3f}{error} | {spreads} |"
+            )
+        lines += ["", "![margin against length](length.png)"]
+    if shapes:
+        lines += [
+            "",
+            "## Width and depth (phase g, 300 steps)",
+            "",
+            "Each arm's best rate per shape (chosen on seed 0's validation on a factor-2 grid around its phase-h "
+            "rate, extended at an edge), and its test loss there.",
+            "",
+            "| shape | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in shapes:
+            pre, geo = row["pre"], row["geo"]
+            finite = None not in (pre["test_mean"], geo["test_mean"])
+            margin = f"{geo['test_mean'] - pre['test_mean']:+.3f}" if finite else "–"
+            lines.append(
+                f"| [{row['what']}]({row['phase']}/sweep.md) | {rate_text(pre['lr'])} | {arm_test_loss(pre)} | "
+                f"{rate_text(geo['lr'])} | {arm_test_loss(geo)} | {margin} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -190,8 +401,14 @@ def main() -> None:
     rows = [row for phase in PHASES if (row := compare(args.results, phase)) is not None]
     alphas = alpha_grid(args.results)
     checks = [row for phase in ALPHA_CHECKS if (row := alpha_check(args.results, phase)) is not None]
-    (args.results / "study.md").write_text(page(rows, alphas, checks), encoding="utf-8")
-    payload = {"phases": rows, "alpha": alphas, "alpha_checks": checks}
+    styles, lengths, shapes = styles_table(args.results), length_rows(args.results), shape_rows(args.results)
+    again = reruns(args.results)
+    text = page(rows, alphas, checks, again) + study_page(styles, lengths, shapes)
+    (args.results / "study.md").write_text(text, encoding="utf-8")
+    if lengths:
+        length_plot(lengths, args.results / "length.png")
+    payload = {"phases": rows, "alpha": alphas, "alpha_checks": checks, "styles": styles, "lengths": lengths,
+               "shapes": shapes, "reruns": again}  # fmt: skip
     (args.results / "study.json").write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {args.results / 'study.md'}")
 
