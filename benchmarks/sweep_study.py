@@ -7,14 +7,14 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
   library's source; Pre-Norm and GeoNorm (library defaults) at six rates a factor 2 apart (1e-3 to 32e-3), the grid
   extended (twice at most) while an arm's best rate is at its edge; then seeds 0-2 at each arm's best rate.
 - ``b_fortunes``: prose (Debian's ``fortunes``): each arm at half, once and twice its phase-a rate, then seeds 0-2
-  at the best of these. ``b_gcide``: a dictionary (``dict-gcide``), held out from every choice: the same three
+  at the best of these. ``b_gcide``: a dictionary (``dict-gcide``) whose validation chooses nothing here: the same three
   rates for the curve, and seeds 0-2 at the rates chosen on fortunes.
 - ``c_depth``: GPT-2 at 24 layers, width 64: five rates per arm (2e-3 to 32e-3, extended at an edge), then seeds
   0-2 at each best.
 - ``d_alpha``: geo_alpha 0.25, 0.5, 1 x four rates around GeoNorm's phase-a rate (half to four times).
 - ``e_alpha_*``: the check phase d calls for when an alpha other than the default wins there: the default (0.5)
   and phase d's winner, each at its own phase-d rate, seeds 0-2, on the standard library (``e_alpha_stdlib``) and
-  on the dictionary held out from every choice (``e_alpha_gcide``); at 24 layers x 64 (``e_alpha_depth``) each
+  on the dictionary whose validation chooses nothing (``e_alpha_gcide``); at 24 layers x 64 (``e_alpha_depth``) each
   alpha at half, once and twice GeoNorm's phase-c rate (extended twice at most while its best is at an edge), then
   seeds 0-2 at its best.
 - ``h_styles``, ``f_length_*``, ``g_*``: on the study corpus (``benchmarks/study_corpus.py``: 32M tokens of the
@@ -126,7 +126,7 @@ def corpus_files(folder: Path) -> dict[str, Path]:
 
 
 def phase_b(results: Path, cache: str, phase_a_best: dict[str, float]) -> None:
-    """Prose (chosen on its validation) and a dictionary held out from every choice."""
+    """Prose (chosen on its validation) and a dictionary whose validation chooses nothing."""
     files = corpus_files(results / "corpora")
     around = {style: [lr / 2, lr, lr * 2] for style, lr in phase_a_best.items()}
     folder = results / "b_fortunes"

@@ -2,7 +2,7 @@
 journals (``runs.jsonl``, written by ``hf-geonorm sweep``'s library function in ``benchmarks/sweep_study.py``).
 
 - Every phase with both arms: each arm at its own best rate (chosen on that phase's validation; on ``b_gcide`` the
-  rates chosen on fortunes, since the dictionary is held out from every choice), test loss over its seeds, and
+  rates chosen on fortunes, since the dictionary's validation chooses nothing), test loss over its seeds, and
   GeoNorm's difference against the larger seed spread.
 - The best rates by shape (phase a's 4 layers x width 128 against phase c's 24 x 64): the data for a rate rule.
 - Alpha and rate together (phase d): validation loss per alpha at each rate, each alpha's best rate.
