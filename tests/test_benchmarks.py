@@ -72,3 +72,31 @@ def test_data_pipeline_marks_every_target_and_resumes_from_its_journal(tmp_path,
     monkeypatch.setattr(bench, "measure", measured_again)
     bench.main(args)
     assert json.loads((tmp_path / "out" / "data_pipeline.json").read_text())["measurements"] == runs
+
+
+def test_rate_rule_recovers_a_known_rule_and_borrows_what_the_cells_cannot_fix(monkeypatch):
+    """benchmarks/rate_rule.py on cells drawn from rules written out here (phase g's layout): GPT-2's exponents are
+    recovered, LLaMA (one depth) borrows GPT-2's depth exponent, a style seen at one shape borrows Pre-Norm's, and
+    every cell left out is predicted exactly."""
+    bench = load(BENCHMARKS / "rate_rule.py", monkeypatch)
+    truth = {("gpt2", "pre"): (0.5, -1.0, -0.5), ("gpt2", "geo"): (0.2, -0.5, 0.25),
+             ("llama", "pre"): (0.1, -0.75, -0.5)}  # fmt: skip
+    cells = []
+    for phase, (arch, layers, width) in bench.SHAPES.items():
+        for (rule_arch, style), (c, a, b) in truth.items():
+            if rule_arch == arch:
+                cells.append({"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width,
+                              "lr": c * width**a * layers**b})  # fmt: skip
+    cells.append({"phase": "h_styles", "arch": "gpt2", "style": "post", "layers": 4, "width": 128, "lr": 1e-3})
+    record = bench.report(cells, [])
+    for (arch, style), (c, a, b) in truth.items():
+        rule = record["rules"][arch][style]
+        assert rule["c"] == pytest.approx(c, rel=1e-6) and rule["a"] == pytest.approx(a, abs=1e-6)
+        assert rule["b"] == pytest.approx(b if arch == "gpt2" else -0.5, abs=1e-6)  # LLaMA: GPT-2 pre's b
+    assert record["rules"]["llama"]["pre"]["borrowed"] == ["b"]
+    post = record["rules"]["gpt2"]["post"]
+    assert (post["a"], post["b"], post["borrowed"]) == (pytest.approx(-1.0), pytest.approx(-0.5), ["a", "b"])
+    assert post["c"] * 128**-1.0 * 4**-0.5 == pytest.approx(1e-3)
+    loo = [row for row in record["leave_one_out"] if row["style"] != "post"]
+    assert loo and all(row["ratio"] == pytest.approx(1.0, rel=1e-6) for row in loo)
+    assert record["gpt3_125m"]["pre_rule"] == pytest.approx(0.5 * 768**-1.0 * 12**-0.5)

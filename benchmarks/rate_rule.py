@@ -1,0 +1,153 @@
+"""The learning-rate rule: each arm's best rate in the study's phases on the study corpus (h: GPT-2 4 x 128, all five
+styles; g: GPT-2 at widths 64 and 256 and depths 2 and 8, LLaMA at widths 64-256), fit per norm style and
+architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
+
+- An architecture whose cells do not vary depth (LLaMA) borrows GPT-2's depth exponent for the same style; a style
+  measured at one shape only (post, sandwich, deepnorm: phase h) borrows Pre-Norm's exponents for its architecture
+  and fits its own ``c``.
+- Each cell is also predicted by the rule fit without it (leave one out): the ratio of prediction to measurement
+  says how far the rule can be trusted between and beyond the cells.
+- Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at.
+
+A best rate at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and
+left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``; trains nothing:
+
+    python benchmarks/rate_rule.py [--results benchmarks/results/sweeps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_geonorm.training.sweep import read_journal
+from hf_geonorm.training.sweep_report import at_edge, best_rates, rate_text
+
+RESULTS = Path(__file__).parent / "results"
+# phase: (architecture, layers, width)
+SHAPES = {"h_styles": ("gpt2", 4, 128), "g_width_64": ("gpt2", 4, 64), "g_width_256": ("gpt2", 4, 256),
+          "g_depth_2": ("gpt2", 2, 128), "g_depth_8": ("gpt2", 8, 128), "g_llama_64": ("llama", 4, 64),
+          "g_llama_128": ("llama", 4, 128), "g_llama_256": ("llama", 4, 256)}  # fmt: skip
+GPT3_125M = {"layers": 12, "width": 768, "lr": 6e-4}  # GPT-3's 125M model (Brown et al., 2020, table 2.1)
+
+
+def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each style's best rate (chosen on validation) in each phase that has run: the cells, and those left out
+    because the best is at an edge of the grid."""
+    cells, edges = [], []
+    for phase, (arch, layers, width) in SHAPES.items():
+        path = sweeps / phase / "runs.jsonl"
+        if not path.is_file():
+            continue
+        runs = [r for r in read_journal(path)[1] if r["alpha"] is None and r["seed"] == 0]
+        edge = at_edge(runs)
+        for style, lr in best_rates(runs).items():
+            cell = {"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width, "lr": lr}
+            (edges if style in edge else cells).append(cell)
+    return cells, edges
+
+
+def fit(cells: list[dict[str, Any]], borrowed: dict[str, float] | None = None) -> dict[str, float]:
+    """``c``, ``a`` (width) and ``b`` (depth) of ``log lr = log c + a log width + b log depth`` over ``cells``; an
+    exponent the cells cannot determine (one width, or one depth) is taken from ``borrowed`` (else 0)."""
+    borrowed = borrowed or {}
+    free = [name for name, key in (("a", "width"), ("b", "layers")) if len({c[key] for c in cells}) > 1]
+    fixed = {name: borrowed.get(name, 0.0) for name in ("a", "b") if name not in free}
+    target = np.array([math.log(c["lr"]) - fixed.get("a", 0.0) * math.log(c["width"])
+                       - fixed.get("b", 0.0) * math.log(c["layers"]) for c in cells])  # fmt: skip
+    columns = [np.ones(len(cells))] + [np.log([c["width" if n == "a" else "layers"] for c in cells]) for n in free]
+    solution = np.linalg.lstsq(np.stack(columns, axis=1), target, rcond=None)[0]
+    values = {"c": math.exp(solution[0]), **dict(zip(free, map(float, solution[1:]), strict=True)), **fixed}
+    return {"c": values["c"], "a": values["a"], "b": values["b"], "borrowed": sorted(fixed)}
+
+
+def fit_rules(cells: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """A rule per architecture and style: GPT-2 first (its depth exponents are borrowed by an architecture measured
+    at one depth), Pre-Norm first within each (its exponents are borrowed by a style measured at one shape)."""
+    rules: dict[str, dict[str, dict[str, float]]] = {}
+    archs = sorted({c["arch"] for c in cells}, key=lambda a: a != "gpt2")
+    for arch in archs:
+        styles = sorted({c["style"] for c in cells if c["arch"] == arch}, key=lambda s: s != "pre")
+        for style in styles:
+            own = [c for c in cells if c["arch"] == arch and c["style"] == style]
+            donors = [rules.get("gpt2", {}).get(style), rules.get(arch, {}).get("pre")]
+            borrowed = next((d for d in donors if d is not None), None)
+            rules.setdefault(arch, {})[style] = fit(own, borrowed)
+    return rules
+
+
+def rate(rule: dict[str, float], width: int, layers: int) -> float:
+    return rule["c"] * width ** rule["a"] * layers ** rule["b"]
+
+
+def leave_one_out(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each cell predicted by the rules fit on the other cells: predicted over measured (1: exact)."""
+    rows = []
+    for index, cell in enumerate(cells):
+        rules = fit_rules(cells[:index] + cells[index + 1 :])
+        rule = rules.get(cell["arch"], {}).get(cell["style"])
+        if rule is None:
+            continue
+        predicted = rate(rule, cell["width"], cell["layers"])
+        rows.append({**cell, "predicted": predicted, "ratio": predicted / cell["lr"]})
+    return rows
+
+
+def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
+    rules = fit_rules(cells)
+    held_out = leave_one_out(cells)
+    record: dict[str, Any] = {"cells": cells, "left_out_at_edge": edges, "rules": rules, "leave_one_out": held_out}
+    if "pre" in rules.get("gpt2", {}):
+        predicted = rate(rules["gpt2"]["pre"], GPT3_125M["width"], GPT3_125M["layers"])
+        record["gpt3_125m"] = {**GPT3_125M, "pre_rule": predicted, "ratio": predicted / GPT3_125M["lr"]}
+    return record
+
+
+def page(record: dict[str, Any]) -> str:
+    lines = [
+        "# The learning-rate rule",
+        "",
+        "Written by `benchmarks/rate_rule.py` from the study's journals (phases h and g, seed 0's validation): "
+        "`lr* = c * width^a * depth^b` per architecture and style, fit in log space.",
+        "",
+        "| architecture | style | c | a (width) | b (depth) | borrowed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arch, styles in record["rules"].items():
+        for style, rule in styles.items():
+            lines.append(f"| {arch} | {style} | {rule['c']:.4g} | {rule['a']:+.3f} | {rule['b']:+.3f} | "
+                         f"{', '.join(rule['borrowed']) or '–'} |")  # fmt: skip
+    lines += ["", "| cell | style | measured | predicted without it | ratio |", "|---|---|---|---|---|"]
+    for row in record["leave_one_out"]:
+        lines.append(f"| {row['arch']} {row['layers']} x {row['width']} | {row['style']} | {rate_text(row['lr'])} | "
+                     f"{row['predicted']:.2e} | {row['ratio']:.2f} |")  # fmt: skip
+    if record["left_out_at_edge"]:
+        edges = ", ".join(f"{c['phase']} {c['style']} ({rate_text(c['lr'])})" for c in record["left_out_at_edge"])
+        lines += ["", f"Left out, the best at an edge of its grid: {edges}."]
+    if "gpt3_125m" in record:
+        check = record["gpt3_125m"]
+        lines += ["", f"Pre-Norm's rule at GPT-3's 125M shape (12 x 768): {check['pre_rule']:.2e}, against the "
+                  f"{check['lr']:g} GPT-3 trained it at ({check['ratio']:.2f}x)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS / "sweeps")
+    args = parser.parse_args()
+    cells, edges = measured_cells(args.results)
+    if not cells:
+        raise SystemExit(f"no phase h or g journal under {args.results}: run benchmarks/sweep_study.py first")
+    record = report(cells, edges)
+    (RESULTS / "rate_rule.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    (RESULTS / "rate_rule.md").write_text(page(record), encoding="utf-8")
+    print(page(record))
+
+
+if __name__ == "__main__":
+    main()
