@@ -171,7 +171,7 @@ def preparation(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["tokenizer"] is not None:
         tokenizer = fast_tokenizer(spec["tokenizer"])
     else:
-        tokenizer = corpus_tokenizer(corpus, corpus.all_documents(), VOCAB, cache, True, log=lambda line: None)
+        tokenizer = corpus_tokenizer(corpus, VOCAB, cache, True, log=lambda line: None)
     ready = time.perf_counter()
     prepared = prepare_blocks(corpus, tokenizer, SEQ_LEN, cache, EVAL_BLOCKS, spec["workers"])
     end = time.perf_counter()

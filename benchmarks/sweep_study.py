@@ -222,10 +222,10 @@ def study_options(cache: str, steps: int = STEPS, **changes: object) -> TrainOpt
 
 def phase_h(results: Path, cache: str) -> dict[str, float]:
     """The paper's table: the five norm styles on the study corpus at 300 steps, each tuned as phase a tuned
-    Pre-Norm and GeoNorm (six rates a factor 2 apart, extended twice at most at an edge, chosen on seed 0), then
-    seeds 0-2 at each best rate. Its pre and geo arms are phase f's shortest length."""
+    Pre-Norm and GeoNorm (six rates a factor 2 apart, extended at an edge, here four times at most, chosen on seed
+    0), then seeds 0-2 at each best rate. Its pre and geo arms are phase f's shortest length."""
     folder, train = results / "h_styles", study_options(cache)
-    best = {style: tuned(folder, train, style, [1e-3 * 2**i for i in range(6)]) for style in STYLES}
+    best = {style: tuned(folder, train, style, [1e-3 * 2**i for i in range(6)], extend=4) for style in STYLES}
     seeded(folder, train, best)
     return best
 
@@ -234,7 +234,9 @@ def phase_f(results: Path, cache: str, lengths: tuple[int, ...], seeds: dict[int
     """Length: GPT-2 4 x 128 on the study corpus at each of ``lengths`` steps (beyond phase h's 300), each arm
     tuned on a factor-2 grid around its best rate at the length before (extended while its best is at an edge,
     chosen on seed 0), then ``seeds[length]`` at its best."""
-    previous = {style: lr for style, lr in best_rates(runs_of(results / "h_styles")).items() if style in ARMS}
+    shorter = [s for s in (300, *LENGTHS) if s < min(lengths)]
+    before = results / ("h_styles" if shorter[-1] == 300 else f"f_length_{shorter[-1]}")
+    previous = {style: lr for style, lr in best_rates(runs_of(before)).items() if style in ARMS}
     for steps in lengths:
         folder, train = results / f"f_length_{steps}", study_options(cache, steps)
         best = {s: tuned(folder, train, s, [lr / 2, lr, lr * 2], extend=3) for s, lr in previous.items()}

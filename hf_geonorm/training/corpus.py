@@ -107,6 +107,26 @@ class Corpus:
         for shard in range(len(self.shards)):
             yield from self.documents(shard)
 
+    def tokenizer_sample(self, chars: int) -> tuple[list[str], bool]:
+        """The first training documents up to ``chars`` characters, and whether that is all of them. Every document
+        that validation or test may hold out (``may_be_held_out``) is left out, so that a tokenizer trained on the
+        sample learns nothing of the text the runs are judged on (a string frequent there only never becomes a
+        token). Which document is the test one in a corpus of fewer than ``VAL_EVERY`` depends on their count, so
+        the documents are counted up to ``VAL_EVERY`` even past the sample."""
+        taken: list[tuple[int, str]] = []
+        total, count, complete = 0, 0, True
+        for number, doc in enumerate(self.all_documents()):
+            count = number + 1
+            if total >= chars:
+                complete = False
+                if count > VAL_EVERY:
+                    break
+                continue
+            if number % VAL_EVERY not in (0, VAL_EVERY // 2):
+                taken.append((number, doc))
+                total += len(doc)
+        return [doc for number, doc in taken if not may_be_held_out(number, count)], complete
+
 
 def resolve_corpus(data: str | None, column: str = "text", hub: HubSource | None = None) -> Corpus:
     """The corpus ``data`` names: ``None`` (the standard library's source), a text, JSON lines or parquet file, a
@@ -390,3 +410,20 @@ def _parquet_texts(path: Path, column: str) -> Iterator[str]:
     _check_parquet(path, column)
     for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1024):
         yield from (text for text in batch.column(0).to_pylist() if text)
+
+
+# One document in VAL_EVERY (in corpus order) is held out for validation and as many for test (pipeline.py).
+VAL_EVERY = 20
+
+
+def test_offset(documents: int) -> int:
+    """The first test document: the 10th, or the middle one of a corpus of fewer than ``VAL_EVERY`` documents."""
+    return min(VAL_EVERY // 2, documents // 2)
+
+
+def may_be_held_out(number: int, documents: int) -> bool:
+    """Whether document ``number`` of a corpus of ``documents`` may be a validation or test one, whatever the
+    tokenizer (how many of the candidates are taken depends on their token counts): every ``VAL_EVERY``-th from the
+    first and from the ``VAL_EVERY // 2``-th, and the test offset of a small corpus. ``documents`` need only be
+    known up to ``VAL_EVERY``: any larger count gives the same answer."""
+    return number % VAL_EVERY in (0, VAL_EVERY // 2) or number == test_offset(documents)

@@ -35,10 +35,9 @@ from torch.utils.data import Dataset
 
 from ..files.atomic import atomic_directory
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
-from .corpus import FORMAT, Corpus
+from .corpus import FORMAT, VAL_EVERY, Corpus, test_offset
 from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches
 
-VAL_EVERY = 20
 SPLITS = ("train", "val", "test")
 
 
@@ -57,19 +56,6 @@ def evaluated_blocks(count: int, limit: int) -> int:
     batch with repeated blocks, which would weigh them twice)."""
     count = min(count, limit)
     return count - count % 8 if count >= 8 else count
-
-
-def test_offset(documents: int) -> int:
-    """The first test document: the 10th, or the middle one of a corpus of fewer than ``VAL_EVERY`` documents."""
-    return min(VAL_EVERY // 2, documents // 2)
-
-
-def may_be_held_out(number: int, documents: int) -> bool:
-    """Whether document ``number`` of a corpus of ``documents`` may be a validation or test one, whatever the
-    tokenizer (how many of the candidates are taken depends on their token counts): every ``VAL_EVERY``-th from the
-    first and from the ``VAL_EVERY // 2``-th, and the test offset of a small corpus. ``documents`` need only be
-    known up to ``VAL_EVERY``: any larger count gives the same answer."""
-    return number % VAL_EVERY in (0, VAL_EVERY // 2) or number == test_offset(documents)
 
 
 class _HeldOut:

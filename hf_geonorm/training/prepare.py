@@ -49,7 +49,7 @@ def data_source(options: TrainOptions, log: Any) -> tuple[Corpus, Any, bool]:
     any tokenizing: a resumed run compares both with its checkpoint's first."""
     hub = HubSource(options.data or "", options.data_config, options.data_split, options.data_revision)
     corpus = resolve_corpus(options.data, options.text_column, hub)
-    tokenizer, from_model = training_tokenizer(options, corpus, corpus.all_documents(), builds_here(), log)
+    tokenizer, from_model = training_tokenizer(options, corpus, builds_here(), log)
     return corpus, tokenizer, from_model
 
 

@@ -32,7 +32,6 @@ from ..loading import (
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
 from .options import TrainOptions
-from .pipeline import VAL_EVERY, may_be_held_out
 
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 STANDARD_TOKENIZER_FIX = (
@@ -43,18 +42,16 @@ TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns f
 TOKENIZER_SAMPLE = "training documents only"  # keys the cache: tokenizers that also read held-out text are not reused
 
 
-def training_tokenizer(
-    options: TrainOptions, corpus: Corpus, documents: Iterable[str], builder: bool, log: Any
-) -> tuple[Any, bool]:
+def training_tokenizer(options: TrainOptions, corpus: Corpus, builder: bool, log: Any) -> tuple[Any, bool]:
     """The tokenizer the run trains with, and whether it is the ``--model`` folder's own (``model_tokenizer``):
-    else ``--tokenizer``'s, else one trained on ``documents`` (``corpus_tokenizer``); one without a padding token
+    else ``--tokenizer``'s, else one trained on the corpus (``corpus_tokenizer``); one without a padding token
     pads with its end-of-text token."""
     folder = model_tokenizer(options)
     if folder is not None or options.tokenizer is not None:
         tokenizer = tokenizer_from(folder or options.tokenizer)
     else:
         cache = Path(options.data_cache).expanduser()
-        tokenizer = corpus_tokenizer(corpus, documents, tokenizer_vocab(options), cache, builder, log)
+        tokenizer = corpus_tokenizer(corpus, tokenizer_vocab(options), cache, builder, log)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, folder is not None
@@ -166,35 +163,12 @@ def fast_tokenizer(tokenizer: Any) -> PreTrainedTokenizerFast:
     )
 
 
-def training_sample(documents: Iterable[str]) -> tuple[list[str], bool]:
-    """The first training documents of ``documents`` up to ``TOKENIZER_SAMPLE_CHARS`` characters, and whether that
-    is all of them. Every document that validation or test may hold out (``may_be_held_out``) is left out, so that
-    the tokenizer learns nothing of the text the runs are judged on (a string frequent there only never becomes a
-    token). Which document is the test one in a corpus of fewer than ``VAL_EVERY`` depends on their count, so the
-    documents are counted up to ``VAL_EVERY`` even past the sample."""
-    taken: list[tuple[int, str]] = []
-    chars, count, complete = 0, 0, True
-    for number, doc in enumerate(documents):
-        count = number + 1
-        if chars >= TOKENIZER_SAMPLE_CHARS:
-            complete = False
-            if count > VAL_EVERY:
-                break
-            continue
-        if number % VAL_EVERY not in (0, VAL_EVERY // 2):
-            taken.append((number, doc))
-            chars += len(doc)
-    return [doc for number, doc in taken if not may_be_held_out(number, count)], complete
-
-
-def corpus_tokenizer(
-    corpus: Corpus, documents: Iterable[str], vocab_size: int, cache: Path, builder: bool, log: Any
-) -> Any:
+def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any) -> Any:
     """A byte-level BPE tokenizer trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters (whole documents) of
-    the corpus's training documents (``training_sample``): training on all of a large corpus would take long and hold
-    it in memory, for little gain. Cached under ``cache`` by the data and the vocabulary, so that a second run (and
-    its cached blocks) finds the same one; only the ``builder`` (the first process of a machine) trains it, the
-    others wait for its file."""
+    the corpus's training documents (``Corpus.tokenizer_sample``): training on all of a large corpus would take long
+    and hold it in memory, for little gain. Cached under ``cache`` by the data and the vocabulary, so that a second
+    run (and its cached blocks) finds the same one; only the ``builder`` (the first process of a machine) trains it,
+    the others wait for its file."""
     check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS, TOKENIZER_SAMPLE]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
@@ -209,7 +183,7 @@ def corpus_tokenizer(
         else:
             log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
             return cached
-    sample, complete = training_sample(documents)
+    sample, complete = corpus.tokenizer_sample(TOKENIZER_SAMPLE_CHARS)
     chars = sum(map(len, sample))
     what = "all of its training documents" if complete else "a sample: the first of its training documents"
     log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
