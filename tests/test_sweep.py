@@ -89,7 +89,7 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     assert (output / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
     again = CliRunner().invoke(cli, sweep_args(corpus, output))
-    assert again.exit_code == 0 and "all 4 runs of the grid are in" in again.output and len(trained) == 4
+    assert again.exit_code == 0 and "all 4 runs of the sweep are in" in again.output and len(trained) == 4
 
     # one run's test loss, recomputed: its saved model on the test blocks, by a plain loop (not Trainer's)
     entry = entries[2]
