@@ -138,10 +138,6 @@ def swept_text(runs: list[dict[str, Any]], header: dict[str, Any]) -> list[str]:
         f"; validation holds {facts['val_documents']:,} documents ({facts['val_tokens']:,} tokens), test "
         f"{facts['test_documents']:,} ({facts['test_tokens']:,} tokens)")  # fmt: skip
     rates = sorted({entry["lr"] for entry in runs})
-    roles: dict[str, set[int]] = {}
-    for entry in runs:
-        roles.setdefault(entry.get("role", "grid"), set()).add(entry["seed"])
-    seeds = "; ".join(f"{role}: seed(s) {', '.join(map(str, sorted(found)))}" for role, found in roles.items())
     return [
         "## What was swept",
         "",
@@ -153,9 +149,25 @@ def swept_text(runs: list[dict[str, Any]], header: dict[str, Any]) -> list[str]:
         f"for test{held}",
         "- rates, as this report and the run folders write them (one digit before the point: 16e-3 is 1.6e-2): "
         + ", ".join(f"{rate_text(lr)} ({lr!r})" for lr in rates),
-        f"- runs: {seeds} (grid: every rate; extension: rates added beyond an edge; confirmation: the best rates)",
+        f"- {seeds_text(runs)}",
         "",
     ]
+
+
+def seeds_text(runs: list[dict[str, Any]]) -> str:
+    """Which seeds ran where: those of every rate, the others at the rates that ran them (the confirmation runs at
+    each arm's best), and the rates ``--extend`` added."""
+    table = cells(runs)
+    common = set.intersection(*(set(cell.seeds) for rates in table.values() for cell in rates.values()))
+    extra = [f"{arm} {rate_text(lr)}: {', '.join(map(str, sorted(set(cell.seeds) - common)))}"
+             for arm, rates in table.items() for lr, cell in rates.items() if set(cell.seeds) - common]  # fmt: skip
+    text = f"seeds: {', '.join(map(str, sorted(common))) or 'none'} at every rate"
+    if extra:
+        text += f"; more seeds at {'; '.join(extra)}"
+    extended = sorted({(arm_name(e), e["lr"]) for e in runs if e.get("role") == "extension"})
+    if extended:
+        text += f"; rates added beyond an edge (--extend): {', '.join(f'{a} {rate_text(lr)}' for a, lr in extended)}"
+    return text
 
 
 def sureness_text(table: dict[str, dict[float, Cell]], best: dict[str, float]) -> list[str]:
@@ -177,17 +189,19 @@ def sureness_text(table: dict[str, dict[float, Cell]], best: dict[str, float]) -
         gap = mean(second) - mean(first)
         spreads = [s for s in (mean_spread(rates[lr].val)[1] for lr in (first, second)) if s is not None]
         pair = f"{rate_text(first)} and {rate_text(second)}"
+        on = f"on validation (seed {', '.join(map(str, sorted(common)))}, which both ran)" if common else (
+            "on validation")  # fmt: skip
         if not math.isfinite(gap):
             continue
         if not spreads:
             notes.append(f"{arm}: one seed only, so no seed spread tells whether its two best rates ({pair}, "
-                         f"{gap:.4f} apart on validation) differ; --confirm-seeds 1,2 measures it")  # fmt: skip
+                         f"{gap:.4f} apart {on}) differ; --confirm-seeds 1,2 measures it")  # fmt: skip
         elif gap <= max(spreads):
-            notes.append(f"{arm}: a plateau: its two best rates ({pair}) are {gap:.4f} apart on validation, within "
+            notes.append(f"{arm}: a plateau: its two best rates ({pair}) are {gap:.4f} apart {on}, within "
                          f"the seed spread {max(spreads):.4f}; either is as good, and the choice between them is not "
                          "resolved")  # fmt: skip
         else:
-            notes.append(f"{arm}: its two best rates ({pair}) are {gap:.4f} apart on validation, beyond the seed "
+            notes.append(f"{arm}: its two best rates ({pair}) are {gap:.4f} apart {on}, beyond the seed "
                          f"spread {max(spreads):.4f}")  # fmt: skip
     return notes
 
