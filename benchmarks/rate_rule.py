@@ -10,7 +10,9 @@ architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
 - Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at.
 
 A best rate at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and
-left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``; trains nothing:
+left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``, and the rules with the widths
+and depths they were measured at to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its
+default learning rate (``hf_geonorm.training.options.pretraining_rate``); trains nothing:
 
     python benchmarks/rate_rule.py [--results benchmarks/results/sweeps]
 """
@@ -29,6 +31,7 @@ from hf_geonorm.training.sweep import read_journal
 from hf_geonorm.training.sweep_report import at_edge, best_rates, rate_text
 
 RESULTS = Path(__file__).parent / "results"
+LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rule.json"
 # phase: (architecture, layers, width)
 SHAPES = {"h_styles": ("gpt2", 4, 128), "g_width_64": ("gpt2", 4, 64), "g_width_256": ("gpt2", 4, 256),
           "g_depth_2": ("gpt2", 2, 128), "g_depth_8": ("gpt2", 8, 128), "g_llama_64": ("llama", 4, 64),
@@ -108,6 +111,19 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
     return record
 
 
+def library_rule(record: dict[str, Any]) -> dict[str, Any]:
+    """What ``train`` reads: each architecture's rules and the widths and depths its cells span (a rule used
+    outside them is an extrapolation, and ``train``'s log says so)."""
+    spans = {}
+    for arch in record["rules"]:
+        own = [c for c in record["cells"] if c["arch"] == arch]
+        spans[arch] = {"widths": sorted({c["width"] for c in own}), "depths": sorted({c["layers"] for c in own})}
+    return {"written_by": "benchmarks/rate_rule.py (from benchmarks/results/sweeps: phases h and g)",
+            "rules": {arch: {style: {k: rule[k] for k in ("c", "a", "b", "borrowed")} for style, rule in styles.items()}
+                      for arch, styles in record["rules"].items()},
+            "measured": spans}  # fmt: skip
+
+
 def page(record: dict[str, Any]) -> str:
     lines = [
         "# The learning-rate rule",
@@ -146,6 +162,7 @@ def main() -> None:
     record = report(cells, edges)
     (RESULTS / "rate_rule.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     (RESULTS / "rate_rule.md").write_text(page(record), encoding="utf-8")
+    LIBRARY_RULE.write_text(json.dumps(library_rule(record), indent=1) + "\n", encoding="utf-8")
     print(page(record))
 
 

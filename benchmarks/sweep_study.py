@@ -48,8 +48,8 @@ from hf_geonorm.training.sweep_report import arm_name, best_rates
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STEPS, WARMUP = 300, 30
-BASE = dict(preset="tiny", max_steps=STEPS, warmup_steps=WARMUP, batch_size=16, seq_len=128, eval_every=STEPS,
-            eval_blocks=256, logging_steps=50)  # fmt: skip
+BASE = dict(preset="tiny", max_steps=STEPS, warmup_steps=WARMUP, weight_decay=0.1, batch_size=16, seq_len=128,
+            eval_every=STEPS, eval_blocks=256, logging_steps=50)  # fmt: skip
 DEPTH = {"num_hidden_layers": 24, "hidden_size": 64, "num_attention_heads": 4}
 SEEDS = (0, 1, 2)
 ARMS = ("pre", "geo")

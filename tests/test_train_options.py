@@ -17,7 +17,7 @@ from hf_geonorm_cli.main import cli
 from hf_geonorm.training import options as declared
 from hf_geonorm.training import trainer as trainer_module
 from hf_geonorm.training.model import with_learning_rate
-from hf_geonorm.training.options import FINE_TUNING_LR, PRETRAINING_LR, SweepOptions, TrainOptions
+from hf_geonorm.training.options import FINE_TUNING_LR, SweepOptions, TrainOptions
 
 CLI = Path(cli_options.__file__).parent
 
@@ -73,56 +73,107 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
 
 
-def test_the_default_rates_are_the_best_of_the_committed_sweep_of_trains_default_model():
-    """The defaults follow the evidence: each style's best rate in the study's journal, chosen on validation."""
+def test_the_library_rule_is_the_one_the_committed_journals_give():
+    """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py fits from the committed journals today,
+    and the rule predicts each measured cell's best rate (the lowest seed-0 validation loss, written out here) to
+    within the grid's factor 2."""
+    import importlib.util
+
     from hf_geonorm.training.sweep import read_journal
-    from hf_geonorm.training.sweep_report import best_rates
 
-    journal = Path(__file__).parent.parent / "benchmarks" / "results" / "sweeps" / "a_gpt2" / "runs.jsonl"
-    header, runs = read_journal(journal)
-    shape = header["train_options"]
-    assert (shape["arch"], shape["preset"], shape["model"], shape["settings"]) == ("gpt2", "tiny", None, {})
-    assert (shape["seq_len"], shape["batch_size"]) == (TrainOptions().seq_len, TrainOptions().batch_size)
-    by_validation = {}
-    for style in PRETRAINING_LR:  # written out: the lowest seed-0 validation loss of each style
-        seed0 = [r for r in runs if r["style"] == style and r["seed"] == 0]
-        by_validation[style] = min(seed0, key=lambda r: r["val_loss"])["lr"]
-    assert PRETRAINING_LR == by_validation == best_rates(runs)
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("rate_rule", root / "benchmarks" / "rate_rule.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cells, edges = bench.measured_cells(root / "benchmarks" / "results" / "sweeps")
+    assert json.loads(declared.RATE_RULE.read_text()) == json.loads(
+        json.dumps(bench.library_rule(bench.report(cells, edges)))
+    )
+    edge = {(c["phase"], c["style"]) for c in edges}
+    checked = 0
+    for phase, (arch, layers, width) in bench.SHAPES.items():
+        journal = root / "benchmarks" / "results" / "sweeps" / phase / "runs.jsonl"
+        if not journal.is_file():
+            continue
+        runs = [r for r in read_journal(journal)[1] if r["seed"] == 0 and r["alpha"] is None]
+        for style in {r["style"] for r in runs}:
+            if (phase, style) in edge:
+                continue
+            best = min((r for r in runs if r["style"] == style), key=lambda r: r["val_loss"])["lr"]
+            lr, _ = declared.pretraining_rate(arch, style, width, layers)
+            assert best / 2 <= lr <= best * 2, (phase, style, lr, best)
+            checked += 1
+    assert checked >= 5  # phase h's five styles at least
 
 
-def test_the_default_learning_rate_follows_the_norm_style_and_fine_tuning(tmp_path):
+@pytest.mark.parametrize(("arch", "preset", "width", "depth"),
+                         [("gpt2", "tiny", 128, 4), ("gpt2", "125m", 768, 12), ("llama", "tiny", 128, 4)])  # fmt: skip
+@pytest.mark.parametrize("style", ["pre", "geo"])
+def test_the_default_rate_of_a_from_scratch_model_is_the_rule_at_its_shape(arch, preset, width, depth, style):
+    """The rule read from the one place it lives, written out here as c * width^a * depth^b (GPT-2's for an
+    architecture the rule does not hold), at the shapes of the presets as built."""
+    from hf_geonorm.training.presets import PRESETS
+
+    table = json.loads(declared.RATE_RULE.read_text())
+    rule = table["rules"].get(arch, table["rules"]["gpt2"])[style]
+    expected = float(f"{rule['c'] * width ** rule['a'] * depth ** rule['b']:.2g}")
+    assert (PRESETS[preset]["hidden_size"], PRESETS[preset]["num_hidden_layers"]) == (width, depth)
+
+    class Config:  # what with_learning_rate reads of a GeoNorm config
+        model_type, norm_style, hidden_size, num_hidden_layers = f"geonorm_{arch}", style, width, depth
+
+    options, lines = with_learning_rate(TrainOptions(), Config())
+    assert options.lr == expected
+    assert f"learning rate {expected:g}, the default for training from scratch: {style}'s rate rule" in lines[0]
+    assert ("extrapolated" in lines[0]) == (
+        width > max(table["measured"].get(arch, table["measured"]["gpt2"])["widths"])
+    )
+    assert (options.weight_decay, options.warmup_steps) == (0.1, 30)
+
+
+def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(tmp_path):
     class Config:
-        norm_style = "geo"
+        norm_style, model_type, hidden_size, num_hidden_layers = "sandwich", "gpt2", 128, 4
 
-    options, why = with_learning_rate(TrainOptions(), Config())
-    assert options.lr == PRETRAINING_LR["geo"] and "from scratch, norm_style geo" in why
-    Config.norm_style = "pre"
-    assert with_learning_rate(TrainOptions(), Config())[0].lr == PRETRAINING_LR["pre"]
-    Config.norm_style = "sandwich"  # not measured: Pre-Norm's rate, and the line says so
-    options, why = with_learning_rate(TrainOptions(), Config())
-    assert options.lr == PRETRAINING_LR["pre"] and "not measured" in why
-    assert with_learning_rate(TrainOptions(lr=5e-3), Config()) == (TrainOptions(lr=5e-3), None)
+    options, lines = with_learning_rate(TrainOptions(), Config())
+    assert "sandwich's rate rule" in lines[0] or "sandwich not measured" in lines[0]
+    assert with_learning_rate(TrainOptions(lr=5e-3, weight_decay=0.1, warmup_steps=3), Config()) == (
+        TrainOptions(lr=5e-3, weight_decay=0.1, warmup_steps=3),
+        [],
+    )
     # a folder with trained weights is fine-tuned: one real run from `train`'s own final model
     first, second = tmp_path / "first", tmp_path / "second"
-    small = ["--max-steps", "1", "--eval-every", "1", "--seq-len", "32", "--batch-size", "2", "--warmup-steps", "0",
-             "--max-tokens", "20000", "--eval-blocks", "8"]  # fmt: skip
-    result = CliRunner().invoke(cli, ["train", *small, "--vocab-size", "300", "--norm-style", "pre",
-                                      "--output", str(first)])  # fmt: skip
+    small = ["--eval-every", "4", "--seq-len", "32", "--batch-size", "2", "--max-tokens", "20000", "--eval-blocks", "8"]
+    result = CliRunner().invoke(cli, ["train", *small, "--max-steps", "1", "--warmup-steps", "0", "--vocab-size", "300",
+                                      "--norm-style", "pre", "--output", str(first)])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert f"learning rate {PRETRAINING_LR['pre']:g}, the default for training from scratch" in result.output
-    assert json.loads((first / "metrics.json").read_text())["options"]["lr"] == PRETRAINING_LR["pre"]
-    result = CliRunner().invoke(cli, ["train", *small, "--model", str(first / "final"), "--norm-style", "geo",
-                                      "--bridge", "0", "--output", str(second)])  # fmt: skip
+    assert "the default for training from scratch: pre's rate rule" in result.output
+    # fewer steps (4) than train's pretraining warm-up (30): the warm-up is a tenth of them, and the peak is reached
+    result = CliRunner().invoke(cli, ["train", *small, "--max-steps", "4", "--logging-steps", "1",
+                                      "--model", str(first / "final"),
+                                      "--norm-style", "geo", "--bridge", "0", "--output", str(second)])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"learning rate {FINE_TUNING_LR:g}, the default for {first / 'final'} holds trained weights" in result.output
     assert "it computes exact Pre-Norm" in result.output and "--bridge-anneal" in result.output
     metrics = json.loads((second / "metrics.json").read_text())
-    assert metrics["options"]["lr"] == FINE_TUNING_LR
+    assert (metrics["options"]["lr"], metrics["options"]["weight_decay"]) == (FINE_TUNING_LR, 0.0)
+    assert metrics["options"]["warmup_steps"] == 0  # 4 // 10: the first step is at the peak
+    rates = [entry["learning_rate"] for entry in metrics["log_history"] if "learning_rate" in entry]
+    assert rates and max(rates) == pytest.approx(FINE_TUNING_LR)
     assert metrics["log_history"][0]["step"] == 0 and "eval_loss" in metrics["log_history"][0]  # where it started
     card = json.loads((second / "final" / "geonorm_card.json").read_text())["training"]
-    assert card["peak learning rate"].startswith(f"{FINE_TUNING_LR:g} ") and card["steps"] == "1"
+    assert card["peak learning rate"].startswith(f"{FINE_TUNING_LR:g} reached of --lr {FINE_TUNING_LR:g}")
+    assert card["weight decay"] == "0" and card["steps"] == "4"
     assert card["final validation loss"].startswith(f"{metrics['final_eval_loss']:.4f}")
     assert "## Training" in (second / "final" / "README.md").read_text()
+
+
+def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
+    from hf_geonorm.training.outputs import training_facts
+
+    options = TrainOptions(lr=1e-3, warmup_steps=30, max_steps=300, weight_decay=0.0)
+    facts = training_facts(options, "d", 20, 1.0, 1.0)  # stopped at step 20 of a 30-step warm-up: 20/30 of the peak
+    assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of --lr 0.001")
 
 
 def test_the_declaration_module_imports_only_the_standard_library():

@@ -145,4 +145,8 @@ def test_weight_decay_falls_on_the_weight_matrices_only(arch, tmp_path):
 
 def test_the_optimizer_defaults_are_the_recipe():
     """The command line passes only what was given (tests/test_train_options.py): these defaults are train's."""
-    assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio, TrainOptions().weight_decay) == (0.95, 0.1, 0.1)
+    from hf_geonorm.training.options import FINE_TUNING_WEIGHT_DECAY, PRETRAINING_WEIGHT_DECAY
+
+    assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio) == (0.95, 0.1)
+    # weight decay and warm-up depend on the run (with_learning_rate): 0.1 from scratch, 0 to fine-tune
+    assert (TrainOptions().weight_decay, PRETRAINING_WEIGHT_DECAY, FINE_TUNING_WEIGHT_DECAY) == (None, 0.1, 0.0)

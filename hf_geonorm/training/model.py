@@ -29,7 +29,15 @@ from ..loading import (
 from ..modeling.settings import GeoNormSettings
 from ..patching import config_class_for
 from ..sharing.folders import save_config_with_remote_code
-from .options import FINE_TUNING_LR, PRETRAINING_LR, OptionError, TrainOptions
+from .options import (
+    FINE_TUNING_LR,
+    FINE_TUNING_WEIGHT_DECAY,
+    PRETRAINING_WEIGHT_DECAY,
+    WARMUP_SHARE,
+    OptionError,
+    TrainOptions,
+    pretraining_rate,
+)
 from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
 from .tokenizer import folder_config, has_trained_weights
 
@@ -260,20 +268,33 @@ def write_scratch_config(
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 
 
-def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions, str | None]:
-    """``options`` with the peak learning rate the run uses, and a log line saying why when it is a default: a
-    ``--model`` folder with trained weights is fine-tuned at ``FINE_TUNING_LR``; a model trained from scratch
-    gets the rate measured best for its norm style (``PRETRAINING_LR``; Pre-Norm's for the styles not measured)."""
-    if options.lr is not None:
-        return options, None
-    if options.model is not None and has_trained_weights(options.model):
-        lr, why = FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
-    else:
-        style = getattr(config, "norm_style", "pre")
-        measured = style in PRETRAINING_LR
-        lr = PRETRAINING_LR[style if measured else "pre"]
-        why = f"training from scratch, norm_style {style}" + ("" if measured else " (Pre-Norm's rate: not measured)")
-    return replace(options, lr=lr), f"learning rate {lr:g}, the default for {why}; --lr sets another"
+def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions, list[str]]:
+    """``options`` with the defaults that depend on the model resolved, and a log line for each saying why: a
+    ``--model`` folder with trained weights is fine-tuned at ``FINE_TUNING_LR`` with ``FINE_TUNING_WEIGHT_DECAY``; a
+    model trained from scratch gets the rate rule's rate for its architecture, norm style, width and depth
+    (``pretraining_rate``) and ``PRETRAINING_WEIGHT_DECAY``. The warm-up is a ``WARMUP_SHARE``th of the steps, so
+    that a short fine-tune reaches its peak rate."""
+    changes: dict[str, Any] = {}
+    lines = []
+    fine_tuning = options.model is not None and has_trained_weights(options.model)
+    if options.lr is None:
+        if fine_tuning:
+            changes["lr"], why = FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
+        else:
+            style = getattr(config, "norm_style", "pre")
+            changes["lr"], rule = pretraining_rate(config.model_type.removeprefix("geonorm_"), style,
+                                                   config.hidden_size, config.num_hidden_layers)  # fmt: skip
+            why = f"training from scratch: {rule}; `hf-geonorm sweep` measures it on your data"
+        lines.append(f"learning rate {changes['lr']:g}, the default for {why}; --lr sets another")
+    if options.weight_decay is None:
+        changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
+        purpose = "to fine-tune trained weights" if fine_tuning else "from scratch"
+        lines.append(f"weight decay {changes['weight_decay']:g}, the default {purpose}; --weight-decay sets another")
+    if options.warmup_steps is None:
+        changes["warmup_steps"] = options.max_steps // WARMUP_SHARE
+        lines.append(f"warm-up {changes['warmup_steps']} steps, a {WARMUP_SHARE}th of --max-steps "
+                     f"{options.max_steps}; --warmup-steps sets another")  # fmt: skip
+    return replace(options, **changes), lines
 
 
 def what_it_computes(config: Any, options: TrainOptions) -> str:

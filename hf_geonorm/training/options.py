@@ -10,6 +10,7 @@ or built.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -25,12 +26,43 @@ DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
 BETA2 = 0.95
 MIN_LR_RATIO = 0.1
 
-# The default peak learning rate of a model trained from scratch, by norm style: each style's best rate, chosen on
-# validation, in the sweep of train's default model (benchmarks/results/sweeps/a_gpt2: GPT-2, 4 layers, width 128,
-# 300 steps x 16 x 128 tokens, rates 1e-3 to 32e-3 a factor 2 apart; tests/test_train_options.py reads it back).
-# The styles it did not sweep use Pre-Norm's. A --model folder with trained weights is fine-tuned at FINE_TUNING_LR.
-PRETRAINING_LR = {"pre": 4e-3, "geo": 8e-3}
+# The default peak learning rate of a model trained from scratch: the rate rule fit by benchmarks/rate_rule.py over
+# the study's measured best rates (rate_rule.json beside this file; ``pretraining_rate``). A --model folder with
+# trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on SmolLM2-135M
+# (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that measurement used.
+RATE_RULE = Path(__file__).with_name("rate_rule.json")
 FINE_TUNING_LR = 1e-4
+PRETRAINING_WEIGHT_DECAY, FINE_TUNING_WEIGHT_DECAY = 0.1, 0.0
+WARMUP_SHARE = 10  # the default warm-up: a tenth of --max-steps (30 of the default 300)
+
+
+def _span(noun: str, values: list[int]) -> str:
+    return f"{noun} {values[0]}" if values[0] == values[-1] else f"{noun}s {values[0]}–{values[-1]}"
+
+
+def pretraining_rate(arch: str, style: str, width: int, depth: int) -> tuple[float, str]:
+    """The default peak learning rate of a model of ``arch`` and norm ``style`` trained from scratch at ``width``
+    (hidden size) and ``depth`` (layers): ``c * width^a * depth^b`` of the rule measured for that architecture and
+    style (GPT-2's for an architecture not measured, Pre-Norm's for a style not measured), to two significant
+    figures; and where it comes from, for the log."""
+    table = json.loads(RATE_RULE.read_text(encoding="utf-8"))
+    rule_arch = arch if arch in table["rules"] else "gpt2"
+    rules = table["rules"][rule_arch]
+    rule_style = style if style in rules else "pre"
+    rule = rules[rule_style]
+    lr = float(f"{rule['c'] * width ** rule['a'] * depth ** rule['b']:.2g}")
+    widths, depths = table["measured"][rule_arch]["widths"], table["measured"][rule_arch]["depths"]
+    span = f"{_span('width', widths)} and {_span('depth', depths)}"
+    inside = widths[0] <= width <= widths[-1] and depths[0] <= depth <= depths[-1]
+    where = f"inside the measured {span}" if inside else f"extrapolated beyond the measured {span}"
+    notes = [f"{arch} not measured: {rule_arch}'s rule"] if rule_arch != arch else []
+    notes += [f"{style} not measured: {rule_style}'s rule"] if rule_style != style else []
+    unfit = [name for name in ("a", "b") if name in rule["borrowed"] and rule[name] == 0]
+    if unfit:
+        notes.append("the same rate at every " + " and ".join({"a": "width", "b": "depth"}[n] for n in unfit)
+                     + " (not measured yet)")  # fmt: skip
+    why = f"{rule_style}'s rate rule for {rule_arch} at width {width}, depth {depth}, {where}"
+    return lr, why + "".join(f"; {note}" for note in notes)
 
 
 MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
@@ -79,8 +111,8 @@ def trackers(report_to: str) -> list[str]:
 
 
 def _lr_default_text() -> str:
-    rates = ", ".join(f"{rate:g} for --norm-style {style}" for style, rate in PRETRAINING_LR.items())
-    return f"from scratch {rates} (others: pre's); a --model with trained weights {FINE_TUNING_LR:g}"
+    return (f"from scratch, the measured rule's rate for the model's width, depth, architecture and norm style "
+            f"(the log says which); a --model with trained weights {FINE_TUNING_LR:g}")
 
 
 @dataclass
@@ -138,14 +170,15 @@ class TrainOptions:
     lr: float | None = field(default=None, metadata=option(
         "Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to --min-lr-ratio times it "
         "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text()))  # fmt: skip
-    warmup_steps: int = field(default=30, metadata=option(
+    warmup_steps: int | None = field(default=None, metadata=option(
         "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
-        minimum=0))  # fmt: skip
+        minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps"))  # fmt: skip
     min_lr_ratio: float = field(default=MIN_LR_RATIO, metadata=option(
         "Where the cosine decay ends, as a share of --lr.", minimum=0, maximum=1))
-    weight_decay: float = field(default=0.1, metadata=option(
+    weight_decay: float | None = field(default=None, metadata=option(
         "AdamW weight decay, on the weight matrices only (not on norms, biases, embeddings or GeoNorm's step "
-        "parameters).", minimum=0))  # fmt: skip
+        "parameters).", minimum=0, default_text=f"{PRETRAINING_WEIGHT_DECAY:g} from scratch, "
+        f"{FINE_TUNING_WEIGHT_DECAY:g} for a --model with trained weights"))  # fmt: skip
     adam_beta2: float = field(default=BETA2, metadata=option(
         "AdamW's second-moment decay (beta1 is 0.9); gradients are clipped to norm 1.0.", minimum=0, maximum=1,
         max_open=True))  # fmt: skip
@@ -225,10 +258,11 @@ class TrainOptions:
         trackers(self.report_to)
         if self.lr is not None and (self.lr <= 0 or not math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number (or None: the default rate); got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
-        if not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"weight_decay must be a number >= 0; got {self.weight_decay}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0 (or None: a {WARMUP_SHARE}th of max_steps); got "
+                             f"{self.warmup_steps}")  # fmt: skip
+        if self.weight_decay is not None and not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay must be a number >= 0 (or None: the default); got {self.weight_decay}")
         if not 0 <= self.adam_beta2 < 1:
             raise ValueError(f"adam_beta2 must be in [0, 1); got {self.adam_beta2}")
         if not 0 <= self.min_lr_ratio <= 1:

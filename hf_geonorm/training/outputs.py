@@ -31,6 +31,7 @@ from typing import Any
 
 from ..files.atomic import LOCK_NAME, remove_tree, terminate_raises
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
+from .optim import lr_factor
 from .options import TrainOptions
 
 
@@ -171,12 +172,14 @@ def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[li
 def training_facts(options: TrainOptions, data: str, steps: int, val_loss: float, test_loss: float) -> dict:
     """What the model card says of the run, as Trainer's card lists its hyperparameters and results."""
     per_step = options.batch_size * options.gradient_accumulation_steps * options.seq_len
+    schedule = (lr_factor(step, options.warmup_steps, options.max_steps, options.min_lr_ratio) for step in range(steps))
+    reached = float(f"{options.lr * max(schedule, default=0.0):.3g}")  # the rate's highest step, as the card says it
     return {
         "data": data,
         "steps": f"{steps:,}",
         "tokens per step": f"{per_step:,} (x processes)",
-        "peak learning rate": f"{options.lr:g} (AdamW, warm-up {options.warmup_steps} steps, cosine to "
-        f"{options.min_lr_ratio:g} of it)",
+        "peak learning rate": f"{reached:g} reached of --lr {options.lr:g} (AdamW, warm-up {options.warmup_steps} "
+        f"steps, cosine to {options.min_lr_ratio:g} of it at step {options.max_steps})",
         "weight decay": f"{options.weight_decay:g}",
         "seed": options.seed,
         "final validation loss": f"{val_loss:.4f} (perplexity {perplexity(val_loss):.2f})",

@@ -244,9 +244,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             check_resumable_adapters(model, checkpoint)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
-    options, why = with_learning_rate(options, model.config)
-    if why and main:
-        log(why)
+    options, defaults = with_learning_rate(options, model.config)
+    for line in defaults if main else ():
+        log(line)
     data_key = (corpus.label, corpus.fingerprint)
     record = run_record(options, data_key, tokenizer_digest(tokenizer), settings, world_size())
     if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
