@@ -270,7 +270,9 @@ def field_options(field: dataclasses.Field, form: dict[str, Any], default: Any) 
     help_text = option_help(form, default)
     if form.get("flag"):
         return [click.option(name, field.name, is_flag=True, default=None, help=help_text)]
-    extra = {"nargs": 2} if "pair" in form else {}
+    extra: dict[str, Any] = {"nargs": 2} if "pair" in form else {}
+    if "optional_value" in form:  # the option given alone takes this value: `--extend` or `--extend 3`
+        extra |= {"is_flag": False, "flag_value": form["optional_value"]}
     metavar = {"metavar": form["metavar"]} if "metavar" in form else {}
     value_type = _value_type(field.type, form)
     return [click.option(name, field.name, type=value_type, default=None, help=help_text, **extra, **metavar)]

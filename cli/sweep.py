@@ -21,7 +21,8 @@ def sweep(**kwargs: Any) -> None:
     Trains every style (and --alphas for geo) at every rate and seed, one run after the other, as `hf-geonorm
     train` would; appends each finished run to OUTPUT/runs.jsonl (the same command again trains only the runs
     that are missing) and writes OUTPUT/sweep.md and sweep.png: the loss against the rate per style, each style's
-    best rate chosen on validation, and the styles compared at their own best rates on test.
+    best rate chosen on validation, and the styles compared at their own best rates on test. --extend adds rates
+    beyond an edge while a style's best rate is there; --confirm-seeds runs more seeds at each best rate only.
     """
     settings = pop_settings(kwargs)
     sweep_names = {spec.name for spec in dataclasses.fields(declarations().SweepOptions)}
@@ -30,4 +31,10 @@ def sweep(**kwargs: Any) -> None:
     from hf_geonorm.training.sweep import run_sweep
 
     options = SweepOptions(**sweep_values)
-    run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
+    try:
+        run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
+    except KeyboardInterrupt:
+        raise click.ClickException(
+            f"interrupted: the finished runs are in {options.output}/runs.jsonl, and the run that was training left no "
+            "checkpoint (a sweep resumes by whole runs); the same command again trains the runs that are missing"
+        ) from None

@@ -19,7 +19,7 @@ TRAINING = PACKAGE / "training"
 FLOW = (
     "options", "transformers_internals", "presets", "cache_checks", "corpus", "tokenizer", "token_batches",
     "pipeline", "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer",
-    "sweep_report", "sweep",
+    "sweep_report", "sweep_journal", "sweep",
 )  # fmt: skip
 MAX_ENTRIES = 2
 

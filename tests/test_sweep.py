@@ -20,6 +20,7 @@ from hf_geonorm.training import sweep as sweep_module
 from hf_geonorm.training.options import SweepOptions, TrainOptions
 from hf_geonorm.training.pipeline import ArrowBlocks
 from hf_geonorm.training.sweep import journal_key, open_journal
+from hf_geonorm.training.sweep_journal import check_options, header_options, load_journal
 from hf_geonorm.training.sweep_report import at_edge, best_rates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -89,7 +90,7 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     assert (output / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
     again = CliRunner().invoke(cli, sweep_args(corpus, output))
-    assert again.exit_code == 0 and "all 4 runs of the grid are in" in again.output and len(trained) == 4
+    assert again.exit_code == 0 and "all 4 runs of the sweep are in" in again.output and len(trained) == 4
 
     # one run's test loss, recomputed: its saved model on the test blocks, by a plain loop (not Trainer's)
     entry = entries[2]
@@ -171,3 +172,270 @@ def test_a_journal_started_before_an_option_existed_resumes_at_that_options_defa
     assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
     with pytest.raises(ValueError, match="text_column 'text' there, 'body' now"):
         open_journal(tmp_path, replace(options, text_column="body"))
+
+
+# --- the study's protocol in one command (issue 35) and the journal's checks (issue 37) ---
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    """One data cache for the tests below: the corpus is tokenized once."""
+    return tmp_path_factory.mktemp("sweep-cache")
+
+
+def user_sweep(corpus: Path, output: Path, cache: Path, *more: str) -> list[str]:
+    return ["sweep", "--output", str(output), "--data", str(corpus), "--data-cache", str(cache), *TINY, *more]
+
+
+def entries_of(output: Path) -> list[dict]:
+    return [json.loads(line) for line in journal(output)[1:]]
+
+
+def test_extend_and_confirm_seeds_run_the_studys_protocol_and_resume(tmp_path, corpus, shared_cache):
+    """Two rates: each arm's best is at an edge, so --extend 1 adds one rate beyond it; --confirm-seeds 1 runs seed
+    1 at the best rate only. The choice is recomputed here from the journal's seed-0 losses."""
+    output = tmp_path / "sweep"
+    args = user_sweep(corpus, output, shared_cache, "--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--seeds", "0",
+                      "--extend", "1", "--confirm-seeds", "1")  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "to train: 6 run(s)" in result.output and "up to 1 more rate(s) per arm" in result.output
+    assert "time estimate: about" in result.output
+    entries = entries_of(output)
+    expected = {}
+    for style in ("pre", "geo"):
+        mine = [e for e in entries if e["style"] == style]
+        grid = {e["lr"]: e["val_loss"] for e in mine if e["role"] == "grid"}
+        assert sorted(grid) == [1e-5, 2e-5] and {e["seed"] for e in mine if e["role"] == "grid"} == {0}
+        best = min(grid, key=lambda lr: (grid[lr], lr))
+        beyond = 4e-5 if best == 2e-5 else 5e-6  # one grid step (a factor 2) beyond the edge it is at
+        [extension] = [e for e in mine if e["role"] == "extension"]
+        assert (extension["lr"], extension["seed"]) == (beyond, 0)
+        grid[beyond] = extension["val_loss"]
+        chosen = min(grid, key=lambda lr: (grid[lr], lr))
+        [confirmation] = [e for e in mine if e["role"] == "confirmation"]
+        assert (confirmation["lr"], confirmation["seed"]) == (chosen, 1)
+        assert len(mine) == 4
+        expected[style] = chosen
+    assert best_rates(entries) == expected
+    report = (output / "sweep.md").read_text()
+    for style, lr in expected.items():
+        assert f"| {style} | {sweep_module.rate_text(lr)} | 2 |" in report  # the test table: the best, two seeds
+    assert "## What was swept" in report and "3 steps x 128 tokens = 384 tokens" in report
+    header = json.loads(journal(output)[0])
+    assert f"data fingerprint and tokenizer hash: fingerprint {header['data_key']['fingerprint'][:16]}" in report
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "all 8 runs of the sweep are in" in again.output, again.output
+    assert len(entries_of(output)) == 8
+
+
+def test_a_sweep_refuses_a_non_empty_folder_without_a_journal(tmp_path):
+    """Data loss 2: the user's own sweep.md and runs/ stay as they were."""
+    output = tmp_path / "mine"
+    (output / "runs" / "pre-lr1e-3-seed0").mkdir(parents=True)
+    (output / "sweep.md").write_text("my notes")
+    (output / "runs" / "pre-lr1e-3-seed0" / "model.safetensors").write_bytes(b"weights")
+    result = CliRunner().invoke(cli, ["sweep", "--output", str(output), "--lrs", "1e-3"])
+    assert result.exit_code == 2 and "is not empty (runs, sweep.md) and holds no sweep journal" in result.output
+    assert (output / "sweep.md").read_text() == "my notes" and not (output / "runs.jsonl").exists()
+    assert (output / "runs" / "pre-lr1e-3-seed0" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_journal_line_cut_short_by_a_stop_is_dropped_its_run_retrained_and_the_file_repaired(
+    tmp_path, corpus, shared_cache
+):
+    """Data loss 3: the rerun drops the half line (and says so) instead of appending onto it, and the run after
+    that reads a whole journal."""
+    output = tmp_path / "sweep"
+    args = user_sweep(corpus, output, shared_cache, "--styles", "pre", "--lrs", "2e-3")
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    path = output / "runs.jsonl"
+    whole = path.read_text()
+    path.write_text(whole[: len(whole) - 40])  # the stop came while the run's line was being written
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "line 2 was cut short when the sweep was stopped: dropped (its run trains again)" in result.output
+    assert "run 1/1: pre lr 2e-3 seed 0" in result.output
+    lines = journal(output)
+    assert len(lines) == 2 and json.loads(lines[1])["run"] == "pre-lr2e-3-seed0"
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "all 1 runs of the sweep are in" in again.output, again.output
+
+
+def test_rates_that_round_alike_get_their_own_runs_and_the_report_states_how_rates_are_written(
+    tmp_path, corpus, shared_cache
+):
+    """Data loss 4 and issue 38: 1.6e-2 and 1.6000001e-2 no longer share a folder; 16e-3 as typed is written 1.6e-2,
+    and the report says so with its value."""
+    output = tmp_path / "sweep"
+    args = user_sweep(corpus, output, shared_cache, "--styles", "pre", "--lrs", "16e-3,1.6000001e-2")
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    names = sorted(entry["run"] for entry in entries_of(output))
+    assert names == ["pre-lr1.6000001e-2-seed0", "pre-lr1.6e-2-seed0"]
+    assert sorted(p.name for p in (output / "runs").iterdir()) == names
+    report = (output / "sweep.md").read_text()
+    assert "| arm | 1.6e-2 | 1.6000001e-2 |" in report and "16e-3 is 1.6e-2" in report
+    assert "1.6e-2 (0.016)" in report
+    # the ordinary rates keep the names of the committed journals; alphas that round alike do not collide either
+    assert [sweep_module.rate_text(lr) for lr in (1e-3, 2.5e-4, 1.25e-4, 3.2e-2, 1e-3 * 2**5)] == [
+        "1e-3", "2.5e-4", "1.25e-4", "3.2e-2", "3.2e-2"]  # fmt: skip
+    assert sweep_module.Run("geo", 0.5, 1e-3, 0).name != sweep_module.Run("geo", 0.5000001, 1e-3, 0).name
+
+
+def test_the_journal_keys_the_data_by_content_not_by_the_paths_spelling(tmp_path, corpus, shared_cache, monkeypatch):
+    """Silent wrong 1: an edited corpus is refused (its runs would average with the earlier file's); the same file
+    named from another folder, relative, is the same data."""
+    data = tmp_path / "work" / "corpus.txt"
+    data.parent.mkdir()
+    data.write_text(corpus.read_text())
+    output = tmp_path / "sweep"
+    first = CliRunner().invoke(cli, user_sweep(data, output, shared_cache, "--styles", "pre", "--lrs", "2e-3"))
+    assert first.exit_code == 0, first.output
+    data.write_text(corpus.read_text() + "\nan edit the user made later\n")
+    edited = CliRunner().invoke(cli, user_sweep(data, output, shared_cache, "--styles", "pre", "--lrs", "2e-3,4e-3"))
+    assert edited.exit_code == 1 and "holds runs on other data: the fingerprint" in edited.output, edited.output
+    assert len(journal(output)) == 2
+    data.write_text(corpus.read_text())
+    monkeypatch.chdir(tmp_path / "work")
+    relative = CliRunner().invoke(cli, user_sweep(Path("corpus.txt"), output, shared_cache, "--styles", "pre",
+                                                  "--lrs", "2e-3,4e-3"))  # fmt: skip
+    assert relative.exit_code == 0, relative.output
+    assert [e["lr"] for e in entries_of(output)] == [2e-3, 4e-3]
+
+
+def user_journal(output: Path, corpus: Path, lines: list[dict | str]) -> None:
+    """A journal as a sweep with ``user_sweep``'s options writes it, with ``lines`` after its header."""
+    options = TrainOptions(data=str(corpus), seq_len=32, batch_size=4, vocab_size=300, max_steps=3, eval_every=3,
+                           warmup_steps=0, eval_blocks=8)  # fmt: skip
+    header = {"format": 1, "train_options": journal_key(options)}
+    output.mkdir(parents=True, exist_ok=True)
+    text = [json.dumps(header), *(line if isinstance(line, str) else json.dumps(line) for line in lines)]
+    (output / "runs.jsonl").write_text("\n".join(text) + "\n")
+
+
+def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> dict:
+    """A finished run's line, as ``_train`` writes it, at ``rate`` (``changes``: fields as a damaged line has them)."""
+    entry = {"run": sweep_module.Run("pre", None, rate, seed).name, "style": "pre", "alpha": None, "lr": rate,
+             "seed": seed,
+             "settings": {"norm_style": "pre", "geo_alpha": 0.5}, "steps": 3 if val is not None else None,
+             "tokens": 384, "val_loss": val, "test_loss": val, "train_seconds": 1.0}  # fmt: skip
+    return {**entry, **changes}
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([user_run(2e-3), user_run(2e-3)], "line 3: run pre-lr2e-3-seed0 again (first on line 2)"),
+        (
+            [
+                user_run(2e-3),
+                '{"run": "pre-lr4e-3-seed0", "style": "pre", "alpha": null, "lr": 0.004, "seed": 0, '
+                '"val_loss": NaN, "test_loss": 4.0}',
+            ],
+            "line 3: val_loss nan",
+        ),
+        ([user_run(2e-3, steps=300)], "line 2: a run of 300 steps in a sweep of --max-steps 3"),
+        ([user_run(2e-3, lr=4e-3)], "line 2: run 'pre-lr2e-3-seed0' is not the name of its own run (pre-lr4e-3-seed0)"),
+        ([user_run(2e-3, settings={"norm_style": "geo"})], "line 2: a run with other settings: norm_style 'geo'"),
+        (["not json", user_run(2e-3)], "line 2: not a line of JSON"),
+        ([[1, 2]], "line 2: not a run (a JSON object)"),
+        ([{"run": "x"}], "line 2: a run without style, alpha, lr, seed, val_loss, test_loss"),
+        ([user_run(2e-3, lr="2e-3")], "line 2: lr '2e-3' is not a positive finite number"),
+        ([user_run(2e-3, seed=True)], "line 2: seed True is not a whole number"),
+        ([user_run(2e-3, test_loss=None)], "not two finite losses, nor a diverged run's two nulls"),
+    ],
+)
+def test_journal_lines_that_do_not_hold_a_run_of_this_sweep_are_refused_by_line(tmp_path, corpus, lines, message):
+    """Silent wrong 3 and the unclear messages: duplicates, NaN, another sweep's steps or rate, other settings and
+    malformed lines are named with their line number, never a TypeError or KeyError, and nothing trains."""
+    output = tmp_path / "sweep"
+    user_journal(output, corpus, lines)
+    before = (output / "runs.jsonl").read_text()
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs",
+                                                "2e-3,4e-3"))  # fmt: skip
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "Error" in result.output and "runs.jsonl, line" in result.output
+    for word in ("Traceback", "TypeError", "KeyError"):
+        assert word not in result.output
+    assert (output / "runs.jsonl").read_text() == before and not (output / "runs").exists()
+
+
+def test_a_sweep_where_every_rate_diverged_says_no_rate_trained(tmp_path, corpus):
+    """Silent wrong 4: a journal whose every run diverged gets a report with no bold best and no "by nan": it says
+    that no rate trained."""
+    output = tmp_path / "sweep"
+    diverged = {"diverged": "the training loss is nan at step 2"}
+    geo = {"style": "geo", "settings": {"norm_style": "geo"}, **diverged}
+    user_journal(output, corpus, [
+        user_run(2e-3, None, **diverged), user_run(4e-3, None, **diverged),
+        user_run(2e-3, None, **geo, run="geo-lr2e-3-seed0"), user_run(4e-3, None, **geo, run="geo-lr4e-3-seed0"),
+    ])  # fmt: skip
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre,geo", "--lrs",
+                                                "2e-3,4e-3"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "every run of pre diverged: no rate trained" in result.output
+    report = (output / "sweep.md").read_text()
+    assert "**" not in report.split("## The arms")[0].split("bold**")[-1] and "nan" not in report
+    assert "| pre | none: no rate trained |" in report and "| geo | none: no rate trained |" in report
+    assert "No rate trained: every run of every arm diverged" in report and "lowest on test" not in report
+
+
+def test_the_ctrl_c_message_is_true_no_checkpoint_of_the_stopped_run_is_left(tmp_path, corpus, monkeypatch):
+    """A run stopped after writing a checkpoint: the sweep removes it (it resumes by whole runs) and says so."""
+    output = tmp_path / "sweep"
+
+    def stopped_after_a_checkpoint(options, log):
+        (Path(options.output) / "checkpoint-2").mkdir(parents=True)
+        (Path(options.output) / "checkpoint-2" / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "run_training", stopped_after_a_checkpoint)
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", "2e-3"))
+    assert result.exit_code == 1 and "the run that was training left no checkpoint" in result.output, result.output
+    assert "no partial output is left" not in result.output
+    assert not list(output.glob("runs/*/checkpoint-*"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "-1"], "--seeds: seed -1 is not a whole number from 0 to 4294967295"),
+        (["--seeds", "0,99999999999999999999"], "--seeds: seed 99999999999999999999 is not a whole number"),
+        (["--confirm-seeds", "-3"], "--confirm-seeds: seed -3 is not"),
+        (["--confirm-seeds", "0"], "--confirm-seeds names 0, already in --seeds"),
+        (["--lr-range", "1e-300", "1e300"], "spans 1994 rates a factor 2 apart; a sweep takes at most 64"),
+        (["--extend", "100"], "Invalid value for '--extend'"),
+        (["--output", ""], "--output is empty"),
+    ],
+)
+def test_bad_seeds_ranges_and_outputs_are_refused_up_front_naming_the_option(tmp_path, args, message):
+    output = tmp_path / "s"
+    result = CliRunner().invoke(cli, ["sweep", "--output", str(output), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and "OverflowError" not in result.output and not output.exists()
+
+
+COMMITTED = sorted((Path(__file__).parent.parent / "benchmarks" / "results" / "sweeps").glob("*/runs.jsonl"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.parent.name)
+def test_every_committed_journal_reads_and_its_sweep_planned_again_has_nothing_left_to_train(path):
+    """The study resumes with this code: its journals pass the line checks, their options match a sweep given the
+    header's, and the grid each arm ran (seed 0) and the seeds at each rate are all found done."""
+    journal_read = load_journal(path)
+    assert journal_read.header is not None and journal_read.entries and journal_read.cut_line is None
+    train = TrainOptions(**header_options(journal_read.header))
+    check_options(journal_read, train)
+    by_arm: dict[tuple, dict[float, set[int]]] = {}
+    for entry in journal_read.entries:
+        by_arm.setdefault((entry["style"], entry["alpha"]), {}).setdefault(entry["lr"], set()).add(entry["seed"])
+    for (style, alpha), rates in by_arm.items():
+        alphas = None if alpha is None else (alpha,)
+        grid = tuple(lr for lr, seeds in rates.items() if 0 in seeds)
+        sweeps = [SweepOptions(styles=(style,), alphas=alphas, lrs=grid, seeds=(0,))] if grid else []
+        sweeps += [SweepOptions(styles=(style,), alphas=alphas, lrs=(lr,), seeds=tuple(sorted(seeds)))
+                   for lr, seeds in rates.items()]  # fmt: skip
+        for sweep in sweeps:
+            planned = sweep_module._Sweep(sweep, train, path.parent, journal_read, lambda _: None).planned()
+            assert planned == 0, (path, sweep)

@@ -66,6 +66,9 @@ def pretraining_rate(arch: str, style: str, width: int, depth: int) -> tuple[flo
 
 
 MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
+MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
+MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
+EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
 
 
 class OptionError(ValueError):
@@ -78,7 +81,8 @@ def option(help: str, **form: Any) -> dict[str, Any]:
     ``maximum``, ``min_open``, ``max_open`` (a number range), ``choices``, ``metavar``, ``folder`` ("existing": a
     folder that must exist; "any": a folder path), ``flag`` (an on/off switch), ``flag_values`` (switches that set
     the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name), ``items`` (a
-    comma-separated list of that type), ``pair`` (two values of that type), ``sweep=False`` (an option of
+    comma-separated list of that type), ``pair`` (two values of that type), ``optional_value`` (the value of the
+    option given without one: ``--extend``), ``sweep=False`` (an option of
     ``train`` that ``sweep`` does not take) and ``default_text`` (the default as the help states it, for a default
     that is computed)."""
     return {"option": {"help": help, **form}}
@@ -310,41 +314,72 @@ class SweepOptions:
         default_text="--lr-range 1e-3 32e-3"))  # fmt: skip
     lr_range: tuple[float, float] | None = field(default=None, metadata=option(
         "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
-    seeds: tuple[int, ...] = field(default=(0,), metadata=option("Seeds, a comma list.", items=int, metavar="LIST"))
+    seeds: tuple[int, ...] = field(default=(0,), metadata=option(
+        "Seeds of every rate, a comma list: each arm's best rate is chosen on their mean validation loss.",
+        items=int, metavar="LIST"))  # fmt: skip
     alphas: tuple[float, ...] | None = field(default=None, metadata=option(
         "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
         default_text="--alpha, else the library's"))  # fmt: skip
+    confirm_seeds: tuple[int, ...] | None = field(default=None, metadata=option(
+        "More seeds, run only at each arm's best rate once it is chosen on --seeds (the study's protocol: a third "
+        "of the cost of every seed at every rate), a comma list.", items=int, metavar="LIST",
+        default_text="none"))  # fmt: skip
+    extend: int = field(default=0, metadata=option(
+        "While an arm's best rate is at the lowest or highest rate of its grid, add the next rate one grid step "
+        f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
+        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
 
     def rates(self) -> tuple[float, ...]:
         """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH)."""
         if self.lrs is not None and self.lr_range is not None:
-            raise ValueError("give --lrs or --lr-range, not both")
+            raise OptionError("give --lrs or --lr-range, not both")
         if self.lrs is not None:
             return tuple(self.lrs)
         low, high = self.lr_range or (1e-3, 32e-3)
-        if not 0 < low <= high or not math.isfinite(high):
-            raise ValueError(f"--lr-range LOW HIGH needs 0 < LOW <= HIGH; got {low:g} {high:g}")
-        count = int(math.floor(math.log2(high / low) + 1e-9)) + 1
+        if not (0 < low <= high and math.isfinite(high)):
+            raise OptionError(f"--lr-range LOW HIGH needs finite 0 < LOW <= HIGH; got {low:g} {high:g}")
+        count = int(math.floor(math.log2(high) - math.log2(low) + 1e-9)) + 1  # logs apart: 1e300 / 1e-300 overflows
+        if count > MAX_RATES:
+            raise OptionError(
+                f"--lr-range {low:g} {high:g} spans {count} rates a factor 2 apart; a sweep takes at most {MAX_RATES}: "
+                "give a narrower range"
+            )
         return tuple(low * 2**i for i in range(count))
 
     def validate(self) -> SweepOptions:
+        if not self.output:
+            raise OptionError("--output is empty (an unset shell variable?): give the sweep's folder")
         rates = self.rates()
         if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
-            raise ValueError(f"learning rates must be positive numbers; got {', '.join(f'{r:g}' for r in rates)}")
+            raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "
+                              f"{', '.join(f'{r:g}' for r in rates)}")  # fmt: skip
+        if len(rates) > MAX_RATES:
+            raise OptionError(f"--lrs names {len(rates)} rates; a sweep takes at most {MAX_RATES}")
         if not self.styles:
-            raise ValueError(f"--styles names at least one of {', '.join(SWEEP_STYLES)}")
+            raise OptionError(f"--styles names at least one of {', '.join(SWEEP_STYLES)}")
         for style in self.styles:
             if style not in SWEEP_STYLES:
-                raise ValueError(f"--styles: unknown norm style {style!r}; choose from {', '.join(SWEEP_STYLES)}")
+                raise OptionError(f"--styles: unknown norm style {style!r}; choose from {', '.join(SWEEP_STYLES)}")
         if not self.seeds:
-            raise ValueError("--seeds names at least one seed")
+            raise OptionError("--seeds names at least one seed")
+        for name in ("seeds", "confirm_seeds"):
+            for seed in getattr(self, name) or ():
+                if not 0 <= seed <= MAX_SEED:
+                    raise OptionError(f"--{name.replace('_', '-')}: seed {seed} is not a whole number from 0 to "
+                                      f"{MAX_SEED}")  # fmt: skip
+        if self.confirm_seeds is not None and set(self.confirm_seeds) & set(self.seeds):
+            both = sorted(set(self.confirm_seeds) & set(self.seeds))
+            raise OptionError(f"--confirm-seeds names {', '.join(map(str, both))}, already in --seeds (every rate "
+                              "runs those): give other seeds")  # fmt: skip
+        if not 0 <= self.extend <= MAX_RATES:
+            raise OptionError(f"--extend {self.extend}: give a number of extensions from 0 to {MAX_RATES}")
         if self.alphas is not None:
             if "geo" not in self.styles:
-                raise ValueError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
+                raise OptionError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
             if not self.alphas or any(not (alpha >= 0 and math.isfinite(alpha)) for alpha in self.alphas):
-                raise ValueError("--alphas: step sizes must be finite numbers >= 0")
-        for name in ("styles", "lrs", "seeds", "alphas"):
+                raise OptionError("--alphas: step sizes must be finite numbers >= 0")
+        for name in ("styles", "lrs", "seeds", "alphas", "confirm_seeds"):
             values = getattr(self, name)
             if values is not None and len(set(values)) != len(values):
-                raise ValueError(f"--{name} names a value twice: {', '.join(map(str, values))}")
+                raise OptionError(f"--{name.replace('_', '-')} names a value twice: {', '.join(map(str, values))}")
         return self

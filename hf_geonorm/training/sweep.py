@@ -2,36 +2,51 @@
 
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
-finished run is appended to ``DIR/runs.jsonl`` at once, so a sweep stopped part way is resumed by running the same
-command again: only the missing runs train. The journal's first line holds the options every run shares; a sweep
-with other options is refused rather than mixed in (the grid itself may grow: more rates, seeds or styles).
+finished run is appended to ``DIR/runs.jsonl`` at once (``sweep_journal``), so a sweep stopped part way is resumed
+by running the same command again: only the missing runs train. The journal's first line holds the options every
+run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
+rather than mixed in (the grid itself may grow: more rates, seeds or styles).
 
-Every arm is chosen the same way: its best rate is the one with the lowest mean validation loss over its seeds,
-and the arms are compared at their own best rates on the test split (documents held out apart from validation's),
-as mean and spread over seeds (``report``).
+The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--extend``: while the arm's best rate is
+at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
+rate only. Every step is decided from the journal, so a resumed sweep takes the same steps. Each arm's best rate is
+the one with the lowest mean validation loss over the seeds every rate ran, and the arms are compared at their own
+best rates on the test split (``sweep_report``).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import NonFiniteError, first_line
+from ..files.atomic import LOCK_NAME
 from ..files.output_lock import output_lock
 from .checkpoints import checkpoints
-from .options import SweepOptions, TrainOptions
-from .sweep_report import rate_text, write_report
+from .options import OptionError, SweepOptions, TrainOptions
+from .sweep_journal import (
+    JOURNAL,
+    Journal,
+    JournalError,
+    append,
+    check_data,
+    check_options,
+    entry_key,
+    journal_key,
+    load_journal,
+    read_journal,
+    repair,
+    start_journal,
+)
+from .sweep_report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
 from .trainer import run_training
 
-JOURNAL = "runs.jsonl"
-JOURNAL_FORMAT = 1
-# options that do not change what a run computes: left out of the journal's key
-NOT_IN_KEY = ("output", "resume", "force", "lr", "seed", "logging_steps", "report_to", "data_cache", "data_workers")
+__all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
+SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
 
 
 @dataclass(frozen=True)
@@ -45,13 +60,16 @@ class Run:
 
     @property
     def name(self) -> str:
-        alpha = "" if self.alpha is None else f"-alpha{self.alpha:g}"
-        return f"{self.style}{alpha}-lr{rate_text(self.lr)}-seed{self.seed}"
+        return run_name(self.style, self.alpha, self.lr, self.seed)
 
     @property
     def label(self) -> str:
-        alpha = "" if self.alpha is None else f" alpha {self.alpha:g}"
+        alpha = "" if self.alpha is None else f" alpha {alpha_text(self.alpha)}"
         return f"{self.style}{alpha} lr {rate_text(self.lr)} seed {self.seed}"
+
+    @property
+    def arm(self) -> str:
+        return arm_name({"style": self.style, "alpha": self.alpha})
 
     def settings(self, base: dict[str, Any]) -> dict[str, Any]:
         settings = {**base, "norm_style": self.style}
@@ -63,133 +81,198 @@ class Run:
         return (self.style, self.alpha, self.lr, self.seed)
 
 
-def plan(sweep: SweepOptions) -> list[Run]:
-    """The runs of the grid, in the order they train: style by style, rate by rate, then seed."""
-    runs = []
+def arms(sweep: SweepOptions) -> list[tuple[str, float | None]]:
+    """The arms of the grid, in the order they train: each style, geo once per ``--alphas`` value."""
+    found = []
     for style in sweep.styles:
         alphas = sweep.alphas if style == "geo" and sweep.alphas is not None else (None,)
-        for alpha in alphas:
-            for lr in sweep.rates():
-                runs.extend(Run(style, alpha, lr, seed) for seed in sweep.seeds)
-    return runs
+        found.extend((style, alpha) for alpha in alphas)
+    return found
 
 
-def journal_key(train: TrainOptions) -> dict[str, Any]:
-    """What every run of a sweep shares: the train options that shape a run (not where it writes, nor the rate
-    and seed the grid sets)."""
-    return {name: value for name, value in asdict(train).items() if name not in NOT_IN_KEY}
-
-
-def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The header and the finished runs of a journal (none when it does not exist); a line cut short by a stop
-    while it was written is dropped (its run trains again)."""
-    if not path.is_file():
-        return None, []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header, runs = None, []
-    for number, line in enumerate(lines):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) - 1:
-                break
-            raise ValueError(f"{path}, line {number + 1}: not JSON; the journal is damaged (move it away)") from None
-        if number == 0:
-            header = entry
-        else:
-            runs.append(entry)
-    if header is None or header.get("format") != JOURNAL_FORMAT or "train_options" not in header:
-        raise ValueError(f"{path} is not a journal of hf-geonorm sweep (no header line); give another --output")
-    return header, runs
-
-
-def option_defaults() -> dict[str, Any]:
-    """The default of every train option, as a journal holds it: an option that a journal's header lacks was added
-    to hf-geonorm after the journal was started, and its runs ran with what its default does."""
-    defaults = {f.name: f.default for f in fields(TrainOptions) if f.default is not MISSING}
-    defaults |= {f.name: f.default_factory() for f in fields(TrainOptions) if f.default_factory is not MISSING}
-    return json.loads(json.dumps({name: value for name, value in defaults.items() if name not in NOT_IN_KEY}))
-
-
-def _differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    names = sorted(set(before) | set(now))
-    return [f"{name} {before.get(name)!r} there, {now.get(name)!r} now" for name in names
-            if before.get(name) != now.get(name)]  # fmt: skip
+def plan(sweep: SweepOptions) -> list[Run]:
+    """The runs of the grid on ``--seeds``, in the order they train: arm by arm, rate by rate, then seed (the
+    extensions and the confirmation runs depend on the results: ``run_sweep`` decides them as it goes)."""
+    return [Run(style, alpha, lr, seed) for style, alpha in arms(sweep) for lr in sweep.rates() for seed in sweep.seeds]
 
 
 def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str, Any]]]:
-    """The journal of ``folder`` and its finished runs, after checking that it was written with the same options;
-    a new one is started with its header."""
-    path = folder / JOURNAL
-    header, runs = read_journal(path)
-    key = json.loads(json.dumps(journal_key(train)))  # as it reads back (tuples as lists)
-    if header is not None:
-        changed = _differences({**option_defaults(), **header["train_options"]}, key)
-        if changed:
-            raise ValueError(
-                f"{path} holds runs made with other options ({'; '.join(changed)}): a sweep compares runs that "
-                "differ only in style, alpha, rate and seed; give the options it was started with, or another "
-                "--output"
-            )
-        return path, runs
-    folder.mkdir(parents=True, exist_ok=True)
-    _append(path, {"format": JOURNAL_FORMAT, "train_options": key})
-    return path, []
+    """The journal of ``folder`` and its finished runs, every line checked and the options compared with its
+    header's (the data's content is compared before a run trains: ``run_sweep``)."""
+    journal = load_journal(folder / JOURNAL)
+    check_options(journal, train)
+    return journal.path, journal.entries
 
 
-def _append(path: Path, entry: dict[str, Any]) -> None:
-    """One line more in the journal, on disk before the next run starts."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def choice(entries: list[dict[str, Any]], style: str, alpha: float | None, rates: list[float],
+           seeds: tuple[int, ...]) -> float | None:  # fmt: skip
+    """The arm's best rate among ``rates`` on ``seeds`` (``best_rates``), None before any of them ran."""
+    runs = [e for e in entries
+            if (e["style"], e["alpha"]) == (style, alpha) and e["lr"] in rates and e["seed"] in seeds]  # fmt: skip
+    return best_rates(runs).get(arm_name({"style": style, "alpha": alpha})) if runs else None
 
 
-def _entry_key(entry: dict[str, Any]) -> tuple:
-    return (entry["style"], entry["alpha"], entry["lr"], entry["seed"])
+def beyond_edge(rates: list[float], best: float) -> list[float]:
+    """The rates one grid step beyond ``best`` when it is at an edge of ``rates`` (both sides of a single rate);
+    none when it lies inside, or the step leaves the finite numbers."""
+    ordered = sorted(rates)
+    if len(ordered) == 1:
+        beyond = [best / SINGLE_RATE_STEP, best * SINGLE_RATE_STEP]
+    elif best == ordered[0]:
+        beyond = [best / (ordered[1] / ordered[0])]
+    elif best == ordered[-1]:
+        beyond = [best * (ordered[-1] / ordered[-2])]
+    else:
+        return []
+    rounded = [float(f"{rate:.12g}") for rate in beyond]  # 3e-3 x 3 is 9e-3, not 9.000000000000002e-3
+    return [rate for rate in rounded if 0 < rate < math.inf and rate not in ordered]
 
 
 def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
-    """Train every run of the grid that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends; write
-    ``sweep.md`` and ``sweep.png`` (``report``) after each; return the journal's runs."""
+    """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
+    its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``sweep_report``) after each;
+    return the journal's runs."""
     sweep.validate()
     if train.lr is not None:
-        raise ValueError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
+        raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
     for setting, option, single in (("norm_style", "--styles", "--norm-style"), ("geo_alpha", "--alphas", "--alpha")):
         if setting in train.settings and (setting == "norm_style" or sweep.alphas is not None):
-            raise ValueError(f"the sweep sets {setting} of each run: give {option}, not {single}")
+            raise OptionError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).expanduser().absolute()
     with output_lock(folder, "sweep"):  # one sweep per folder: two would train the same runs into the same places
-        return _run_grid(sweep, train, folder, log)
+        journal = load_journal(folder / JOURNAL)
+        refuse_foreign_folder(folder, journal)
+        repair(journal, log)
+        check_options(journal, replace(train, lr=None))
+        return _Sweep(sweep, train, folder, journal, log).run()
 
 
-def _run_grid(sweep: SweepOptions, train: TrainOptions, folder: Path, log: Any) -> list[dict[str, Any]]:
-    path, finished = open_journal(folder, replace(train, lr=None))
-    done = {_entry_key(entry) for entry in finished}
-    runs = plan(sweep)
-    for number, run in enumerate(runs, 1):
-        if run.key() in done:
-            continue
-        log(f"run {number}/{len(runs)}: {run.label}")
-        entry = _train(run, train, folder)
-        _append(path, entry)
-        finished.append(entry)
-        done.add(run.key())
-        result = "diverged" if entry["val_loss"] is None else (
-            f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}"
-        )  # fmt: skip
-        log(f"run {number}/{len(runs)}: {run.label}: {result} ({entry['train_seconds']:.0f} s)")
-        write_report(folder, finished, log=lambda _: None)
-    if not runs or all(run.key() in done for run in runs):
-        log(f"all {len(runs)} runs of the grid are in {path}")
-    write_report(folder, finished, log=log)
-    return finished
+def refuse_foreign_folder(folder: Path, journal: Journal) -> None:
+    """A sweep writes ``sweep.md``, ``sweep.png``, ``runs/`` and ``logs/`` into its folder: refuse a non-empty one
+    that holds no journal, whose files of those names would be replaced."""
+    if journal.path.exists():
+        return
+    held = sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK_NAME)
+    if held:
+        shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+        raise OptionError(
+            f"--output {folder} is not empty ({shown}) and holds no sweep journal ({JOURNAL}): a sweep would write "
+            "sweep.md, sweep.png, runs/ and logs/ over files of those names; give an empty or new folder"
+        )
+
+
+class _Sweep:
+    """One call of ``run_sweep``: the protocol, arm by arm, over the journal (locked)."""
+
+    def __init__(self, sweep: SweepOptions, train: TrainOptions, folder: Path, journal: Journal, log: Any) -> None:
+        self.sweep, self.train, self.folder, self.journal, self.log = sweep, train, folder, journal, log
+        self.entries = journal.entries
+        self.done = {entry_key(entry) for entry in self.entries}
+        self.trained = 0
+        self.visited: set[tuple] = set()  # the runs of this sweep's protocol, trained now or before
+        self.total = self.planned()
+
+    def planned(self) -> int:
+        """The runs left to train as far as they are known now: the grid's, and the confirmation runs at each
+        arm's best rate (as chosen now; an arm whose grid has not run: one per confirmation seed)."""
+        grid = [run for run in plan(self.sweep) if run.key() not in self.done]
+        confirm = 0
+        for style, alpha in arms(self.sweep):
+            best = choice(self.entries, style, alpha, list(self.sweep.rates()), self.sweep.seeds)
+            seeds = self.sweep.confirm_seeds or ()
+            confirm += len([s for s in seeds if best is None or (style, alpha, best, s) not in self.done])
+        return len(grid) + confirm
+
+    def run(self) -> list[dict[str, Any]]:
+        sweep = self.sweep
+        if self.total:
+            extend = "" if not sweep.extend else (
+                f"; up to {sweep.extend} more rate(s) per arm, {len(sweep.seeds)} run(s) each, while an arm's best "
+                f"rate is at the edge of its grid (--extend {sweep.extend})"
+            )  # fmt: skip
+            self.log(f"to train: {self.total} run(s) (time estimate after the first){extend}")
+        for style, alpha in arms(sweep):
+            rates = list(sweep.rates())
+            self.train_runs([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid")
+            for _ in range(sweep.extend):
+                best = choice(self.entries, style, alpha, rates, sweep.seeds)
+                beyond = [] if best is None else beyond_edge(rates, best)
+                if not beyond:
+                    break
+                rates.extend(beyond)
+                self.log(f"{arm_name({'style': style, 'alpha': alpha})}: best rate {rate_text(best)} is at the edge "
+                         f"of its grid; extending to {', '.join(map(rate_text, beyond))}")  # fmt: skip
+                runs = [Run(style, alpha, lr, seed) for lr in beyond for seed in sweep.seeds]
+                self.total += len([run for run in runs if run.key() not in self.done])
+                self.train_runs(runs, "extension")
+            if sweep.confirm_seeds:
+                self.confirm(style, alpha, rates)
+        if not self.trained:
+            self.log(f"all {len(self.visited)} runs of the sweep are in {self.journal.path}")
+        write_report(self.folder, self.entries, log=self.log, header=self.journal.header)
+        return self.entries
+
+    def confirm(self, style: str, alpha: float | None, rates: list[float]) -> None:
+        """``--confirm-seeds`` at the arm's best rate, chosen on ``--seeds``; none where every rate diverged."""
+        best = choice(self.entries, style, alpha, rates, self.sweep.seeds)
+        trained = [e for e in self.entries if (e["style"], e["alpha"], e["lr"]) == (style, alpha, best)
+                   and e["seed"] in self.sweep.seeds and e["val_loss"] is not None]  # fmt: skip
+        if best is None or not trained:
+            self.log(f"{arm_name({'style': style, 'alpha': alpha})}: no rate trained (every run diverged): no "
+                     "confirmation runs")  # fmt: skip
+            return
+        self.train_runs([Run(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()], "confirmation")
+
+    def train_runs(self, runs: list[Run], role: str) -> None:
+        for run in runs:
+            self.visited.add(run.key())
+            if run.key() in self.done:
+                continue
+            if self.trained == 0:
+                self.check_data()
+            number = self.trained + 1
+            self.log(f"run {number}/{self.total}: {run.label} ({role})")
+            started = time.monotonic()
+            entry = {**_train(run, self.train, self.folder), "role": role}
+            append(self.journal.path, entry)
+            self.entries.append(entry)
+            self.done.add(run.key())
+            self.trained = number
+            result = "diverged" if entry["val_loss"] is None else (
+                f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}"
+            )  # fmt: skip
+            seconds = time.monotonic() - started
+            self.log(f"run {number}/{self.total}: {run.label}: {result} ({seconds:.0f} s)")
+            if number == 1 and self.total > 1:
+                self.log(f"time estimate: about {_duration(seconds * (self.total - 1))} for the {self.total - 1} "
+                         "run(s) left, at this run's pace")  # fmt: skip
+            write_report(self.folder, self.entries, log=lambda _: None, header=self.journal.header)
+
+    def check_data(self) -> None:
+        """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
+        new journal records them in its header)."""
+        from .pipeline import tokenizer_digest
+        from .prepare import data_source
+
+        corpus, tokenizer, _ = data_source(self.train, lambda _: None)
+        data_key = {"fingerprint": corpus.fingerprint, "tokenizer": tokenizer_digest(tokenizer)}
+        options = replace(self.train, lr=None)
+        if self.journal.header is None:
+            start_journal(self.journal.path, options, data_key)
+            self.journal = load_journal(self.journal.path)
+        else:
+            check_data(self.journal, options, data_key)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     """Train one run into ``DIR/runs/NAME`` (its log in ``DIR/logs/NAME.log``); its journal entry. A run whose
-    loss stops being finite is a result (the rate is too high), recorded with no losses."""
+    loss stops being finite is a result (the rate is too high), recorded with no losses. A run stopped part way
+    leaves no checkpoint: the sweep resumes by whole runs."""
     output = folder / "runs" / run.name
     logs = folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -205,13 +288,22 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
             print(first_line(error, limit=600), file=log_file)
             return {**entry, "settings": options.settings, "steps": None, "tokens": None, "val_loss": None,
                     "test_loss": None, "train_seconds": 0.0, "diverged": first_line(error, limit=600)}  # fmt: skip
-    for _, checkpoint in checkpoints(output):  # the final model stays; the sweep resumes by whole runs
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        except BaseException:  # Ctrl-C, SIGTERM, an error: this run trains again from its start
+            _remove_checkpoints(output)
+            raise
+    _remove_checkpoints(output)  # the final model stays
     return {
         **entry, "settings": metrics["settings"], "steps": metrics["steps"], "tokens": metrics["tokens"],
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
         "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
     }  # fmt: skip
+
+
+def _remove_checkpoints(output: Path) -> None:
+    for _, checkpoint in checkpoints(output):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    if output.is_dir() and not any(output.iterdir()):
+        output.rmdir()
 
 
 def _finite(value: float) -> float | None:
