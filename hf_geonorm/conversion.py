@@ -33,7 +33,8 @@ MIN_CALIBRATION_TOKENS = 64
 
 def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
     """The absolute output path; ``FileExistsError`` when it is a file or is not empty (without ``force``),
-    ``ValueError`` when it overlaps the source (which is never modified)."""
+    ``ValueError`` when it overlaps the source (which is never modified), also through a symbolic link in the
+    source that leads into the output (a Hub cache snapshot is made of such links)."""
     output = check_target(output_dir, force)
     if source_path is not None:
         src, out = source_path.resolve(), output.resolve()
@@ -42,7 +43,28 @@ def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path |
                 f"the output {output_dir} overlaps the source {source_path}; the source is never modified, "
                 "choose another folder"
             )
+        linked = _link_into(source_path, out)
+        if linked is not None:
+            raise ValueError(
+                f"the source's {linked} is a symbolic link into the output {output_dir} ({linked.resolve()}): "
+                "replacing the output would delete the source's own files; the source is never modified, choose "
+                "another folder"
+            )
     return output
+
+
+def _link_into(source_path: Path, output: Path) -> Path | None:
+    """A symbolic link in the source folder (at any depth) whose target lies in ``output``, or None."""
+    if not source_path.is_dir():
+        return None
+    for root, dirs, files in os.walk(source_path):
+        for name in dirs + files:
+            entry = Path(root, name)
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target == output or output in target.parents:
+                    return entry
+    return None
 
 
 def card_metadata(source: Source) -> dict[str, Any]:

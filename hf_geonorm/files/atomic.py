@@ -265,15 +265,51 @@ def _swap_in(tmp: Path, output: Path) -> None:
         )
 
 
-def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
-    """The absolute path of ``output_dir``; ``FileExistsError`` when it is a file, or a non-empty folder and not
-    ``force``. ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
+def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = "OUTPUT_DIR") -> Path:
+    """The absolute path of ``output_dir``; ``ValueError`` when it is empty (an unset shell variable would otherwise
+    name the current folder) or when it is the current folder or one that holds it: replacing it (``force``) would
+    delete the folder the command runs in, and writing into it would mix the output with whatever is there."""
+    if not os.fspath(output_dir).strip():
+        raise ValueError(f"the {option} given is empty (an unset shell variable?); give the folder to write")
     output = Path(output_dir).expanduser().absolute()
+    # with force a link is replaced, not the folder it points to; without, an empty folder behind a link is
+    plain = Path(os.path.abspath(output))  # ".." spelled out
+    replaced = plain.parent.resolve() / plain.name if force else output.resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current folder was removed: nothing to protect
+        return output
+    if replaced == here or replaced in here.parents:
+        what = "is the current folder" if replaced == here else f"holds the current folder {here}"
+        raise ValueError(
+            f"{option} {output_dir} {what}, which hf-geonorm never writes over (not even with --force): give a new "
+            "folder"
+        )
+    return output
+
+
+def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
+    """The absolute path of ``output_dir``; ``ValueError`` for an empty name or a folder that holds the current one
+    (``check_output_name``), ``FileExistsError`` when it is a file, or a non-empty folder and not ``force``.
+    ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
+    output = check_output_name(output_dir, force)
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
     if output.is_dir() and not force and _holds_content(output):
         raise OutputExists(f"{output_dir} exists and is not empty")
     return output
+
+
+def check_no_run_inside(folder: Path) -> None:
+    """``output_lock.OutputInUse`` when a run holds the lock of ``folder`` or of any folder under it: replacing
+    ``folder`` would swap out that run's output (a sweep's run in ``sweep/runs/NAME`` when ``sweep/runs`` is
+    replaced). The lock of ``folder`` itself, which the caller holds, is not counted."""
+    from .output_lock import held_lock_holder
+
+    own = folder / LOCK_NAME
+    for root, _, files in os.walk(folder):
+        if LOCK_NAME in files and Path(root, LOCK_NAME) != own:
+            held_lock_holder(Path(root, LOCK_NAME), folder)
 
 
 def _missing_ancestors(path: Path) -> list[Path]:
@@ -311,6 +347,9 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
         warnings.warn(message, stacklevel=3)
     check_target(output_dir, force)
     existed_empty = output.is_dir() and not output.is_symlink() and not _holds_content(output)
+    replaces = force and output.is_dir() and not output.is_symlink() and not existed_empty
+    if replaces:
+        check_no_run_inside(output)
     created = _missing_ancestors(output)
     with terminate_raises():
         tmp = None
@@ -321,6 +360,8 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
             yield tmp
             with _signals_held():
                 if force and os.path.lexists(output) and not existed_empty:
+                    if replaces:
+                        check_no_run_inside(output)  # again: a run may have started in it meanwhile
                     _swap_in(tmp, output)
                 else:
                     _move_new(tmp, output, replace_empty=existed_empty)

@@ -89,6 +89,25 @@ def _acquire(path: Path, command: str, option: str) -> int:
     return fd
 
 
+def held_lock_holder(path: Path, replaced: Path) -> None:
+    """``OutputInUse`` when a live run holds the lock file ``path``, which lies inside the folder ``replaced`` that
+    is about to be replaced (a lock file its holder no longer holds is not counted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # gone: its holder ended
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        raise OutputInUse(
+            f"{replaced} holds {path.parent}, in use by {_holder_text(holder)}: replacing {replaced} would remove "
+            "that run's output; wait for it to end, or give another folder"
+        ) from None
+    finally:
+        os.close(fd)
+
+
 def _release(fd: int, path: Path) -> None:
     """Remove the lock file (unless the folder holding it was replaced), then unlock it."""
     try:
