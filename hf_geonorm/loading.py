@@ -26,7 +26,7 @@ from torch import nn
 
 from .errors import SettingsError, first_line
 from .files.gguf_files import dequantize_gguf
-from .files.safetensors_files import safetensors_header, weight_files
+from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
@@ -101,6 +101,8 @@ class Source:
             return []
         try:
             return weight_files(self.path)
+        except WeightPathError:
+            raise
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(
                 f"{self.path / 'model.safetensors.index.json'} is not a valid safetensors index ({first_line(error)}); "

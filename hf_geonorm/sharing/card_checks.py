@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import safetensors_header, weight_files
+from ..files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from ..loading_info import tensor_names
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from ..patching import family_for
@@ -252,17 +252,15 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
 
 def _weight_problems(path: Path) -> list[str]:
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return [f"{index.name} is not a valid safetensors index"]
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            return [f"the weights are incomplete: {', '.join(missing)} (named by {index.name}) missing"]
-        files = [path / s for s in shards]
-    else:
+    try:
         files = weight_files(path)
+    except WeightPathError as error:
+        return [str(error)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [f"{index.name} is not a valid safetensors index"]
+    missing = [file.relative_to(path).as_posix() for file in files if not file.is_file()]
+    if missing:
+        return [f"the weights are incomplete: {', '.join(missing)} (named by {index.name}) missing"]
     if not files:
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             return [f"{path} has pickle weights only; GeoNorm folders share safetensors (re-save the model)"]
