@@ -24,6 +24,7 @@ from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
+from .sharing.card_checks import ALIASES_REFUSED, metadata_has_aliases
 from .sharing.hub import save_shareable
 from .sharing.model_card import CardInfo
 
@@ -81,6 +82,9 @@ def card_metadata(source: Source) -> dict[str, Any]:
         if source.kind == "hub":
             data = ModelCard.load(source.spec).data.to_dict()
         elif (source.path / "README.md").is_file():
+            if metadata_has_aliases((source.path / "README.md").read_text(encoding="utf-8")):
+                warnings.warn(f"{source.path / 'README.md'}: {ALIASES_REFUSED}; its card is not read", stacklevel=2)
+                return found
             data = ModelCard.load(source.path / "README.md").data.to_dict()
         else:
             return found

@@ -53,6 +53,15 @@ def custom_code_error(what: str, where: str, fix: str) -> ValueError:
     )
 
 
+def standard_tokenizer(tokenizer: Any, where: str, fix: str) -> Any:
+    """``tokenizer`` unless its ``tokenizer_config.json`` asks for custom code (an ``auto_map``): without
+    ``trust_remote_code`` transformers loads a standard class in its place without a word, and ``save_pretrained``
+    would copy the ``auto_map`` into every output, a pointer to code that anyone able to add that file could fill."""
+    if tokenizer is not None and (getattr(tokenizer, "init_kwargs", None) or {}).get("auto_map"):
+        raise custom_code_error("tokenizer", where, fix)
+    return tokenizer
+
+
 STANDARD_TOKENIZER = (
     "give it a standard tokenizer: save one with save_pretrained (tokenizer.json and a tokenizer_config.json "
     "without auto_map) in place of its tokenizer files"
@@ -333,13 +342,14 @@ def load_tokenizer(source: Source) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - a source without a usable tokenizer is still usable
         if needs_custom_code(error):
             raise custom_code_error("tokenizer", source.spec, STANDARD_TOKENIZER) from None
         if source.kind != "hub":
             warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
         return None
+    return standard_tokenizer(tokenizer, source.spec, STANDARD_TOKENIZER)
 
 
 def current_settings(source: Source) -> dict[str, Any]:

@@ -75,6 +75,27 @@ def _string_list(value: Any) -> list[str] | None:
     return items
 
 
+ALIASES_REFUSED = (
+    "the metadata uses YAML aliases (*name), which a model card does not need and which can expand without end "
+    "(a 'billion laughs'); write the values out"
+)
+
+
+def metadata_has_aliases(text: str) -> bool:
+    """Whether the YAML metadata block of the card ``text`` uses aliases: read as a stream of events, which costs
+    the length of the text, before anything builds the values (nested aliases grow exponentially when built)."""
+    import yaml
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    match = REGEX_YAML_BLOCK.search(text)
+    if not match:
+        return False
+    try:
+        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(match.group(2), Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False  # reported by whatever parses it next
+
+
 def validate_card(card: Any, geonorm: bool = True) -> list[str]:
     """Check a model card offline; return the problems found (an empty list: the card is valid).
 
@@ -107,6 +128,8 @@ def validate_card(card: Any, geonorm: bool = True) -> list[str]:
     match = REGEX_YAML_BLOCK.search(text)
     if not match:
         return ["no YAML metadata block (a '---' line, the metadata, a '---' line) at the top"]
+    if metadata_has_aliases(text):
+        return [ALIASES_REFUSED]
     try:
         raw = yaml.safe_load(match.group(2))
     except yaml.YAMLError as error:
@@ -236,7 +259,7 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
         expected_map = auto_map_for(model_type)
     except ValueError:
         return [f"{path} is {model_type!r}, which this hf-geonorm does not support"]
-    problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map)
+    problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map) + _unsafe_files(path)
     if not problems:
         problems = _loading_problems(path, config)
     readme = path / "README.md"
@@ -274,6 +297,52 @@ def _weight_problems(path: Path) -> list[str]:
     return problems
 
 
+# Files that hold pickles: loading one can run any code, so hf-geonorm never loads them and never pushes them.
+PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+SNIFFED_SUFFIXES = (".bin", "")  # checked by their first bytes: a pickle, or torch.save's zip of one
+
+
+def is_pickle(file: Path) -> bool:
+    """Whether ``file`` is a pickle: by its suffix, or for ``.bin`` and files without a suffix by its first bytes
+    (a pickle's protocol opcode, or the zip archive ``torch.save`` writes)."""
+    suffix = file.suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        return True
+    if suffix not in SNIFFED_SUFFIXES:
+        return False
+    try:
+        with open(file, "rb") as f:
+            start = f.read(4)
+    except OSError:
+        return False
+    return (len(start) >= 2 and start[0] == 0x80 and 2 <= start[1] <= 5) or start == b"PK\x03\x04"
+
+
+def _unsafe_files(path: Path) -> list[str]:
+    """Pickle files push would upload, and a tokenizer that asks for custom code (an ``auto_map`` in its
+    ``tokenizer_config.json``): both would run code on the machine of whoever loads them."""
+    from .hub import shareable_files
+
+    problems = []
+    pickles = [name for name in shareable_files(path) if is_pickle(path / name)]
+    if pickles:
+        problems.append(
+            f"{', '.join(pickles)}: pickle file(s), which can run code when loaded; hf-geonorm never loads or pushes "
+            "them: remove them (the weights are in safetensors files)"
+        )
+    tokenizer_config = path / "tokenizer_config.json"
+    try:
+        tokenizer_map = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        tokenizer_map = None
+    if tokenizer_map:
+        problems.append(
+            "tokenizer_config.json has an auto_map: the tokenizer asks for custom code, which hf-geonorm never runs "
+            "or shares; save a standard tokenizer in its place (save_pretrained of a transformers tokenizer)"
+        )
+    return problems
+
+
 def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str, str]) -> list[str]:
     hint = f"add it with hf_geonorm.sharing.folders.add_remote_code({str(path)!r})"
     found = config.get("auto_map")
@@ -284,6 +353,12 @@ def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str
     wrong = [k for k, v in expected.items() if found.get(k) != v]
     if wrong:
         return [f"config.json: auto_map does not name this family's classes for {', '.join(wrong)}: {hint}"]
+    foreign = sorted(set(found) - set(expected))
+    if foreign:
+        return [
+            f"config.json: auto_map also names {', '.join(foreign)}, code that is not GeoNorm's (hf-geonorm never "
+            "runs it, and pushed it would point anyone loading the model at it): remove those entries"
+        ]
     status = check_remote_code(path, config)
     if status.missing:
         return [f"the remote code is incomplete: {', '.join(status.missing)} missing ({hint})"]
