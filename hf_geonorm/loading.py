@@ -37,6 +37,11 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Sizes a model divides by or builds from (a head count of 0 is a ZeroDivisionError deep in the modelling code).
+POSITIVE_SIZES = (
+    "n_head", "num_attention_heads", "num_key_value_heads", "n_embd", "hidden_size", "n_layer", "num_hidden_layers",
+    "head_dim", "vocab_size", "n_positions", "max_position_embeddings", "intermediate_size",
+)  # fmt: skip
 NO_REMOTE_CODE = {"trust_remote_code": False}  # for every from_pretrained of a folder, a file or a Hub id
 
 
@@ -146,6 +151,10 @@ def read_config_json(folder: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError(f"{config_path} is corrupt: it has no model_type")
+    for key in POSITIVE_SIZES:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"{config_path}: {key} is {value}; a size or count must be at least 1 (fix the file)")
     return config
 
 
