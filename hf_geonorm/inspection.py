@@ -79,9 +79,38 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
+# Configs deeper than this are counted from two builds of fewer layers (a layer's parameters, times the layers):
+# building 100,000 layers, even on the meta device, takes minutes and gigabytes.
+LAYERS_BUILT = 32
+
+
 def parameter_count(config: Any, check_forward: bool = False) -> int:
     """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
-    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together."""
+    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together.
+    A config of more than ``LAYERS_BUILT`` layers is built with ``LAYERS_BUILT`` and half as many, and the
+    difference per layer extended to all of them."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= LAYERS_BUILT:
+        return _built_count(config, check_forward)
+    few, more = LAYERS_BUILT // 2, LAYERS_BUILT
+    fewer_count = _built_count(_with_layers(config, few), False)
+    more_count = _built_count(_with_layers(config, more), check_forward)
+    return more_count + (layers - more) * (more_count - fewer_count) // (more - few)
+
+
+def _with_layers(config: Any, layers: int) -> Any:
+    """A copy of ``config`` with ``layers`` layers: its per-layer (and per-update) lists cut to match."""
+    total = config.num_hidden_layers
+    values = config.to_dict()
+    for key, value in values.items():
+        if isinstance(value, list) and len(value) in (total, 2 * total):
+            values[key] = value[: layers * (len(value) // total)]
+    values["num_hidden_layers"] = layers
+    values.pop("model_type", None)
+    return type(config)(**values)
+
+
+def _built_count(config: Any, check_forward: bool) -> int:
     with torch.device("meta"):
         # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
         # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
@@ -92,6 +121,26 @@ def parameter_count(config: Any, check_forward: bool = False) -> int:
             except NotImplementedError:  # data-dependent ops (MoE routing) cannot run on meta: not checked
                 pass
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def machine_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits_memory(parameters: int, what: str) -> None:
+    """``ValueError`` naming both numbers when the float32 weights of ``parameters`` parameters alone exceed this
+    machine's memory: building the model would fail only after allocating gigabytes (or take the machine down)."""
+    memory = machine_memory()
+    needed = parameters * 4
+    if memory is not None and needed > memory:
+        raise ValueError(
+            f"{what} has {parameters:,} parameters, {needed / 1e9:,.1f} GB in float32, more than this machine's "
+            f"{memory / 1e9:,.1f} GB of memory: choose smaller sizes"
+        )
 
 
 def _card_facts(readme: Path) -> dict[str, Any] | None:
