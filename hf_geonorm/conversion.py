@@ -7,6 +7,7 @@ model card into a temporary folder that becomes the output only when complete (`
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
-from .files.atomic import atomic_directory, check_target
+from .files.atomic import atomic_directory, check_target, is_full_device
 from .files.gguf_files import gguf_metadata
 from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
@@ -275,7 +276,12 @@ def convert_checkpoint(
             evaluation=evaluation,
         )
         say(f"writing {output_dir}")
-        save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
+        try:
+            save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
+        except Exception as error:
+            if not is_full_device(error):
+                raise
+            raise OSError(errno.ENOSPC, "no space left on its device; free some, or give a folder elsewhere") from None
     output = Path(output_dir)
     return ConversionResult(
         output=output,

@@ -4,6 +4,7 @@ benchmarks train on it, so the three agree field for field. A folder's model is 
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ..errors import SettingsError, first_line
-from ..files.atomic import atomic_directory, check_target
+from ..files.atomic import atomic_directory, check_target, is_full_device
 from ..files.output_lock import output_lock
 from ..inspection import check_fits_memory, parameter_count
 from ..loading import (
@@ -261,7 +262,12 @@ def write_scratch_config(
         ) from None
     check_fits_memory(parameters, f"the {arch} {preset} config (vocabulary {vocab_size:,})")
     with output_lock(output_dir, "init", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
-        save_config_with_remote_code(config, tmp, tokenizer=loaded)
+        try:
+            save_config_with_remote_code(config, tmp, tokenizer=loaded)
+        except Exception as error:
+            if not is_full_device(error):
+                raise
+            raise OSError(errno.ENOSPC, "no space left on its device; free some, or give a folder elsewhere") from None
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 
 
