@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .errors import first_line
-from .files.safetensors_files import saved_parameter_count
+from .files.safetensors_files import WeightPathError, saved_parameter_count
 from .loading import Source, check_supported, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
@@ -49,6 +49,8 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     }
     try:
         counted = saved_parameter_count(path)
+    except WeightPathError:
+        raise
     except (OSError, ValueError, KeyError) as error:
         raise ValueError(f"{path}: the safetensors weights are corrupt ({first_line(error)})") from None
     if counted is not None:
