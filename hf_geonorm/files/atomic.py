@@ -12,6 +12,9 @@ What is guaranteed (Linux, where ``renameat2`` moves without replacing and swaps
   new folder, whole; the old one is then removed, read-only folders included (a symbolic link is replaced by
   the new folder; the folder it pointed to is left untouched).
 
+Refused whatever ``force`` says (``check_output_name``): an empty name, the current folder and any folder that
+holds it; and replacing a folder while a run holds the lock of a folder inside it (``check_no_run_inside``).
+
 Elsewhere the same holds except that the final moves are two steps (a target appearing in between can be an
 empty folder that gets replaced; with ``force`` a SIGKILL between the steps leaves the old folder as
 ``.NAME.old-PID-XXXX``, which the next run puts back when the target is missing).
@@ -280,7 +283,7 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
     if not os.fspath(output_dir).strip():
         raise ValueError(f"the {option} given is empty (an unset shell variable?); give the folder to write")
     output = Path(output_dir).expanduser().absolute()
-    # with force a link is replaced, not the folder it points to; without, an empty folder behind a link is
+    # with force a link is replaced, not the folder it points to; without, the empty folder behind a link is
     plain = Path(os.path.abspath(output))  # ".." spelled out
     replaced = plain.parent.resolve() / plain.name if force else output.resolve()
     try:
