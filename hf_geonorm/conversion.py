@@ -279,9 +279,9 @@ def convert_checkpoint(
         try:
             save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
         except Exception as error:
-            if not is_full_device(error):
+            if isinstance(error, OSError) or not is_full_device(error):
                 raise
-            raise OSError(errno.ENOSPC, "no space left on its device; free some, or give a folder elsewhere") from None
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     output = Path(output_dir)
     return ConversionResult(
         output=output,

@@ -27,6 +27,7 @@ import ctypes
 import errno
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 _RENAME_NOREPLACE = 1
@@ -204,6 +206,29 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+class OutputInUse(ValueError):
+    """Another run holds the output folder (the message names it)."""
+
+
+def holder_text(holder: dict[str, Any] | None) -> str:
+    """How messages name the run that holds a lock (``hf_geonorm.files.output_lock``)."""
+    if not holder:
+        return "another hf-geonorm run (starting)"
+    return (
+        f"hf-geonorm {holder.get('command', '?')} (process {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
+        f"since {holder.get('started', '?')})"
+    )
+
+
+def read_holder(fd: int) -> dict[str, Any] | None:
+    """The holder a lock file records (None while it is being written, or for a damaged one)."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
 class OutputExists(FileExistsError):
     """The output folder is taken. ``reason`` says how, without the remedy, which the command line words as
     ``--force`` and the library as ``force=True``."""
@@ -311,16 +336,35 @@ def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
     return output
 
 
+def _refuse_if_held(path: Path, replaced: Path) -> None:
+    """``OutputInUse`` when a live run holds the lock file ``path``, which lies inside the folder ``replaced`` that
+    is about to be replaced (a lock file its holder no longer holds is not counted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # gone: its holder ended
+    try:
+        import fcntl  # POSIX only, as the lock
+
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = read_holder(fd)
+        raise OutputInUse(
+            f"{replaced} holds {path.parent}, in use by {holder_text(holder)}: replacing {replaced} would remove "
+            "that run's output; wait for it to end, or give another folder"
+        ) from None
+    finally:
+        os.close(fd)
+
+
 def check_no_run_inside(folder: Path) -> None:
     """``output_lock.OutputInUse`` when a run holds the lock of ``folder`` or of any folder under it: replacing
     ``folder`` would swap out that run's output (a sweep's run in ``sweep/runs/NAME`` when ``sweep/runs`` is
     replaced). The lock of ``folder`` itself, which the caller holds, is not counted."""
-    from .output_lock import held_lock_holder
-
     own = folder / LOCK_NAME
     for root, _, files in os.walk(folder):
         if LOCK_NAME in files and Path(root, LOCK_NAME) != own:
-            held_lock_holder(Path(root, LOCK_NAME), folder)
+            _refuse_if_held(Path(root, LOCK_NAME), folder)
 
 
 def _missing_ancestors(path: Path) -> list[Path]:

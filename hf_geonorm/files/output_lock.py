@@ -19,30 +19,8 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from .atomic import LOCK_NAME
-
-
-class OutputInUse(ValueError):
-    """Another run holds the output folder (the message names it)."""
-
-
-def _holder_text(holder: dict[str, Any] | None) -> str:
-    if not holder:
-        return "another hf-geonorm run (starting)"
-    return (
-        f"hf-geonorm {holder.get('command', '?')} (process {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
-        f"since {holder.get('started', '?')})"
-    )
-
-
-def _read_holder(fd: int) -> dict[str, Any] | None:
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return holder if isinstance(holder, dict) else None
+from .atomic import LOCK_NAME, OutputInUse, holder_text, read_holder
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -60,25 +38,25 @@ def _acquire(path: Path, command: str, option: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            holder = read_holder(fd)
             os.close(fd)
             raise OutputInUse(
-                f"{path.parent} is in use by {_holder_text(holder)}: one run writes into a folder at a time; wait "
+                f"{path.parent} is in use by {holder_text(holder)}: one run writes into a folder at a time; wait "
                 f"for it to end, or give another {option}"
             ) from None
         if _same_file(fd, path):
             break
         os.close(fd)
-    previous, host = _read_holder(fd), socket.gethostname()
+    previous, host = read_holder(fd), socket.gethostname()
     if previous and previous.get("host") != host:
         os.close(fd)
         raise OutputInUse(
-            f"{path.parent} is locked by {_holder_text(previous)}, which this machine cannot check; if that run has "
+            f"{path.parent} is locked by {holder_text(previous)}, which this machine cannot check; if that run has "
             f"ended, remove {path} and start again, or give another {option}"
         )
     if previous:
         warnings.warn(
-            f"took over the lock {path} of {_holder_text(previous)}, which no longer runs (it was stopped before it "
+            f"took over the lock {path} of {holder_text(previous)}, which no longer runs (it was stopped before it "
             "could remove it)",
             stacklevel=4,
         )
@@ -87,25 +65,6 @@ def _acquire(path: Path, command: str, option: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, record.encode("utf-8"), 0)
     return fd
-
-
-def held_lock_holder(path: Path, replaced: Path) -> None:
-    """``OutputInUse`` when a live run holds the lock file ``path``, which lies inside the folder ``replaced`` that
-    is about to be replaced (a lock file its holder no longer holds is not counted)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # gone: its holder ended
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_holder(fd)
-        raise OutputInUse(
-            f"{replaced} holds {path.parent}, in use by {_holder_text(holder)}: replacing {replaced} would remove "
-            "that run's output; wait for it to end, or give another folder"
-        ) from None
-    finally:
-        os.close(fd)
 
 
 def _release(fd: int, path: Path) -> None:

@@ -265,9 +265,9 @@ def write_scratch_config(
         try:
             save_config_with_remote_code(config, tmp, tokenizer=loaded)
         except Exception as error:
-            if not is_full_device(error):
+            if isinstance(error, OSError) or not is_full_device(error):
                 raise
-            raise OSError(errno.ENOSPC, "no space left on its device; free some, or give a folder elsewhere") from None
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 
 
