@@ -251,7 +251,9 @@ def info(path: str, as_json: bool) -> None:
     if data["geonorm"]:
         click.echo(f"settings:     {_settings_line(data['settings'])}")
         if "step_sizes" in data:
-            click.echo(f"step sizes:   {', '.join(f'{k}: {a:.4g}' for k, a in enumerate(data['step_sizes'], start=1))}")
+            steps = list(enumerate(data["step_sizes"], start=1))
+            shown = steps if len(steps) <= 16 else [*steps[:8], None, steps[-1]]  # a deep config: its first and last
+            click.echo("step sizes:   " + ", ".join("..." if s is None else f"{s[0]}: {s[1]:.4g}" for s in shown))
     rc = data["remote_code"]
     if rc["complete"]:
         click.echo(f"remote code:  yes ({', '.join(rc['files'])}; auto_map {', '.join(rc['auto_map'])})")

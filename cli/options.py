@@ -220,9 +220,22 @@ class ListType(click.ParamType):
         if not all(parts):
             self.fail(f"{value!r} has an empty item; give values separated by single commas", param, ctx)
         try:
-            return tuple(self.item(part) for part in parts)
+            items = tuple(self.item(part) for part in parts)
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+        if self.item is float and not all(math.isfinite(item) for item in items):
+            self.fail(f"{value!r} holds a value that is not a finite number", param, ctx)
+        return items
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A number in the range, never NaN or infinite (a NaN passes every comparison of ``click.FloatRange``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 VALUE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
@@ -255,15 +268,27 @@ def _value_type(annotation: str, form: dict[str, Any]) -> Any:
             "min": form.get("minimum"), "max": form.get("maximum"),
             "min_open": form.get("min_open", False), "max_open": form.get("max_open", False),
         }  # fmt: skip
-        return click.IntRange(**limits) if kind is int else click.FloatRange(**limits)
-    return kind
+        return click.IntRange(**limits) if kind is int else FiniteFloatRange(**limits)
+    return FiniteFloatRange() if kind is float else kind
+
+
+def _one_switch(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """The value of the switches that set one field (``--bf16``, ``--fp16``), collected by click as a tuple: two
+    that differ are refused (click would keep the last without a word)."""
+    if value is None or isinstance(value, str):
+        return value
+    if len(set(value)) > 1:
+        flags = [opt for other in ctx.command.params if other.name == param.name for opt in other.opts]
+        raise click.UsageError(f"{' and '.join(flags)} exclude each other: give one", ctx)
+    return value[0] if value else None
 
 
 def field_options(field: dataclasses.Field, form: dict[str, Any], default: Any) -> list[Callable]:
     """The click options of one declared field (several for a field set by switches, e.g. ``--bf16``)."""
     if "flag_values" in form:
         return [
-            click.option(flag, field.name, flag_value=value, help=f"{form['help']} ({flag}: {value})")
+            click.option(flag, field.name, flag_value=value, multiple=True, callback=_one_switch,
+                         help=f"{form['help']} ({flag}: {value})")  # fmt: skip
             for flag, value in form["flag_values"].items()
         ]
     name = form.get("name", "--" + field.name.replace("_", "-"))

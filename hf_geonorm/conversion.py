@@ -7,6 +7,7 @@ model card into a temporary folder that becomes the output only when complete (`
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -18,12 +19,13 @@ from typing import Any
 
 from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
-from .files.atomic import atomic_directory, check_target
+from .files.atomic import atomic_directory, check_target, is_full_device
 from .files.gguf_files import gguf_metadata
 from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
+from .sharing.card_checks import ALIASES_REFUSED, metadata_has_aliases
 from .sharing.hub import save_shareable
 from .sharing.model_card import CardInfo
 
@@ -33,7 +35,8 @@ MIN_CALIBRATION_TOKENS = 64
 
 def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
     """The absolute output path; ``FileExistsError`` when it is a file or is not empty (without ``force``),
-    ``ValueError`` when it overlaps the source (which is never modified)."""
+    ``ValueError`` when it overlaps the source (which is never modified), also through a symbolic link in the
+    source that leads into the output (a Hub cache snapshot is made of such links)."""
     output = check_target(output_dir, force)
     if source_path is not None:
         src, out = source_path.resolve(), output.resolve()
@@ -42,7 +45,28 @@ def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path |
                 f"the output {output_dir} overlaps the source {source_path}; the source is never modified, "
                 "choose another folder"
             )
+        linked = _link_into(source_path, out)
+        if linked is not None:
+            raise ValueError(
+                f"the source's {linked} is a symbolic link into the output {output_dir} ({linked.resolve()}): "
+                "replacing the output would delete the source's own files; the source is never modified, choose "
+                "another folder"
+            )
     return output
+
+
+def _link_into(source_path: Path, output: Path) -> Path | None:
+    """A symbolic link in the source folder (at any depth) whose target lies in ``output``, or None."""
+    if not source_path.is_dir():
+        return None
+    for root, dirs, files in os.walk(source_path):
+        for name in dirs + files:
+            entry = Path(root, name)
+            if entry.is_symlink():
+                target = entry.resolve()
+                if target == output or output in target.parents:
+                    return entry
+    return None
 
 
 def card_metadata(source: Source) -> dict[str, Any]:
@@ -59,6 +83,9 @@ def card_metadata(source: Source) -> dict[str, Any]:
         if source.kind == "hub":
             data = ModelCard.load(source.spec).data.to_dict()
         elif (source.path / "README.md").is_file():
+            if metadata_has_aliases((source.path / "README.md").read_text(encoding="utf-8")):
+                warnings.warn(f"{source.path / 'README.md'}: {ALIASES_REFUSED}; its card is not read", stacklevel=2)
+                return found
             data = ModelCard.load(source.path / "README.md").data.to_dict()
         else:
             return found
@@ -249,7 +276,12 @@ def convert_checkpoint(
             evaluation=evaluation,
         )
         say(f"writing {output_dir}")
-        save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
+        try:
+            save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
+        except Exception as error:
+            if isinstance(error, OSError) or not is_full_device(error):
+                raise
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     output = Path(output_dir)
     return ConversionResult(
         output=output,

@@ -13,11 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .errors import first_line
-from .files.safetensors_files import saved_parameter_count
+from .files.safetensors_files import WeightPathError, saved_parameter_count
 from .loading import Source, check_supported, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
-from .sharing.card_checks import check_remote_code
+from .sharing.card_checks import ALIASES_REFUSED, check_remote_code, metadata_has_aliases
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -49,6 +49,8 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     }
     try:
         counted = saved_parameter_count(path)
+    except WeightPathError:
+        raise
     except (OSError, ValueError, KeyError) as error:
         raise ValueError(f"{path}: the safetensors weights are corrupt ({first_line(error)})") from None
     if counted is not None:
@@ -79,9 +81,38 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
+# Configs deeper than this are counted from two builds of fewer layers (a layer's parameters, times the layers):
+# building 100,000 layers, even on the meta device, takes minutes and gigabytes.
+LAYERS_BUILT = 32
+
+
 def parameter_count(config: Any, check_forward: bool = False) -> int:
     """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
-    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together."""
+    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together.
+    A config of more than ``LAYERS_BUILT`` layers is built with ``LAYERS_BUILT`` and half as many, and the
+    difference per layer extended to all of them."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= LAYERS_BUILT:
+        return _built_count(config, check_forward)
+    few, more = LAYERS_BUILT // 2, LAYERS_BUILT
+    fewer_count = _built_count(_with_layers(config, few), False)
+    more_count = _built_count(_with_layers(config, more), check_forward)
+    return more_count + (layers - more) * (more_count - fewer_count) // (more - few)
+
+
+def _with_layers(config: Any, layers: int) -> Any:
+    """A copy of ``config`` with ``layers`` layers: its per-layer (and per-update) lists cut to match."""
+    total = config.num_hidden_layers
+    values = config.to_dict()
+    for key, value in values.items():
+        if isinstance(value, list) and len(value) in (total, 2 * total):
+            values[key] = value[: layers * (len(value) // total)]
+    values["num_hidden_layers"] = layers
+    values.pop("model_type", None)
+    return type(config)(**values)
+
+
+def _built_count(config: Any, check_forward: bool) -> int:
     with torch.device("meta"):
         # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
         # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
@@ -94,6 +125,26 @@ def parameter_count(config: Any, check_forward: bool = False) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def machine_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits_memory(parameters: int, what: str) -> None:
+    """``ValueError`` naming both numbers when the float32 weights of ``parameters`` parameters alone exceed this
+    machine's memory: building the model would fail only after allocating gigabytes (or take the machine down)."""
+    memory = machine_memory()
+    needed = parameters * 4
+    if memory is not None and needed > memory:
+        raise ValueError(
+            f"{what} has {parameters:,} parameters, {needed / 1e9:,.1f} GB in float32, more than this machine's "
+            f"{memory / 1e9:,.1f} GB of memory: choose smaller sizes"
+        )
+
+
 def _card_facts(readme: Path) -> dict[str, Any] | None:
     if not readme.is_file():
         return None
@@ -101,6 +152,8 @@ def _card_facts(readme: Path) -> dict[str, Any] | None:
     try:
         from huggingface_hub import ModelCard
 
+        if metadata_has_aliases(readme.read_text(encoding="utf-8")):
+            raise ValueError(ALIASES_REFUSED)
         data = ModelCard.load(readme).data.to_dict()
         card.update({k: data.get(k) for k in ("base_model", "license", "tags", "pipeline_tag", "library_name")})
     except Exception as error:  # noqa: BLE001 - a card without valid metadata is still reported

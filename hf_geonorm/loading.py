@@ -26,7 +26,7 @@ from torch import nn
 
 from .errors import SettingsError, first_line
 from .files.gguf_files import dequantize_gguf
-from .files.safetensors_files import safetensors_header, weight_files
+from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from .loading_info import check_loading_info, geonorm_keys
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
@@ -37,6 +37,11 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Sizes a model divides by or builds from (a head count of 0 is a ZeroDivisionError deep in the modelling code).
+POSITIVE_SIZES = (
+    "n_head", "num_attention_heads", "num_key_value_heads", "n_embd", "hidden_size", "n_layer", "num_hidden_layers",
+    "head_dim", "vocab_size", "n_positions", "max_position_embeddings", "intermediate_size",
+)  # fmt: skip
 NO_REMOTE_CODE = {"trust_remote_code": False}  # for every from_pretrained of a folder, a file or a Hub id
 
 
@@ -51,6 +56,15 @@ def custom_code_error(what: str, where: str, fix: str) -> ValueError:
         f"the {what} of {where} needs custom code (an auto_map in its tokenizer_config.json or config.json), which "
         f"hf-geonorm never runs; {fix}"
     )
+
+
+def standard_tokenizer(tokenizer: Any, where: str, fix: str) -> Any:
+    """``tokenizer`` unless its ``tokenizer_config.json`` asks for custom code (an ``auto_map``): without
+    ``trust_remote_code`` transformers loads a standard class in its place without a word, and ``save_pretrained``
+    would copy the ``auto_map`` into every output, a pointer to code that anyone able to add that file could fill."""
+    if tokenizer is not None and (getattr(tokenizer, "init_kwargs", None) or {}).get("auto_map"):
+        raise custom_code_error("tokenizer", where, fix)
+    return tokenizer
 
 
 STANDARD_TOKENIZER = (
@@ -101,6 +115,8 @@ class Source:
             return []
         try:
             return weight_files(self.path)
+        except WeightPathError:
+            raise
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(
                 f"{self.path / 'model.safetensors.index.json'} is not a valid safetensors index ({first_line(error)}); "
@@ -135,6 +151,10 @@ def read_config_json(folder: str | os.PathLike) -> dict[str, Any]:
         ) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError(f"{config_path} is corrupt: it has no model_type")
+    for key in POSITIVE_SIZES:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"{config_path}: {key} is {value}; a size or count must be at least 1 (fix the file)")
     return config
 
 
@@ -331,13 +351,14 @@ def load_tokenizer(source: Source) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - a source without a usable tokenizer is still usable
         if needs_custom_code(error):
             raise custom_code_error("tokenizer", source.spec, STANDARD_TOKENIZER) from None
         if source.kind != "hub":
             warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
         return None
+    return standard_tokenizer(tokenizer, source.spec, STANDARD_TOKENIZER)
 
 
 def current_settings(source: Source) -> dict[str, Any]:

@@ -277,6 +277,88 @@ def test_incomplete_folders_are_refused_before_anything_is_sent(hub, converted, 
     assert hub.requests == [] and hub.repos == {}
 
 
+class Payload:
+    """Unpickling this runs a shell command: what a pickle file from someone else can do."""
+
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/hf-geonorm-pickle-ran",))
+
+
+def make_unsafe(folder: Path, how: str) -> None:
+    """Add to a complete GeoNorm folder what push must not share (issue 37, security 1 to 3)."""
+    import pickle
+
+    import torch
+
+    if how == "pickle_bin":
+        (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    elif how == "torch_pt":
+        torch.save({"step": 1}, folder / "extra_state.pt")
+    elif how == "pkl":
+        (folder / "sub").mkdir()
+        (folder / "sub" / "stats.pkl").write_bytes(pickle.dumps({"a": 1}))
+    elif how == "tokenizer_auto_map":
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}})
+        )
+    elif how == "extra_auto_map":
+        config = json.loads((folder / "config.json").read_text())
+        config["auto_map"]["AutoTokenizer"] = ["tokenization_x.XTokenizer", None]
+        (folder / "config.json").write_text(json.dumps(config))
+    elif how == "alias_bomb":
+        text = (folder / "README.md").read_text()
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+        lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+        (folder / "README.md").write_text(text.replace("---\n", "---\n" + "\n".join(lines) + "\n", 1))
+    elif how == "index_outside":
+        outside = folder.parent / "elsewhere"
+        outside.mkdir()
+        (folder / "model.safetensors").rename(outside / "model.safetensors")
+        from safetensors import safe_open
+
+        with safe_open(outside / "model.safetensors", "pt") as f:
+            keys = list(f.keys())
+        index = {"metadata": {}, "weight_map": {key: "../elsewhere/model.safetensors" for key in keys}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        raise AssertionError(how)
+
+
+UNSAFE = {
+    "pickle_bin": "pytorch_model.bin: pickle file(s), which can run code when loaded",
+    "torch_pt": "extra_state.pt: pickle file(s)",
+    "pkl": "sub/stats.pkl: pickle file(s)",
+    "tokenizer_auto_map": "tokenizer_config.json has an auto_map: the tokenizer asks for custom code",
+    "extra_auto_map": "auto_map also names AutoTokenizer, code that is not GeoNorm's",
+    "alias_bomb": "README.md: the metadata uses YAML aliases",
+    "index_outside": "names the weight file '../elsewhere/model.safetensors', outside",
+}
+
+
+@pytest.mark.parametrize("how", list(UNSAFE))
+def test_unsafe_files_are_refused_before_anything_is_sent(hub, converted, tmp_path, how):
+    folder = tmp_path / "folder"
+    shutil.copytree(converted, folder)
+    make_unsafe(folder, how)
+    message = refused(folder, "me/unsafe")
+    assert message.startswith("Error: not pushed: ") and UNSAFE[how] in message, message
+    assert hub.requests == [] and hub.repos == {}
+    assert not Path("/tmp/hf-geonorm-pickle-ran").exists()
+
+
+def test_trainer_state_pickles_are_left_out_not_refused(hub, converted, tmp_path):
+    """optimizer.pt, scheduler.pt and the like are the Trainer's state: never uploaded (PUSH_IGNORED), so a final
+    folder that holds them still pushes, without them."""
+    import torch
+
+    folder = tmp_path / "folder"
+    shutil.copytree(converted, folder)
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    result = push(folder, "me/with-state")
+    assert result.exit_code == 0, result.output
+    assert "optimizer.pt" not in hub.commits[0]["files"]
+
+
 def test_bad_arguments_and_a_missing_token_are_refused(hub, converted, tmp_path, monkeypatch):
     assert "no such folder" in refused(tmp_path / "missing", "me/x")
     (tmp_path / "file.txt").write_text("x")

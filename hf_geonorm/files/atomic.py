@@ -12,6 +12,9 @@ What is guaranteed (Linux, where ``renameat2`` moves without replacing and swaps
   new folder, whole; the old one is then removed, read-only folders included (a symbolic link is replaced by
   the new folder; the folder it pointed to is left untouched).
 
+Refused whatever ``force`` says (``check_output_name``): an empty name, the current folder and any folder that
+holds it; and replacing a folder while a run holds the lock of a folder inside it (``check_no_run_inside``).
+
 Elsewhere the same holds except that the final moves are two steps (a target appearing in between can be an
 empty folder that gets replaced; with ``force`` a SIGKILL between the steps leaves the old folder as
 ``.NAME.old-PID-XXXX``, which the next run puts back when the target is missing).
@@ -24,6 +27,7 @@ import ctypes
 import errno
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -36,6 +40,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 _RENAME_NOREPLACE = 1
@@ -201,6 +206,29 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+class OutputInUse(ValueError):
+    """Another run holds the output folder (the message names it)."""
+
+
+def holder_text(holder: dict[str, Any] | None) -> str:
+    """How messages name the run that holds a lock (``hf_geonorm.files.output_lock``)."""
+    if not holder:
+        return "another hf-geonorm run (starting)"
+    return (
+        f"hf-geonorm {holder.get('command', '?')} (process {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
+        f"since {holder.get('started', '?')})"
+    )
+
+
+def read_holder(fd: int) -> dict[str, Any] | None:
+    """The holder a lock file records (None while it is being written, or for a damaged one)."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
 class OutputExists(FileExistsError):
     """The output folder is taken. ``reason`` says how, without the remedy, which the command line words as
     ``--force`` and the library as ``force=True``."""
@@ -265,15 +293,78 @@ def _swap_in(tmp: Path, output: Path) -> None:
         )
 
 
-def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
-    """The absolute path of ``output_dir``; ``FileExistsError`` when it is a file, or a non-empty folder and not
-    ``force``. ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
+def is_full_device(error: BaseException) -> bool:
+    """Whether ``error`` reports a full device: an ``OSError`` ENOSPC, or the same reported by safetensors' writer
+    (a ``SafetensorError``) or torch, which raise their own types with the system's words."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return "No space left on device" in str(error) or "os error 28" in str(error)
+
+
+def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = "OUTPUT_DIR") -> Path:
+    """The absolute path of ``output_dir``; ``ValueError`` when it is empty (an unset shell variable would otherwise
+    name the current folder) or when it is the current folder or one that holds it: replacing it (``force``) would
+    delete the folder the command runs in, and writing into it would mix the output with whatever is there."""
+    if not os.fspath(output_dir).strip():
+        raise ValueError(f"the {option} given is empty (an unset shell variable?); give the folder to write")
     output = Path(output_dir).expanduser().absolute()
+    # with force a link is replaced, not the folder it points to; without, the empty folder behind a link is
+    plain = Path(os.path.abspath(output))  # ".." spelled out
+    replaced = plain.parent.resolve() / plain.name if force else output.resolve()
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current folder was removed: nothing to protect
+        return output
+    if replaced == here or replaced in here.parents:
+        what = "is the current folder" if replaced == here else f"holds the current folder {here}"
+        raise ValueError(
+            f"{option} {output_dir} {what}, which hf-geonorm never writes over (not even with --force): give a new "
+            "folder"
+        )
+    return output
+
+
+def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
+    """The absolute path of ``output_dir``; ``ValueError`` for an empty name or a folder that holds the current one
+    (``check_output_name``), ``FileExistsError`` when it is a file, or a non-empty folder and not ``force``.
+    ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
+    output = check_output_name(output_dir, force)
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
     if output.is_dir() and not force and _holds_content(output):
         raise OutputExists(f"{output_dir} exists and is not empty")
     return output
+
+
+def _refuse_if_held(path: Path, replaced: Path) -> None:
+    """``OutputInUse`` when a live run holds the lock file ``path``, which lies inside the folder ``replaced`` that
+    is about to be replaced (a lock file its holder no longer holds is not counted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # gone: its holder ended
+    try:
+        import fcntl  # POSIX only, as the lock
+
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = read_holder(fd)
+        raise OutputInUse(
+            f"{replaced} holds {path.parent}, in use by {holder_text(holder)}: replacing {replaced} would remove "
+            "that run's output; wait for it to end, or give another folder"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def check_no_run_inside(folder: Path) -> None:
+    """``output_lock.OutputInUse`` when a run holds the lock of ``folder`` or of any folder under it: replacing
+    ``folder`` would swap out that run's output (a sweep's run in ``sweep/runs/NAME`` when ``sweep/runs`` is
+    replaced). The lock of ``folder`` itself, which the caller holds, is not counted."""
+    own = folder / LOCK_NAME
+    for root, _, files in os.walk(folder):
+        if LOCK_NAME in files and Path(root, LOCK_NAME) != own:
+            _refuse_if_held(Path(root, LOCK_NAME), folder)
 
 
 def _missing_ancestors(path: Path) -> list[Path]:
@@ -311,6 +402,9 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
         warnings.warn(message, stacklevel=3)
     check_target(output_dir, force)
     existed_empty = output.is_dir() and not output.is_symlink() and not _holds_content(output)
+    replaces = force and output.is_dir() and not output.is_symlink() and not existed_empty
+    if replaces:
+        check_no_run_inside(output)
     created = _missing_ancestors(output)
     with terminate_raises():
         tmp = None
@@ -321,6 +415,8 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
             yield tmp
             with _signals_held():
                 if force and os.path.lexists(output) and not existed_empty:
+                    if replaces:
+                        check_no_run_inside(output)  # again: a run may have started in it meanwhile
                     _swap_in(tmp, output)
                 else:
                     _move_new(tmp, output, replace_empty=existed_empty)

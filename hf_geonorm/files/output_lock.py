@@ -19,30 +19,8 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from .atomic import LOCK_NAME
-
-
-class OutputInUse(ValueError):
-    """Another run holds the output folder (the message names it)."""
-
-
-def _holder_text(holder: dict[str, Any] | None) -> str:
-    if not holder:
-        return "another hf-geonorm run (starting)"
-    return (
-        f"hf-geonorm {holder.get('command', '?')} (process {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
-        f"since {holder.get('started', '?')})"
-    )
-
-
-def _read_holder(fd: int) -> dict[str, Any] | None:
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return holder if isinstance(holder, dict) else None
+from .atomic import LOCK_NAME, OutputInUse, holder_text, read_holder
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -60,25 +38,25 @@ def _acquire(path: Path, command: str, option: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            holder = read_holder(fd)
             os.close(fd)
             raise OutputInUse(
-                f"{path.parent} is in use by {_holder_text(holder)}: one run writes into a folder at a time; wait "
+                f"{path.parent} is in use by {holder_text(holder)}: one run writes into a folder at a time; wait "
                 f"for it to end, or give another {option}"
             ) from None
         if _same_file(fd, path):
             break
         os.close(fd)
-    previous, host = _read_holder(fd), socket.gethostname()
+    previous, host = read_holder(fd), socket.gethostname()
     if previous and previous.get("host") != host:
         os.close(fd)
         raise OutputInUse(
-            f"{path.parent} is locked by {_holder_text(previous)}, which this machine cannot check; if that run has "
+            f"{path.parent} is locked by {holder_text(previous)}, which this machine cannot check; if that run has "
             f"ended, remove {path} and start again, or give another {option}"
         )
     if previous:
         warnings.warn(
-            f"took over the lock {path} of {_holder_text(previous)}, which no longer runs (it was stopped before it "
+            f"took over the lock {path} of {holder_text(previous)}, which no longer runs (it was stopped before it "
             "could remove it)",
             stacklevel=4,
         )

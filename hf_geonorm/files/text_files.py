@@ -6,18 +6,39 @@ from __future__ import annotations
 import codecs
 import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"),
+)  # fmt: skip
+
+
+def check_regular_file(path: str | os.PathLike) -> None:
+    """``ValueError`` unless ``path`` is a regular file (links followed): a device such as /dev/zero never ends, and
+    reading a FIFO waits for a writer, so neither is read as text or data."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for check, name in SPECIAL_FILES if check(mode)), "not a regular file")
+    raise ValueError(f"{path} is {kind}, not a file: give a UTF-8 text file")
 
 
 def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
     """The UTF-8 text of ``path`` (its first ``max_chars`` characters).
 
-    A binary file (one with NUL bytes) or an empty one is a ``ValueError``; bytes that are not UTF-8 are replaced
-    by U+FFFD with a warning that names the file and counts them.
+    A file that is not a regular one (``check_regular_file``), a binary file (one with NUL bytes) or an empty one is
+    a ``ValueError``; bytes that are not UTF-8 are replaced by U+FFFD with a warning that names the file and counts
+    them.
     """
     path = Path(path)
+    check_regular_file(path)
     limit = -1 if max_chars is None else max_chars * 4 + 4  # a UTF-8 character is at most 4 bytes
     try:
         with open(path, "rb") as f:
@@ -54,6 +75,7 @@ def text_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> Iterator
     yielded; bytes that are not UTF-8 become U+FFFD with one warning, at the end, that names the file and counts
     them. An empty file yields nothing (the caller says whether that is an error)."""
     path = Path(path)
+    check_regular_file(path)
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below, also when the generator is dropped
     except OSError as error:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import safetensors_header, weight_files
+from ..files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from ..loading_info import tensor_names
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from ..patching import family_for
@@ -75,6 +75,27 @@ def _string_list(value: Any) -> list[str] | None:
     return items
 
 
+ALIASES_REFUSED = (
+    "the metadata uses YAML aliases (*name), which a model card does not need and which can expand without end "
+    "(a 'billion laughs'); write the values out"
+)
+
+
+def metadata_has_aliases(text: str) -> bool:
+    """Whether the YAML metadata block of the card ``text`` uses aliases: read as a stream of events, which costs
+    the length of the text, before anything builds the values (nested aliases grow exponentially when built)."""
+    import yaml
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    match = REGEX_YAML_BLOCK.search(text)
+    if not match:
+        return False
+    try:
+        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(match.group(2), Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False  # reported by whatever parses it next
+
+
 def validate_card(card: Any, geonorm: bool = True) -> list[str]:
     """Check a model card offline; return the problems found (an empty list: the card is valid).
 
@@ -107,6 +128,8 @@ def validate_card(card: Any, geonorm: bool = True) -> list[str]:
     match = REGEX_YAML_BLOCK.search(text)
     if not match:
         return ["no YAML metadata block (a '---' line, the metadata, a '---' line) at the top"]
+    if metadata_has_aliases(text):
+        return [ALIASES_REFUSED]
     try:
         raw = yaml.safe_load(match.group(2))
     except yaml.YAMLError as error:
@@ -236,7 +259,7 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
         expected_map = auto_map_for(model_type)
     except ValueError:
         return [f"{path} is {model_type!r}, which this hf-geonorm does not support"]
-    problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map)
+    problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map) + _unsafe_files(path)
     if not problems:
         problems = _loading_problems(path, config)
     readme = path / "README.md"
@@ -252,17 +275,15 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
 
 def _weight_problems(path: Path) -> list[str]:
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return [f"{index.name} is not a valid safetensors index"]
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            return [f"the weights are incomplete: {', '.join(missing)} (named by {index.name}) missing"]
-        files = [path / s for s in shards]
-    else:
+    try:
         files = weight_files(path)
+    except WeightPathError as error:
+        return [str(error)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [f"{index.name} is not a valid safetensors index"]
+    missing = [file.relative_to(path).as_posix() for file in files if not file.is_file()]
+    if missing:
+        return [f"the weights are incomplete: {', '.join(missing)} (named by {index.name}) missing"]
     if not files:
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             return [f"{path} has pickle weights only; GeoNorm folders share safetensors (re-save the model)"]
@@ -276,6 +297,52 @@ def _weight_problems(path: Path) -> list[str]:
     return problems
 
 
+# Files that hold pickles: loading one can run any code, so hf-geonorm never loads them and never pushes them.
+PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+SNIFFED_SUFFIXES = (".bin", "")  # checked by their first bytes: a pickle, or torch.save's zip of one
+
+
+def is_pickle(file: Path) -> bool:
+    """Whether ``file`` is a pickle: by its suffix, or for ``.bin`` and files without a suffix by its first bytes
+    (a pickle's protocol opcode, or the zip archive ``torch.save`` writes)."""
+    suffix = file.suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        return True
+    if suffix not in SNIFFED_SUFFIXES:
+        return False
+    try:
+        with open(file, "rb") as f:
+            start = f.read(4)
+    except OSError:
+        return False
+    return (len(start) >= 2 and start[0] == 0x80 and 2 <= start[1] <= 5) or start == b"PK\x03\x04"
+
+
+def _unsafe_files(path: Path) -> list[str]:
+    """Pickle files push would upload, and a tokenizer that asks for custom code (an ``auto_map`` in its
+    ``tokenizer_config.json``): both would run code on the machine of whoever loads them."""
+    from .hub import shareable_files
+
+    problems = []
+    pickles = [name for name in shareable_files(path) if is_pickle(path / name)]
+    if pickles:
+        problems.append(
+            f"{', '.join(pickles)}: pickle file(s), which can run code when loaded; hf-geonorm never loads or pushes "
+            "them: remove them (the weights are in safetensors files)"
+        )
+    tokenizer_config = path / "tokenizer_config.json"
+    try:
+        tokenizer_map = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        tokenizer_map = None
+    if tokenizer_map:
+        problems.append(
+            "tokenizer_config.json has an auto_map: the tokenizer asks for custom code, which hf-geonorm never runs "
+            "or shares; save a standard tokenizer in its place (save_pretrained of a transformers tokenizer)"
+        )
+    return problems
+
+
 def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str, str]) -> list[str]:
     hint = f"add it with hf_geonorm.sharing.folders.add_remote_code({str(path)!r})"
     found = config.get("auto_map")
@@ -286,6 +353,12 @@ def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str
     wrong = [k for k, v in expected.items() if found.get(k) != v]
     if wrong:
         return [f"config.json: auto_map does not name this family's classes for {', '.join(wrong)}: {hint}"]
+    foreign = sorted(set(found) - set(expected))
+    if foreign:
+        return [
+            f"config.json: auto_map also names {', '.join(foreign)}, code that is not GeoNorm's (hf-geonorm never "
+            "runs it, and pushed it would point anyone loading the model at it): remove those entries"
+        ]
     status = check_remote_code(path, config)
     if status.missing:
         return [f"the remote code is incomplete: {', '.join(status.missing)} missing ({hint})"]

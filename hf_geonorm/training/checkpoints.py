@@ -30,7 +30,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..errors import SettingsError, first_line
-from ..files.atomic import remove_stale_partials, remove_tree
+from ..files.atomic import is_full_device, remove_stale_partials, remove_tree
 from ..files.safetensors_files import safetensors_header, weight_files
 from ..loading import NO_REMOTE_CODE, read_config_json
 from ..loading_info import tensor_names
@@ -68,7 +68,11 @@ def disk_full_named(written: Path, target: Path) -> Iterator[None]:
         inside = file is not None and file.is_relative_to(written)
         raise NoSpaceError(target / file.relative_to(written) if inside else target) from None
     except RuntimeError as error:
-        if not any(text in str(error) for text in TORCH_WRITE_FAILED):
+        if not any(text in str(error) for text in TORCH_WRITE_FAILED) and not is_full_device(error):
+            raise
+        raise NoSpaceError(target) from None
+    except Exception as error:  # safetensors' writer: a SafetensorError with the system's words
+        if not is_full_device(error):
             raise
         raise NoSpaceError(target) from None
 

@@ -4,6 +4,7 @@ benchmarks train on it, so the three agree field for field. A folder's model is 
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 from collections.abc import Mapping
@@ -15,9 +16,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ..errors import SettingsError, first_line
-from ..files.atomic import atomic_directory, check_target
+from ..files.atomic import atomic_directory, check_target, is_full_device
 from ..files.output_lock import output_lock
-from ..inspection import parameter_count
+from ..inspection import check_fits_memory, parameter_count
 from ..loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
@@ -209,6 +210,10 @@ def model_from_folder(
             f"{padded_vocab(len(tokenizer))} (or --tokenizer), or train with the tokenizer it was written for"
         )
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    parameters = parameter_count(config)
+    check_fits_memory(parameters, f"the model of {path / 'config.json'}")
+    if log is not None:
+        log(f"building the model of {path / 'config.json'}: {parameters:,} parameters")
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -263,8 +268,14 @@ def write_scratch_config(
             f"the {preset} preset does not fit {arch} ({type(error).__name__}: {first_line(error)}); build a config "
             "of your own with transformers and convert it, or choose another architecture"
         ) from None
+    check_fits_memory(parameters, f"the {arch} {preset} config (vocabulary {vocab_size:,})")
     with output_lock(output_dir, "init", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
-        save_config_with_remote_code(config, tmp, tokenizer=loaded)
+        try:
+            save_config_with_remote_code(config, tmp, tokenizer=loaded)
+        except Exception as error:
+            if isinstance(error, OSError) or not is_full_device(error):
+                raise
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 
 

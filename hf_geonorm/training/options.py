@@ -229,6 +229,8 @@ class TrainOptions:
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
+        if not os.fspath(self.output).strip():
+            raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
         for name in (
@@ -347,8 +349,8 @@ class SweepOptions:
         return tuple(low * 2**i for i in range(count))
 
     def validate(self) -> SweepOptions:
-        if not self.output:
-            raise OptionError("--output is empty (an unset shell variable?): give the sweep's folder")
+        if not os.fspath(self.output).strip():
+            raise OptionError("--output is empty (an unset shell variable?); give the folder of the sweep")
         rates = self.rates()
         if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
             raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..files.atomic import LOCK_NAME, remove_tree, terminate_raises
+from ..files.atomic import LOCK_NAME, check_output_name, remove_tree, terminate_raises
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
 from .optim import lr_factor
 from .options import TrainOptions
@@ -85,8 +85,10 @@ def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = N
 RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
 
 
-def check_output_path(output: Path) -> None:
-    """``ValueError`` when ``--output`` cannot be a folder: a dangling symbolic link or a file."""
+def check_output_path(output: Path, options: TrainOptions | None = None) -> None:
+    """``ValueError`` when ``--output`` cannot be a folder: a dangling symbolic link or a file; with ``--force``
+    (which removes the earlier run's files) also one that is or holds the current folder, or holds what the run
+    reads (``--model``, ``--tokenizer``, ``--data``)."""
     if output.is_symlink() and not output.exists():
         raise ValueError(
             f"--output {output} is a dangling symbolic link (to {os.readlink(output)}, which does not exist); create "
@@ -94,6 +96,19 @@ def check_output_path(output: Path) -> None:
         )
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a folder")
+    if options is None or not options.force:
+        return
+    check_output_name(options.output, force=False, option="--output")
+    real = output.resolve()
+    for name in ("model", "tokenizer", "data"):
+        value = getattr(options, name)
+        if value and os.path.lexists(Path(value).expanduser()):
+            read = Path(value).expanduser().resolve()
+            if read == real or real in read.parents:
+                raise ValueError(
+                    f"--output {options.output} holds the --{name} {value} the run reads, and --force removes the "
+                    "earlier run's files there: give another --output"
+                )
 
 
 def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:

@@ -28,6 +28,7 @@ from ..loading import (
     looks_like_path,
     needs_custom_code,
     open_source,
+    standard_tokenizer,
 )
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
@@ -118,17 +119,18 @@ def tokenizer_from(spec: str) -> Any:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise ValueError(f"{spec} holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); give a tokenizer folder")
         try:
-            return AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
+            tokenizer = AutoTokenizer.from_pretrained(path, **NO_REMOTE_CODE)
         except Exception as error:  # noqa: BLE001 - reported in one line
             if needs_custom_code(error):
                 raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
             raise ValueError(f"cannot load the tokenizer in {spec}: {first_line(error)}") from None
+        return standard_tokenizer(tokenizer, spec, STANDARD_TOKENIZER_FIX)
     if path.exists():
         raise ValueError(f"{spec} is a file; give the folder that holds the tokenizer, or a Hub model id")
     if looks_like_path(spec):
         raise ValueError(f"{spec}: no such folder; give a tokenizer folder or a Hub model id (such as gpt2)")
     try:
-        return AutoTokenizer.from_pretrained(spec, **NO_REMOTE_CODE)
+        tokenizer = AutoTokenizer.from_pretrained(spec, **NO_REMOTE_CODE)
     except Exception as error:  # noqa: BLE001 - offline, unknown id, ...
         if needs_custom_code(error):
             raise custom_code_error("tokenizer", spec, STANDARD_TOKENIZER_FIX) from None
@@ -136,6 +138,7 @@ def tokenizer_from(spec: str) -> Any:
             f"{spec} is not a local folder, and loading its tokenizer from the Hugging Face Hub failed: "
             f"{first_line(error)}"
         ) from None
+    return standard_tokenizer(tokenizer, spec, STANDARD_TOKENIZER_FIX)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:

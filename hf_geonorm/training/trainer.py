@@ -205,7 +205,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
-    check_output_path(output)
+    check_output_path(output, options)
     with output_removed_on_failure(output, main, log) as published:
         with output_lock(output, "train") if main else contextlib.nullcontext():  # the other processes: the same run
             return _run(options, output, main, log, published)
