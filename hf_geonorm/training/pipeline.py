@@ -309,21 +309,27 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     }  # fmt: skip
 
 
+HeldOut = dict[tuple[int, int], int]  # (shard, document) -> how many of its first tokens are held out
+
+
 def streaming_holdout(
     corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
-) -> tuple[dict[str, TokenBlocks], frozenset, dict[str, int]]:
+) -> tuple[dict[str, TokenBlocks], HeldOut, dict[str, int]]:
     """The validation and test blocks of a streamed corpus, by the rule of the cached ones (the same blocks for a
-    corpus of ``VAL_EVERY`` documents or more), read from its first documents; with the ``(shard, document)``
-    numbers they come from, and each split's tokens."""
-    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), []
+    corpus of ``VAL_EVERY`` documents or more; a document longer than the evaluation cut), read from its first
+    documents; with the ``(shard, document)`` numbers they come from and the tokens of each held out, and each
+    split's tokens."""
+    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), {}
     ids: dict[str, list[int]] = {"val": [], "test": []}
     offset, number = VAL_EVERY // 2, 0
     for shard in range(len(corpus.shards)):
         for index, doc in enumerate(corpus.documents(shard)):
             split = {0: "val", offset: "test"}.get(number % VAL_EVERY)
             if split is not None and len(ids[split]) < budget:
-                ids[split].extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
-                held.append((shard, index))
+                tokens = tokenizer(doc, add_special_tokens=False)["input_ids"] + eos
+                kept = len(tokens) if len(tokens) <= budget else budget - len(ids[split])
+                ids[split].extend(tokens[:kept])
+                held[(shard, index)] = kept
             number += 1
             if min(map(len, ids.values())) >= budget:
                 break
@@ -340,12 +346,12 @@ def streaming_holdout(
                 "more text or a shorter --seq-len"
             )
         blocks[split] = TokenBlocks(torch.tensor(tokens[: count * seq_len], dtype=torch.long).view(count, seq_len))
-    return blocks, frozenset(held), {split: len(tokens) for split, tokens in ids.items()}
+    return blocks, held, {split: len(tokens) for split, tokens in ids.items()}
 
 
-def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozenset, seed: int) -> Any:
+def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: HeldOut, seed: int) -> Any:
     """A ``datasets.IterableDataset`` of training blocks tokenized and packed as they are read, one shard (file)
-    after the other, without the validation documents ``held``; shuffled in a buffer of 1,000 blocks. Each shard
+    after the other, without the held-out tokens ``held``; shuffled in a buffer of 1,000 blocks. Each shard
     packs on its own: its last partial block is dropped (the cached pipeline drops only the corpus's last), so
     ``ValueError`` when no shard gives a block: the run would train 0 steps and call it done."""
     import datasets
@@ -367,14 +373,20 @@ def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozens
 
 
 def _stream_blocks(
-    shards: list[int], corpus: Corpus, held: frozenset, tokenizer: Any, seq_len: int
+    shards: list[int], corpus: Corpus, held: HeldOut, tokenizer: Any, seq_len: int
 ) -> Iterator[dict[str, list[int]]]:
     eos = end_of_text(tokenizer)
     for number in shards:
-        rest = np.empty(0, dtype=np.int32)
-        docs = (doc for index, doc in enumerate(corpus.documents(number)) if (number, index) not in held)
-        for texts in text_batches(docs):
-            rest = np.concatenate([rest, encode_documents(texts, tokenizer, eos)[0]])
+        rest, first = np.empty(0, dtype=np.int32), 0
+        for texts in text_batches(corpus.documents(number)):
+            ids, lengths = encode_documents(texts, tokenizer, eos)
+            trains = np.ones(len(ids), dtype=bool)
+            starts = np.cumsum(lengths) - lengths
+            for offset in range(len(texts)):
+                kept = held.get((number, first + offset), 0)
+                trains[starts[offset] : starts[offset] + kept] = False
+            first += len(texts)
+            rest = np.concatenate([rest, ids[trains]])
             whole = len(rest) // seq_len * seq_len
             for block in rest[:whole].reshape(-1, seq_len).tolist():
                 yield {"input_ids": block, "labels": block}
