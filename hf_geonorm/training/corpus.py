@@ -193,7 +193,7 @@ def _check_saved_split(folder: Path, split: str) -> None:
                          f"{split!r}: give one with --data-split")  # fmt: skip
 
 
-SKIPPED_NAMED = 10  # a folder's skipped files named in its warning (the others counted)
+SKIPPED_NAMED = 10  # a folder's skipped files named in a warning each (the others counted)
 
 
 def _folder_corpus(path: Path, column: str) -> Corpus:
@@ -229,12 +229,13 @@ def _skipped_why(path: Path) -> str:
 
 
 def _warn_skipped(folder: Path, skipped: list[tuple[Path, str]]) -> None:
-    """One warning naming the files of ``folder`` that are not read, each with why (the first ``SKIPPED_NAMED``)."""
-    if not skipped:
-        return
-    named = "; ".join(f"{p.relative_to(folder)} ({why})" for p, why in skipped[:SKIPPED_NAMED])
-    more = f"; and {len(skipped) - SKIPPED_NAMED} more" if len(skipped) > SKIPPED_NAMED else ""
-    warnings.warn(f"skipped {len(skipped)} file(s) under {folder} that are not read: {named}{more}", stacklevel=4)
+    """A warning for each of the first ``SKIPPED_NAMED`` files of ``folder`` that are not read, with why (a line
+    each: the command line shows the first line of a warning), and one that counts the others."""
+    for path, why in skipped[:SKIPPED_NAMED]:
+        warnings.warn(f"skipped {path}: {why}", stacklevel=4)
+    if len(skipped) > SKIPPED_NAMED:
+        warnings.warn(f"skipped {len(skipped) - SKIPPED_NAMED} more file(s) under {folder} that are not read (other "
+                      "extensions, compressed or binary)", stacklevel=4)  # fmt: skip
 
 
 def _special_kind(path: Path) -> str:

@@ -201,7 +201,7 @@ def prepare_blocks(
         problem = entry_problem(folder) or meta_problem(folder, key, eval_blocks)
         if problem is None:
             return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
-        warnings.warn(f"the cached data {folder} does not verify ({problem}): it is rebuilt", stacklevel=3)
+        warnings.warn(f"the cached data {folder} does not verify, so it is rebuilt: {problem}", stacklevel=3)
         with storage_errors(cache):
             discard(folder)
     start = time.perf_counter()
