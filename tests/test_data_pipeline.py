@@ -54,23 +54,35 @@ def held_out(lengths: list[int], first: int, budget: int) -> list[int]:
     return chosen
 
 
+def kept_tokens(lengths: list[int], chosen: list[int], budget: int) -> dict[int, int]:
+    """The tokens held out of each chosen document: all of them, but of one longer than ``budget`` only what the
+    budget still needs (the rest trains)."""
+    kept, before = {}, 0
+    for index in chosen:
+        kept[index] = lengths[index] if lengths[index] <= budget else budget - before
+        before += lengths[index]
+    return kept
+
+
 def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
     """Training and validation blocks by the documented rules: the end-of-text token after every document;
     documents 0, 20, 40, ... are validation and 10, 30, 50, ... test (the middle one of fewer than 20), each until
-    they hold 64 blocks' tokens; at most 64 validation blocks, a multiple of 8 from 8 on. Also the data's tokens and
-    the held-out (validation and test) documents' tokens."""
+    they hold 64 blocks' tokens (one longer than that cut: ``kept_tokens``); at most 64 validation blocks, a
+    multiple of 8 from 8 on. Also the data's tokens and the held-out (validation and test) tokens."""
     ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
     lengths = [len(doc) for doc in ids]
-    val = held_out(lengths, 0, 64 * seq_len)
-    test = [i for i in held_out(lengths, min(10, len(ids) // 2), 64 * seq_len) if i not in val]
-    train = [t for i, doc in enumerate(ids) if i not in set(val + test) for t in doc]
-    val_ids = [t for i in val for t in ids[i]]
+    budget = 64 * seq_len
+    val = held_out(lengths, 0, budget)
+    test = [i for i in held_out(lengths, min(10, len(ids) // 2), budget) if i not in val]
+    kept = {**kept_tokens(lengths, val, budget), **kept_tokens(lengths, test, budget)}
+    train = [t for i, doc in enumerate(ids) for t in doc[kept.get(i, 0) :]]
+    val_ids = [t for i in val for t in ids[i][: kept[i]]]
 
     def cut(tokens: list[int]) -> list[list[int]]:
         return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
 
     evaluated = min(64, len(cut(val_ids)))
-    held = sum(lengths[i] for i in val + test)
+    held = sum(kept.values())
     return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(lengths), held
 
 

@@ -35,7 +35,6 @@ import signal
 import stat
 import tempfile
 import threading
-import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -428,10 +427,3 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
                     with contextlib.suppress(OSError):
                         parent.rmdir()
             raise
-
-
-def wait_for(path: Path, poll: float = 0.5) -> None:
-    """Wait until ``path`` exists: another process of the run publishes it whole (a failing one ends the whole
-    launch)."""
-    while not path.exists():
-        time.sleep(poll)

@@ -1,5 +1,6 @@
 """Reading a text file as UTF-8, for perplexity (``hf_geonorm.analysis.evaluation``) and training data
-(``hf_geonorm.training.corpus``): a binary file is refused, bytes that are not UTF-8 are replaced with a warning."""
+(``hf_geonorm.training.corpus``): a binary file is refused (a compressed or UTF-16 one with the command that makes it
+UTF-8 text), bytes that are not UTF-8 are replaced with a warning."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
             complete = not f.read(1)
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
-    if b"\0" in data:
-        raise ValueError(f"{path} is a binary file (it holds NUL bytes), not text: give a UTF-8 text file")
+    why = not_text(data[:BINARY_PROBE]) or (BINARY if b"\0" in data else None)
+    if why is not None:
+        raise ValueError(f"{path} {why}")
     decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
     text = decoder.decode(data, final=complete)
     bad = sum(1 for c in text if "\udc80" <= c <= "\udcff")
@@ -65,6 +67,28 @@ def read_text(path: str | os.PathLike, max_chars: int | None = None) -> str:
 
 
 BINARY_PROBE = 65536  # a file whose first 64 KB hold a NUL byte is binary
+# Compressed files by their first bytes (whatever their name): the format and the command that decompresses it.
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+              (b"BZh", "bzip2", "bunzip2"))  # fmt: skip
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+BINARY = "is a binary file (it holds NUL bytes), not text: give a UTF-8 text file"
+
+
+def not_text(head: bytes) -> str | None:
+    """Why a file starting with ``head`` (its first ``BINARY_PROBE`` bytes) is not UTF-8 text, as the end of a
+    sentence that names it, with the way to make it text where there is one; None when it may be text. A NUL byte
+    makes a file binary; compressed files are known by their magic bytes, UTF-16 by its byte-order mark or by NULs
+    at every other byte (ASCII text in UTF-16)."""
+    for magic, name, command in COMPRESSED:
+        if head.startswith(magic) and (name != "bzip2" or head[4:10] == b"1AY&SY"):
+            return f"is {name}-compressed, not text: decompress it first ({command} FILE) and give the text"
+    odd_nuls, even_nuls = head[1::2].count(0), head[0::2].count(0)
+    if head.startswith(UTF16_BOMS) or (len(head) >= 8 and (odd_nuls == 0) != (even_nuls == 0)
+                                       and max(odd_nuls, even_nuls) >= len(head) // 8):  # fmt: skip
+        return "is UTF-16 text, not UTF-8: re-encode it first (iconv -f utf-16 -t utf-8 FILE > FILE.txt)"
+    return BINARY if b"\0" in head else None
+
+
 _ESCAPED = re.compile("[\udc80-\udcff]")  # the bytes surrogateescape kept: not UTF-8
 
 
@@ -83,8 +107,9 @@ def text_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> Iterator
     with f:
         decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
         data = f.read(max(chunk_bytes, BINARY_PROBE))
-        if b"\0" in data[:BINARY_PROBE]:
-            raise ValueError(f"{path} is a binary file (it holds NUL bytes), not text: give a UTF-8 text file")
+        why = not_text(data[:BINARY_PROBE])
+        if why is not None:
+            raise ValueError(f"{path} {why}")
         bad = 0
         while data:
             following = f.read(chunk_bytes)

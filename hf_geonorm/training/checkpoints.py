@@ -235,6 +235,8 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"{folder / name} is truncated or damaged"
     if not any((folder / name).exists() for name in ("optimizer.pt", "optimizer.bin", "optimizer_0")):
         return f"{folder} has no optimizer state (optimizer.pt)"
+    if not (folder / "scheduler.pt").exists():  # Trainer would start the schedule anew: warm-up again, unsaid
+        return f"{folder / 'scheduler.pt'} is missing (the learning-rate schedule would restart its warm-up)"
     return None
 
 

@@ -10,16 +10,21 @@ pieces of bounded size, so that the held-out ones spread over the data and no fi
   ``DOC_MIN_CHARS`` characters, and at the first line end once it holds ``PIECE_CHARS`` (text without blank lines,
   one sentence a line, is cut at line ends); a line longer than ``PIECE_CHARS`` is cut at whitespace. Line ends are
   ``\\n`` (``\\r\\n`` and ``\\r`` are read as one), and a byte-order mark at the start is dropped;
-- each row of a JSON lines or parquet file (its text column, ``--text-column``), or of a ``datasets`` corpus, is one
-  document, cut every ``DOC_MAX_CHARS`` characters when it is longer.
+- each row of a JSON lines, CSV or parquet file (its text column, ``--text-column``), or of a ``datasets`` corpus, is
+  one document, cut every ``DOC_MAX_CHARS`` characters when it is longer.
 
 What a file is, is read from its content where the name can mislead: a ``.json`` file of one object a line is
-JSON lines; a JSON array is refused by name. Hidden files and folders (a name starting with ``.``) are skipped,
-and so are binary files in a folder, each with a warning that counts them; FIFOs and device files are refused.
+JSON lines (also after blank lines or a byte-order mark); a JSON array is refused by name. A folder written by
+``save_to_disk`` (a ``Dataset``, or a ``DatasetDict``: its ``--data-split``) is read as a ``datasets`` corpus.
+Hidden files and folders (a name starting with ``.``) are skipped with a warning that counts them; the other files
+of a folder that are not read (another extension, compressed, binary) are named in a warning with why; FIFOs and
+device files are refused. A ``--text-column`` other than ``text`` on a corpus of plain text files only, which have
+no columns, is refused.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -32,15 +37,19 @@ from pathlib import Path
 
 from ..errors import first_line
 from ..files.checksums import file_sha256
-from ..files.text_files import BINARY_PROBE, text_chunks
+from ..files.text_files import BINARY_PROBE, not_text, text_chunks
 
 DOC_MIN_CHARS = 1_000
 PIECE_CHARS = 8_000
 DOC_MAX_CHARS = 1_000_000
-ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
+ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+ROW_KINDS = ("jsonl", "parquet", "csv", "saved", "hub")  # the shards whose rows have columns
+DEFAULT_COLUMN = "text"
 SAVED_DATASET = ("dataset_info.json", "state.json")  # what Dataset.save_to_disk writes
+SAVED_DATASET_DICT = "dataset_dict.json"  # what DatasetDict.save_to_disk writes, beside a folder per split
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".7z", ".tgz")
 TEXT_TYPES = ("string", "large_string")
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".csv", ".html", ".xml", ".c", ".h", ".js")
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".html", ".xml", ".c", ".h", ".js")
 # Of the data caches (the tokenizer trained on the fly, the packed blocks): a new way of cutting documents or
 # packing blocks gets new cache keys.
 FORMAT = 6  # 5: meta.json records the Arrow files' checksums; 6: no document of whitespace only
@@ -52,7 +61,7 @@ def looks_like_path(spec: str) -> bool:
         spec.startswith((".", "/", "~"))
         or spec.count("/") > 1
         or (os.sep != "/" and os.sep in spec)
-        or spec.lower().endswith(TEXT_SUFFIXES)
+        or spec.lower().endswith((*TEXT_SUFFIXES, *ROW_SUFFIXES))
     )
 
 
@@ -97,6 +106,8 @@ class Corpus:
                 raise ValueError(f"{source} contains no text")
         elif kind == "jsonl":
             yield from _capped_all(_jsonl_texts(Path(source), self.column))
+        elif kind == "csv":
+            yield from _capped_all(_csv_texts(Path(source), self.column))
         elif kind == "parquet":
             yield from _capped_all(_parquet_texts(Path(source), self.column))
         else:
@@ -129,10 +140,21 @@ class Corpus:
 
 
 def resolve_corpus(data: str | None, column: str = "text", hub: HubSource | None = None) -> Corpus:
-    """The corpus ``data`` names: ``None`` (the standard library's source), a text, JSON lines or parquet file, a
-    folder of such files, a folder written by ``Dataset.save_to_disk``, or a ``datasets`` name (``hub`` says which
-    config, split and revision; with a config, a local folder is read as a ``datasets`` dataset too); a
-    ``ValueError`` that names what is wrong otherwise. ``column`` is the rows' text column."""
+    """The corpus ``data`` names: ``None`` (the standard library's source), a text, JSON lines, CSV or parquet file,
+    a folder of such files, a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, or a
+    ``datasets`` name (``hub`` says which config, split and revision; with a config, a local folder is read as a
+    ``datasets`` dataset too); a ``ValueError`` that names what is wrong otherwise. ``column`` is the rows' text
+    column; another than ``DEFAULT_COLUMN`` is refused where no shard has rows (it would be ignored)."""
+    corpus = _resolve(data, column, hub)
+    if column != DEFAULT_COLUMN and not any(kind in ROW_KINDS for kind, _ in corpus.shards):
+        raise ValueError(
+            f"--text-column {column}: {corpus.label} holds plain text files only, which are read whole (a column is "
+            "read from JSON lines, CSV, parquet and datasets rows); drop --text-column, or give the table"
+        )
+    return corpus
+
+
+def _resolve(data: str | None, column: str, hub: HubSource | None) -> Corpus:
     if data is None:
         files = [p for p in stdlib_files() if p.stat().st_size > 0]
         return _local([("file", p) for p in files], f"the Python standard library's source ({len(files)} files)")
@@ -144,9 +166,13 @@ def resolve_corpus(data: str | None, column: str = "text", hub: HubSource | None
         kind = _file_kind(path, column)
         if path.stat().st_size == 0:
             raise ValueError(f"{path} contains no text")
-        if kind == "paragraphs" and _is_binary(path):
-            raise ValueError(f"{path} is a binary file (it holds NUL bytes), not text: give a UTF-8 text file")
+        why = _not_text(path) if kind == "paragraphs" else None
+        if why is not None:
+            raise ValueError(f"{path} {why}")
         return _local([(kind, path)], str(path), column)
+    if path.is_dir() and (path / SAVED_DATASET_DICT).is_file() and source.config is None:
+        _check_saved_split(path, source.split)
+        return _dataset_corpus(source, column, saved=True)
     if path.is_dir() and (all((path / name).is_file() for name in SAVED_DATASET) or source.config is not None):
         return _dataset_corpus(source, column, saved=source.config is None)
     if not path.is_dir():
@@ -156,24 +182,60 @@ def resolve_corpus(data: str | None, column: str = "text", hub: HubSource | None
     return _folder_corpus(path, column)
 
 
+def _check_saved_split(folder: Path, split: str) -> None:
+    """``ValueError`` naming the splits when the ``DatasetDict`` saved in ``folder`` has no ``split``."""
+    try:
+        splits = json.loads((folder / SAVED_DATASET_DICT).read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a damaged file: datasets names what is wrong when it opens the folder
+    if split not in splits:
+        raise ValueError(f"{folder} is a saved DatasetDict with the splits {', '.join(map(str, splits))}, not "
+                         f"{split!r}: give one with --data-split")  # fmt: skip
+
+
+SKIPPED_NAMED = 10  # a folder's skipped files named in a warning each (the others counted)
+
+
 def _folder_corpus(path: Path, column: str) -> Corpus:
     suffixes = (*TEXT_SUFFIXES, *ROW_SUFFIXES)
-    found = sorted(p for p in path.rglob("*") if p.suffix.lower() in suffixes)
-    hidden = [p for p in found if any(part.startswith(".") for part in p.relative_to(path).parts)]
-    if hidden:
-        warnings.warn(f"skipped {len(hidden)} hidden file(s) under {path} (names or folders starting with '.'), "
-                      f"e.g. {hidden[0]}", stacklevel=3)  # fmt: skip
-    files = [p for p in found if p not in set(hidden) and p.is_file() and p.stat().st_size]
-    binary = [p for p in files if _file_kind(p, column) == "paragraphs" and _is_binary(p)]
-    if binary:
-        more = f" and {len(binary) - 1} more" if len(binary) > 1 else ""
-        warnings.warn(f"skipped {binary[0]}{more}: binary or without text (give UTF-8 text files)", stacklevel=3)
-    shards = [(_file_kind(p, column).replace("paragraphs", "file"), p) for p in files if p not in set(binary)]
+    everything = sorted(p for p in path.rglob("*") if not p.is_dir())
+    hidden = {p for p in everything if any(part.startswith(".") for part in p.relative_to(path).parts)}
+    found = [p for p in everything if p.suffix.lower() in suffixes]
+    hidden_text = [p for p in found if p in hidden]
+    if hidden_text:
+        warnings.warn(f"skipped {len(hidden_text)} hidden file(s) under {path} (names or folders starting with '.'), "
+                      f"e.g. {hidden_text[0]}", stacklevel=3)  # fmt: skip
+    skipped = [(p, _skipped_why(p)) for p in everything if p not in hidden and p.suffix.lower() not in suffixes]
+    files = [p for p in found if p not in hidden and p.is_file() and p.stat().st_size]
+    kinds = {p: _file_kind(p, column) for p in files}
+    skipped += [(p, why) for p in files if kinds[p] == "paragraphs" and (why := _not_text(p)) is not None]
+    _warn_skipped(path, skipped)
+    unread = {p for p, _ in skipped}
+    shards = [(kinds[p].replace("paragraphs", "file"), p) for p in files if p not in unread]
     if not shards:
         raise ValueError(
             f"{path} holds no text files ({', '.join((*TEXT_SUFFIXES, *ROW_SUFFIXES))}); give a folder of text files"
         )
     return _local(shards, f"{len(shards)} files under {path}", column)
+
+
+def _skipped_why(path: Path) -> str:
+    """Why a file of a data folder that is not read by its extension is skipped (and how to have it read)."""
+    if path.suffix.lower() in COMPRESSED_SUFFIXES:
+        return "compressed: decompress it to train on it"
+    if not path.suffix:
+        return f"no extension: name it {path.name}.txt to train on it as text"
+    return f"{path.suffix} is not an extension read as text: rename it .txt to train on it"
+
+
+def _warn_skipped(folder: Path, skipped: list[tuple[Path, str]]) -> None:
+    """A warning for each of the first ``SKIPPED_NAMED`` files of ``folder`` that are not read, with why (a line
+    each: the command line shows the first line of a warning), and one that counts the others."""
+    for path, why in skipped[:SKIPPED_NAMED]:
+        warnings.warn(f"skipped {path}: {why}", stacklevel=4)
+    if len(skipped) > SKIPPED_NAMED:
+        warnings.warn(f"skipped {len(skipped) - SKIPPED_NAMED} more file(s) under {folder} that are not read (other "
+                      "extensions, compressed or binary)", stacklevel=4)  # fmt: skip
 
 
 def _special_kind(path: Path) -> str:
@@ -186,16 +248,17 @@ def _special_kind(path: Path) -> str:
 
 
 def _file_kind(path: Path, column: str) -> str:
-    """What a file holds: ``jsonl``, ``parquet`` (its text column checked) or text (``paragraphs``). A ``.json``
-    file is JSON lines when its first line is one JSON object; a JSON array or an object over many lines is
-    refused."""
+    """What a file holds: ``jsonl``, ``parquet``, ``csv`` (their text column checked) or text (``paragraphs``). A
+    ``.json`` file is JSON lines when its first line that is not blank is one JSON object (after a byte-order mark);
+    a JSON array or an object over many lines is refused."""
     kind = ROW_SUFFIXES.get(path.suffix.lower(), "paragraphs")
     if kind == "parquet":
         _check_parquet(path, column)
+    if kind == "csv":
+        _check_csv(path, column)
     if path.suffix.lower() != ".json":
         return kind
-    with open(path, "rb") as f:
-        first = f.readline(1 << 20).decode("utf-8", "replace").strip()
+    first = _first_line(path)
     if first.startswith("["):
         raise ValueError(f"{path} is a JSON array: give JSON lines (one object a line, each with a {column!r} string)")
     try:
@@ -205,6 +268,23 @@ def _file_kind(path: Path, column: str) -> str:
             raise ValueError(f"{path} is one JSON object over many lines: give JSON lines (one object a line, each "
                              f"with a {column!r} string)") from None  # fmt: skip
         return "paragraphs"
+
+
+def _first_line(path: Path, limit: int = 1 << 20) -> str:
+    """The first line of ``path`` that is not blank, stripped (without a byte-order mark), read from its first
+    ``limit`` bytes."""
+    with open(path, "rb") as f:
+        head = f.read(limit).decode("utf-8", "replace").removeprefix("\ufeff")
+    return next((line.strip() for line in head.splitlines() if line.strip()), "")
+
+
+def _check_csv(path: Path, column: str) -> None:
+    header = next(_csv_rows(path), None)
+    if header is None:
+        raise ValueError(f"{path} contains no text")
+    if column not in header:
+        raise ValueError(f"{path} is read as a CSV table and has no {column!r} column (its header: "
+                         f"{', '.join(header)}); give the column of the text with --text-column")  # fmt: skip
 
 
 def _check_parquet(path: Path, column: str) -> None:
@@ -225,10 +305,11 @@ def _check_parquet(path: Path, column: str) -> None:
         raise ValueError(f"{path} has no rows")
 
 
-def _is_binary(path: Path) -> bool:
+def _not_text(path: Path) -> str | None:
+    """Why ``path`` is not a UTF-8 text file (``text_files.not_text``), or None."""
     try:
         with open(path, "rb") as f:
-            return b"\0" in f.read(BINARY_PROBE)
+            return not_text(f.read(BINARY_PROBE))
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror or error}; make it readable (chmod u+r) or move it "
                          "out of the data") from None  # fmt: skip
@@ -389,19 +470,56 @@ def _capped_all(texts: Iterable[str]) -> Iterator[str]:
             yield from _capped(text)
 
 
+def text_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file with their line ends, read as a text file is (``text_chunks``: not held whole, a
+    binary or compressed file refused, bytes that are not UTF-8 replaced with a warning; ``normalised``)."""
+    rest = ""
+    for chunk in normalised(text_chunks(path)):
+        lines = (rest + chunk).split("\n")
+        rest = lines.pop()
+        yield from (line + "\n" for line in lines)
+    if rest:
+        yield rest
+
+
 def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); one JSON object a line") from None
-            if not isinstance(row, dict) or not isinstance(row.get(column), str):
-                raise ValueError(f"{path}, line {number}: no {column!r} string; every line needs one (or give "
-                                 "--text-column)")  # fmt: skip
-            yield row[column]
+    for number, line in enumerate(text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); one JSON object a line") from None
+        if not isinstance(row, dict) or not isinstance(row.get(column), str):
+            raise ValueError(f"{path}, line {number}: no {column!r} string; every line needs one (or give "
+                             "--text-column)")  # fmt: skip
+        yield row[column]
+
+
+CSV_FIELD_LIMIT = 2**31 - 1  # the csv module refuses fields over 128 KB by default; a document may be longer
+
+
+def _csv_rows(path: Path) -> Iterator[list[str]]:
+    """The rows of a CSV file (the header first), read as its text is (``text_lines``)."""
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
+    rows = csv.reader(text_lines(path))
+    try:
+        yield from rows
+    except csv.Error as error:
+        raise ValueError(f"{path}, line {rows.line_num}: not CSV ({error})") from None
+
+
+def _csv_texts(path: Path, column: str) -> Iterator[str]:
+    rows = _csv_rows(path)
+    header = next(rows)
+    where = header.index(column)
+    for number, row in enumerate(rows, 2):
+        if not row:  # a blank line
+            continue
+        if len(row) != len(header):
+            raise ValueError(f"{path}, row {number}: {len(row)} field(s) where the header has {len(header)}; every "
+                             "row needs one for each column")  # fmt: skip
+        yield row[where]
 
 
 def _parquet_texts(path: Path, column: str) -> Iterator[str]:

@@ -132,7 +132,7 @@ class TrainOptions:
         "`Dataset.save_to_disk`, or a `datasets` name.",
         default_text="the Python standard library's source"))  # fmt: skip
     text_column: str = field(default="text", metadata=option(
-        "The column of JSON lines, parquet or `datasets` rows that holds the text."))
+        "The column of JSON lines, CSV, parquet or `datasets` rows that holds the text."))
     data_config: str | None = field(default=None, metadata=option(
         "The configuration of a `datasets` corpus (e.g. wikitext-2-raw-v1); with it, a local folder is read as a "
         "`datasets` dataset.", metavar="NAME"))  # fmt: skip

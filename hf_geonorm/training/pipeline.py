@@ -9,7 +9,9 @@ instead.
 Validation and test are held out by documents, disjoint from training and from each other: validation takes
 documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) and test documents 10, 30, 50, ... (``test_offset``:
 the middle one of a corpus of fewer than 20), each until they hold ``--eval-blocks`` blocks' worth of tokens; the first
-blocks each packs into are evaluated (``evaluated_blocks``). Runs choose on validation and report on test
+blocks each packs into are evaluated (``evaluated_blocks``). A held-out document longer than all that (more tokens than
+``--eval-blocks`` blocks: a long JSON line, say) is cut: the tokens the evaluation still needs are held out, the rest
+of it trains, so no split holds out more than twice what it evaluates. Runs choose on validation and report on test
 (``hf-geonorm sweep``). The other documents, in order, pack into the training blocks (the last partial block is
 dropped).
 """
@@ -39,6 +41,11 @@ from .corpus import FORMAT, VAL_EVERY, Corpus, test_offset
 from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches
 
 SPLITS = ("train", "val", "test")
+# Of the packed blocks only (the tokenizer's cache keeps its key): 2, held-out documents longer than the evaluation
+# are cut (``_HeldOut``) and meta.json records its key and counts, checked when read (``meta_problem``).
+BLOCKS_FORMAT = 2
+META_COUNTS = ("seq_len", "documents", "tokens", "val_documents", "val_tokens", "val_cut_tokens", "test_documents",
+               "test_tokens", "test_cut_tokens", "train_blocks", "val_blocks", "test_blocks")  # fmt: skip
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
@@ -61,24 +68,31 @@ def evaluated_blocks(count: int, limit: int) -> int:
 class _HeldOut:
     """Which documents are validation (1) and which test (2), decided as their token counts arrive in corpus order:
     every ``VAL_EVERY``-th from the first (validation) and from the test offset (``test_offset``, known once
-    ``VAL_EVERY`` documents are read), each while the ones before hold fewer than ``budget`` tokens."""
+    ``VAL_EVERY`` documents are read), each while the ones before hold fewer than ``budget`` tokens. A chosen
+    document longer than ``budget`` (more than the whole evaluation) is held out only as far as the evaluation
+    still needs; shorter ones are held out whole."""
 
     def __init__(self, budget: int) -> None:
         self.budget, self.documents = budget, 0
         self.before = {1: 0, 2: 0}  # the tokens of each split's candidates so far
 
-    def codes(self, lengths: np.ndarray, test_first: int) -> np.ndarray:
-        """0 (train), 1 (validation) or 2 (test) for each of the next documents, of ``lengths`` tokens."""
+    def codes(self, lengths: np.ndarray, test_first: int) -> tuple[np.ndarray, np.ndarray]:
+        """0 (train), 1 (validation) or 2 (test) for each of the next documents, of ``lengths`` tokens, and how
+        many of each one's first tokens that split holds out (the rest trains)."""
         number = np.arange(self.documents, self.documents + len(lengths))
         codes = np.zeros(len(lengths), dtype=np.int8)
+        held = lengths.copy()
         for code, first in ((1, 0), (2, test_first)):
             candidates = np.flatnonzero(number % VAL_EVERY == first)
             sizes = lengths[candidates]
-            chosen = candidates[self.before[code] + np.cumsum(sizes) - sizes < self.budget]
-            codes[chosen[codes[chosen] == 0]] = code  # a test document is never a validation one
+            before = self.before[code] + np.cumsum(sizes) - sizes
+            taken = (before < self.budget) & (codes[candidates] == 0)  # a test document is never a validation one
+            chosen = candidates[taken]
+            codes[chosen] = code
+            held[chosen] = np.where(sizes[taken] > self.budget, self.budget - before[taken], sizes[taken])
             self.before[code] += int(sizes.sum())
         self.documents += len(lengths)
-        return codes
+        return codes, held
 
 
 class _Packer:
@@ -165,8 +179,8 @@ class Prepared:
 
 def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int) -> str:
     """The cache key of a corpus's blocks: the data, the tokenizer, the block length and the held-out blocks (and
-    the cache format)."""
-    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, eval_blocks]
+    the cache formats)."""
+    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, eval_blocks, BLOCKS_FORMAT]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
@@ -178,15 +192,16 @@ def prepare_blocks(
     one that a later run trusts; an entry that does not verify is rebuilt, with a warning naming it. Only the
     ``builder`` (the first process of a machine) builds; the others wait for an entry that verifies."""
     check_cache_folder(cache)
-    folder = cache / f"blocks-{blocks_key(corpus, tokenizer, seq_len, eval_blocks)}"
+    key = blocks_key(corpus, tokenizer, seq_len, eval_blocks)
+    folder = cache / f"blocks-{key}"
     if not builder:
-        wait_for_entry(folder)
+        wait_for_entry(folder, key, eval_blocks)
         return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
     if os.path.lexists(folder):
-        problem = entry_problem(folder)
+        problem = entry_problem(folder) or meta_problem(folder, key, eval_blocks)
         if problem is None:
             return Prepared(folder, json.loads((folder / "meta.json").read_text()), cached=True, seconds=0.0)
-        warnings.warn(f"the cached data {folder} does not verify ({problem}): it is rebuilt", stacklevel=3)
+        warnings.warn(f"the cached data {folder} does not verify, so it is rebuilt: {problem}", stacklevel=3)
         with storage_errors(cache):
             discard(folder)
     start = time.perf_counter()
@@ -194,13 +209,35 @@ def prepare_blocks(
         try:
             with atomic_directory(folder) as tmp:
                 meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks)
-                (tmp / "meta.json").write_text(json.dumps(meta))
+                (tmp / "meta.json").write_text(json.dumps({"key": key, **meta}))
         except FileExistsError:  # another run on the same data finished first: its folder is as good
             pass
     return Prepared(folder, json.loads((folder / "meta.json").read_text()), False, time.perf_counter() - start)
 
 
-def wait_for_entry(folder: Path, poll: float = 0.5) -> None:
+def meta_problem(folder: Path, key: str, eval_blocks: int) -> str | None:
+    """Why the ``meta.json`` of the entry ``folder``, whose files verify, does not describe them (naming what), or
+    None: it names the entry's key, its counts are whole numbers, and its block counts are those of its Arrow files
+    (a ``meta.json`` copied from another entry, or edited, is caught here)."""
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))  # valid JSON: entry_problem
+    if meta.get("key") != key:
+        return f"{meta_path} is of another entry (its key is {meta.get('key')!r}, not {key!r})"
+    wrong = [name for name in META_COUNTS if type(meta.get(name)) is not int or meta[name] < 0]
+    if wrong:
+        return f"{meta_path} records no count of {', '.join(wrong)}"
+    for split in SPLITS:
+        stream = pa.ipc.open_stream(pa.memory_map(str(folder / f"{split}.arrow")))
+        width = stream.schema.field(0).type.list_size
+        blocks = sum(batch.num_rows for batch in stream)
+        expected = blocks if split == "train" else evaluated_blocks(blocks, eval_blocks)
+        if width != meta["seq_len"] or meta[f"{split}_blocks"] != expected:
+            return (f"{meta_path} records {meta[f'{split}_blocks']} {split} blocks of {meta['seq_len']} tokens, its "
+                    f"{split}.arrow holds {expected} of {width}")  # fmt: skip
+    return None
+
+
+def wait_for_entry(folder: Path, key: str, eval_blocks: int, poll: float = 0.5) -> None:
     """Wait until the cache entry ``folder`` verifies: the builder of the run writes it, or rebuilds one that does
     not (checked again each time its ``meta.json`` is replaced)."""
     seen = None
@@ -208,7 +245,7 @@ def wait_for_entry(folder: Path, poll: float = 0.5) -> None:
         with contextlib.suppress(FileNotFoundError):
             stat = os.stat(folder / "meta.json")
             if (stat.st_ino, stat.st_mtime_ns) != seen:
-                if entry_problem(folder) is None:
+                if entry_problem(folder) is None and meta_problem(folder, key, eval_blocks) is None:
                     return
                 seen = (stat.st_ino, stat.st_mtime_ns)
         time.sleep(poll)
@@ -221,14 +258,19 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     held, seconds = _HeldOut(eval_blocks * seq_len), dict.fromkeys(("read", "tokenize", "pack"), 0.0)
     packers = [_Packer(tmp / f"{split}.arrow", seq_len) for split in SPLITS]
     counts = np.zeros((len(SPLITS), 2), dtype=np.int64)  # per split: documents, tokens
+    cut = [0, 0, 0]  # per split: the tokens of its documents cut that train (``_HeldOut``)
 
     def pack(ids: np.ndarray, lengths: np.ndarray, test_first: int) -> None:
         with stage_clock(seconds, "pack"):
-            codes = held.codes(lengths, test_first)
+            codes, kept = held.codes(lengths, test_first)
             token_codes = np.repeat(codes, lengths)
+            starts = np.cumsum(lengths) - lengths
+            for doc in np.flatnonzero(kept < lengths):  # a held-out document longer than the evaluation: cut
+                token_codes[starts[doc] + kept[doc] : starts[doc] + lengths[doc]] = 0
+                cut[codes[doc]] += int(lengths[doc] - kept[doc])
             for code, packer in enumerate(packers):
                 packer.add(ids[token_codes == code])
-                counts[code] += (np.count_nonzero(codes == code), lengths[codes == code].sum())
+                counts[code] += (np.count_nonzero(codes == code), np.count_nonzero(token_codes == code))
 
     waiting: list[tuple[np.ndarray, np.ndarray]] = []
     try:
@@ -258,8 +300,8 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens) = counts.tolist()
     return {
         "seq_len": seq_len, "documents": held.documents, "tokens": train_tokens + val_tokens + test_tokens,
-        "val_documents": val_documents, "val_tokens": val_tokens,
-        "test_documents": test_documents, "test_tokens": test_tokens,
+        "val_documents": val_documents, "val_tokens": val_tokens, "val_cut_tokens": cut[1],
+        "test_documents": test_documents, "test_tokens": test_tokens, "test_cut_tokens": cut[2],
         "train_blocks": blocks["train"], "val_blocks": evaluated_blocks(blocks["val"], eval_blocks),
         "test_blocks": evaluated_blocks(blocks["test"], eval_blocks),
         **{f"{stage}_seconds": value for stage, value in seconds.items()},
@@ -267,21 +309,27 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     }  # fmt: skip
 
 
+HeldOut = dict[tuple[int, int], int]  # (shard, document) -> how many of its first tokens are held out
+
+
 def streaming_holdout(
     corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
-) -> tuple[dict[str, TokenBlocks], frozenset, dict[str, int]]:
+) -> tuple[dict[str, TokenBlocks], HeldOut, dict[str, int]]:
     """The validation and test blocks of a streamed corpus, by the rule of the cached ones (the same blocks for a
-    corpus of ``VAL_EVERY`` documents or more), read from its first documents; with the ``(shard, document)``
-    numbers they come from, and each split's tokens."""
-    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), []
+    corpus of ``VAL_EVERY`` documents or more; a document longer than the evaluation cut), read from its first
+    documents; with the ``(shard, document)`` numbers they come from and the tokens of each held out, and each
+    split's tokens."""
+    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), {}
     ids: dict[str, list[int]] = {"val": [], "test": []}
     offset, number = VAL_EVERY // 2, 0
     for shard in range(len(corpus.shards)):
         for index, doc in enumerate(corpus.documents(shard)):
             split = {0: "val", offset: "test"}.get(number % VAL_EVERY)
             if split is not None and len(ids[split]) < budget:
-                ids[split].extend(tokenizer(doc, add_special_tokens=False)["input_ids"] + eos)
-                held.append((shard, index))
+                tokens = tokenizer(doc, add_special_tokens=False)["input_ids"] + eos
+                kept = len(tokens) if len(tokens) <= budget else budget - len(ids[split])
+                ids[split].extend(tokens[:kept])
+                held[(shard, index)] = kept
             number += 1
             if min(map(len, ids.values())) >= budget:
                 break
@@ -298,16 +346,24 @@ def streaming_holdout(
                 "more text or a shorter --seq-len"
             )
         blocks[split] = TokenBlocks(torch.tensor(tokens[: count * seq_len], dtype=torch.long).view(count, seq_len))
-    return blocks, frozenset(held), {split: len(tokens) for split, tokens in ids.items()}
+    return blocks, held, {split: len(tokens) for split, tokens in ids.items()}
 
 
-def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozenset, seed: int) -> Any:
+def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: HeldOut, seed: int) -> Any:
     """A ``datasets.IterableDataset`` of training blocks tokenized and packed as they are read, one shard (file)
-    after the other, without the validation documents ``held``; shuffled in a buffer of 1,000 blocks. Each shard
-    packs on its own: its last partial block is dropped (the cached pipeline drops only the corpus's last)."""
+    after the other, without the held-out tokens ``held``; shuffled in a buffer of 1,000 blocks. Each shard
+    packs on its own: its last partial block is dropped (the cached pipeline drops only the corpus's last), so
+    ``ValueError`` when no shard gives a block: the run would train 0 steps and call it done."""
     import datasets
 
     shards = list(range(len(corpus.shards)))  # a list: the stream's readers share it out
+    if next(_stream_blocks(shards, corpus, held, tokenizer, seq_len), None) is None:
+        raise ValueError(
+            f"--streaming packs each of the {len(shards)} file(s) of {corpus.label} on its own and drops its last "
+            f"partial block: none gives a training block of --seq-len {seq_len} tokens (besides the validation and "
+            "test documents), so nothing would train; drop --streaming (the cached data packs across files), give "
+            "a shorter --seq-len, or longer files"
+        )
     ids = datasets.List(datasets.Value("int64"), length=seq_len)
     stream = datasets.IterableDataset.from_generator(
         _stream_blocks, features=datasets.Features({"input_ids": ids, "labels": ids}),
@@ -317,14 +373,20 @@ def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: frozens
 
 
 def _stream_blocks(
-    shards: list[int], corpus: Corpus, held: frozenset, tokenizer: Any, seq_len: int
+    shards: list[int], corpus: Corpus, held: HeldOut, tokenizer: Any, seq_len: int
 ) -> Iterator[dict[str, list[int]]]:
     eos = end_of_text(tokenizer)
     for number in shards:
-        rest = np.empty(0, dtype=np.int32)
-        docs = (doc for index, doc in enumerate(corpus.documents(number)) if (number, index) not in held)
-        for texts in text_batches(docs):
-            rest = np.concatenate([rest, encode_documents(texts, tokenizer, eos)[0]])
+        rest, first = np.empty(0, dtype=np.int32), 0
+        for texts in text_batches(corpus.documents(number)):
+            ids, lengths = encode_documents(texts, tokenizer, eos)
+            trains = np.ones(len(ids), dtype=bool)
+            starts = np.cumsum(lengths) - lengths
+            for offset in range(len(texts)):
+                kept = held.get((number, first + offset), 0)
+                trains[starts[offset] : starts[offset] + kept] = False
+            first += len(texts)
+            rest = np.concatenate([rest, ids[trains]])
             whole = len(rest) // seq_len * seq_len
             for block in rest[:whole].reshape(-1, seq_len).tolist():
                 yield {"input_ids": block, "labels": block}

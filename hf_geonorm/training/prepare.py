@@ -105,6 +105,11 @@ def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_mo
         f"evaluated); test: {meta['test_documents']:,} documents, {meta['test_tokens']:,} tokens "
         f"({meta['test_blocks']} blocks evaluated at the end); training on {train_tokens:,} tokens "
         f"({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")  # fmt: skip
+    val_cut, test_cut = meta["val_cut_tokens"], meta["test_cut_tokens"]
+    if val_cut or test_cut:
+        log(f"held-out documents longer than the evaluation (more than --eval-blocks {options.eval_blocks} x "
+            f"--seq-len {length} tokens) were cut: only the tokens it evaluates were held out, and their other "
+            f"{val_cut + test_cut:,} tokens train (validation {val_cut:,}, test {test_cut:,})")  # fmt: skip
     if epochs > EPOCH_WARNING:
         warnings.warn(
             f"--max-steps {options.max_steps} goes over the training tokens {epochs:.1f} times (more than "

@@ -2,6 +2,11 @@
 own, ``--tokenizer``'s (a folder or a Hub id), or a byte-level BPE trained on the first documents of the corpus and
 cached beside the blocks.
 
+A cached tokenizer has its SHA-256 beside it (``tokenizer-*.json.sha256``, written with it): a file that does not
+match is trained again with a warning, never used as it lies; one without a checksum (written by an earlier
+version) is trained again once, and kept, its checksum written, when the training gives it byte for byte again
+(training is deterministic).
+
 Every user mistake (no such folder, a folder without tokenizer files, a Hub id that does not load, a tokenizer that
 would not fit the model's rows) is a one-line ``ValueError`` that names it and the fix.
 """
@@ -12,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,7 +26,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import first_line
-from ..files.atomic import wait_for
+from ..files.checksums import file_sha256
 from ..loading import (
     NO_REMOTE_CODE,
     TOKENIZER_FILES,
@@ -166,39 +172,87 @@ def fast_tokenizer(tokenizer: Any) -> PreTrainedTokenizerFast:
     )
 
 
+def checksum_file(path: Path) -> Path:
+    """The file beside the cached tokenizer ``path`` that holds its SHA-256 (written with it)."""
+    return path.with_name(path.name + ".sha256")
+
+
+def cache_problem(path: Path) -> str | None:
+    """Why the cached tokenizer ``path`` cannot be used as it lies, or None when its checksum matches."""
+    try:
+        recorded = checksum_file(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return "has no checksum (written by an earlier version)"
+    except (OSError, UnicodeDecodeError) as error:
+        return f"has a checksum file that cannot be read ({first_line(error)})"
+    if file_sha256(path) != recorded:
+        return "changed since it was trained (its checksum differs)"
+    return None
+
+
 def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any) -> Any:
     """A byte-level BPE tokenizer trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters (whole documents) of
     the corpus's training documents (``Corpus.tokenizer_sample``): training on all of a large corpus would take long
     and hold it in memory, for little gain. Cached under ``cache`` by the data and the vocabulary, so that a second
-    run (and its cached blocks) finds the same one; only the ``builder`` (the first process of a machine) trains it,
-    the others wait for its file."""
+    run (and its cached blocks) finds the same one, and verified by its checksum (``cache_problem``); only the
+    ``builder`` (the first process of a machine) trains it, the others wait for a file that verifies."""
     check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS, TOKENIZER_SAMPLE]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
     if not builder:
-        wait_for(path)
+        return _wait_for_verified(path)
+    unchecked = None  # a cached file without a checksum: kept if training gives it again
     if path.is_file():
-        try:
-            cached = fast_tokenizer(str(path))
-        except Exception as error:  # noqa: BLE001 - a damaged file of the cache: trained again
-            warnings.warn(f"the cached tokenizer {path} does not load ({first_line(error)}): it is trained again",
-                          stacklevel=3)  # fmt: skip
+        problem = cache_problem(path)
+        if problem is None:
+            try:
+                cached = fast_tokenizer(str(path))
+            except Exception as error:  # noqa: BLE001 - a damaged file of the cache: trained again
+                warnings.warn(f"the cached tokenizer {path} does not load ({first_line(error)}): it is trained again",
+                              stacklevel=3)  # fmt: skip
+            else:
+                log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
+                return cached
+        elif not checksum_file(path).exists():
+            unchecked = path.read_bytes()
+            log(f"the cached tokenizer {path} {problem}: training it again to check it")
         else:
-            log(f"the byte-level BPE tokenizer ({vocab_size} tokens) trained on this data before, from {path}")
-            return cached
+            warnings.warn(f"the cached tokenizer {path} {problem}: it is trained again", stacklevel=3)
     sample, complete = corpus.tokenizer_sample(TOKENIZER_SAMPLE_CHARS)
     chars = sum(map(len, sample))
     what = "all of its training documents" if complete else "a sample: the first of its training documents"
     log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
         f"{chars / 1e6:.1f} MB) of {corpus.label}; no document that validation or test may hold out is read")
-    trained = train_tokenizer(sample, vocab_size)
+    _save_with_checksum(train_tokenizer(sample, vocab_size), path, cache)
+    if unchecked == path.read_bytes():
+        log(f"the cached tokenizer {path} is the one this data trains, byte for byte: kept, its checksum written")
+    elif unchecked is not None:
+        warnings.warn(f"the cached tokenizer {path} (without a checksum) differs from the one this data trains: "
+                      "replaced", stacklevel=3)  # fmt: skip
+    return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks
+
+
+def _save_with_checksum(tokenizer: PreTrainedTokenizerFast, path: Path, cache: Path) -> None:
+    """Write the tokenizer to ``path`` and its SHA-256 beside it, each whole or not there (a killed run leaves no
+    half file; one killed between the two leaves a checksum that does not match, and the tokenizer is trained
+    again)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial_sum = path.with_name(f".{checksum_file(path).name}.{os.getpid()}")
     try:
         with storage_errors(cache):
             cache.mkdir(parents=True, exist_ok=True)
-            trained.backend_tokenizer.save(str(partial))
-            os.replace(partial, path)  # whole or not there: a killed run leaves no half tokenizer behind
+            tokenizer.backend_tokenizer.save(str(partial))
+            partial_sum.write_text(file_sha256(partial) + "\n", encoding="utf-8")
+            os.replace(partial, path)
+            os.replace(partial_sum, checksum_file(path))
     finally:
-        with contextlib.suppress(OSError):  # written only when the save failed part way
-            partial.unlink(missing_ok=True)
-    return fast_tokenizer(str(path))  # as a later run loads it: the same digest keys the same cached blocks
+        for leftover in (partial, partial_sum):  # there only when the save failed part way
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def _wait_for_verified(path: Path, poll: float = 0.5) -> Any:
+    """The cached tokenizer ``path`` once the builder of the run has written it and its checksum matches."""
+    while not (path.is_file() and cache_problem(path) is None):
+        time.sleep(poll)
+    return fast_tokenizer(str(path))
