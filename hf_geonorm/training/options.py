@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,13 @@ FINE_TUNING_LR = 1e-4
 
 
 MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
+# The default evaluation: EVAL_BLOCKS blocks for validation (and for test), fewer where a run is so short that its
+# evaluations would cost more than EVAL_SHARE of its compute (an evaluated block is one forward pass, a third of a
+# trained block's forward and backward): benchmarks/results/eval_cost.md measures both.
+EVAL_BLOCKS = 64
+EVAL_SHARE = 0.1
+MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
+EVAL_BATCH = 16  # the evaluation batch at least (no gradients: it fits where a training batch of it may not)
 
 
 class OptionError(ValueError):
@@ -157,9 +164,11 @@ class TrainOptions:
         "Train LoRA adapters (PEFT) instead of all weights; merged at the end.", flag=True))
     eval_every: int = field(default=50, metadata=option(
         "Steps between evaluations (and checkpoints); the first is at step 0.", minimum=1))
-    eval_blocks: int = field(default=64, metadata=option(
+    eval_blocks: int | None = field(default=None, metadata=option(
         "Blocks of --seq-len tokens evaluated for the validation loss, and as many for the test loss at the end: "
-        "the held-out documents are taken until they fill them.", minimum=1))  # fmt: skip
+        "the held-out documents are taken until they fill them.", minimum=1,
+        default_text=f"{EVAL_BLOCKS}, or fewer (at least 8) where the evaluations would cost more than "
+        f"{EVAL_SHARE:.0%} of the run's compute"))  # fmt: skip
     save_every: int | None = field(default=None, metadata=option(
         "Steps between checkpoints.", minimum=1, default_text="--eval-every"))
     logging_steps: int = field(default=10, metadata=option(
@@ -177,6 +186,10 @@ class TrainOptions:
         "with --calibrate).", choices=BRIDGE_ORDERS))  # fmt: skip
     output: str = field(default="geonorm-run", metadata=option(
         "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False))
+    save_final_only: bool = field(default=False, metadata=option(
+        "Remove the checkpoints once final/ and metrics.json are written: the output keeps the model, not the "
+        "optimizer state a checkpoint holds for --resume (twice the weights' size again).", flag=True,
+        sweep=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
         sweep=False))  # fmt: skip
@@ -196,7 +209,7 @@ class TrainOptions:
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
         for name in (
             "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
-            "data_workers", "eval_blocks",
+            "data_workers",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
@@ -212,7 +225,7 @@ class TrainOptions:
                 f"--seq-len {self.seq_len} = {per_step:,} tokens per optimizer step, beyond the limit of "
                 f"{MAX_TOKENS_PER_STEP:,}: give fewer accumulation steps"
             )
-        for name in ("vocab_size", "max_tokens", "save_every"):
+        for name in ("vocab_size", "max_tokens", "save_every", "eval_blocks"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer (or None: its default); got {value}")
@@ -259,6 +272,29 @@ class TrainOptions:
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self
+
+
+def evaluations(options: TrainOptions) -> int:
+    """How many evaluations a run makes: at step 0, every --eval-every steps, at the end when that is not one of
+    them, and the test evaluation."""
+    return 1 + options.max_steps // options.eval_every + (options.max_steps % options.eval_every > 0) + 1
+
+
+def with_eval_blocks(options: TrainOptions, processes: int = 1) -> TrainOptions:
+    """``options`` with ``eval_blocks`` decided: the one given, else ``EVAL_BLOCKS``, or the most (a multiple of 8,
+    at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained blocks' compute."""
+    if options.eval_blocks is not None:
+        return options
+    trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps * processes
+    affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
+    blocks = max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
+    return replace(options, eval_blocks=blocks)
+
+
+def evaluation_batch(options: TrainOptions) -> int:
+    """The evaluation batch: what a step trains on (--batch-size x accumulation), at most ``EVAL_BATCH`` blocks,
+    never fewer than --batch-size (small batches cost a forward pass per block or two)."""
+    return max(options.batch_size, min(EVAL_BATCH, options.batch_size * options.gradient_accumulation_steps))
 
 
 @dataclass

@@ -12,7 +12,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,22 @@ from transformers.utils import logging as hf_logging
 
 from ..analysis.evaluation import explain_non_finite
 from ..errors import NonFiniteError, first_line
-from ..files.atomic import atomic_directory, raise_if_terminated
+from ..files.atomic import atomic_directory, raise_if_terminated, remove_tree
 from ..files.output_lock import output_lock
 from ..patching import family_for
 from ..sharing.hub import save_shareable
-from ..sharing.model_card import CardInfo
+from ..sharing.model_card import CardInfo, inherited_card_info
 from .bridge import BridgeAnneal
-from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
+from .checkpoints import (
+    AtomicCheckpointTrainer,
+    check_resumable,
+    check_resumable_adapters,
+    checkpoints,
+    disk_full_named,
+)
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
-from .options import TrainOptions, trackers
+from .options import TrainOptions, evaluation_batch, trackers, with_eval_blocks
 from .outputs import (
     check_output_path,
     clear_earlier_run,
@@ -66,6 +72,7 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         check_trainer_overrides()
         super().__init__(*args, **kwargs)
         self.min_lr_ratio = min_lr_ratio
+        self.evaluation_seconds = 0.0  # every evaluation so far: kept out of the training throughput
 
     def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
         """The weight matrices (``optim.decayed_parameter_names``): not the norms, biases, embeddings or GeoNorm's
@@ -88,7 +95,9 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         return loss
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        started = time.perf_counter()
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        self.evaluation_seconds += time.perf_counter() - started
         loss = metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None and not math.isfinite(loss):
             what = "validation" if metric_key_prefix == "eval" else metric_key_prefix
@@ -115,9 +124,10 @@ class TerminationCheck(TrainerCallback):
 
 class RunProgress(ProgressCallback):
     """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
-    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. The one bar only: no nested bar per
-    evaluation, and transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
-    read from a file holds lines, not cursor movements."""
+    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. Each evaluation has its own bar (named
+    ``evaluating``, cleared when it ends: a long one at step 0 would otherwise look like a hung run); transformers'
+    own bars (writing each checkpoint's shards) stay off while training, so a log read from a file holds lines,
+    not cursor movements."""
 
     hf_bars_were_on: bool | None = None
 
@@ -136,8 +146,15 @@ class RunProgress(ProgressCallback):
             hf_logging.enable_progress_bar()
         self.hf_bars_were_on = None
 
-    def on_prediction_step(self, *args: Any, **kwargs: Any) -> None:
-        """No bar per evaluation (its result is one line)."""
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        from tqdm.auto import tqdm
+
+        loader = kwargs.get("eval_dataloader")
+        if state.is_world_process_zero and self.prediction_bar is None and loader is not None:
+            self.prediction_bar = tqdm(total=len(loader), desc="evaluating", unit="batch", leave=False,
+                                       dynamic_ncols=True)  # fmt: skip
+        if self.prediction_bar is not None:
+            self.prediction_bar.update(1)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
         if not state.is_world_process_zero or self.training_bar is None or not logs:
@@ -202,7 +219,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
-    options.validate()
+    options = with_eval_blocks(options.validate(), world_size())
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
     check_output_path(output)
@@ -270,7 +287,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         output_dir=str(output),
         max_steps=options.max_steps,
         per_device_train_batch_size=options.batch_size,
-        per_device_eval_batch_size=options.batch_size,
+        per_device_eval_batch_size=evaluation_batch(options),
         gradient_accumulation_steps=options.gradient_accumulation_steps,
         learning_rate=options.lr,
         warmup_steps=options.warmup_steps,
@@ -336,6 +353,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         finally:
             progress.restore_bars()
     seconds = time.perf_counter() - start
+    training_seconds = seconds - trainer.evaluation_seconds  # the evaluations inside train() left out
     final_eval = last_evaluation(trainer.state) or trainer.evaluate()
     loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
@@ -348,7 +366,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     # FSDP: every process takes part in gathering the full weights; the main process writes them
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     final_dir = output / "final"
-    card = CardInfo(training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
+    lineage = inherited_card_info(options.model) if options.model is not None else CardInfo()
+    card = replace(lineage, training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
     if trainer.is_world_process_zero():
         with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
             save_shareable(
@@ -362,10 +381,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "evaluation_seconds": trainer.evaluation_seconds,  # every evaluation of the run, the final and test ones too
         "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
         "tokens_per_step": blocks_per_step * options.seq_len,
-        # tokens of the steps run, all processes; on a shared machine it says more about the others' load (below)
-        "tokens_per_second": tokens / seconds if steps_run else 0.0,
+        # tokens of the steps run, all processes, over train()'s time less its evaluations; on a shared machine it
+        # says more about the others' load (below)
+        "tokens_per_second": tokens / training_seconds if steps_run and training_seconds > 0 else 0.0,
         "machine": machine_load(),
         "parameters": n_params,
         "model_type": to_save.config.model_type,
@@ -391,7 +412,27 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     log(
         f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}), "
         f"test loss {test_loss:.4f}; "
-        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed}; model in {final_dir}; metrics in "
+        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed} (evaluations, {trainer.evaluation_seconds:.0f} s, left "
+        f"out); model in {final_dir}; metrics in "
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
+    log(kept_checkpoints(output, options.save_final_only))
     return metrics
+
+
+def kept_checkpoints(output: Path, remove: bool) -> str:
+    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
+    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
+    found = [path for _, path in checkpoints(output)]
+    if not found:
+        return "no checkpoints kept"
+    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
+    names = ", ".join(path.name for path in found)
+    if remove:
+        for path in found:
+            remove_tree(path)
+        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
+    return (
+        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
+        "--save-final-only removes them at the end of a run"
+    )
