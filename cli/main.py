@@ -362,7 +362,7 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
     angles its geodesic steps actually make, next to its step sizes a_k. Settings options convert SOURCE in
     memory first (to preview a conversion). Angles are means over all tokens, in radians.
     """
-    from hf_geonorm.analysis.angles import analyse_angles, angles_table
+    from hf_geonorm.analysis.angles import analyse_angles, angles_table, clamp_reading
     from hf_geonorm.analysis.evaluation import BYTES_TOKENIZATION
 
     report = analyse_angles(source, text_path, max_tokens, window, dtype, device, pop_settings(kwargs), plot_path,
@@ -387,6 +387,8 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
         f"mean angle, lowest third of the layers: {summary['lower_third_mean_angle']:.4f} rad; highest third: "
         f"{summary['upper_third_mean_angle']:.4f} rad (ratio {summary['lower_to_upper_ratio']:.2f})"
     )
+    if summary["at_clamp_share"] is not None:
+        click.echo(f"at the clamp: {clamp_reading(summary['at_clamp_share'], report.settings['geo_max_angle'])}")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 

@@ -27,6 +27,7 @@ from ..patching import family_for
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
 CARD_REPO_PLACEHOLDER = "path/to/this/folder"
+LEARNED_POSITION_TYPES = ("gpt2", "gpt_neo", "gpt_bigcode")  # a position table: generate stops at its end
 STYLE_DESCRIPTIONS = {
     "pre": "Pre-Norm, x + F(N(x)): the stock model",
     "post": "Post-Norm, N(x + F(x))",
@@ -237,6 +238,11 @@ def render_model_card(
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
         has_tokenizer=has_tokenizer,
         auto_class=auto_class,
+        positions=next((getattr(config, key) for key in ("n_positions", "max_position_embeddings")
+                        if isinstance(getattr(config, key, None), int)), None),  # fmt: skip
+        learned_positions=family.stock_type in LEARNED_POSITION_TYPES,
+        lora_targets=list(family.layout.lora_targets),
+        conv1d=family.layout.conv1d,
         remote_code_files=remote_code or [p.name for p in remote_code_files()],
         method_spec=METHOD_SPEC,
     )
