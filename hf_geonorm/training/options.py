@@ -40,7 +40,6 @@ MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's w
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
 MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
-EVAL_BATCH = 16  # the evaluation batch at least (no gradients: it fits where a training batch of it may not)
 
 
 class OptionError(ValueError):
@@ -289,12 +288,6 @@ def with_eval_blocks(options: TrainOptions, processes: int = 1) -> TrainOptions:
     affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
     blocks = max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
     return replace(options, eval_blocks=blocks)
-
-
-def evaluation_batch(options: TrainOptions) -> int:
-    """The evaluation batch: what a step trains on (--batch-size x accumulation), at most ``EVAL_BATCH`` blocks,
-    never fewer than --batch-size (small batches cost a forward pass per block or two)."""
-    return max(options.batch_size, min(EVAL_BATCH, options.batch_size * options.gradient_accumulation_steps))
 
 
 @dataclass

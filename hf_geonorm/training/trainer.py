@@ -38,7 +38,7 @@ from .checkpoints import (
 )
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
-from .options import TrainOptions, evaluation_batch, trackers, with_eval_blocks
+from .options import TrainOptions, trackers, with_eval_blocks
 from .outputs import (
     check_output_path,
     clear_earlier_run,
@@ -287,7 +287,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         output_dir=str(output),
         max_steps=options.max_steps,
         per_device_train_batch_size=options.batch_size,
-        per_device_eval_batch_size=evaluation_batch(options),
+        per_device_eval_batch_size=options.batch_size,
         gradient_accumulation_steps=options.gradient_accumulation_steps,
         learning_rate=options.lr,
         warmup_steps=options.warmup_steps,
