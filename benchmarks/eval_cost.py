@@ -6,8 +6,9 @@ few standard-library source files with a byte-level BPE of ``VOCAB`` tokens trai
 steps of ``BATCH`` blocks of ``SEQ_LEN`` tokens, evaluated at step 0, at the end and on test, as every run is.
 
 - ``before``: ``--eval-blocks 64``, the earlier default for every run;
-- ``after``: the default now (``options.with_eval_blocks``): 64 blocks, or fewer (at least 8) where the
-  evaluations would cost more than a tenth of the run's compute.
+- ``after``: the default now (``options.evaluated_blocks``): the same 64 blocks' worth of documents held out, of
+  which 64 are evaluated, or fewer (at least 8) where evaluating all would cost more than a tenth of the run's
+  compute.
 
 Reported per run: the blocks evaluated, ``evaluation_seconds`` (every evaluation, from metrics.json), the seconds of
 ``trainer.train()`` and the evaluation's share of the run; and what the rule gives ``train``'s default run
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluations, with_eval_blocks
+from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks, evaluations
 from hf_geonorm.training.trainer import run_training
 
 RESULTS = Path(__file__).parent / "results"
@@ -54,16 +55,16 @@ def run(name: str, options: TrainOptions) -> dict[str, Any]:
     """One run through ``run_training``; what its metrics.json says of the evaluation."""
     started = time.perf_counter()
     metrics = run_training(options, log=lambda line: print(f"[{name}] {line}", flush=True))
-    blocks = metrics["data_facts"]["val_blocks"], metrics["data_facts"]["test_blocks"]
+    seconds = time.perf_counter() - started
+    blocks = metrics["evaluated_blocks"]["validation"], metrics["evaluated_blocks"]["test"]
     return {
-        "eval_blocks": with_eval_blocks(options).eval_blocks,
         "val_blocks": blocks[0],
         "test_blocks": blocks[1],
         "evaluations": evaluations(options),
         "evaluation_seconds": metrics["evaluation_seconds"],
         "train_seconds": metrics["train_seconds"],
-        "run_seconds": time.perf_counter() - started,
-        "evaluation_share": metrics["evaluation_seconds"] / (time.perf_counter() - started),
+        "run_seconds": seconds,
+        "evaluation_share": metrics["evaluation_seconds"] / seconds,
         "seconds_per_evaluated_block": metrics["evaluation_seconds"] / (blocks[0] * (evaluations(options) - 1)
                                                                         + blocks[1]),  # fmt: skip
         "tokens_per_second": metrics["tokens_per_second"],
@@ -109,11 +110,11 @@ def table(payload: dict[str, Any]) -> str:
 def rule(options: TrainOptions) -> dict[str, Any]:
     """The default ``--eval-blocks`` of a run and its evaluations' share of the compute (a forward pass per
     evaluated block against three per trained block)."""
-    chosen = with_eval_blocks(options)
+    chosen = evaluated_blocks(options)
     trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps
     count = evaluations(options)
-    return {"evaluations": count, "eval_blocks": chosen.eval_blocks,
-            "compute_share": count * chosen.eval_blocks / (count * chosen.eval_blocks + 3 * trained)}  # fmt: skip
+    return {"evaluations": count, "eval_blocks": chosen,
+            "compute_share": count * chosen / (count * chosen + 3 * trained)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

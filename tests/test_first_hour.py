@@ -23,7 +23,7 @@ import hf_geonorm
 from hf_geonorm.sharing.card_checks import check_shareable
 from hf_geonorm.sharing.hub import save_shareable
 from hf_geonorm.sharing.model_card import TRAINER_CARD_MARK, CardInfo
-from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, with_eval_blocks
+from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3"]
@@ -67,17 +67,19 @@ def short_run(tmp_path_factory, data_file) -> tuple[Path, str]:
 # ---- 1. evaluation ----
 
 
-def test_the_default_evaluation_is_sized_to_the_run():
-    assert with_eval_blocks(TrainOptions()).eval_blocks == EVAL_BLOCKS  # train's default run: as before
-    assert with_eval_blocks(TrainOptions(max_steps=20)).eval_blocks == 32  # the issue's 20-step fine-tune
-    assert with_eval_blocks(TrainOptions(max_steps=4, batch_size=2)).eval_blocks == 8  # the floor
-    assert with_eval_blocks(TrainOptions(max_steps=4, eval_blocks=100)).eval_blocks == 100  # given: kept
+def test_the_default_evaluation_is_sized_to_the_run_and_the_held_out_documents_are_not():
+    assert evaluated_blocks(TrainOptions()) == EVAL_BLOCKS  # train's default run: as before
+    assert evaluated_blocks(TrainOptions(max_steps=20)) == 32  # the issue's 20-step fine-tune
+    assert evaluated_blocks(TrainOptions(max_steps=4, batch_size=2)) == 8  # the floor
+    assert evaluated_blocks(TrainOptions(max_steps=4, eval_blocks=100)) == 100  # given: kept
+    assert TrainOptions(max_steps=4).held_out_blocks() == TrainOptions().held_out_blocks() == EVAL_BLOCKS
 
 
 def test_a_short_run_shows_its_evaluation_and_leaves_it_out_of_tokens_per_second(short_run):
     out, output = short_run
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["data_facts"]["val_blocks"] <= 8 and metrics["options"]["eval_blocks"] == 8
+    assert metrics["evaluated_blocks"] == {"validation": 8, "test": 8}, metrics["data_facts"]
+    assert metrics["options"]["eval_blocks"] is None  # the default: the documents held out are 64 blocks' worth
     assert 0 < metrics["evaluation_seconds"] < metrics["train_seconds"] + metrics["evaluation_seconds"]
     assert "evaluating" in output  # the evaluation's own progress bar
     assert "left out" in output and "tokens/s" in output

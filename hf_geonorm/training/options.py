@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,10 @@ FINE_TUNING_LR = 1e-4
 
 
 MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
-# The default evaluation: EVAL_BLOCKS blocks for validation (and for test), fewer where a run is so short that its
-# evaluations would cost more than EVAL_SHARE of its compute (an evaluated block is one forward pass, a third of a
-# trained block's forward and backward): benchmarks/results/eval_cost.md measures both.
+# The default evaluation: EVAL_BLOCKS blocks' worth of documents held out for validation (and for test), all of them
+# evaluated, or fewer of them where a run is so short that its evaluations would cost more than EVAL_SHARE of its
+# compute (an evaluated block is one forward pass, a third of a trained block's forward and backward); the documents
+# held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
 MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
@@ -166,8 +167,8 @@ class TrainOptions:
     eval_blocks: int | None = field(default=None, metadata=option(
         "Blocks of --seq-len tokens evaluated for the validation loss, and as many for the test loss at the end: "
         "the held-out documents are taken until they fill them.", minimum=1,
-        default_text=f"{EVAL_BLOCKS}, or fewer (at least 8) where the evaluations would cost more than "
-        f"{EVAL_SHARE:.0%} of the run's compute"))  # fmt: skip
+        default_text=f"{EVAL_BLOCKS} held out, of which fewer (at least {MIN_EVAL_BLOCKS}) are evaluated where "
+        f"evaluating all would cost more than {EVAL_SHARE:.0%} of the run's compute"))  # fmt: skip
     save_every: int | None = field(default=None, metadata=option(
         "Steps between checkpoints.", minimum=1, default_text="--eval-every"))
     logging_steps: int = field(default=10, metadata=option(
@@ -197,6 +198,11 @@ class TrainOptions:
         "loss_curve.png are removed when training starts; other files stay.", flag=True, sweep=False))  # fmt: skip
     seed: int = field(default=0, metadata=option(
         "Seed of the model's initialisation and of the order the training blocks are drawn in.", sweep=False))
+
+    def held_out_blocks(self) -> int:
+        """The blocks' worth of documents held out for validation and for test: ``eval_blocks``, else
+        ``EVAL_BLOCKS`` (whatever the run's length, so the training documents do not change with it)."""
+        return EVAL_BLOCKS if self.eval_blocks is None else self.eval_blocks
 
     def validate(self) -> TrainOptions:
         import torch
@@ -279,15 +285,15 @@ def evaluations(options: TrainOptions) -> int:
     return 1 + options.max_steps // options.eval_every + (options.max_steps % options.eval_every > 0) + 1
 
 
-def with_eval_blocks(options: TrainOptions, processes: int = 1) -> TrainOptions:
-    """``options`` with ``eval_blocks`` decided: the one given, else ``EVAL_BLOCKS``, or the most (a multiple of 8,
-    at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained blocks' compute."""
+def evaluated_blocks(options: TrainOptions, processes: int = 1) -> int:
+    """How many held-out blocks each evaluation reads: ``eval_blocks`` when given, else ``EVAL_BLOCKS`` or the most
+    (a multiple of 8, at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained
+    blocks' compute."""
     if options.eval_blocks is not None:
-        return options
+        return options.eval_blocks
     trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps * processes
     affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
-    blocks = max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
-    return replace(options, eval_blocks=blocks)
+    return max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .checkpoints import (
 )
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
-from .options import TrainOptions, trackers, with_eval_blocks
+from .options import TrainOptions, evaluated_blocks, trackers
 from .outputs import (
     check_output_path,
     clear_earlier_run,
@@ -53,7 +53,7 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .pipeline import tokenizer_digest
+from .pipeline import TokenBlocks, tokenizer_digest
 from .prepare import data_source, training_data, world_size
 from .run_record import check_same_run, run_record
 from .transformers_internals import check_trainer_overrides
@@ -219,7 +219,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
-    options = with_eval_blocks(options.validate(), world_size())
+    options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
     check_output_path(output)
@@ -265,10 +265,16 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     if why and main:
         log(why)
     data_key = (corpus.label, corpus.fingerprint)
-    record = run_record(options, data_key, tokenizer_digest(tokenizer), settings, world_size())
+    held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
+    record = run_record(held_out, data_key, tokenizer_digest(tokenizer), settings, world_size())
     if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
         check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
     data = training_data(options, corpus, tokenizer, tokenizer_from_model, data_log)
+    evaluated = evaluated_blocks(options, world_size())
+    if evaluated < max(len(data.val), len(data.test)):
+        data.val, data.test = TokenBlocks(data.val.blocks[:evaluated]), TokenBlocks(data.test.blocks[:evaluated])
+        data_log(f"evaluating {evaluated} of the held-out blocks (validation and test each): the default sized to a "
+                 "run this short, a tenth of its compute at most; --eval-blocks sets it")  # fmt: skip
     callbacks: list[TrainerCallback] = [TerminationCheck()]
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
@@ -382,6 +388,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
         "evaluation_seconds": trainer.evaluation_seconds,  # every evaluation of the run, the final and test ones too
+        "evaluated_blocks": {"validation": len(data.val), "test": len(data.test)},
         "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
         "tokens_per_step": blocks_per_step * options.seq_len,
         # tokens of the steps run, all processes, over train()'s time less its evaluations; on a shared machine it
