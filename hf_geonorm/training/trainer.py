@@ -387,13 +387,14 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "training_seconds": training_seconds,  # train_seconds less the evaluations inside it: tokens/s divides by it
         "evaluation_seconds": trainer.evaluation_seconds,  # every evaluation of the run, the final and test ones too
         "evaluated_blocks": {"validation": len(data.val), "test": len(data.test)},
         "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
         "tokens_per_step": blocks_per_step * options.seq_len,
         # tokens of the steps run, all processes, over train()'s time less its evaluations; on a shared machine it
         # says more about the others' load (below)
-        "tokens_per_second": tokens / training_seconds if steps_run and training_seconds > 0 else 0.0,
+        "tokens_per_second": tokens / training_seconds if steps_run else 0.0,
         "machine": machine_load(),
         "parameters": n_params,
         "model_type": to_save.config.model_type,
