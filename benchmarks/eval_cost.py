@@ -99,7 +99,7 @@ def table(payload: dict[str, Any]) -> str:
         "",
         "The default elsewhere (the rule, not a measurement):",
         "",
-        "| run | evaluations | --eval-blocks default | share of the compute |",
+        "| run | evaluations | blocks evaluated by default | evaluation compute / training compute |",
         "|---|---|---|---|",
     ]
     for name, row in payload["rule"].items():
@@ -108,13 +108,13 @@ def table(payload: dict[str, Any]) -> str:
 
 
 def rule(options: TrainOptions) -> dict[str, Any]:
-    """The default ``--eval-blocks`` of a run and its evaluations' share of the compute (a forward pass per
-    evaluated block against three per trained block)."""
+    """The blocks a run evaluates by default and its evaluations' compute against its training's (a forward pass per
+    evaluated block against three per trained block: the ratio the default keeps at a tenth at most)."""
     chosen = evaluated_blocks(options)
     trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps
     count = evaluations(options)
     return {"evaluations": count, "eval_blocks": chosen,
-            "compute_share": count * chosen / (count * chosen + 3 * trained)}  # fmt: skip
+            "compute_share": count * chosen / (3 * trained)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -273,8 +273,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     evaluated = evaluated_blocks(options, world_size())
     if evaluated < max(len(data.val), len(data.test)):
         data.val, data.test = TokenBlocks(data.val.blocks[:evaluated]), TokenBlocks(data.test.blocks[:evaluated])
-        data_log(f"evaluating {evaluated} of the held-out blocks (validation and test each): the default sized to a "
-                 "run this short, a tenth of its compute at most; --eval-blocks sets it")  # fmt: skip
+        data_log(f"each evaluation reads the first {evaluated} of those blocks (validation, and test at the end): the "
+                 "default for a run this short, a tenth of its training compute at most; --eval-blocks N evaluates "
+                 "N")  # fmt: skip
     callbacks: list[TrainerCallback] = [TerminationCheck()]
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
