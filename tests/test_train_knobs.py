@@ -125,7 +125,9 @@ def test_progress_bar_log_lines_one_final_evaluation_and_the_warmup_warning(tmp_
         assert f"step {step}/4: loss " in result.output
     assert "step 4/4: validation loss " in result.output
     assert "warning: --warmup-steps 4 is not below --max-steps 4" in result.output
-    # one bar: no nested evaluation bar (whose cursor-up escapes garble a log file), no checkpoint shard bars
+    # the evaluation's bar on the training bar's line, not nested (cursor-up escapes garble a log file), no
+    # checkpoint shard bars
+    assert "evaluating" in result.output
     assert "\x1b[A" not in result.output and result.output.count("Writing model shards: 100%") == 1
     metrics = json.loads((out / "metrics.json").read_text())
     evals = [h for h in metrics["log_history"] if "eval_loss" in h]

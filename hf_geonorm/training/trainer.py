@@ -125,9 +125,9 @@ class TerminationCheck(TrainerCallback):
 class RunProgress(ProgressCallback):
     """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
     Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. Each evaluation has its own bar (named
-    ``evaluating``, cleared when it ends: a long one at step 0 would otherwise look like a hung run); transformers'
-    own bars (writing each checkpoint's shards) stay off while training, so a log read from a file holds lines,
-    not cursor movements."""
+    ``evaluating``, on the training bar's line and cleared when it ends: a long one at step 0 would otherwise look
+    like a hung run); transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
+    read from a file holds lines, not cursor movements."""
 
     hf_bars_were_on: bool | None = None
 
@@ -151,7 +151,9 @@ class RunProgress(ProgressCallback):
 
         loader = kwargs.get("eval_dataloader")
         if state.is_world_process_zero and self.prediction_bar is None and loader is not None:
-            self.prediction_bar = tqdm(total=len(loader), desc="evaluating", unit="batch", leave=False,
+            # on the training bar's line (position 0), cleared when done: a nested bar's cursor-up escapes would
+            # garble a log read from a file
+            self.prediction_bar = tqdm(total=len(loader), desc="evaluating", unit="batch", leave=False, position=0,
                                        dynamic_ncols=True)  # fmt: skip
         if self.prediction_bar is not None:
             self.prediction_bar.update(1)
