@@ -121,7 +121,7 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, data_
     assert resumed["final_eval_loss"] == pytest.approx(uninterrupted, rel=1e-5)
     # tokens/s counts the steps this run trained (2 of 4) over this run's time
     assert resumed["resumed_from_step"] == 2
-    assert resumed["tokens_per_second"] * resumed["train_seconds"] == pytest.approx((4 - 2) * 4 * 32)
+    assert resumed["tokens_per_second"] * resumed["training_seconds"] == pytest.approx((4 - 2) * 4 * 32)
     # a checkpoint beyond --max-steps: nothing to train is an error, and nothing is touched
     before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*")}
     past = train(*common[:-4], "--max-steps", "3", "--output", str(out), "--resume")

@@ -19,31 +19,26 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
-from transformers.utils import logging as hf_logging
 
 from ..analysis.evaluation import explain_non_finite
 from ..errors import NonFiniteError, first_line
-from ..files.atomic import atomic_directory, raise_if_terminated, remove_tree
+from ..files.atomic import atomic_directory, raise_if_terminated
 from ..files.output_lock import output_lock
 from ..patching import family_for
 from ..sharing.hub import save_shareable
 from ..sharing.model_card import CardInfo, inherited_card_info
 from .bridge import BridgeAnneal
-from .checkpoints import (
-    AtomicCheckpointTrainer,
-    check_resumable,
-    check_resumable_adapters,
-    checkpoints,
-    disk_full_named,
-)
+from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
 from .options import TrainOptions, evaluated_blocks, trackers
 from .outputs import (
+    RunProgress,
     check_output_path,
     clear_earlier_run,
     curve_title,
     finished_metrics,
+    kept_checkpoints,
     machine_load,
     output_removed_on_failure,
     perplexity,
@@ -120,59 +115,6 @@ class TerminationCheck(TrainerCallback):
 
     def on_step_end(self, *args: Any, **kwargs: Any) -> None:
         raise_if_terminated()
-
-
-class RunProgress(ProgressCallback):
-    """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
-    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. Each evaluation has its own bar (named
-    ``evaluating``, on the training bar's line and cleared when it ends: a long one at step 0 would otherwise look
-    like a hung run); transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
-    read from a file holds lines, not cursor movements."""
-
-    hf_bars_were_on: bool | None = None
-
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        self.hf_bars_were_on = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        super().on_train_begin(args, state, control, **kwargs)
-
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        super().on_train_end(args, state, control, **kwargs)
-        self.restore_bars()
-
-    def restore_bars(self) -> None:
-        """transformers' bars as they were before training (also after a run that failed part way)."""
-        if self.hf_bars_were_on:
-            hf_logging.enable_progress_bar()
-        self.hf_bars_were_on = None
-
-    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        from tqdm.auto import tqdm
-
-        loader = kwargs.get("eval_dataloader")
-        if state.is_world_process_zero and self.prediction_bar is None and loader is not None:
-            # on the training bar's line (position 0), cleared when done: a nested bar's cursor-up escapes would
-            # garble a log read from a file
-            self.prediction_bar = tqdm(total=len(loader), desc="evaluating", unit="batch", leave=False, position=0,
-                                       dynamic_ncols=True)  # fmt: skip
-        if self.prediction_bar is not None:
-            self.prediction_bar.update(1)
-
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
-        if not state.is_world_process_zero or self.training_bar is None or not logs:
-            return
-        step = f"step {state.global_step}/{state.max_steps}"
-        if "eval_loss" in logs:
-            loss = logs["eval_loss"]
-            perplexity = f" (perplexity {math.exp(loss):.2f})" if loss < 700 else ""
-            self.training_bar.write(f"{step}: validation loss {loss:.4f}{perplexity}")
-        elif "loss" in logs:
-            parts = [f"loss {logs['loss']:.4f}"]
-            if "learning_rate" in logs:
-                parts.append(f"lr {logs['learning_rate']:.2e}")
-            if "grad_norm" in logs:
-                parts.append(f"grad norm {logs['grad_norm']:.3g}")
-            self.training_bar.write(f"{step}: {', '.join(parts)}")
 
 
 def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
@@ -429,21 +371,3 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     )
     log(kept_checkpoints(output, options.save_final_only))
     return metrics
-
-
-def kept_checkpoints(output: Path, remove: bool) -> str:
-    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
-    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
-    found = [path for _, path in checkpoints(output)]
-    if not found:
-        return "no checkpoints kept"
-    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
-    names = ", ".join(path.name for path in found)
-    if remove:
-        for path in found:
-            remove_tree(path)
-        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
-    return (
-        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
-        "--save-final-only removes them at the end of a run"
-    )
