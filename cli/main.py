@@ -37,7 +37,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     hf-geonorm architectures                 the supported stock model types
     hf-geonorm convert SOURCE OUTPUT_DIR     a checkpoint (folder, .gguf, Hub id) -> GeoNorm folder
     hf-geonorm init ARCH OUTPUT_DIR          a from-scratch GeoNorm config at the paper's sizes
-    hf-geonorm info PATH                     what a folder holds
+    hf-geonorm info PATH                     what a folder (or .gguf file) holds
+    hf-geonorm card PATH                     write the GeoNorm card of a folder another tool saved
     hf-geonorm angles SOURCE --text FILE     the rotation each residual update makes, per layer
     hf-geonorm perplexity SOURCE --text FILE perplexity on a text
     hf-geonorm train                         train (default: a tiny GeoNorm GPT-2 on the stdlib's source)
@@ -224,17 +225,36 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
 # ---- info ----
 
 
+def _positions_line(data: dict[str, Any]) -> str:
+    positions = data.get("positions")
+    if positions is None:
+        return "not stated in the config"
+    return (f"{positions:,} (the longest prompt plus generated tokens; hf-geonorm init --max-length, or train "
+            "--seq-len for a model built by train, sets it)")  # fmt: skip
+
+
 @cli.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def info(path: str, as_json: bool) -> None:
-    """Describe the checkpoint folder PATH: family, size, GeoNorm settings, per-layer step sizes, and
-    whether remote code and a model card are present. Reads headers only; loads no weights."""
-    from hf_geonorm.inspection import describe_folder
+    """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
+    step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights."""
+    from hf_geonorm.inspection import describe
 
-    data = describe_folder(path)
+    data = describe(path)
     if as_json:
         click.echo(json.dumps(data, indent=2))
+        return
+    if data.get("kind") == "gguf":
+        click.echo(f"path:         {data['path']} (GGUF)\nmodel type:   {data['model_type']} (stock Pre-Norm; "
+                   f"convert it with hf-geonorm convert {path} OUTPUT_DIR)")  # fmt: skip
+        click.echo(f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary "
+                   f"{data['vocab_size']}")  # fmt: skip
+        click.echo(f"positions:    {_positions_line(data)}")
+        if data["parameters"] is not None:
+            click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']})")
+        facts = ", ".join(f"{k} {v}" for k, v in data["metadata"].items())
+        click.echo(f"metadata:     {facts or 'no license, base model or language'}")
         return
     if data["geonorm"]:
         family = f"GeoNorm, stock family {data['family']}"
@@ -244,6 +264,7 @@ def info(path: str, as_json: bool) -> None:
     click.echo(
         f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary {data['vocab_size']}"
     )
+    click.echo(f"positions:    {_positions_line(data)}")
     if data.get("parameters") is not None:
         by = data.get("parameters_by_dtype")
         dtypes = f", {', '.join(f'{k}: {v:,}' for k, v in by.items())}" if by else ""
@@ -262,13 +283,47 @@ def info(path: str, as_json: bool) -> None:
     else:
         click.echo("remote code:  no (loads only where hf-geonorm is installed and imported)")
     card = data["model_card"]
+    write_one = f"write one with hf-geonorm card {path}"
     if card is None:
-        click.echo("model card:   no")
+        click.echo(f"model card:   no{f' ({write_one})' if data['geonorm'] else ''}")
     elif "error" in card:
         click.echo(f"model card:   README.md (metadata unreadable: {card['error']})")
+    elif data["geonorm"] and "geonorm" not in (card.get("tags") or []):
+        click.echo(f"model card:   README.md, not a GeoNorm card (another tool's; push refuses it): {write_one}")
     else:
         click.echo(f"model card:   yes ({', '.join(f'{k} {v}' for k, v in card.items() if k != 'file' and v)})")
     click.echo(f"tokenizer:    {'yes' if data['tokenizer'] else 'no'}")
+
+
+# ---- card ----
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--base-model", help="Hub id of the model this one derives from.")
+@click.option("--license", "license_", help="The model's license (a Hub license id, e.g. apache-2.0).")
+@click.option("--source", help="Where the model came from (a folder, file or Hub id), for the card's first line.")
+@click.option("--from", "from_folder", type=click.Path(exists=True, file_okay=False),
+              help="The GeoNorm folder this one was trained from: its card's base model, license, language and "
+              "source carry over.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Replace a README.md that neither hf-geonorm nor Trainer wrote.")
+def card(path: str, base_model: str | None, license_: str | None, source: str | None, from_folder: str | None,
+         force: bool) -> None:  # fmt: skip
+    """Write the GeoNorm model card (README.md and geonorm_card.json) of the GeoNorm folder PATH that another tool
+    saved: run_clm.py's Trainer writes its generic card, TRL's SFTTrainer none, and `hf-geonorm push` needs a
+    GeoNorm card. Facts already stored in PATH are kept; the options add to them. Each file is written whole."""
+    from hf_geonorm.sharing.model_card import CardInfo, inherited_card_info, write_card_for
+
+    facts = inherited_card_info(from_folder) if from_folder else CardInfo()
+    given = {"base_model": base_model, "license": license_, "source": source}
+    facts = CardInfo.from_dict({**facts.to_dict(), **{k: v for k, v in given.items() if v is not None}})
+    try:
+        readme = write_card_for(path, facts, force=force)
+    except FileExistsError as error:
+        raise click.ClickException(first_line(error)) from None
+    except OSError as error:
+        raise _cannot_write(path, error) from None
+    click.echo(f"wrote {readme} and {readme.with_name('geonorm_card.json')}")
 
 
 # ---- angles and perplexity ----
@@ -309,7 +364,7 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
     angles its geodesic steps actually make, next to its step sizes a_k. Settings options convert SOURCE in
     memory first (to preview a conversion). Angles are means over all tokens, in radians.
     """
-    from hf_geonorm.analysis.angles import analyse_angles, angles_table
+    from hf_geonorm.analysis.angles import analyse_angles, angles_table, clamp_reading
     from hf_geonorm.analysis.evaluation import BYTES_TOKENIZATION
 
     report = analyse_angles(source, text_path, max_tokens, window, dtype, device, pop_settings(kwargs), plot_path,
@@ -334,6 +389,8 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
         f"mean angle, lowest third of the layers: {summary['lower_third_mean_angle']:.4f} rad; highest third: "
         f"{summary['upper_third_mean_angle']:.4f} rad (ratio {summary['lower_to_upper_ratio']:.2f})"
     )
+    if summary["at_clamp_share"] is not None:
+        click.echo(f"at the clamp: {clamp_reading(summary['at_clamp_share'], report.settings['geo_max_angle'])}")
     if plot_path:
         click.echo(f"plot: {plot_path}")
 

@@ -23,10 +23,75 @@ LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length")
+
+
+def positions(config: dict[str, Any]) -> int | None:
+    """The positions the model's config gives it: the longest prompt plus generated tokens it is built for."""
+    return next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
+
+
+def run_folder_model(path: Path) -> Path | None:
+    """The model of a ``hf-geonorm train`` (or Trainer) output folder: its ``final/``, else its newest checkpoint;
+    None when ``path`` is not such a folder."""
+    if (path / "final" / "config.json").is_file():
+        return path / "final"
+    numbered = [(int(p.name.split("-")[1]), p) for p in path.glob("checkpoint-*")
+                if p.name.split("-")[1].isdigit() and (p / "config.json").is_file()]  # fmt: skip
+    return max(numbered)[1] if numbered else None
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """``describe_folder`` for a checkpoint folder, ``describe_gguf`` for a ``.gguf`` file; a training run's output
+    folder is refused with the folder of its model named."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return describe_gguf(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        model = run_folder_model(path)
+        if model is not None:
+            raise ValueError(
+                f"{path} is a training run's output folder (no config.json of its own); its model is in {model}: "
+                f"hf-geonorm info {model}"
+            )
+    return describe_folder(path)
+
+
+def describe_gguf(path: Path) -> dict[str, Any]:
+    """The facts of a ``.gguf`` checkpoint (read from its metadata, as ``convert`` reads it): type, sizes,
+    positions, parameters (the tensors' element counts) and the license and base model it names."""
+    from .files.gguf_files import gguf_metadata
+    from .loading import open_source
+
+    source = open_source(path)
+    config = source.config
+    out: dict[str, Any] = {
+        "path": str(path),
+        "kind": "gguf",
+        "model_type": source.model_type,
+        "family": source.stock_type,
+        "geonorm": False,
+        "num_layers": source.num_layers,
+        "hidden_size": config.get("hidden_size", config.get("n_embd")),
+        "vocab_size": config.get("vocab_size"),
+        "positions": positions(config),
+        "parameters": None,
+    }
+    try:
+        from gguf import GGUFReader
+
+        out["parameters"] = int(sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors))
+        out["parameters_from"] = "GGUF tensors"
+    except Exception:  # noqa: BLE001 - an unknown size is fine here
+        pass
+    out["metadata"] = gguf_metadata(path)
+    return out
+
+
 def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
-    """The facts of a checkpoint folder as a JSON-ready dict: type and family, sizes, parameter count (from the
-    safetensors headers, else from the config), GeoNorm settings and step sizes, remote code, model card and
-    tokenizer. ``ValueError`` naming the file for a corrupt config, bad stored settings or damaged weights."""
+    """The facts of a checkpoint folder as a JSON-ready dict: type and family, sizes, positions, parameter count
+    (from the safetensors headers, else from the config), GeoNorm settings and step sizes, remote code, model card
+    and tokenizer. ``ValueError`` naming the file for a corrupt config, bad stored settings or damaged weights."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: no such folder")
@@ -45,6 +110,7 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
         "num_layers": num_layers,
         "hidden_size": config.get("hidden_size", config.get("n_embd")),
         "vocab_size": config.get("vocab_size"),
+        "positions": positions(config),
         "dtype": config.get("dtype", config.get("torch_dtype")),
     }
     try:

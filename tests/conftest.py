@@ -2,6 +2,7 @@
 
 - ``pytest -q`` runs on two pytest-xdist workers (``addopts`` in pyproject.toml); ``-n 0`` runs in one process.
 - ``--runslow`` runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
+- The summary ends with why tests were skipped, one line per reason (``pytest -q`` would give only a count).
 - Every test runs torch with one intra-op thread (the models are tiny; more threads only cost time on a busy
   machine).
 - ``plugin_free_python``: the one harness for remote-code tests. It runs a snippet in a Python that sees this
@@ -19,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 # Remote code is copied into the Hub modules cache under the folder's name, so two pytest-xdist workers loading
 # folders of the same name would write the same files at once: each process gets its own cache, set before
@@ -168,3 +171,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line per reason tests were skipped, with its count: a bare "128 skipped" does not say what was left
+    out (the slow tests, those that need a GPU or a package)."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")

@@ -96,7 +96,7 @@ def logits_of(model, ids=None):
 
 def test_help_on_every_command():
     assert "convert" in run("--help").output
-    for command in ("architectures", "convert", "init", "info", "angles", "perplexity"):
+    for command in ("architectures", "convert", "init", "info", "card", "angles", "perplexity"):
         out = run(command, "--help").output
         assert out.startswith("Usage: ") and "--help" in out, command
     out = run("convert", "--help").output
@@ -117,7 +117,7 @@ def test_help_on_every_command():
 
 def test_help_is_fast_it_imports_neither_torch_nor_transformers():
     """--help of the group and of every command, in a fresh interpreter: only click and the CLI's own modules."""
-    commands = ["architectures", "convert", "init", "info", "angles", "perplexity", "train", "push"]
+    commands = ["architectures", "convert", "init", "info", "card", "angles", "perplexity", "train", "push"]
     code = (
         "import sys\n"
         "from hf_geonorm_cli.main import cli\n"

@@ -41,12 +41,13 @@ def train(*args: str) -> object:
     return result
 
 
-def eval_loss_of(folder: Path, data_file: Path) -> float:
+def eval_loss_of(folder: Path, data_file: Path, blocks: int) -> float:
     """The validation loss of a saved model, computed here from the saved tokenizer and weights (the validation
-    documents held out as documented: tests/test_data_pipeline.py)."""
+    documents held out as documented: tests/test_data_pipeline.py), on the first ``blocks`` of them (as many as the
+    run evaluated: metrics.json's ``evaluated_blocks``)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    val = torch.tensor(reference_blocks(tokenizer, reference_documents(data_file.read_text()), 32)[1])
+    val = torch.tensor(reference_blocks(tokenizer, reference_documents(data_file.read_text()), 32)[1][:blocks])
     with torch.no_grad():
         return model(val, labels=val).loss.item()
 
@@ -64,7 +65,8 @@ def test_train_writes_metrics_curve_checkpoints_and_a_reloadable_model(tmp_path,
     # the final folder reloads through the Auto classes and gives the reported validation loss
     final = AutoModelForCausalLM.from_pretrained(out / "final")
     assert type(final).__name__ == "GeoNormGPT2ForCausalLM"
-    assert eval_loss_of(out / "final", data_file) == pytest.approx(metrics["final_eval_loss"], rel=1e-4)
+    evaluated = metrics["evaluated_blocks"]["validation"]
+    assert eval_loss_of(out / "final", data_file, evaluated) == pytest.approx(metrics["final_eval_loss"], rel=1e-4)
     checkpoint = AutoModelForCausalLM.from_pretrained(out / "checkpoint-6")
     assert type(checkpoint) is type(final)
     for name, param in final.state_dict().items():
@@ -119,7 +121,7 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, data_
     assert resumed["final_eval_loss"] == pytest.approx(uninterrupted, rel=1e-5)
     # tokens/s counts the steps this run trained (2 of 4) over this run's time
     assert resumed["resumed_from_step"] == 2
-    assert resumed["tokens_per_second"] * resumed["train_seconds"] == pytest.approx((4 - 2) * 4 * 32)
+    assert resumed["tokens_per_second"] * resumed["training_seconds"] == pytest.approx((4 - 2) * 4 * 32)
     # a checkpoint beyond --max-steps: nothing to train is an error, and nothing is touched
     before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*")}
     past = train(*common[:-4], "--max-steps", "3", "--output", str(out), "--resume")
@@ -269,8 +271,8 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
 
     assert losses("multi") == pytest.approx(losses("single"), rel=1e-5)
     metrics = json.loads((tmp_path / "multi" / "metrics.json").read_text())
-    assert metrics["tokens_per_second"] * metrics["train_seconds"] == pytest.approx(3 * 2 * 2 * 32)  # 2 processes
-    reloaded = eval_loss_of(tmp_path / "multi" / "final", data_file)
+    assert metrics["tokens_per_second"] * metrics["training_seconds"] == pytest.approx(3 * 2 * 2 * 32)  # 2 processes
+    reloaded = eval_loss_of(tmp_path / "multi" / "final", data_file, metrics["evaluated_blocks"]["validation"])
     assert reloaded == pytest.approx(metrics["final_eval_loss"], rel=1e-4)
     assert hf_geonorm.family_for(AutoModelForCausalLM.from_pretrained(tmp_path / "multi" / "final").config.model_type)
     assert sorted(p.name for p in (tmp_path / "multi").iterdir()) == [

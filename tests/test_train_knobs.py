@@ -62,7 +62,8 @@ def test_accumulated_batches_train_as_one_large_batch(tmp_path, data_file):
         torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-4)
     for metrics in runs.values():  # 3 optimizer steps of 16 blocks of 32 tokens, however they were batched
         assert metrics["tokens"] == 3 * 16 * 32 and metrics["tokens_per_step"] == 16 * 32
-        assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["train_seconds"])
+        assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["training_seconds"])
+        assert metrics["training_seconds"] < metrics["train_seconds"]  # the evaluations in train() left out
 
 
 # ---- trackers ----
@@ -124,7 +125,9 @@ def test_progress_bar_log_lines_one_final_evaluation_and_the_warmup_warning(tmp_
         assert f"step {step}/4: loss " in result.output
     assert "step 4/4: validation loss " in result.output
     assert "warning: --warmup-steps 4 is not below --max-steps 4" in result.output
-    # one bar: no nested evaluation bar (whose cursor-up escapes garble a log file), no checkpoint shard bars
+    # the evaluation's bar on the training bar's line, not nested (cursor-up escapes garble a log file), no
+    # checkpoint shard bars
+    assert "evaluating" in result.output
     assert "\x1b[A" not in result.output and result.output.count("Writing model shards: 100%") == 1
     metrics = json.loads((out / "metrics.json").read_text())
     evals = [h for h in metrics["log_history"] if "eval_loss" in h]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..loading import Source
-from ..modeling.geometry import prenorm_angle
+from ..modeling.geometry import geonorm_angle, prenorm_angle
 from ..modeling.residual import residual_modules
 from ..modeling.settings import GeoNormSettings, computes_prenorm
 from .evaluation import check_finite, prepare_model, read_with_hooks, text_windows
@@ -37,6 +37,8 @@ class SublayerAngles:
     mass_sum: float = 0.0
     inv_mass_sum: float = 0.0
     step_size: float | None = None  # a_k of a geo model
+    ceiling: float | None = None  # the largest angle the clamp lets this update make (a pure geo model's)
+    at_clamp: int = 0  # tokens whose update turned by the ceiling: the clamp decided their angle
 
     @property
     def angle(self) -> float:
@@ -50,12 +52,41 @@ class SublayerAngles:
     def inv_mass(self) -> float:
         return self.inv_mass_sum / max(self.tokens, 1)
 
+    @property
+    def at_clamp_share(self) -> float | None:
+        return None if self.ceiling is None else self.at_clamp / max(self.tokens, 1)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         for key in ("angle_sum", "mass_sum", "inv_mass_sum"):
             out.pop(key)
-        out.update(angle=self.angle, angle_degrees=math.degrees(self.angle), mass=self.mass, inv_mass=self.inv_mass)
+        out.update(angle=self.angle, angle_degrees=math.degrees(self.angle), mass=self.mass, inv_mass=self.inv_mass,
+                   at_clamp_share=self.at_clamp_share)  # fmt: skip
         return out
+
+
+CLAMP_TOLERANCE = 1e-3  # an angle within this share of the ceiling counts as at the clamp (float32 rounding)
+
+
+def clamp_ceiling(module: nn.Module) -> float | None:
+    """The largest angle the clamp lets a pure GeoNorm update make (``geonorm_angle`` of an unbounded base angle);
+    None where the measured angle is not the clamped one alone (another style, a bridge below 1, learnable steps)."""
+    config = module.config
+    if module.norm_style != "geo" or module.bridge != 1.0 or config.geo_learnable_step:
+        return None
+    return float(geonorm_angle(torch.tensor(1e30), module.step_size, config.geo_max_angle, clamp=config.geo_clamp))
+
+
+def clamp_reading(share: float, max_angle: float | None) -> str:
+    """What the share of updates at their clamp says about --alpha, in one sentence."""
+    if share >= 0.5:
+        return (f"{share:.0%} of the updates turned by their clamp's ceiling, whatever the sublayer proposed: there "
+                f"the angle is a_k x {max_angle:.4g} (set by --alpha and --decay alone), so --alpha scales those "
+                "angles directly, and a larger --max-angle lets the updates' sizes matter again")  # fmt: skip
+    if share > 0:
+        return (f"{share:.0%} of the updates reached their clamp: the angles mostly follow a_k |t|/|x|, and --alpha "
+                "scales them")  # fmt: skip
+    return "no update reached its clamp: the angles follow a_k |t|/|x|, and --alpha scales them"
 
 
 def regime(config: Any) -> str:
@@ -69,7 +100,8 @@ def measure_angles(model: nn.Module, windows: list[list[int]]) -> list[SublayerA
     if not modules:
         raise ValueError("the model has no GeoNorm residual modules to measure (patch it with apply_geonorm first)")
     geo = getattr(model.config, "norm_style", "pre") == "geo"
-    stats = [SublayerAngles(k, name, step_size=module.step_size if geo else None) for k, name, module in modules]
+    stats = [SublayerAngles(k, name, step_size=module.step_size if geo else None, ceiling=clamp_ceiling(module))
+             for k, name, module in modules]  # fmt: skip
 
     def make_hook(entry: SublayerAngles) -> Any:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
@@ -82,6 +114,8 @@ def measure_angles(model: nn.Module, windows: list[list[int]]) -> list[SublayerA
             entry.angle_max = max(entry.angle_max, float(angle.max()))
             entry.mass_sum += float(mass.sum())
             entry.inv_mass_sum += float((1.0 / mass.clamp_min(1e-30)).sum())
+            if entry.ceiling is not None:
+                entry.at_clamp += int((angle >= entry.ceiling * (1 - CLAMP_TOLERANCE)).sum())
 
         return hook
 
@@ -97,10 +131,14 @@ def depth_summary(stats: list[SublayerAngles]) -> dict[str, float]:
     low = [s.angle for s in stats if s.layer in layers[:third]]
     high = [s.angle for s in stats if s.layer in layers[-third:]]
     low_mean, high_mean = sum(low) / len(low), sum(high) / len(high)
+    clamped = [s for s in stats if s.ceiling is not None]
+    at_clamp = sum(s.at_clamp for s in clamped) / max(sum(s.tokens for s in clamped), 1) if clamped else None
     return {
         "lower_third_mean_angle": low_mean,
         "upper_third_mean_angle": high_mean,
         "lower_to_upper_ratio": low_mean / high_mean if high_mean > 0 else math.inf,
+        # the share of all updates (tokens x sublayers) at their clamp; None where the clamp is not measured
+        "at_clamp_share": at_clamp,
     }
 
 

@@ -144,11 +144,54 @@ class GeoNormPreTrainedMixin:
         super()._init_weights(module)
 
 
+LEARNED_POSITIONS = ("wpe", "embed_positions")  # the learned position tables of the GPT-2-shaped families
+
+
+class PositionLimit(ValueError):
+    """A sequence longer than a model with learned positions has positions for (its table would raise IndexError)."""
+
+
+def _sequence_positions(args: tuple, kwargs: dict[str, Any]) -> tuple[int, torch.Tensor | None]:
+    """How long the sequence gets with this forward (cached tokens plus new ones), and the position ids given."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    embeds = kwargs.get("inputs_embeds")
+    new = ids.shape[-1] if ids is not None else (embeds.shape[-2] if embeds is not None else 0)
+    past = kwargs.get("past_key_values")
+    cached = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
+    return cached + new, kwargs.get("position_ids")
+
+
+def guard_positions(base: nn.Module) -> None:
+    """Make a forward beyond a learned position table a ``PositionLimit`` that names the limit and the way out,
+    rather than torch's ``IndexError: index out of range in self`` (a ``generate`` with too many new tokens)."""
+    table = next((getattr(base, name) for name in LEARNED_POSITIONS if isinstance(getattr(base, name, None),
+                                                                              nn.Embedding)), None)  # fmt: skip
+    if table is None or getattr(base, "_geonorm_positions_guarded", False):
+        return
+    limit = table.num_embeddings
+
+    def check(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        length, position_ids = _sequence_positions(args, kwargs)
+        # given position ids (generate passes them) are read, which waits for the device; training passes none
+        reach = length if position_ids is None else int(position_ids.max()) + 1
+        if reach > limit:
+            raise PositionLimit(
+                f"the sequence reaches {reach} tokens (prompt plus generated), beyond this model's {limit} learned "
+                f"positions (config n_positions / max_position_embeddings): give generate max_new_tokens of at most "
+                f"{limit} minus the prompt's length, or train a model with more positions (hf-geonorm train "
+                "--seq-len, hf-geonorm init --max-length)"
+            )
+
+    base.register_forward_pre_hook(check, with_kwargs=True)
+    base._geonorm_positions_guarded = True
+
+
 class GeoNormBaseModelMixin(GeoNormPreTrainedMixin):
     """A stock base model whose decoder layers are GeoNorm layers from construction on."""
 
     def post_init(self) -> None:
         patch_base_model(self, self.config, self.geonorm_layout, fresh_init=True)
+        guard_positions(self)
         super().post_init()
 
 
@@ -171,4 +214,5 @@ class GeoNormHeadModelMixin(GeoNormPreTrainedMixin):
         if not isinstance(base, GeoNormBaseModelMixin):
             base.__class__ = self.geonorm_base_class
             patch_base_model(base, self.config, self.geonorm_layout, fresh_init=True)
+        guard_positions(base)
         super().post_init()

@@ -17,6 +17,8 @@ checkpoints as remote code.
 
 from __future__ import annotations
 
+import sys
+
 from .families import GeoNormFamily, discover_families
 
 FAMILIES: dict[str, GeoNormFamily] = discover_families(__name__)
@@ -25,6 +27,25 @@ FAMILIES: dict[str, GeoNormFamily] = discover_families(__name__)
 GENERATED_CLASSES: dict[str, GeoNormFamily] = {
     name: family for family in FAMILIES.values() for name in family.class_names
 }
+
+
+PEFT_CONSTANTS = "peft.utils.constants"  # PEFT's table of LoRA's default targets, by model type
+
+
+def register_lora_targets() -> None:
+    """Give the ``geonorm_X`` types their layouts' LoRA targets in PEFT's table when peft is imported already (a
+    script that uses LoRA imports it before it loads the model as remote code), so ``LoraConfig()`` without
+    ``target_modules`` works as it does with the plugin; an entry already there is left alone."""
+    constants = sys.modules.get(PEFT_CONSTANTS)
+    if constants is None:
+        return
+    for family in FAMILIES.values():
+        constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.setdefault(
+            family.model_type, list(family.layout.lora_targets)
+        )
+
+
+register_lora_targets()
 
 
 def __getattr__(name: str) -> type:

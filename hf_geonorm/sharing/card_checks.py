@@ -264,12 +264,12 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
         problems = _loading_problems(path, config)
     readme = path / "README.md"
     if not readme.is_file():
-        problems.append(
-            f"{path} has no README.md model card: write one with "
-            f"hf_geonorm.sharing.model_card.write_model_card({str(path)!r})"
-        )
+        problems.append(f"{path} has no README.md model card: write one with hf-geonorm card {path}")
     else:
-        problems += [f"README.md: {p}" for p in validate_card(readme)]
+        card_problems = validate_card(readme)
+        problems += [f"README.md: {p}" for p in card_problems]
+        if card_problems:
+            problems.append(f"README.md is not a GeoNorm card (another tool's?): write one with hf-geonorm card {path}")
     return problems
 
 

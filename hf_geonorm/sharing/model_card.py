@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..patching import family_for
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
 CARD_REPO_PLACEHOLDER = "path/to/this/folder"
+LEARNED_POSITION_TYPES = ("gpt2", "gpt_neo", "gpt_bigcode")  # a position table: generate stops at its end
 STYLE_DESCRIPTIONS = {
     "pre": "Pre-Norm, x + F(N(x)): the stock model",
     "post": "Post-Norm, N(x + F(x))",
@@ -236,6 +238,11 @@ def render_model_card(
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
         has_tokenizer=has_tokenizer,
         auto_class=auto_class,
+        positions=next((getattr(config, key) for key in ("n_positions", "max_position_embeddings")
+                        if isinstance(getattr(config, key, None), int)), None),  # fmt: skip
+        learned_positions=family.stock_type in LEARNED_POSITION_TYPES,
+        lora_targets=list(family.layout.lora_targets),
+        conv1d=family.layout.conv1d,
         remote_code_files=remote_code or [p.name for p in remote_code_files()],
         method_spec=METHOD_SPEC,
     )
@@ -251,14 +258,21 @@ def write_model_card(path: str | os.PathLike, card_info: CardInfo | None = None)
     card gets new evaluation numbers by passing the stored facts with more lines.
     """
     path = Path(path)
+    card = folder_card(path, card_info or load_card_info(path) or CardInfo())
+    if card_info is not None:
+        save_card_info(path, card_info)
+    card.save(path / "README.md")
+    return path / "README.md"
+
+
+def folder_card(path: Path, info: CardInfo) -> Any:
+    """The card of the saved GeoNorm folder ``path`` with the facts ``info`` (its parameters counted from the
+    safetensors headers when ``info`` does not say); ``ValueError`` for a folder of another model type."""
     config_dict = json.loads((path / "config.json").read_text(encoding="utf-8"))
     model_type = config_dict.get("model_type", "")
     if not str(model_type).startswith("geonorm_"):
         raise ValueError(f"{path}/config.json has model_type {model_type!r}; cards are written for GeoNorm models")
     config = family_for(model_type).config_class.from_dict(config_dict)
-    if card_info is not None:
-        save_card_info(path, card_info)
-    info = card_info or load_card_info(path) or CardInfo()
     if info.num_parameters is None:
         try:
             counted = saved_parameter_count(path)
@@ -267,6 +281,72 @@ def write_model_card(path: str | os.PathLike, card_info: CardInfo | None = None)
         info = CardInfo.from_dict({**info.to_dict(), "num_parameters": counted[0] if counted else None})
     has_tokenizer = any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     code, _ = module_closure(path / f"{ENTRY_MODULE}.py")
-    card = render_model_card(config, info, has_tokenizer=has_tokenizer, remote_code=[p.name for p in code] or None)
-    card.save(path / "README.md")
-    return path / "README.md"
+    return render_model_card(config, info, has_tokenizer=has_tokenizer, remote_code=[p.name for p in code] or None)
+
+
+# What a model made from a folder keeps of that folder's card: where it came from and under which terms.
+LINEAGE = ("base_model", "license", "language", "source")
+# The comment transformers' Trainer puts in the card it writes (run_clm.py and the like): a machine's card, which
+# `hf-geonorm card` may replace without --force.
+TRAINER_CARD_MARK = "This model card has been generated automatically according to the information the Trainer had"
+
+
+def inherited_card_info(folder: str | os.PathLike) -> CardInfo:
+    """The lineage a model made from ``folder`` carries (``LINEAGE``): the folder's GeoNorm card facts, else what
+    its README front matter says (a stock checkpoint's license, language and base model); empty when neither."""
+    path = Path(folder)
+    stored = load_card_info(path)
+    if stored is not None:
+        return CardInfo(**{key: getattr(stored, key) for key in LINEAGE})
+    readme = path / "README.md"
+    if not readme.is_file():
+        return CardInfo()
+    try:
+        from huggingface_hub import ModelCard
+
+        data = ModelCard.load(readme).data.to_dict()
+    except Exception:  # noqa: BLE001 - a card another tool wrote may not parse; the lineage is then unknown
+        return CardInfo()
+    base = data.get("base_model")
+    return CardInfo(base_model=base if isinstance(base, str) else None, license=data.get("license"),
+                    language=data.get("language"))  # fmt: skip
+
+
+def replaceable_card(readme: Path) -> bool:
+    """Whether ``hf-geonorm card`` may write over ``readme`` without --force: it is missing, a GeoNorm card, or the
+    generic card Trainer writes; anything else may be the user's own text."""
+    if not readme.is_file():
+        return True
+    text = readme.read_text(encoding="utf-8", errors="replace")
+    return TRAINER_CARD_MARK in text or bool(re.search(r"^\s*-\s*geonorm\s*$", text, flags=re.M))
+
+
+def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False) -> Path:
+    """Write a GeoNorm card into a folder another tool saved (its README.md is Trainer's card, or there is none):
+    ``facts`` over those stored in the folder, each file written whole (a temporary file renamed over it).
+    ``FileExistsError`` when README.md is another text and ``force`` is not given."""
+    path = Path(path)
+    readme = path / "README.md"
+    if not force and not replaceable_card(readme):
+        raise FileExistsError(
+            f"{readme} is not a card hf-geonorm or Trainer wrote (it may be yours): pass --force to replace it"
+        )
+    stored = load_card_info(path) or CardInfo()
+    given = {key: value for key, value in facts.to_dict().items() if value not in (None, [], {})}
+    info = CardInfo.from_dict({**stored.to_dict(), **given})
+    card = folder_card(path, info)
+    replace_text(path / CARD_DATA, json.dumps(info.to_dict(), indent=2, sort_keys=True) + "\n")
+    replace_text(readme, str(card))
+    return readme
+
+
+def replace_text(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole: into a temporary file beside it, then renamed over it."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -69,6 +69,13 @@ MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's w
 MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
 EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
+# The default evaluation: EVAL_BLOCKS blocks' worth of documents held out for validation (and for test), all of them
+# evaluated, or fewer of them where a run is so short that its evaluations would cost more than EVAL_SHARE of its
+# compute (an evaluated block is one forward pass, a third of a trained block's forward and backward); the documents
+# held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
+EVAL_BLOCKS = 64
+EVAL_SHARE = 0.1
+MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
 
 
 class OptionError(ValueError):
@@ -194,9 +201,11 @@ class TrainOptions:
         "Train LoRA adapters (PEFT) instead of all weights; merged at the end.", flag=True))
     eval_every: int = field(default=50, metadata=option(
         "Steps between evaluations (and checkpoints); the first is at step 0.", minimum=1))
-    eval_blocks: int = field(default=64, metadata=option(
+    eval_blocks: int | None = field(default=None, metadata=option(
         "Blocks of --seq-len tokens evaluated for the validation loss, and as many for the test loss at the end: "
-        "the held-out documents are taken until they fill them.", minimum=1))  # fmt: skip
+        "the held-out documents are taken until they fill them.", minimum=1,
+        default_text=f"{EVAL_BLOCKS} held out, of which fewer (at least {MIN_EVAL_BLOCKS}) are evaluated where "
+        f"evaluating all would cost more than {EVAL_SHARE:.0%} of the run's compute"))  # fmt: skip
     save_every: int | None = field(default=None, metadata=option(
         "Steps between checkpoints.", minimum=1, default_text="--eval-every"))
     logging_steps: int = field(default=10, metadata=option(
@@ -214,6 +223,10 @@ class TrainOptions:
         "with --calibrate).", choices=BRIDGE_ORDERS))  # fmt: skip
     output: str = field(default="geonorm-run", metadata=option(
         "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False))
+    save_final_only: bool = field(default=False, metadata=option(
+        "Remove the checkpoints once final/ and metrics.json are written: the output keeps the model, not the "
+        "optimizer state a checkpoint holds for --resume (twice the weights' size again).", flag=True,
+        sweep=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
         sweep=False))  # fmt: skip
@@ -222,6 +235,11 @@ class TrainOptions:
         "loss_curve.png are removed when training starts; other files stay.", flag=True, sweep=False))  # fmt: skip
     seed: int = field(default=0, metadata=option(
         "Seed of the model's initialisation and of the order the training blocks are drawn in.", sweep=False))
+
+    def held_out_blocks(self) -> int:
+        """The blocks' worth of documents held out for validation and for test: ``eval_blocks``, else
+        ``EVAL_BLOCKS`` (whatever the run's length, so the training documents do not change with it)."""
+        return EVAL_BLOCKS if self.eval_blocks is None else self.eval_blocks
 
     def validate(self) -> TrainOptions:
         import torch
@@ -235,7 +253,7 @@ class TrainOptions:
             raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
         for name in (
             "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
-            "data_workers", "eval_blocks",
+            "data_workers",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
@@ -251,7 +269,7 @@ class TrainOptions:
                 f"--seq-len {self.seq_len} = {per_step:,} tokens per optimizer step, beyond the limit of "
                 f"{MAX_TOKENS_PER_STEP:,}: give fewer accumulation steps"
             )
-        for name in ("vocab_size", "max_tokens", "save_every"):
+        for name in ("vocab_size", "max_tokens", "save_every", "eval_blocks"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer (or None: its default); got {value}")
@@ -299,6 +317,23 @@ class TrainOptions:
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self
+
+
+def evaluations(options: TrainOptions) -> int:
+    """How many evaluations a run makes: at step 0, every --eval-every steps, at the end when that is not one of
+    them, and the test evaluation."""
+    return 1 + options.max_steps // options.eval_every + (options.max_steps % options.eval_every > 0) + 1
+
+
+def evaluated_blocks(options: TrainOptions, processes: int = 1) -> int:
+    """How many held-out blocks each evaluation reads: ``eval_blocks`` when given, else ``EVAL_BLOCKS`` or the most
+    (a multiple of 8, at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained
+    blocks' compute."""
+    if options.eval_blocks is not None:
+        return options.eval_blocks
+    trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps * processes
+    affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
+    return max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
 
 
 @dataclass

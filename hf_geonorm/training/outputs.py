@@ -13,7 +13,9 @@
 - SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
 - ``--force`` removes the earlier run's checkpoints, ``final/``, ``metrics.json`` and plot when training starts;
 - a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
-  tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is.
+  tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is;
+- what the run shows while it runs (``RunProgress``: its bar, an evaluation's bar, the log lines) and its last line:
+  the checkpoints it keeps beside ``final/`` and their size, or their removal with ``--save-final-only``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from transformers import TrainerState, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
+from transformers.utils import logging as hf_logging
 
 from ..files.atomic import LOCK_NAME, check_output_name, remove_tree, terminate_raises
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
@@ -218,3 +224,74 @@ def machine_load() -> dict[str, Any]:
 
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < math.log(sys.float_info.max) else math.inf
+
+
+class RunProgress(ProgressCallback):
+    """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
+    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. Each evaluation has its own bar (named
+    ``evaluating``, on the training bar's line and cleared when it ends: a long one at step 0 would otherwise look
+    like a hung run); transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
+    read from a file holds lines, not cursor movements."""
+
+    hf_bars_were_on: bool | None = None
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        self.hf_bars_were_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        super().on_train_begin(args, state, control, **kwargs)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        super().on_train_end(args, state, control, **kwargs)
+        self.restore_bars()
+
+    def restore_bars(self) -> None:
+        """transformers' bars as they were before training (also after a run that failed part way)."""
+        if self.hf_bars_were_on:
+            hf_logging.enable_progress_bar()
+        self.hf_bars_were_on = None
+
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
+        from tqdm.auto import tqdm
+
+        loader = kwargs.get("eval_dataloader")
+        if state.is_world_process_zero and self.prediction_bar is None and loader is not None:
+            # on the training bar's line (position 0), cleared when done: a nested bar's cursor-up escapes would
+            # garble a log read from a file
+            self.prediction_bar = tqdm(total=len(loader), desc="evaluating", unit="batch", leave=False, position=0,
+                                       dynamic_ncols=True)  # fmt: skip
+        if self.prediction_bar is not None:
+            self.prediction_bar.update(1)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        step = f"step {state.global_step}/{state.max_steps}"
+        if "eval_loss" in logs:
+            loss = logs["eval_loss"]
+            perplexity = f" (perplexity {math.exp(loss):.2f})" if loss < 700 else ""
+            self.training_bar.write(f"{step}: validation loss {loss:.4f}{perplexity}")
+        elif "loss" in logs:
+            parts = [f"loss {logs['loss']:.4f}"]
+            if "learning_rate" in logs:
+                parts.append(f"lr {logs['learning_rate']:.2e}")
+            if "grad_norm" in logs:
+                parts.append(f"grad norm {logs['grad_norm']:.3g}")
+            self.training_bar.write(f"{step}: {', '.join(parts)}")
+
+
+def kept_checkpoints(output: Path, remove: bool) -> str:
+    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
+    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
+    found = [path for _, path in checkpoints(output)]
+    if not found:
+        return "no checkpoints kept"
+    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
+    names = ", ".join(path.name for path in found)
+    if remove:
+        for path in found:
+            remove_tree(path)
+        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
+    return (
+        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
+        "--save-final-only removes them at the end of a run"
+    )

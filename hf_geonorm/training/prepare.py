@@ -67,7 +67,7 @@ def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_mo
                 f"--max-tokens caps the cached data; with --streaming, --max-steps bounds the tokens ({steps}): "
                 "drop --max-tokens"
             )
-        held_out, held, tokens = streaming_holdout(corpus, tokenizer, length, options.eval_blocks)
+        held_out, held, tokens = streaming_holdout(corpus, tokenizer, length, options.held_out_blocks())
         log(f"data: {corpus.label}, streamed: tokenized and packed as training reads it, so how many tokens it holds "
             f"is unknown in advance; validation and test: {len(held)} documents, {tokens['val']:,} and "
             f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks evaluated); "
@@ -80,7 +80,7 @@ def training_data(options: TrainOptions, corpus: Corpus, tokenizer: Any, from_mo
     if workers < options.data_workers:
         log(f"--data-workers {options.data_workers} is more than this machine's {workers} CPUs: tokenizing with "
             f"{workers}")
-    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.eval_blocks, workers, builder)
+    prepared = prepare_blocks(corpus, tokenizer, length, cache, options.held_out_blocks(), workers, builder)
     meta = prepared.meta
     limit = None if options.max_tokens is None else options.max_tokens // length
     if limit is not None and limit < 1:

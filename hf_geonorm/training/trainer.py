@@ -12,14 +12,13 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
-from transformers.utils import logging as hf_logging
 
 from ..analysis.evaluation import explain_non_finite
 from ..errors import NonFiniteError, first_line
@@ -27,17 +26,19 @@ from ..files.atomic import atomic_directory, raise_if_terminated
 from ..files.output_lock import output_lock
 from ..patching import family_for
 from ..sharing.hub import save_shareable
-from ..sharing.model_card import CardInfo
+from ..sharing.model_card import CardInfo, inherited_card_info
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
-from .options import TrainOptions, trackers
+from .options import TrainOptions, evaluated_blocks, trackers
 from .outputs import (
+    RunProgress,
     check_output_path,
     clear_earlier_run,
     curve_title,
     finished_metrics,
+    kept_checkpoints,
     machine_load,
     output_removed_on_failure,
     perplexity,
@@ -47,7 +48,7 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .pipeline import tokenizer_digest
+from .pipeline import TokenBlocks, tokenizer_digest
 from .prepare import data_source, training_data, world_size
 from .run_record import check_same_run, run_record
 from .transformers_internals import check_trainer_overrides
@@ -66,6 +67,7 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         check_trainer_overrides()
         super().__init__(*args, **kwargs)
         self.min_lr_ratio = min_lr_ratio
+        self.evaluation_seconds = 0.0  # every evaluation so far: kept out of the training throughput
 
     def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
         """The weight matrices (``optim.decayed_parameter_names``): not the norms, biases, embeddings or GeoNorm's
@@ -88,7 +90,9 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         return loss
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        started = time.perf_counter()
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        self.evaluation_seconds += time.perf_counter() - started
         loss = metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None and not math.isfinite(loss):
             what = "validation" if metric_key_prefix == "eval" else metric_key_prefix
@@ -111,49 +115,6 @@ class TerminationCheck(TrainerCallback):
 
     def on_step_end(self, *args: Any, **kwargs: Any) -> None:
         raise_if_terminated()
-
-
-class RunProgress(ProgressCallback):
-    """Trainer's progress bar (steps done, total, time left), with the logs written as readable lines instead of
-    Python dicts: ``step 10/300: loss 5.1234, lr 1.20e-03, grad norm 0.81``. The one bar only: no nested bar per
-    evaluation, and transformers' own bars (writing each checkpoint's shards) stay off while training, so a log
-    read from a file holds lines, not cursor movements."""
-
-    hf_bars_were_on: bool | None = None
-
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        self.hf_bars_were_on = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        super().on_train_begin(args, state, control, **kwargs)
-
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        super().on_train_end(args, state, control, **kwargs)
-        self.restore_bars()
-
-    def restore_bars(self) -> None:
-        """transformers' bars as they were before training (also after a run that failed part way)."""
-        if self.hf_bars_were_on:
-            hf_logging.enable_progress_bar()
-        self.hf_bars_were_on = None
-
-    def on_prediction_step(self, *args: Any, **kwargs: Any) -> None:
-        """No bar per evaluation (its result is one line)."""
-
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: Any, logs: Any = None, **_: Any) -> None:
-        if not state.is_world_process_zero or self.training_bar is None or not logs:
-            return
-        step = f"step {state.global_step}/{state.max_steps}"
-        if "eval_loss" in logs:
-            loss = logs["eval_loss"]
-            perplexity = f" (perplexity {math.exp(loss):.2f})" if loss < 700 else ""
-            self.training_bar.write(f"{step}: validation loss {loss:.4f}{perplexity}")
-        elif "loss" in logs:
-            parts = [f"loss {logs['loss']:.4f}"]
-            if "learning_rate" in logs:
-                parts.append(f"lr {logs['learning_rate']:.2e}")
-            if "grad_norm" in logs:
-                parts.append(f"grad norm {logs['grad_norm']:.3g}")
-            self.training_bar.write(f"{step}: {', '.join(parts)}")
 
 
 def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
@@ -248,10 +209,17 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     for line in defaults if main else ():
         log(line)
     data_key = (corpus.label, corpus.fingerprint)
-    record = run_record(options, data_key, tokenizer_digest(tokenizer), settings, world_size())
+    held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
+    record = run_record(held_out, data_key, tokenizer_digest(tokenizer), settings, world_size())
     if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
         check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
     data = training_data(options, corpus, tokenizer, tokenizer_from_model, data_log)
+    evaluated = evaluated_blocks(options, world_size())
+    if evaluated < max(len(data.val), len(data.test)):
+        data.val, data.test = TokenBlocks(data.val.blocks[:evaluated]), TokenBlocks(data.test.blocks[:evaluated])
+        data_log(f"each evaluation reads the first {evaluated} of those blocks (validation, and test at the end): the "
+                 "default for a run this short, a tenth of its training compute at most; --eval-blocks N evaluates "
+                 "N")  # fmt: skip
     callbacks: list[TrainerCallback] = [TerminationCheck()]
     if options.bridge_anneal is not None:
         anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
@@ -336,6 +304,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         finally:
             progress.restore_bars()
     seconds = time.perf_counter() - start
+    training_seconds = seconds - trainer.evaluation_seconds  # the evaluations inside train() left out
     final_eval = last_evaluation(trainer.state) or trainer.evaluate()
     loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
@@ -348,7 +317,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     # FSDP: every process takes part in gathering the full weights; the main process writes them
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     final_dir = output / "final"
-    card = CardInfo(training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
+    lineage = inherited_card_info(options.model) if options.model is not None else CardInfo()
+    card = replace(lineage, training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
     if trainer.is_world_process_zero():
         with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
             save_shareable(
@@ -362,10 +332,14 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         "steps": trainer.state.global_step,
         "resumed_from_step": resumed_step,
         "train_seconds": seconds,  # this process's trainer.train(), evaluations and checkpoints included
+        "training_seconds": training_seconds,  # train_seconds less the evaluations inside it: tokens/s divides by it
+        "evaluation_seconds": trainer.evaluation_seconds,  # every evaluation of the run, the final and test ones too
+        "evaluated_blocks": {"validation": len(data.val), "test": len(data.test)},
         "tokens": tokens,  # trained on in this run: steps x batch x accumulation x processes x seq_len
         "tokens_per_step": blocks_per_step * options.seq_len,
-        # tokens of the steps run, all processes; on a shared machine it says more about the others' load (below)
-        "tokens_per_second": tokens / seconds if steps_run else 0.0,
+        # tokens of the steps run, all processes, over train()'s time less its evaluations; on a shared machine it
+        # says more about the others' load (below)
+        "tokens_per_second": tokens / training_seconds if steps_run else 0.0,
         "machine": machine_load(),
         "parameters": n_params,
         "model_type": to_save.config.model_type,
@@ -391,7 +365,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     log(
         f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}), "
         f"test loss {test_loss:.4f}; "
-        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed}; model in {final_dir}; metrics in "
+        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed} (evaluations, {trainer.evaluation_seconds:.0f} s, left "
+        f"out); model in {final_dir}; metrics in "
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
+    log(kept_checkpoints(output, options.save_final_only))
     return metrics
