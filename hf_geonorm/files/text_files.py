@@ -84,7 +84,7 @@ def not_text(head: bytes) -> str | None:
             return f"is {name}-compressed, not text: decompress it first ({command} FILE) and give the text"
     odd_nuls, even_nuls = head[1::2].count(0), head[0::2].count(0)
     if head.startswith(UTF16_BOMS) or (len(head) >= 8 and (odd_nuls == 0) != (even_nuls == 0)
-                                       and max(odd_nuls, even_nuls) >= len(head) // 8):  # fmt: skip
+                                       and max(odd_nuls, even_nuls) >= len(head) // 3):  # fmt: skip
         return "is UTF-16 text, not UTF-8: re-encode it first (iconv -f utf-16 -t utf-8 FILE > FILE.txt)"
     return BINARY if b"\0" in head else None
 

@@ -6,6 +6,7 @@ Hub applies to the YAML block), a folder's remote code (``check_remote_code``) a
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -321,8 +322,6 @@ def is_pickle(file: Path) -> bool:
 def _unsafe_files(path: Path) -> list[str]:
     """Pickle files push would upload, and a tokenizer that asks for custom code (an ``auto_map`` in its
     ``tokenizer_config.json``): both would run code on the machine of whoever loads them."""
-    from .hub import shareable_files
-
     problems = []
     pickles = [name for name in shareable_files(path) if is_pickle(path / name)]
     if pickles:
@@ -405,3 +404,22 @@ def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:
                 f"{tensor_names(names)}; save the model again with save_pretrained (or hf-geonorm convert)"
             )
     return problems
+
+
+# Never uploaded: hidden files (the temporary files of an interrupted write), byte code, Trainer state.
+PUSH_IGNORED = (".*", "__pycache__", "*.pyc", "optimizer.pt", "scheduler.pt", "rng_state*.pth", "training_args.bin",
+                "trainer_state.json", "scaler.pt")  # fmt: skip
+
+
+def shareable_files(path: str | os.PathLike) -> list[str]:
+    """The files of a folder ``push_folder`` uploads (relative POSIX paths, sorted): everything but
+    ``PUSH_IGNORED`` (in any folder) and symbolic links that lead out of the folder."""
+    root = Path(path).resolve()
+    names = []
+    for file in sorted(Path(path).rglob("*")):
+        relative = file.relative_to(path)
+        if any(fnmatch.fnmatch(part, pattern) for part in relative.parts for pattern in PUSH_IGNORED):
+            continue
+        if file.is_file() and root in file.resolve().parents:
+            names.append(relative.as_posix())
+    return names

@@ -7,7 +7,6 @@ code, tokenizer, model card), the upload of a checked folder in one commit (``pu
 from __future__ import annotations
 
 import copy
-import fnmatch
 import json
 import os
 import tempfile
@@ -15,31 +14,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .card_checks import check_shareable
+from .card_checks import check_shareable, shareable_files
 from .model_card import CARD_REPO_PLACEHOLDER, CardInfo, write_model_card
 
 
 class NotShareable(ValueError):
     """A folder that is not complete enough to push, or a push that cannot start (no token, bad repo id)."""
-
-
-# Never uploaded: hidden files (the temporary files of an interrupted write), byte code, Trainer state.
-PUSH_IGNORED = (".*", "__pycache__", "*.pyc", "optimizer.pt", "scheduler.pt", "rng_state*.pth", "training_args.bin",
-                "trainer_state.json", "scaler.pt")  # fmt: skip
-
-
-def shareable_files(path: str | os.PathLike) -> list[str]:
-    """The files of a folder ``push_folder`` uploads (relative POSIX paths, sorted): everything but
-    ``PUSH_IGNORED`` (in any folder) and symbolic links that lead out of the folder."""
-    root = Path(path).resolve()
-    names = []
-    for file in sorted(Path(path).rglob("*")):
-        relative = file.relative_to(path)
-        if any(fnmatch.fnmatch(part, pattern) for part in relative.parts for pattern in PUSH_IGNORED):
-            continue
-        if file.is_file() and root in file.resolve().parents:
-            names.append(relative.as_posix())
-    return names
 
 
 @dataclass
