@@ -166,7 +166,7 @@ def guard_positions(base: nn.Module) -> None:
     rather than torch's ``IndexError: index out of range in self`` (a ``generate`` with too many new tokens)."""
     table = next((getattr(base, name) for name in LEARNED_POSITIONS if isinstance(getattr(base, name, None),
                                                                               nn.Embedding)), None)  # fmt: skip
-    if table is None or getattr(base, "_geonorm_positions_guarded", False):
+    if table is None or getattr(base, "geonorm_positions_guarded", False):
         return
     limit = table.num_embeddings
 
@@ -183,7 +183,7 @@ def guard_positions(base: nn.Module) -> None:
             )
 
     base.register_forward_pre_hook(check, with_kwargs=True)
-    base._geonorm_positions_guarded = True
+    base.geonorm_positions_guarded = True
 
 
 class GeoNormBaseModelMixin(GeoNormPreTrainedMixin):
