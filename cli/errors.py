@@ -19,7 +19,7 @@ first_line = library_module("errors").first_line  # the library's, read without 
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-    click.echo(f"warning: {first_line(Warning(str(message)))}", err=True)
+    click.echo(f"warning: {first_line(Warning(str(message)), limit=600)}", err=True)
 
 
 def _is_instance(error: BaseException, module: str, name: str) -> bool:

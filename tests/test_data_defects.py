@@ -279,7 +279,9 @@ def test_a_wrong_but_valid_meta_json_is_rebuilt(tmp_path, data_file):
     [second] = set((tmp_path / "cache").glob("blocks-*")) - {entry}
     shutil.copy(second / "meta.json", entry / "meta.json")  # valid, verified files, another entry's
     copied = train(tmp_path, data_file, name="copied")
-    assert "so it is rebuilt: " in copied.output and "is of another entry" in copied.output
+    assert f"the cached data {entry} does not verify, so it is rebuilt: its meta.json is of another entry" in (
+        copied.output
+    )
 
 
 @pytest.mark.parametrize(

@@ -219,8 +219,8 @@ def meta_problem(folder: Path, key: str, eval_blocks: int) -> str | None:
     """Why the ``meta.json`` of the entry ``folder``, whose files verify, does not describe them (naming what), or
     None: it names the entry's key, its counts are whole numbers, and its block counts are those of its Arrow files
     (a ``meta.json`` copied from another entry, or edited, is caught here)."""
-    meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))  # valid JSON: entry_problem
+    meta_path = "its meta.json"  # the entry's folder is named by the caller's message
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))  # valid JSON: entry_problem
     if meta.get("key") != key:
         return f"{meta_path} is of another entry (its key is {meta.get('key')!r}, not {key!r})"
     wrong = [name for name in META_COUNTS if type(meta.get(name)) is not int or meta[name] < 0]
