@@ -251,8 +251,9 @@ def phase_g(results: Path, cache: str) -> None:
     seed 0 alone for the others (GPT-2 4 x 128 is phase h)."""
     start = best_rates(runs_of(results / "h_styles"))
     for name, arch, layers, width in G_CELLS:
+        # positions: the block length, as the runs were begun with (train then gave a model --seq-len positions)
         shape = {"num_hidden_layers": layers, "hidden_size": width, "num_attention_heads": width // 32,
-                 "max_position_embeddings": 256}  # fmt: skip
+                 "max_position_embeddings": BASE["seq_len"]}  # fmt: skip
         folder, train = results / f"g_{name}", study_options(cache, arch=arch, preset=shape)
         best = {style: tuned(folder, train, style, [start[style] / 2, start[style], start[style] * 2], extend=3)
                 for style in ARMS}  # fmt: skip

@@ -229,8 +229,8 @@ def _positions_line(data: dict[str, Any]) -> str:
     positions = data.get("positions")
     if positions is None:
         return "not stated in the config"
-    return (f"{positions:,} (the longest prompt plus generated tokens; hf-geonorm init --max-length, or train "
-            "--seq-len for a model built by train, sets it)")  # fmt: skip
+    return (f"{positions:,} (the longest prompt plus generated tokens; hf-geonorm init --max-length sets it, and "
+            "train --arch gives its preset's, or --seq-len when longer)")  # fmt: skip
 
 
 @cli.command()

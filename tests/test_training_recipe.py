@@ -16,8 +16,9 @@ import torch
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
-from transformers import TrainingArguments
+from transformers import AutoModelForCausalLM, TrainingArguments
 
+import hf_geonorm  # noqa: F401 - registers the GeoNorm classes with the Auto classes
 from hf_geonorm.training.model import build_model
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.tokenizer import train_tokenizer
@@ -64,8 +65,7 @@ def adamw_steps(monkeypatch) -> list[dict]:
 def test_init_then_train_and_train_from_arch_build_the_same_model(arch, tmp_path, data_file):
     vocab, seq = 512, 32
     runner = CliRunner()
-    made = runner.invoke(cli, ["init", arch, str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", str(vocab),
-                               "--max-length", str(seq)])  # fmt: skip
+    made = runner.invoke(cli, ["init", arch, str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", str(vocab)])
     assert made.exit_code == 0, made.output
     common = ["--data", str(data_file), "--vocab-size", str(vocab), "--seq-len", str(seq), "--batch-size", "4",
               "--max-steps", "2", "--eval-every", "2"]  # fmt: skip
@@ -81,7 +81,8 @@ def test_init_then_train_and_train_from_arch_build_the_same_model(arch, tmp_path
     assert dropouts and set(dropouts.values()) == {0.0}, dropouts
     sizes = ("n_positions", "n_layer", "n_embd") if arch == "gpt2" else (
         "max_position_embeddings", "num_hidden_layers", "hidden_size")  # fmt: skip
-    assert [from_arch[k] for k in ("vocab_size", *sizes)] == [vocab, seq, 4, 128]
+    # the tiny preset's 256 positions, not the 32 of a training block: generate goes past the blocks it trained on
+    assert [from_arch[k] for k in ("vocab_size", *sizes)] == [vocab, 256, 4, 128]
     # the preset sizes count the embedding once (the paper's shapes), and the saved model generates with its cache
     assert from_arch["tie_word_embeddings"] is True and from_arch["use_cache"] is True
     # the same recipe, seed and data: the same trained weights
@@ -150,3 +151,19 @@ def test_the_optimizer_defaults_are_the_recipe():
     assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio) == (0.95, 0.1)
     # weight decay and warm-up depend on the run (with_learning_rate): 0.1 from scratch, 0 to fine-tune
     assert (TrainOptions().weight_decay, PRETRAINING_WEIGHT_DECAY, FINE_TUNING_WEIGHT_DECAY) == (None, 0.1, 0.0)
+
+
+@pytest.mark.parametrize(("seq_len", "positions"), [(32, 256), (300, 300)])
+def test_a_model_built_by_train_has_its_presets_positions_or_the_block_length_when_longer(
+    seq_len, positions, tmp_path, data_file
+):
+    result = CliRunner().invoke(cli, [
+        "train", "--arch", "gpt2", "--data", str(data_file), "--vocab-size", "512", "--seq-len", str(seq_len),
+        "--batch-size", "1", "--max-steps", "1", "--eval-every", "1", "--eval-blocks", "1",
+        "--output", str(tmp_path / "run")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+    assert model.config.n_positions == positions
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    made = model.generate(prompt, max_new_tokens=200, min_new_tokens=200, do_sample=False)
+    assert made.shape[1] == 204  # beyond a block of 32 tokens: no error

@@ -39,7 +39,7 @@ from .options import (
     TrainOptions,
     pretraining_rate,
 )
-from .presets import DEFAULT_VOCAB, fit_token_ids, preset_sizes
+from .presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
 from .tokenizer import folder_config, has_trained_weights
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
@@ -111,7 +111,7 @@ def scratch_config(
 
 def check_positions(options: TrainOptions) -> None:
     """``--seq-len`` within the ``--model`` folder's positions, before any tokenizing (a model built from
-    ``--arch`` gets ``--seq-len`` positions)."""
+    ``--arch`` gets at least ``--seq-len`` positions)."""
     config = folder_config(options) or {}
     positions = next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
     if positions is not None and options.seq_len > positions:
@@ -126,16 +126,18 @@ def build_model(
     options: TrainOptions, tokenizer: Any, *, own_tokenizer: bool = False, log: Any = None
 ) -> torch.nn.Module:
     """The model to train: ``options.model`` (see ``model_from_folder``; ``own_tokenizer`` when ``tokenizer`` is
-    the folder's own), or the recipe's ``arch`` at ``preset`` size, ``seq_len`` positions and the tokenizer's
-    vocabulary. Settings given in ``options.settings`` override the folder's. ``log`` gets a line when the model's
-    vocabulary is not the folder config's."""
+    the folder's own), or the recipe's ``arch`` at ``preset`` size, with the preset's positions (``--seq-len`` when
+    longer: a model that generates only as far as its training blocks is a trap) and the tokenizer's vocabulary.
+    Settings given in ``options.settings`` override the folder's. ``log`` gets a line when the model's vocabulary
+    is not the folder config's."""
     if options.model is not None:
         sized = options.vocab_size is not None or options.tokenizer is not None  # the user chose the vocabulary
         return model_from_folder(
             options.model, options.settings, tokenizer, own_tokenizer=own_tokenizer, sized_by_user=sized, log=log
         )
+    positions = max(options.seq_len, preset_positions(options.preset))  # room to generate past a training block
     config = scratch_config(
-        options.arch, options.preset, padded_vocab(len(tokenizer)), options.seq_len, options.settings,
+        options.arch, options.preset, padded_vocab(len(tokenizer)), positions, options.settings,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
     return AutoModelForCausalLM.from_config(config)

@@ -164,8 +164,9 @@ class TrainOptions:
         metavar="DIR", default_text=f"${DATA_CACHE_ENV}, else ~/.cache/hf-geonorm/data"))  # fmt: skip
     seq_len: int = field(default=128, metadata=option(
         "Tokens per block: the documents, each closed by the end-of-text token, are packed into blocks of this "
-        "length (validation and test documents, held out one in 20 each, into their own); also the context "
-        "length of a model built from --arch.", minimum=2))  # fmt: skip
+        "length (validation and test documents, held out one in 20 each, into their own). A model built from "
+        "--arch gets its preset's positions (tiny 256, the others 2048), or this many when longer.",
+        minimum=2))  # fmt: skip
     batch_size: int = field(default=16, metadata=option(
         "Blocks per step and process (with several processes the global batch is this times their number); also "
         "the evaluation batch.", minimum=1))  # fmt: skip

@@ -14,6 +14,13 @@ PRESETS: dict[str, dict[str, int]] = {
     "1.3b": {"num_hidden_layers": 24, "hidden_size": 2048, "num_attention_heads": 32},
 }
 DEFAULT_VOCAB = 50304  # GPT-2's 50257 rounded up to a multiple of 64
+DEFAULT_POSITIONS = 2048  # a preset's context when it names none (GPT-3's)
+
+
+def preset_positions(preset: str | Mapping[str, int]) -> int:
+    """The positions of a preset (a name, or the sizes themselves): its own, else ``DEFAULT_POSITIONS``."""
+    sizes = PRESETS.get(preset, {}) if isinstance(preset, str) else preset
+    return sizes.get("max_position_embeddings", DEFAULT_POSITIONS)
 
 
 def preset_sizes(config_class: type, preset: str | Mapping[str, int], max_length: int | None = None) -> dict[str, Any]:
@@ -26,7 +33,7 @@ def preset_sizes(config_class: type, preset: str | Mapping[str, int], max_length
     d, heads, layers = sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_hidden_layers"]
     head_dim = d // heads
     values: dict[str, Any] = dict(sizes)
-    values["max_position_embeddings"] = max_length or sizes.get("max_position_embeddings", 2048)
+    values["max_position_embeddings"] = max_length or preset_positions(sizes)
     defaults = config_class()
     if hasattr(defaults, "num_key_value_heads"):
         values["num_key_value_heads"] = heads
