@@ -14,10 +14,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
+from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
 from hf_geonorm.training import sweep as sweep_module
-from hf_geonorm.training.options import SweepOptions, TrainOptions
+from hf_geonorm.training.options import FINE_TUNING_LR, RATE_RULE, SweepOptions, TrainOptions
 from hf_geonorm.training.pipeline import ArrowBlocks
 from hf_geonorm.training.sweep import journal_key, open_journal
 from hf_geonorm.training.sweep_journal import check_options, header_options, load_journal
@@ -161,6 +162,31 @@ def test_the_choice_compares_rates_on_their_common_seeds_and_flags_edges():
 def test_lr_range_doubles_from_low_to_high():
     assert SweepOptions(lr_range=(1e-3, 32e-3)).rates() == tuple(1e-3 * 2**i for i in range(6))
     assert SweepOptions(lr_range=(1e-3, 5e-3)).rates() == (1e-3, 2e-3, 4e-3)
+
+
+@pytest.mark.parametrize(("arch", "preset", "width", "depth"), [("gpt2", "tiny", 128, 4), ("gpt2", "125m", 768, 12)])
+def test_the_default_grid_is_each_styles_default_rate_from_a_quarter_to_four_times(arch, preset, width, depth):
+    """Without --lrs or --lr-range each style's grid centres on the rate train would give it: the rate rule, read
+    from its file and written out here as c * width^a * depth^b, at 1/4, 1/2, 1, 2 and 4 times."""
+    table = json.loads(RATE_RULE.read_text())
+    logged: list[str] = []
+    grids = sweep_module.style_grids(SweepOptions(styles=("pre", "geo")), TrainOptions(arch=arch, preset=preset),
+                                     logged.append)  # fmt: skip
+    for style in ("pre", "geo"):
+        rule = table["rules"][arch][style]
+        centre = float(f"{rule['c'] * width ** rule['a'] * depth ** rule['b']:.2g}")
+        assert grids[style] == (centre / 4, centre / 2, centre, centre * 2, centre * 4)
+        assert any(line.startswith(f"{style}: rates ") and f"{style}'s rate rule for {arch} at width {width}" in line
+                   for line in logged)  # fmt: skip
+    given = sweep_module.style_grids(SweepOptions(styles=("pre", "geo"), lrs=(1e-3,)), TrainOptions(), logged.append)
+    assert given == {"pre": (1e-3,), "geo": (1e-3,)}
+
+
+def test_the_default_grid_of_a_fine_tune_centres_on_the_fine_tuning_rate(tmp_path):
+    tiny_model("gpt2").save_pretrained(tmp_path / "trained")
+    grids = sweep_module.style_grids(SweepOptions(styles=("geo",)), TrainOptions(model=str(tmp_path / "trained")),
+                                     lambda _: None)  # fmt: skip
+    assert grids["geo"] == tuple(FINE_TUNING_LR * factor for factor in (0.25, 0.5, 1, 2, 4))
 
 
 def test_a_journal_started_before_an_option_existed_resumes_at_that_options_default(tmp_path):

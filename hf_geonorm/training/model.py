@@ -291,13 +291,7 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
     lines = []
     fine_tuning = options.model is not None and has_trained_weights(options.model)
     if options.lr is None:
-        if fine_tuning:
-            changes["lr"], why = FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
-        else:
-            style = getattr(config, "norm_style", "pre")
-            changes["lr"], rule = pretraining_rate(config.model_type.removeprefix("geonorm_"), style,
-                                                   config.hidden_size, config.num_hidden_layers)  # fmt: skip
-            why = f"training from scratch: {rule}; `hf-geonorm sweep` measures it on your data"
+        changes["lr"], why = default_rate(options, config, getattr(config, "norm_style", "pre"))
         lines.append(f"learning rate {changes['lr']:g}, the default for {why}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
@@ -308,6 +302,25 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
         lines.append(f"warm-up {changes['warmup_steps']} steps, a {WARMUP_SHARE}th of --max-steps "
                      f"{options.max_steps}; --warmup-steps sets another")  # fmt: skip
     return replace(options, **changes), lines
+
+
+def default_rate(options: TrainOptions, config: Any, style: str) -> tuple[float, str]:
+    """The peak rate ``train`` gives a model of ``config`` in norm ``style`` when ``--lr`` is not given, and why:
+    ``FINE_TUNING_LR`` for a ``--model`` folder with trained weights, else the rate rule's (``pretraining_rate``)."""
+    if options.model is not None and has_trained_weights(options.model):
+        return FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
+    lr, rule = pretraining_rate(config.model_type.removeprefix("geonorm_"), style, config.hidden_size,
+                                config.num_hidden_layers)  # fmt: skip
+    return lr, f"training from scratch: {rule}; `hf-geonorm sweep` measures it on your data"
+
+
+def planned_config(options: TrainOptions) -> PretrainedConfig:
+    """The config of the model ``train`` would build for ``options``, without building it or its tokenizer: the
+    ``--model`` folder's, else the ``--arch`` recipe's at ``--preset`` size (its vocabulary a stand-in)."""
+    if options.model is not None:
+        return AutoConfig.from_pretrained(Path(options.model).expanduser(), **NO_REMOTE_CODE)
+    positions = max(options.seq_len, preset_positions(options.preset))
+    return scratch_config(options.arch, options.preset, DEFAULT_VOCAB, positions, options.settings)
 
 
 def what_it_computes(config: Any, options: TrainOptions) -> str:

@@ -69,6 +69,7 @@ MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's w
 MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
 EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
+DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the rate rule's rate (rule/4 to rule x 4)
 # The default evaluation: EVAL_BLOCKS blocks' worth of documents held out for validation (and for test), all of them
 # evaluated, or fewer of them where a run is so short that its evaluations would cost more than EVAL_SHARE of its
 # compute (an evaluated block is one forward pass, a third of a trained block's forward and backward); the documents
@@ -349,7 +350,7 @@ class SweepOptions:
         f"Norm styles compared, a comma list of {', '.join(SWEEP_STYLES)}.", items=str, metavar="LIST"))
     lrs: tuple[float, ...] | None = field(default=None, metadata=option(
         "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
-        default_text="--lr-range 1e-3 32e-3"))  # fmt: skip
+        default_text="each style's default rate (train's, from the rate rule) /4, /2, x1, x2, x4"))  # fmt: skip
     lr_range: tuple[float, float] | None = field(default=None, metadata=option(
         "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
     seeds: tuple[int, ...] = field(default=(0,), metadata=option(
@@ -367,13 +368,16 @@ class SweepOptions:
         f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
         maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
 
-    def rates(self) -> tuple[float, ...]:
-        """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH)."""
+    def rates(self, centre: float = 1e-3) -> tuple[float, ...]:
+        """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH), else ``centre``
+        (the style's default rate) times 1/4 to 4, a factor 2 apart."""
         if self.lrs is not None and self.lr_range is not None:
             raise OptionError("give --lrs or --lr-range, not both")
         if self.lrs is not None:
             return tuple(self.lrs)
-        low, high = self.lr_range or (1e-3, 32e-3)
+        if self.lr_range is None:
+            return tuple(centre * 2.0**step for step in range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1))
+        low, high = self.lr_range
         if not (0 < low <= high and math.isfinite(high)):
             raise OptionError(f"--lr-range LOW HIGH needs finite 0 < LOW <= HIGH; got {low:g} {high:g}")
         count = int(math.floor(math.log2(high) - math.log2(low) + 1e-9)) + 1  # logs apart: 1e300 / 1e-300 overflows

@@ -27,6 +27,7 @@ from ..errors import NonFiniteError, first_line
 from ..files.atomic import LOCK_NAME
 from ..files.output_lock import output_lock
 from .checkpoints import checkpoints
+from .model import default_rate, planned_config
 from .options import OptionError, SweepOptions, TrainOptions
 from .sweep_journal import (
     JOURNAL,
@@ -90,10 +91,25 @@ def arms(sweep: SweepOptions) -> list[tuple[str, float | None]]:
     return found
 
 
-def plan(sweep: SweepOptions) -> list[Run]:
-    """The runs of the grid on ``--seeds``, in the order they train: arm by arm, rate by rate, then seed (the
-    extensions and the confirmation runs depend on the results: ``run_sweep`` decides them as it goes)."""
-    return [Run(style, alpha, lr, seed) for style, alpha in arms(sweep) for lr in sweep.rates() for seed in sweep.seeds]
+def plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> list[Run]:
+    """The runs of the grid on ``--seeds``, in the order they train: arm by arm, rate by rate (each style's
+    ``grids``), then seed (the extensions and the confirmation runs depend on the results: ``run_sweep`` decides
+    them as it goes)."""
+    return [Run(style, alpha, lr, seed) for style, alpha in arms(sweep) for lr in grids[style] for seed in sweep.seeds]
+
+
+def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str, tuple[float, ...]]:
+    """Each style's rates: ``--lrs`` or ``--lr-range`` for every style, else each style's default rate (``train``'s
+    for this model: the rate rule's, or the fine-tuning rate) times 1/4 to 4, logged with where it comes from."""
+    if sweep.lrs is not None or sweep.lr_range is not None:
+        return dict.fromkeys(sweep.styles, sweep.rates())
+    config, grids = planned_config(train), {}
+    for style in sweep.styles:
+        centre, why = default_rate(train, config, style)
+        grids[style] = sweep.rates(centre)
+        log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre)}, the default for "
+            f"{why}; --lrs or --lr-range sets others")  # fmt: skip
+    return grids
 
 
 def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str, Any]]]:
@@ -167,6 +183,7 @@ class _Sweep:
 
     def __init__(self, sweep: SweepOptions, train: TrainOptions, folder: Path, journal: Journal, log: Any) -> None:
         self.sweep, self.train, self.folder, self.journal, self.log = sweep, train, folder, journal, log
+        self.grids = style_grids(sweep, train, log)
         self.entries = journal.entries
         self.done = {entry_key(entry) for entry in self.entries}
         self.trained = 0
@@ -176,10 +193,10 @@ class _Sweep:
     def planned(self) -> int:
         """The runs left to train as far as they are known now: the grid's, and the confirmation runs at each
         arm's best rate (as chosen now; an arm whose grid has not run: one per confirmation seed)."""
-        grid = [run for run in plan(self.sweep) if run.key() not in self.done]
+        grid = [run for run in plan(self.sweep, self.grids) if run.key() not in self.done]
         confirm = 0
         for style, alpha in arms(self.sweep):
-            best = choice(self.entries, style, alpha, list(self.sweep.rates()), self.sweep.seeds)
+            best = choice(self.entries, style, alpha, list(self.grids[style]), self.sweep.seeds)
             seeds = self.sweep.confirm_seeds or ()
             confirm += len([s for s in seeds if best is None or (style, alpha, best, s) not in self.done])
         return len(grid) + confirm
@@ -193,7 +210,7 @@ class _Sweep:
             )  # fmt: skip
             self.log(f"to train: {self.total} run(s) (time estimate after the first){extend}")
         for style, alpha in arms(sweep):
-            rates = list(sweep.rates())
+            rates = list(self.grids[style])
             self.train_runs([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid")
             for _ in range(sweep.extend):
                 best = choice(self.entries, style, alpha, rates, sweep.seeds)
