@@ -57,9 +57,11 @@ def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 def fit(cells: list[dict[str, Any]], borrowed: dict[str, float] | None = None) -> dict[str, float]:
     """``c``, ``a`` (width) and ``b`` (depth) of ``log lr = log c + a log width + b log depth`` over ``cells``; an
-    exponent the cells cannot determine (one width, or one depth) is taken from ``borrowed`` (else 0)."""
+    exponent the cells do not measure apart from the other (no two cells of other widths at one depth, or of other
+    depths at one width: 4 x 64 against 2 x 128 confounds them) is taken from ``borrowed`` (else 0)."""
     borrowed = borrowed or {}
-    free = [name for name, key in (("a", "width"), ("b", "layers")) if len({c[key] for c in cells}) > 1]
+    free = [name for name, key, other in (("a", "width", "layers"), ("b", "layers", "width"))
+            if any(len({c[key] for c in cells if c[other] == held}) > 1 for held in {c[other] for c in cells})]
     fixed = {name: borrowed.get(name, 0.0) for name in ("a", "b") if name not in free}
     target = np.array([math.log(c["lr"]) - fixed.get("a", 0.0) * math.log(c["width"])
                        - fixed.get("b", 0.0) * math.log(c["layers"]) for c in cells])  # fmt: skip
@@ -73,9 +75,9 @@ def fit_rules(cells: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, floa
     """A rule per architecture and style: GPT-2 first (its depth exponents are borrowed by an architecture measured
     at one depth), Pre-Norm first within each (its exponents are borrowed by a style measured at one shape)."""
     rules: dict[str, dict[str, dict[str, float]]] = {}
-    archs = sorted({c["arch"] for c in cells}, key=lambda a: a != "gpt2")
+    archs = sorted({c["arch"] for c in cells}, key=lambda a: (a != "gpt2", a))
     for arch in archs:
-        styles = sorted({c["style"] for c in cells if c["arch"] == arch}, key=lambda s: s != "pre")
+        styles = sorted({c["style"] for c in cells if c["arch"] == arch}, key=lambda s: (s != "pre", s))
         for style in styles:
             own = [c for c in cells if c["arch"] == arch and c["style"] == style]
             donors = [rules.get("gpt2", {}).get(style), rules.get(arch, {}).get("pre")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from hf_geonorm.training import options as declared
 from hf_geonorm.training import trainer as trainer_module
 from hf_geonorm.training.model import with_learning_rate
 from hf_geonorm.training.options import FINE_TUNING_LR, SweepOptions, TrainOptions
+
+ROOT = Path(__file__).parent.parent
 
 CLI = Path(cli_options.__file__).parent
 
@@ -73,18 +76,35 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
 
 
+def rate_rule_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rate_rule", ROOT / "benchmarks" / "rate_rule.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_rule_fits_an_exponent_only_where_cells_measure_it_apart():
+    """Rates made by lr = 0.5 * width^-1 * depth^0.5 (written out here) are fit back exactly from three cells that
+    vary width at one depth and depth at one width; two cells that change both at once measure neither exponent."""
+    fit = rate_rule_script().fit
+    cells = [{"width": w, "layers": d, "lr": 0.5 * w**-1 * d**0.5} for w, d in ((64, 4), (128, 4), (128, 2))]
+    rule = fit(cells)
+    assert (rule["a"], rule["b"], rule["c"]) == pytest.approx((-1.0, 0.5, 0.5)) and rule["borrowed"] == []
+    confounded = fit([{"width": 64, "layers": 4, "lr": 2e-3}, {"width": 128, "layers": 2, "lr": 2e-3}], {"a": -0.5})
+    assert (confounded["a"], confounded["b"], confounded["borrowed"]) == (-0.5, 0.0, ["a", "b"])
+    assert confounded["c"] == pytest.approx(math.exp((math.log(2e-3 * 64**0.5) + math.log(2e-3 * 128**0.5)) / 2))
+
+
 def test_the_library_rule_is_the_one_the_committed_journals_give():
     """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py fits from the committed journals today,
     and the rule predicts each measured cell's best rate (the lowest seed-0 validation loss, written out here) to
     within the grid's factor 2."""
-    import importlib.util
-
     from hf_geonorm.training.sweep import read_journal
 
-    root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("rate_rule", root / "benchmarks" / "rate_rule.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    root = ROOT
+    bench = rate_rule_script()
     cells, edges = bench.measured_cells(root / "benchmarks" / "results" / "sweeps")
     assert json.loads(declared.RATE_RULE.read_text()) == json.loads(
         json.dumps(bench.library_rule(bench.report(cells, edges)))
