@@ -25,9 +25,8 @@ from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
-from .sharing.card_checks import ALIASES_REFUSED, metadata_has_aliases
 from .sharing.hub import save_shareable
-from .sharing.model_card import CardInfo
+from .sharing.model_card import ALIASES_REFUSED, CardInfo, card_metadata_of
 
 # The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
 MIN_CALIBRATION_TOKENS = 64
@@ -78,18 +77,18 @@ def card_metadata(source: Source) -> dict[str, Any]:
     if source.kind == "hub":
         found["base_model"] = source.spec
     try:
-        from huggingface_hub import ModelCard
-
         if source.kind == "hub":
-            data = ModelCard.load(source.spec).data.to_dict()
+            from huggingface_hub import hf_hub_download
+
+            readme = Path(hf_hub_download(source.spec, "README.md"))
         elif (source.path / "README.md").is_file():
-            if metadata_has_aliases((source.path / "README.md").read_text(encoding="utf-8")):
-                warnings.warn(f"{source.path / 'README.md'}: {ALIASES_REFUSED}; its card is not read", stacklevel=2)
-                return found
-            data = ModelCard.load(source.path / "README.md").data.to_dict()
+            readme = source.path / "README.md"
         else:
             return found
-    except Exception:  # noqa: BLE001 - the card is optional
+        data = card_metadata_of(readme)
+    except Exception as error:  # noqa: BLE001 - the card is optional; one with YAML aliases is refused, and said so
+        if ALIASES_REFUSED in str(error):
+            warnings.warn(f"{error}; its card is not read", stacklevel=2)
         return found
     for key in ("license", "language"):
         if data.get(key):

@@ -17,7 +17,8 @@ from .files.safetensors_files import WeightPathError, saved_parameter_count
 from .loading import Source, check_supported, read_config_json, resolve_settings
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
-from .sharing.card_checks import ALIASES_REFUSED, check_remote_code, metadata_has_aliases
+from .sharing.card_checks import check_remote_code
+from .sharing.model_card import card_metadata_of
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -216,11 +217,7 @@ def _card_facts(readme: Path) -> dict[str, Any] | None:
         return None
     card: dict[str, Any] = {"file": readme.name}
     try:
-        from huggingface_hub import ModelCard
-
-        if metadata_has_aliases(readme.read_text(encoding="utf-8")):
-            raise ValueError(ALIASES_REFUSED)
-        data = ModelCard.load(readme).data.to_dict()
+        data = card_metadata_of(readme)
         card.update({k: data.get(k) for k in ("base_model", "license", "tags", "pipeline_tag", "library_name")})
     except Exception as error:  # noqa: BLE001 - a card without valid metadata is still reported
         card["error"] = first_line(error)

@@ -251,6 +251,25 @@ def test_a_yaml_alias_bomb_in_a_source_card_does_not_hang(stock, tmp_path):
     assert time.monotonic() - started < 120
 
 
+def test_a_yaml_alias_bomb_in_a_hub_models_card_is_refused_before_it_is_built(stock, tmp_path):
+    """A Hub id's card is downloaded (here from a pre-filled offline cache) and checked like a local one."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hf" / "hub" / "models--someone--bomb"
+    shutil.copytree(stock, snapshot / "snapshots" / revision)
+    (snapshot / "refs").mkdir()
+    (snapshot / "refs" / "main").write_text(revision)
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+    (snapshot / "snapshots" / revision / "README.md").write_text("---\n" + "\n".join(lines) + "\n---\n# a model\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", "from hf_geonorm_cli.main import cli; cli()"]
+    result = subprocess.run([*command, "convert", "someone/bomb", str(tmp_path / "out"), "--bridge", "0"],
+                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "README.md: the metadata uses YAML aliases" in result.stderr and "its card is not read" in result.stderr
+    assert "base_model: someone/bomb" in (tmp_path / "out" / "README.md").read_text()
+
+
 def config_only(tmp_path: Path, name: str, **changes) -> Path:
     folder = tmp_path / name
     result = invoke("init", "gpt2", folder, "--preset", "tiny")

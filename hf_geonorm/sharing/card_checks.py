@@ -18,7 +18,7 @@ from ..files.safetensors_files import WeightPathError, safetensors_header, weigh
 from ..loading_info import tensor_names
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from ..patching import family_for
-from .model_card import HEAD_PIPELINE_TAGS
+from .model_card import ALIASES_REFUSED, HEAD_PIPELINE_TAGS, metadata_has_aliases
 
 GEONORM_PIPELINE_TAGS = ("text-generation", *HEAD_PIPELINE_TAGS.values())  # the causal LM's task, the heads'
 
@@ -74,27 +74,6 @@ def _string_list(value: Any) -> list[str] | None:
     if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
         return None
     return items
-
-
-ALIASES_REFUSED = (
-    "the metadata uses YAML aliases (*name), which a model card does not need and which can expand without end "
-    "(a 'billion laughs'); write the values out"
-)
-
-
-def metadata_has_aliases(text: str) -> bool:
-    """Whether the YAML metadata block of the card ``text`` uses aliases: read as a stream of events, which costs
-    the length of the text, before anything builds the values (nested aliases grow exponentially when built)."""
-    import yaml
-    from huggingface_hub.repocard import REGEX_YAML_BLOCK
-
-    match = REGEX_YAML_BLOCK.search(text)
-    if not match:
-        return False
-    try:
-        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(match.group(2), Loader=yaml.SafeLoader))
-    except yaml.YAMLError:
-        return False  # reported by whatever parses it next
 
 
 def validate_card(card: Any, geonorm: bool = True) -> list[str]:

@@ -302,10 +302,8 @@ def inherited_card_info(folder: str | os.PathLike) -> CardInfo:
     if not readme.is_file():
         return CardInfo()
     try:
-        from huggingface_hub import ModelCard
-
-        data = ModelCard.load(readme).data.to_dict()
-    except Exception:  # noqa: BLE001 - a card another tool wrote may not parse; the lineage is then unknown
+        data = card_metadata_of(readme)
+    except Exception:  # noqa: BLE001 - a card another tool wrote may not parse (or uses YAML aliases): lineage unknown
         return CardInfo()
     base = data.get("base_model")
     return CardInfo(base_model=base if isinstance(base, str) else None, license=data.get("license"),
@@ -350,3 +348,35 @@ def replace_text(target: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+ALIASES_REFUSED = (
+    "the metadata uses YAML aliases (*name), which a model card does not need and which can expand without end "
+    "(a 'billion laughs'); write the values out"
+)
+
+
+def metadata_has_aliases(text: str) -> bool:
+    """Whether the YAML metadata block of the card ``text`` uses aliases: read as a stream of events, which costs
+    the length of the text, before anything builds the values (nested aliases grow exponentially when built)."""
+    import yaml
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+    match = REGEX_YAML_BLOCK.search(text)
+    if not match:
+        return False
+    try:
+        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(match.group(2), Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False  # reported by whatever parses it next
+
+
+def card_metadata_of(readme: str | Path) -> dict[str, Any]:
+    """The metadata of the card file ``readme`` (a local README.md, or one downloaded from the Hub): ``ValueError``
+    when it uses YAML aliases, before anything builds them."""
+    from huggingface_hub import ModelCard
+
+    text = Path(readme).read_text(encoding="utf-8")
+    if metadata_has_aliases(text):
+        raise ValueError(f"{readme}: {ALIASES_REFUSED}")
+    return ModelCard(text).data.to_dict()
