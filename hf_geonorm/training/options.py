@@ -149,6 +149,7 @@ def refusal(spec: Field, value: Any) -> str | None:
     kind = "a whole number" if whole else "a number"
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
         return f"{name} must be {kind} {range_text(form)}; got {value!r}"
+    value = value if whole else float(value)  # as the command line reads it: 1 is 1.0
     if not math.isfinite(value):
         return f"{name}: {value} is not a finite number"
     low, high = form.get("minimum"), form.get("maximum")
