@@ -77,6 +77,29 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
 
 
+def test_each_trainer_counterpart_carries_its_option_to_the_trainingarguments_field_of_that_meaning():
+    """Every option that has a ``TrainingArguments`` counterpart, at a value other than its default, arrives at the
+    field that means the same (written out here from Trainer's documentation), and only real fields are set."""
+    from transformers import TrainingArguments
+
+    options = TrainOptions(
+        max_steps=7, batch_size=3, gradient_accumulation_steps=2, lr=2e-3, warmup_steps=1, weight_decay=0.05,
+        adam_beta2=0.9, precision="bf16", compile=True, gradient_checkpointing=True, eval_every=4, logging_steps=2,
+        report_to="none", seed=5, fsdp=True, streaming=True,
+    )  # fmt: skip
+    arguments = declared.trainer_arguments(options)
+    assert arguments == {
+        "max_steps": 7, "per_device_train_batch_size": 3, "per_device_eval_batch_size": 3,
+        "gradient_accumulation_steps": 2, "learning_rate": 2e-3, "warmup_steps": 1, "weight_decay": 0.05,
+        "adam_beta2": 0.9, "bf16": True, "fp16": False, "torch_compile": True, "activation_checkpointing": True,
+        "eval_steps": 4, "logging_steps": 2, "save_steps": 4, "report_to": [], "seed": 5, "data_seed": 5,
+        "fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True},
+        "accelerator_config": {"dispatch_batches": False},
+    }  # fmt: skip
+    assert set(arguments) <= {spec.name for spec in dataclasses.fields(TrainingArguments)}
+    assert declared.trainer_arguments(dataclasses.replace(options, save_every=6, fsdp=False))["save_steps"] == 6
+
+
 def rate_rule_script():
     import importlib.util
 

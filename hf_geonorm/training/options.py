@@ -5,9 +5,9 @@ form of the value), from which the CLI generates the click options of ``train`` 
 name, default, help and limits are written here only, and the command line and ``validate`` refuse a value outside
 them with the same message (``refusal``). A ``TrainOptions`` field also declares its ``TrainingArguments``
 counterpart (``trainer_arguments``), whether a sweep's runs must share it (``sweep_key``) and when a run uses it
-(``used_if``, for ``metrics.json``). The module and the library modules it imports (the presets, the GeoNorm settings) import
-nothing but the standard library at load time: the CLI reads them for ``--help`` without importing torch.
-``validate`` checks the values before anything is read or built.
+(``used_if``, for ``metrics.json``). The module and the library modules it imports (the presets, the GeoNorm
+settings) import nothing but the standard library at load time: the CLI reads them for ``--help`` without importing
+torch. ``validate`` checks the values before anything is read or built.
 """
 
 from __future__ import annotations
