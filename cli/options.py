@@ -40,7 +40,7 @@ PRESET_NAMES = declarations().PRESET_NAMES
 class AlphaType(click.ParamType):
     """A number, or a comma-separated list of numbers (one step size per layer), each at least ``minimum``."""
 
-    name = "FLOAT|LIST"
+    name = "step size"
 
     def __init__(self, minimum: float) -> None:
         self.minimum = minimum
@@ -68,9 +68,9 @@ class AlphaType(click.ParamType):
 
 
 class MaxAngleType(click.ParamType):
-    """Radians in (0, pi] (the declared range), written as a number, ``pi``, ``pi/N``, or ``none`` for no clamp."""
+    """Radians in the declared range, (0, pi], written as a number, ``pi``, ``pi/N``, or ``none`` for no clamp."""
 
-    name = "RAD|none"
+    name = "angle"
 
     def __init__(self, minimum: float, maximum: float) -> None:
         self.minimum, self.maximum = minimum, maximum

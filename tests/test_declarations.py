@@ -1,23 +1,84 @@
-"""Each option's limits are declared once (``hf_geonorm.training.options``): the API (``validate``) and the command
-line refuse the same values with the same message, whatever the field; and ``sweep --help`` offers only options
-that ``sweep`` takes."""
+"""Every option, limit and constant is declared once: the constants are written in one place and imported, no
+GeoNorm setting option is written by hand in the CLI, the API (``validate``) and the command line refuse the same
+values with the same message whatever the field, and ``sweep --help`` offers only options that ``sweep`` takes."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import re
+from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 
+from hf_geonorm.modeling import settings
+from hf_geonorm.training import presets
 from hf_geonorm.training import sweep as sweep_module
 from hf_geonorm.training import trainer as trainer_module
 from hf_geonorm.training.options import SweepOptions, TrainOptions
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep"}
+ROOT = Path(__file__).parent.parent
+SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+
+
+def literals(path: Path) -> list[object]:
+    """The values of the tuple, list and number literals of ``path`` (those made of constants only)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Constant)):
+            try:
+                found.append(ast.literal_eval(node))
+            except ValueError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize(
+    ("constant", "home"),
+    [
+        (settings.NORM_STYLES, "modeling/settings.py"),
+        (settings.RADII, "modeling/settings.py"),
+        (settings.DECAYS, "modeling/settings.py"),
+        (settings.CLAMPS, "modeling/settings.py"),
+        (presets.DEFAULT_VOCAB, "training/presets.py"),
+    ],
+    ids=["norm styles", "radii", "decays", "clamps", "default vocabulary"],
+)
+def test_each_constant_is_written_once(constant, home):
+    """Written out in its home only; everywhere else it is imported (the package and the CLI, which reads the
+    home for ``--help`` without torch)."""
+    written = [path.relative_to(ROOT).as_posix() for path in SOURCES for value in literals(path)
+               if is_written(value, constant)]  # fmt: skip
+    assert written == [f"hf_geonorm/{home}"], written
+
+
+def is_written(value: object, constant: object) -> bool:
+    """Whether a literal spells ``constant`` out: the same items (as a tuple or a list), or the same number."""
+    if isinstance(constant, tuple):
+        return isinstance(value, (tuple, list)) and tuple(value) == constant
+    return type(value) is type(constant) and value == constant
+
+
+def test_the_preset_names_are_the_presets_keys_and_written_nowhere_else():
+    names = tuple(presets.PRESETS)
+    written = [path.name for path in SOURCES for value in literals(path)
+               if isinstance(value, (tuple, list)) and len(value) > 1
+               and all(item in names for item in value)]  # fmt: skip
+    assert not written, written
+
+
+def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
+    options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
+               if "option" in spec.metadata]  # fmt: skip
+    assert len(options) == 9 and "--norm-style" in options and "--first-token-prenorm" in options
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        words = {value for value in literals(path) if isinstance(value, str)}
+        assert not words & set(options), (path.name, sorted(words & set(options)))
 
 
 def outside_values(spec: dataclasses.Field) -> list:
