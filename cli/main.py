@@ -17,13 +17,21 @@ from typing import Any
 import click
 
 from .errors import GeoNormGroup, first_line
+from .library import library_module
 from .options import DTYPES, PRESET_NAMES, pop_settings, preview_settings_options, settings_options
 from .push import push
 from .sweep import sweep
 from .train import train
 
 PRESETS = PRESET_NAMES
-DEFAULT_VOCAB = 50304  # hf_geonorm.training.presets.DEFAULT_VOCAB (tests/test_cli.py checks it)
+SIZES = library_module("training/presets")  # the presets' shapes and the default vocabulary, read without torch
+
+
+def _preset_help() -> str:
+    """``init --preset``'s help: each preset's layers, width and heads, as ``presets.PRESETS`` declares them."""
+    shapes = [f"{name} ({size['num_hidden_layers']}/{size['hidden_size']}/{size['num_attention_heads']})"
+              for name, size in SIZES.PRESETS.items()]  # fmt: skip
+    return f"Model size, as layers/width/heads: {', '.join(shapes)}."
 
 
 @click.group(cls=GeoNormGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -180,15 +188,16 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
 @cli.command()
 @click.argument("arch")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@click.option("--preset", type=click.Choice(PRESETS),
-              help="Model size: the paper's 125m (12 layers, width 768, 12 heads), 350m (24/1024/16), "
-              "760m (24/1536/16), 1.3b (24/2048/32); tiny is 4/128/4.")  # fmt: skip
+@click.option("--preset", type=click.Choice(PRESETS), help=_preset_help())
 @settings_options
 @click.option("--tokenizer", "tokenizer_path",
               help="Tokenizer folder or Hub id; sets the vocabulary and special tokens.")  # fmt: skip
 @click.option("--vocab-size", type=click.IntRange(min=1),
-              help=f"Vocabulary size [default: the tokenizer's, rounded up to 64; else {DEFAULT_VOCAB}].")  # fmt: skip
-@click.option("--max-length", type=click.IntRange(min=1), help="max_position_embeddings [default: 2048; 256 for tiny].")
+              help="Vocabulary size [default: the tokenizer's, rounded up to 64; else "
+              f"{SIZES.DEFAULT_VOCAB}].")  # fmt: skip
+@click.option("--max-length", type=click.IntRange(min=1),
+              help=f"max_position_embeddings [default: {SIZES.DEFAULT_POSITIONS}; "
+              f"{SIZES.preset_positions('tiny')} for tiny].")  # fmt: skip
 @click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
               help="Share the input embedding and the output head (as the paper's GPT-3-shaped models "
               "count).")  # fmt: skip

@@ -1,10 +1,9 @@
-"""The click options of the commands: the GeoNorm settings, shared by ``convert``, ``init``, ``angles``,
-``perplexity``, ``train`` and ``sweep``, and the options of ``train`` and ``sweep`` generated from their one
-declaration (``hf_geonorm.training.options``).
+"""The click options of the commands, generated from their one declaration in the library: the GeoNorm settings'
+(``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``, ``angles``, ``perplexity``, ``train`` and
+``sweep``, and the options of ``train`` and ``sweep`` (``hf_geonorm.training.options``).
 
-The settings' choices are spelled out here (``tests/test_cli.py`` checks them against ``hf_geonorm``), and the
-declaration is read from its file without importing the package (``declarations``), so that ``hf-geonorm --help``
-answers without importing torch and transformers.
+The declarations are read from their files without importing the package (``library``), so that ``hf-geonorm
+--help`` answers without importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -20,10 +19,6 @@ import click
 
 from .library import library_module
 
-NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
-DECAYS = ("harmonic", "sqrt", "linear", "constant")
-RADII = ("embedding", "sqrt_d")
-CLAMPS = ("both", "final")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
 
@@ -34,13 +29,21 @@ def declarations() -> ModuleType:
     return library_module("training/options")
 
 
+def setting_declarations() -> ModuleType:
+    """``hf_geonorm/modeling/settings.py`` (``GeoNormSettings`` and its choices), read from its file."""
+    return library_module("modeling/settings")
+
+
 PRESET_NAMES = declarations().PRESET_NAMES
 
 
 class AlphaType(click.ParamType):
-    """A number, or a comma-separated list of numbers (one step size per layer)."""
+    """A number, or a comma-separated list of numbers (one step size per layer), each at least ``minimum``."""
 
-    name = "FLOAT|LIST"
+    name = "step size"
+
+    def __init__(self, minimum: float) -> None:
+        self.minimum = minimum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, (int, float, list)):
@@ -59,15 +62,18 @@ class AlphaType(click.ParamType):
         if not numbers:
             self.fail("give a number or a comma-separated list of numbers", param, ctx)
         for number in numbers:
-            if not math.isfinite(number) or number < 0:
-                self.fail(f"step sizes must be finite numbers >= 0; got {number}", param, ctx)
+            if not math.isfinite(number) or number < self.minimum:
+                self.fail(f"step sizes must be finite numbers >= {self.minimum:g}; got {number}", param, ctx)
         return numbers[0] if len(numbers) == 1 and "," not in str(value) else numbers
 
 
 class MaxAngleType(click.ParamType):
-    """Radians in (0, pi], written as a number, ``pi``, ``pi/N``, or ``none`` for no clamp."""
+    """Radians in the declared range, (0, pi], written as a number, ``pi``, ``pi/N``, or ``none`` for no clamp."""
 
-    name = "RAD|none"
+    name = "angle"
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self.minimum, self.maximum = minimum, maximum
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, float) or value == NO_CLAMP:
@@ -84,116 +90,80 @@ class MaxAngleType(click.ParamType):
                 angle = float(text)
         except (ValueError, ZeroDivisionError):
             self.fail(f"{value!r} is not an angle in radians (e.g. 0.785, pi/4) or 'none'", param, ctx)
-        if not (0 < angle <= math.pi):
-            self.fail(f"the max angle must be in (0, pi] radians, or 'none'; got {value}", param, ctx)
+        if not (self.minimum < angle <= self.maximum):
+            self.fail(f"the max angle must be in ({self.minimum:g}, {angle_text(self.maximum)}] radians, or 'none'; "
+                      f"got {value}", param, ctx)  # fmt: skip
         return angle
 
 
-SETTING_OPTIONS = {
-    # option name -> GeoNormSettings field
-    "norm_style": "norm_style",
-    "decay": "geo_decay",
-    "alpha": "geo_alpha",
-    "max_angle": "geo_max_angle",
-    "clamp": "geo_clamp",
-    "radius": "geo_radius",
-    "learnable_step": "geo_learnable_step",
-    "bridge": "geo_bridge",
-    "first_token_prenorm": "geo_first_token_prenorm",
-}
+def angle_text(radians: float) -> str:
+    """An angle as the help writes it: ``pi/4``, ``pi``."""
+    fraction = math.pi / radians
+    return "pi" if fraction == 1 else f"pi/{fraction:g}"
 
 
-def _setting_options(show_defaults: bool) -> list[Callable]:
-    def note(text: str) -> str:
-        return text if show_defaults else re.sub(r" \[default: [^\]]*\]$", "", text)
+def setting_default_text(form: dict[str, Any], default: Any) -> str:
+    """A setting's default as its help states it: on/off for a switch, ``pi/4`` for an angle, else the value."""
+    if form.get("flag"):
+        return "on" if default else "off"
+    if form.get("angle"):
+        return NO_CLAMP if default is None else angle_text(default)
+    return str(default)
 
-    return [
-        click.option(
-            "--norm-style",
-            type=click.Choice(NORM_STYLES),
-            help=note(
-                "Residual update of every block: geo (GeoNorm), pre (stock Pre-Norm), post, sandwich, deepnorm. "
-                "[default: geo]"
-            ),
-        ),
-        click.option(
-            "--decay",
-            type=click.Choice(DECAYS),
-            help=note(
-                "Layer-wise step-size schedule a_k: harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a. "
-                "[default: harmonic]"
-            ),
-        ),
-        click.option(
-            "--alpha",
-            type=AlphaType(),
-            help=note(
-                "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used as "
-                "given). [default: 0.5]"
-            ),
-        ),
-        click.option(
-            "--max-angle",
-            type=MaxAngleType(),
-            help=note("Clamp on each rotation, in radians (a number, pi/4, ...) or 'none'. [default: pi/4]"),
-        ),
-        click.option(
-            "--clamp",
-            type=click.Choice(CLAMPS),
-            help=note(
-                "What --max-angle clamps: both the base angle |t|/|x| and the final angle (the paper's rule), or "
-                "the final angle only (for small calibrated steps). [default: both]"
-            ),
-        ),
-        click.option(
-            "--radius",
-            type=click.Choice(RADII),
-            help=note("Sphere radius: each token's embedding norm, or sqrt(hidden_size). [default: embedding]"),
-        ),
-        click.option(
-            "--learnable-step/--no-learnable-step",
-            default=None,
-            help=note("Give every sublayer a learnable scale and bias on its angle. [default: off]"),
-        ),
-        click.option(
-            "--bridge",
-            type=click.FloatRange(0.0, 1.0),
-            help=note(
-                "0 = exact Pre-Norm (the source model's outputs), 1 = pure GeoNorm; in between interpolates. "
-                "[default: 1.0]"
-            ),
-        ),
-        click.option(
-            "--first-token-prenorm/--no-first-token-prenorm",
-            default=None,
-            help=note(
-                "The first token of each sequence (position id 0) takes the Pre-Norm update x + u, for models "
-                "converted from Pre-Norm. [default: off]"
-            ),
-        ),
-    ]
+
+def _setting_type(form: dict[str, Any]) -> click.ParamType:
+    if "choices" in form:
+        return click.Choice(form["choices"])
+    if form.get("per_layer"):
+        return AlphaType(form["minimum"])
+    if form.get("angle"):
+        return MaxAngleType(form["minimum"], form["maximum"])
+    return FiniteFloatRange(form["minimum"], form["maximum"])
+
+
+def _setting_option(spec: dataclasses.Field, show_default: bool) -> Callable:
+    """The click option of one declared setting; its value is None unless given (see ``settings_options``)."""
+    form = spec.metadata["option"]
+    name = form["name"]
+    help_text = form["help"] + (f" [default: {setting_default_text(form, spec.default)}]" if show_default else "")
+    if form.get("flag"):
+        return click.option(f"{name}/--no-{name.removeprefix('--')}", spec.name, default=None, help=help_text)
+    metavar = {"metavar": form["metavar"]} if "metavar" in form else {}
+    return click.option(name, spec.name, type=_setting_type(form), help=help_text, **metavar)
+
+
+def declared_settings() -> list[dataclasses.Field]:
+    """The fields of ``GeoNormSettings`` that the commands take as options, in their declared order."""
+    return [spec for spec in dataclasses.fields(setting_declarations().GeoNormSettings) if "option" in spec.metadata]
+
+
+SETTING_OPTIONS = {spec.name: spec.metadata["option"]["name"] for spec in declared_settings()}  # field -> option
+
+
+def _with_settings(func: Callable, show_defaults: bool, leave_out: frozenset[str] = frozenset()) -> Callable:
+    for spec in reversed(declared_settings()):
+        if spec.name not in leave_out:
+            func = _setting_option(spec, show_defaults)(func)
+    return func
 
 
 def settings_options(func: Callable) -> Callable:
     """Add one option per GeoNorm setting; unset options stay None (the command fills in the defaults, or the
     current settings of a GeoNorm source)."""
-    for option in reversed(_setting_options(show_defaults=True)):
-        func = option(func)
-    return func
+    return _with_settings(func, show_defaults=True)
 
 
 def preview_settings_options(func: Callable) -> Callable:
-    """The setting options of commands that run a model as it is unless told to convert it in memory."""
-    for option in reversed(_setting_options(show_defaults=False)):
-        func = option(func)
-    return func
+    """The setting options of commands that run a model as it is unless told to convert it in memory (their help
+    states no default: the model's own settings apply)."""
+    return _with_settings(func, show_defaults=False)
 
 
 def pop_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Remove the setting options from a command's kwargs; return the given ones as GeoNormSettings fields."""
     given = {}
-    for option, setting in SETTING_OPTIONS.items():
-        value = kwargs.pop(option, None)
+    for setting in SETTING_OPTIONS:
+        value = kwargs.pop(setting, None)
         if value is None:
             continue
         given[setting] = None if value == NO_CLAMP else value
@@ -202,8 +172,8 @@ def pop_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _option_words(message: str) -> str:
     """Name the command-line options in a library message about settings (and the dtype)."""
-    for option, setting in SETTING_OPTIONS.items():
-        message = re.sub(rf"\b{setting}\b", f"--{option.replace('_', '-')}", message)
+    for setting, option in SETTING_OPTIONS.items():
+        message = re.sub(rf"\b{setting}\b", option, message)
     return message.replace("use dtype ", "use --dtype ")
 
 
@@ -241,6 +211,53 @@ class FiniteFloatRange(click.FloatRange):
 VALUE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
+class _DeclaredLimits:
+    """A value type that refuses a value outside its declared field's limits with the declaration's own message
+    (``refusal``): the message ``validate`` gives for the same value from the API."""
+
+    spec: dataclasses.Field
+
+    def parse(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        parsed = self.parse(value, param, ctx)
+        problem = declarations().refusal(self.spec, parsed)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return parsed
+
+
+class DeclaredChoice(_DeclaredLimits, click.Choice):
+    def __init__(self, spec: dataclasses.Field) -> None:
+        super().__init__(spec.metadata["option"]["choices"])
+        self.spec = spec
+
+
+class DeclaredIntRange(_DeclaredLimits, click.IntRange):
+    def __init__(self, spec: dataclasses.Field) -> None:
+        super().__init__(**_range(spec.metadata["option"]))
+        self.spec = spec
+
+    def parse(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return click.INT.convert(value, param, ctx)
+
+
+class DeclaredFloatRange(_DeclaredLimits, click.FloatRange):
+    def __init__(self, spec: dataclasses.Field) -> None:
+        super().__init__(**_range(spec.metadata["option"]))
+        self.spec = spec
+
+    def parse(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return click.FLOAT.convert(value, param, ctx)
+
+
+def _range(form: dict[str, Any]) -> dict[str, Any]:
+    """click's range of a declared number range (for the range ``--help`` shows)."""
+    return {"min": form.get("minimum"), "max": form.get("maximum"), "min_open": form.get("min_open", False),
+            "max_open": form.get("max_open", False)}  # fmt: skip
+
+
 def option_help(form: dict[str, Any], default: Any) -> str:
     """An option's help as ``--help`` shows it: the declared help and its default (none for a switch)."""
     if form.get("flag") or "flag_values" in form:
@@ -253,22 +270,18 @@ def option_help(form: dict[str, Any], default: Any) -> str:
     return f"{form['help']} [default: {text}]"
 
 
-def _value_type(annotation: str, form: dict[str, Any]) -> Any:
+def _value_type(spec: dataclasses.Field, form: dict[str, Any]) -> Any:
     if "items" in form:
         return ListType(form["items"])
     if "pair" in form:
         return form["pair"]
     if "choices" in form:
-        return click.Choice(form["choices"])
+        return DeclaredChoice(spec)
     if "folder" in form:
         return click.Path(exists=form["folder"] == "existing", file_okay=False)
-    kind = VALUE_TYPES[annotation.split("|")[0].strip()]
+    kind = VALUE_TYPES[spec.type.split("|")[0].strip()]
     if "minimum" in form or "maximum" in form:
-        limits = {
-            "min": form.get("minimum"), "max": form.get("maximum"),
-            "min_open": form.get("min_open", False), "max_open": form.get("max_open", False),
-        }  # fmt: skip
-        return click.IntRange(**limits) if kind is int else FiniteFloatRange(**limits)
+        return DeclaredIntRange(spec) if kind is int else DeclaredFloatRange(spec)
     return FiniteFloatRange() if kind is float else kind
 
 
@@ -299,23 +312,25 @@ def field_options(field: dataclasses.Field, form: dict[str, Any], default: Any) 
     if "optional_value" in form:  # the option given alone takes this value: `--extend` or `--extend 3`
         extra |= {"is_flag": False, "flag_value": form["optional_value"]}
     metavar = {"metavar": form["metavar"]} if "metavar" in form else {}
-    value_type = _value_type(field.type, form)
+    value_type = _value_type(field, form)
     return [click.option(name, field.name, type=value_type, default=None, help=help_text, **extra, **metavar)]
 
 
 def declared_options(*names: str, command: str) -> Callable:
     """Decorate a command with the options of the declarations ``names`` (``TrainOptions``, ``SweepOptions`` of
     ``hf_geonorm.training.options``), in their order, the GeoNorm settings' options after ``--preset``; the
-    fields ``sweep`` does not take are left out of it. Every option defaults to None, so that only what the user
-    gave reaches the declaration (``given``) and its defaults apply: they are written once, in the declaration."""
+    fields ``sweep`` does not take, and the settings its own options set (``replaces``: ``--styles`` sets the norm
+    style), are left out of it. Every option defaults to None, so that only what the user gave reaches the
+    declaration (``given``) and its defaults apply: they are written once, in the declaration."""
+    declared = [entry for name in names for entry in declared_fields(getattr(declarations(), name))]
+    replaced = frozenset(form["replaces"] for _, form, _ in declared if "replaces" in form)
     decorators: list[Callable] = []
-    for name in names:
-        for field, form, default in declared_fields(getattr(declarations(), name)):
-            if command == "sweep" and form.get("sweep") is False:
-                continue
-            decorators.extend(field_options(field, form, default))
-            if field.name == "preset":
-                decorators.append(settings_options)
+    for field, form, default in declared:
+        if command == "sweep" and form.get("sweep") is False:
+            continue
+        decorators.extend(field_options(field, form, default))
+        if field.name == "preset":
+            decorators.append(lambda func: _with_settings(func, show_defaults=True, leave_out=replaced))
 
     def decorate(func: Callable) -> Callable:
         for decorator in reversed(decorators):

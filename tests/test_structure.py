@@ -13,11 +13,11 @@ from test_repository import PACKAGE, absolute, imported_names
 # ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has its folder.
 TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
-# The training modules, each after every module it imports: the declaration, the transformers internals named and
-# the model sizes, then the data as it flows (documents, tokenizer, token batches, blocks, made ready for Trainer),
+# The training modules, each after every module it imports: the model sizes, the declaration and the transformers
+# internals named, then the data as it flows (documents, tokenizer, token batches, blocks, made ready for Trainer),
 # the model and what trains it, the run's outputs, the run, and the sweep over runs.
 FLOW = (
-    "options", "transformers_internals", "presets", "cache_checks", "corpus", "tokenizer", "token_batches",
+    "presets", "options", "transformers_internals", "cache_checks", "corpus", "tokenizer", "token_batches",
     "pipeline", "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer",
     "sweep_report", "sweep_journal", "sweep",
 )  # fmt: skip

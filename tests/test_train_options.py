@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def expected_help(spec: dataclasses.Field) -> dict[str, str]:
 )
 def test_every_option_help_is_its_declared_field(command, declarations):
     params = {opt: param for param in cli.commands[command].params for opt in param.opts}
-    settings = {"--" + name.replace("_", "-") for name in cli_options.SETTING_OPTIONS}
+    settings = set(cli_options.SETTING_OPTIONS.values())
     expected: dict[str, str] = {}
     for declaration in reversed(declarations):  # sweep's --output is its own, not train's
         for spec in dataclasses.fields(declaration):
@@ -74,6 +75,29 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen == [TrainOptions()]
     assert CliRunner().invoke(cli, ["train", "--bf16", "--streaming", "--lr", "3e-3"]).exit_code == 0
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
+
+
+def test_each_trainer_counterpart_carries_its_option_to_the_trainingarguments_field_of_that_meaning():
+    """Every option that has a ``TrainingArguments`` counterpart, at a value other than its default, arrives at the
+    field that means the same (written out here from Trainer's documentation), and only real fields are set."""
+    from transformers import TrainingArguments
+
+    options = TrainOptions(
+        max_steps=7, batch_size=3, gradient_accumulation_steps=2, lr=2e-3, warmup_steps=1, weight_decay=0.05,
+        adam_beta2=0.9, precision="bf16", compile=True, gradient_checkpointing=True, eval_every=4, logging_steps=2,
+        report_to="none", seed=5, fsdp=True, streaming=True,
+    )  # fmt: skip
+    arguments = declared.trainer_arguments(options)
+    assert arguments == {
+        "max_steps": 7, "per_device_train_batch_size": 3, "per_device_eval_batch_size": 3,
+        "gradient_accumulation_steps": 2, "learning_rate": 2e-3, "warmup_steps": 1, "weight_decay": 0.05,
+        "adam_beta2": 0.9, "bf16": True, "fp16": False, "torch_compile": True, "activation_checkpointing": True,
+        "eval_steps": 4, "logging_steps": 2, "save_steps": 4, "report_to": [], "seed": 5, "data_seed": 5,
+        "fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True},
+        "accelerator_config": {"dispatch_batches": False},
+    }  # fmt: skip
+    assert set(arguments) <= {spec.name for spec in dataclasses.fields(TrainingArguments)}
+    assert declared.trainer_arguments(dataclasses.replace(options, save_every=6, fsdp=False))["save_steps"] == 6
 
 
 def rate_rule_script():
@@ -196,9 +220,21 @@ def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
     assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of --lr 0.001")
 
 
-def test_the_declaration_module_imports_only_the_standard_library():
-    tree = ast.parse(Path(declared.__file__).read_text())
-    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    modules = [(node.module or "") if isinstance(node, ast.ImportFrom) else node.names[0].name for node in top]
-    assert all(not name.startswith((".", "hf_geonorm", "torch", "transformers")) for name in modules), modules
-    assert all(node.level == 0 for node in top if isinstance(node, ast.ImportFrom)), "relative import at the top"
+def test_the_declaration_modules_import_only_the_standard_library():
+    """The declaration and the library modules it imports at load time, followed down their relative imports, as
+    the CLI reads them for ``--help`` (``cli/library.py``): the standard library and each other only."""
+    seen: set[Path] = set()
+    todo = [Path(declared.__file__)]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                folder = path.parent.joinpath(*[".."] * (node.level - 1))
+                todo.append(folder.joinpath(*node.module.split(".")).with_suffix(".py").resolve())
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+                assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
+    assert {path.name for path in seen} == {"options.py", "presets.py", "settings.py"}

@@ -32,10 +32,8 @@ from torch import nn
 
 from ..modeling.geometry import prenorm_angle, tangent
 from ..modeling.residual import residual_modules
-from ..modeling.settings import computes_prenorm
+from ..modeling.settings import RADII, computes_prenorm
 from .evaluation import perplexity, read_with_hooks
-
-RADII = ("embedding", "sqrt_d")
 
 
 @dataclass

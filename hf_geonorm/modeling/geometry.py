@@ -18,12 +18,8 @@ from dataclasses import KW_ONLY, dataclass
 
 import torch
 
-DECAYS = ("harmonic", "sqrt", "linear", "constant")
-# The largest step size a model accepts. Beyond it the step is numerically meaningless: with a clamp every token
-# turns by max_angle whatever its update; without one the angle alpha |t|/|x| winds around the circle so many
-# times that float32 keeps none of its digits; and the gradients, of the order of alpha per step, overflow
-# float32 and bfloat16 within a few layers.
-MAX_ALPHA = 1e6
+from .settings import DECAYS
+
 # No step turns a state further than this, also with no clamp (``max_angle=None``): pi takes a state to its
 # antipode, the end of every geodesic that is the shortest path (the exponential map is one-to-one only up to
 # there). Turning further winds back around the circle; its angle, linear in alpha, has gradients of order alpha

@@ -1,20 +1,27 @@
-"""The settings that select a member of the GeoNorm family, and their validation.
+"""The settings that select a member of the GeoNorm family, their validation, and their command-line options.
 
 The field names are the config fields of every GeoNorm model (``config.norm_style`` and so on). The config is
-their one home: a model's residual modules read them from it at every forward (``residual.py``).
+their one home: a model's residual modules read them from it at every forward (``residual.py``). Each field that
+the commands take declares its option in its metadata (``setting_option``: the name, the help, the form of the
+value and its limits), from which the CLI generates the options; the module imports the standard library only, so
+that ``hf-geonorm --help`` reads it without torch (and it ships as remote code beside the modelling files).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-from .geometry import DECAYS, MAX_ALPHA
 
 NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
 RADII = ("embedding", "sqrt_d")
 CLAMPS = ("both", "final")
+DECAYS = ("harmonic", "sqrt", "linear", "constant")
+# The largest step size a model accepts. Beyond it the step is numerically meaningless: with a clamp every token
+# turns by max_angle whatever its update; without one the angle alpha |t|/|x| winds around the circle so many
+# times that float32 keeps none of its digits; and the gradients, of the order of alpha per step, overflow
+# float32 and bfloat16 within a few layers.
+MAX_ALPHA = 1e6
 # How far ``geo_frames`` may rise in all: the product of c_next / c over every update where the frame grows,
 # counted from 1 before the first update. Between bridge 0 and 1 the state's radius interpolates between the
 # framed Pre-Norm update's and the GeoNorm update's, so a rising frame scales the state up and the next falling
@@ -24,6 +31,15 @@ CLAMPS = ("both", "final")
 MAX_FRAME_RISE = 1e4
 # The smallest frame: below it the framed state is lost against the norms' epsilon and its gradients underflow.
 MIN_FRAME = 1e-9
+
+
+def setting_option(name: str, help: str, **form: Any) -> dict[str, Any]:
+    """A setting's command-line option, shared by the commands that build or convert a model: its ``name``
+    (``--decay``), ``help`` (the CLI adds the default), and the form of its value: ``choices``; ``minimum``,
+    ``maximum``, ``min_open``, ``max_open`` (a number range); ``flag`` (on/off, with a ``--no-`` form);
+    ``per_layer`` (a number or a comma list of them, one per layer or update); ``angle`` (radians, also written
+    ``pi/N``, or ``none`` for no clamp); ``metavar``."""
+    return {"option": {"name": name, "help": help, **form}}
 
 
 def computes_prenorm(settings: Any) -> bool:
@@ -76,17 +92,33 @@ class GeoNormSettings:
     own best rate, alpha 1 is 0.04 lower on test at 4 layers (under two seed spreads) and 0.35 higher at 24 layers.
     Set ``geo_alpha`` for your budget where you can tune it."""
 
-    norm_style: str = "geo"
-    geo_alpha: float | list[float] = 0.5
-    geo_decay: str = "harmonic"
-    geo_max_angle: float | None = math.pi / 4
-    geo_clamp: str = "both"
-    geo_learnable_step: bool = False
-    geo_radius: str = "embedding"
-    geo_bridge: float | list[float] = 1.0
+    norm_style: str = field(default="geo", metadata=setting_option(
+        "--norm-style", "Residual update of every block: geo (GeoNorm), pre (stock Pre-Norm), post, sandwich, "
+        "deepnorm.", choices=NORM_STYLES))  # fmt: skip
+    geo_alpha: float | list[float] = field(default=0.5, metadata=setting_option(
+        "--alpha", "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used "
+        "as given).", per_layer=True, minimum=0, metavar="FLOAT|LIST"))  # fmt: skip
+    geo_decay: str = field(default="harmonic", metadata=setting_option(
+        "--decay", "Layer-wise step-size schedule a_k: harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a.",
+        choices=DECAYS))  # fmt: skip
+    geo_max_angle: float | None = field(default=math.pi / 4, metadata=setting_option(
+        "--max-angle", "Clamp on each rotation, in radians (a number, pi/4, ...) or 'none'.", angle=True, minimum=0,
+        min_open=True, maximum=math.pi, metavar="RAD|none"))  # fmt: skip
+    geo_clamp: str = field(default="both", metadata=setting_option(
+        "--clamp", "What --max-angle clamps: both the base angle |t|/|x| and the final angle (the paper's rule), or "
+        "the final angle only (for small calibrated steps).", choices=CLAMPS))  # fmt: skip
+    geo_learnable_step: bool = field(default=False, metadata=setting_option(
+        "--learnable-step", "Give every sublayer a learnable scale and bias on its angle.", flag=True))
+    geo_radius: str = field(default="embedding", metadata=setting_option(
+        "--radius", "Sphere radius: each token's embedding norm, or sqrt(hidden_size).", choices=RADII))
+    geo_bridge: float | list[float] = field(default=1.0, metadata=setting_option(
+        "--bridge", "0 = exact Pre-Norm (the source model's outputs), 1 = pure GeoNorm; in between interpolates.",
+        minimum=0.0, maximum=1.0))  # fmt: skip
     geo_frames: list[float] | None = None
     geo_bridge_costs: list[float] | None = None
-    geo_first_token_prenorm: bool = False
+    geo_first_token_prenorm: bool = field(default=False, metadata=setting_option(
+        "--first-token-prenorm", "The first token of each sequence (position id 0) takes the Pre-Norm update x + u, "
+        "for models converted from Pre-Norm.", flag=True))  # fmt: skip
 
     def __post_init__(self) -> None:
         self.validate()

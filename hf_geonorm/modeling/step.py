@@ -47,7 +47,7 @@ def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.
     With bridge 1, a number ``alpha`` and no learnable step, the fused Function computes it (the Triton kernel
     on CUDA once it has passed its first-use check, the torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or
     ``set_fused_enabled(False)`` turns that off); everything else takes ``geometry.composed_geonorm_step``.
-    Values and gradients are finite for 0 <= alpha <= ``geometry.MAX_ALPHA``, the range the settings accept.
+    Values and gradients are finite for 0 <= alpha <= ``settings.MAX_ALPHA``, the range the settings accept.
     """
     if not isinstance(params, StepParams):
         raise TypeError(

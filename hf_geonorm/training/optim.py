@@ -15,9 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-BETA1 = 0.9
-MIN_LR_RATIO = 0.1
-MAX_GRAD_NORM = 1.0
+from .options import MIN_LR_RATIO
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float = MIN_LR_RATIO) -> float:

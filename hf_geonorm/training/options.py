@@ -1,10 +1,13 @@
 """What ``hf-geonorm train`` and ``hf-geonorm sweep`` take: ``TrainOptions`` and ``SweepOptions``, declared once.
 
-Each field carries its command-line option in its metadata (``option``: the help, and the range, choices or
+Each field carries its command-line option in its metadata (``option``: the help, and the limits, choices or
 form of the value), from which the CLI generates the click options of ``train`` and ``sweep``; so an option's
-name, default and help are written here only. The module imports nothing but the standard library at load time:
-the CLI reads it for ``--help`` without importing torch. ``validate`` checks the values before anything is read
-or built.
+name, default, help and limits are written here only, and the command line and ``validate`` refuse a value outside
+them with the same message (``refusal``). A ``TrainOptions`` field also declares its ``TrainingArguments``
+counterpart (``trainer_arguments``), whether a sweep's runs must share it (``sweep_key``) and when a run uses it
+(``used_if``, for ``metrics.json``). The module and the library modules it imports (the presets, the GeoNorm
+settings) import nothing but the standard library at load time: the CLI reads them for ``--help`` without importing
+torch. ``validate`` checks the values before anything is read or built.
 """
 
 from __future__ import annotations
@@ -13,18 +16,24 @@ import importlib.util
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from ..modeling.settings import NORM_STYLES
+from .presets import DEFAULT_POSITIONS, PRESETS, preset_positions
 
 BRIDGE_ORDERS = ("together", "last-first")
 TRACKERS = ("tensorboard", "trackio", "wandb")  # --report-to: each is its module's and its pip package's name
 PRECISIONS = ("fp32", "bf16", "fp16")
-PRESET_NAMES = ("tiny", "125m", "350m", "760m", "1.3b")  # presets.PRESETS (tests/test_cli.py checks it)
-SWEEP_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")  # GeoNormSettings' norm styles (tested)
+PRESET_NAMES = tuple(PRESETS)
 DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
-BETA2 = 0.95
+BETA1, BETA2 = 0.9, 0.95  # AdamW's betas: beta2 is --adam-beta2's default
+MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1
+DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
 
 # The default peak learning rate of a model trained from scratch: the rate rule fit by benchmarks/rate_rule.py over
 # the study's measured best rates (rate_rule.json beside this file; ``pretraining_rate``). A --model folder with
@@ -84,16 +93,77 @@ class OptionError(ValueError):
     the option and the limit."""
 
 
-def option(help: str, **form: Any) -> dict[str, Any]:
-    """A field's command-line option: ``help`` and the form of its value. ``form`` may hold ``minimum``,
-    ``maximum``, ``min_open``, ``max_open`` (a number range), ``choices``, ``metavar``, ``folder`` ("existing": a
-    folder that must exist; "any": a folder path), ``flag`` (an on/off switch), ``flag_values`` (switches that set
-    the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name), ``items`` (a
-    comma-separated list of that type), ``pair`` (two values of that type), ``optional_value`` (the value of the
-    option given without one: ``--extend``), ``sweep=False`` (an option of
-    ``train`` that ``sweep`` does not take) and ``default_text`` (the default as the help states it, for a default
-    that is computed)."""
-    return {"option": {"help": help, **form}}
+# A field's TrainingArguments counterpart: the argument (or arguments) its value is passed as, or a function of the
+# options that gives the arguments, for a value Trainer takes in another form.
+TrainerCounterpart = str | tuple[str, ...] | Callable[[Any], dict[str, Any]] | None
+
+
+def option(help: str, *, trainer: TrainerCounterpart = None, sweep_key: bool = True,
+           used_if: Callable[[Any], bool] | None = None, **form: Any) -> dict[str, Any]:  # fmt: skip
+    """A field's declaration: its command-line option (``help`` and ``form``), its ``TrainingArguments``
+    counterpart (``trainer``), whether the runs of a sweep must share its value (``sweep_key``: False for what does
+    not change what a run computes) and, for a field that a run uses only in some cases, ``used_if`` (a test of
+    the options; ``metrics.json`` records the field only then).
+
+    ``form`` may hold the limits ``minimum``, ``maximum``, ``min_open``, ``max_open`` (a number range) and
+    ``choices``; ``metavar``, ``folder`` ("existing": a folder that must exist; "any": a folder path), ``flag`` (an
+    on/off switch), ``flag_values`` (switches that set the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the
+    option, when not the field's name), ``items`` (a comma-separated list of that type), ``pair`` (two values of
+    that type), ``optional_value`` (the value of the option given without one: ``--extend``), ``sweep=False`` (an
+    option of ``train`` that ``sweep`` does not take), ``replaces`` (the GeoNorm setting a sweep option sets, whose
+    own option ``sweep`` therefore does not offer) and ``default_text`` (the default as the help states it, for a
+    default that is computed)."""
+    return {"option": {"help": help, **form}, "trainer": trainer, "sweep_key": sweep_key, "used_if": used_if}
+
+
+def option_name(spec: Field) -> str:
+    """The command-line option of a field, as messages name it (a field set by switches: its own name)."""
+    form = spec.metadata.get("option", {})
+    return spec.name if "flag_values" in form else form.get("name", "--" + spec.name.replace("_", "-"))
+
+
+def range_text(form: dict[str, Any]) -> str:
+    """A declared number range in words: ``>= 2``, ``> 0``, ``in [0, 1)``."""
+    low, high = form.get("minimum"), form.get("maximum")
+    if high is None:
+        return f"{'>' if form.get('min_open') else '>='} {low:g}"
+    if low is None:
+        return f"{'<' if form.get('max_open') else '<='} {high:g}"
+    return f"in {'(' if form.get('min_open') else '['}{low:g}, {high:g}{')' if form.get('max_open') else ']'}"
+
+
+def refusal(spec: Field, value: Any) -> str | None:
+    """Why ``value`` is outside the limits field ``spec`` declares (its ``choices`` or number range), or None: the
+    message that ``validate`` raises and the command line gives for the same value. None is every field's
+    "unset"."""
+    form = spec.metadata.get("option", {})
+    name = option_name(spec)
+    if value is None:
+        return None
+    if "choices" in form:
+        choices = ", ".join(form["choices"])
+        return None if value in form["choices"] else f"{name} must be one of {choices}; got {value!r}"
+    if "minimum" not in form and "maximum" not in form:
+        return None
+    whole = spec.type.split("|")[0].strip() == "int"
+    kind = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return f"{name} must be {kind} {range_text(form)}; got {value!r}"
+    value = value if whole else float(value)  # as the command line reads it: 1 is 1.0
+    if not math.isfinite(value):
+        return f"{name}: {value} is not a finite number"
+    low, high = form.get("minimum"), form.get("maximum")
+    below = low is not None and (value <= low if form.get("min_open") else value < low)
+    above = high is not None and (value >= high if form.get("max_open") else value > high)
+    return f"{name} must be {kind} {range_text(form)}; got {value!r}" if below or above else None
+
+
+def refuse_out_of_limits(options: Any) -> None:
+    """``OptionError`` for the first field of ``options`` outside its declared limits (``refusal``)."""
+    for spec in fields(options):
+        problem = refusal(spec, getattr(options, spec.name))
+        if problem is not None:
+            raise OptionError(problem)
 
 
 def default_data_cache() -> str:
@@ -118,6 +188,34 @@ def trackers(report_to: str) -> list[str]:
     return names
 
 
+def _precision_arguments(options: TrainOptions) -> dict[str, bool]:
+    return {"bf16": options.precision == "bf16", "fp16": options.precision == "fp16"}
+
+
+def _checkpoint_arguments(options: TrainOptions) -> dict[str, int]:
+    return {"save_steps": options.save_every or options.eval_every}
+
+
+def _tracker_arguments(options: TrainOptions) -> dict[str, list[str]]:
+    return {"report_to": trackers(options.report_to)}
+
+
+def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
+    """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
+    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}} if options.fsdp else {}
+
+
+def _stream_arguments(options: TrainOptions) -> dict[str, Any]:
+    """A stream: every process reads its own shards, rather than the first process reading for all."""
+    return {"accelerator_config": {"dispatch_batches": False} if options.streaming else None}
+
+
+def _grid_text() -> str:
+    """The factors of sweep's default grid around each style's rate: ``/4, /2, x1, x2, x4``."""
+    steps = range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1)
+    return ", ".join(f"/{2**-step}" if step < 0 else f"x{2**step}" for step in steps)
+
+
 def _lr_default_text() -> str:
     return (f"from scratch, the measured rule's rate for the model's width, depth, architecture and norm style "
             f"(the log says which); a --model with trained weights {FINE_TUNING_LR:g}")
@@ -130,10 +228,12 @@ class TrainOptions:
 
     model: str | None = field(default=None, metadata=option(
         "A config folder from `hf-geonorm init` (trained from scratch) or a checkpoint folder (stock ones are "
-        "converted; fine-tuned).", folder="existing", default_text="--arch at --preset size"))  # fmt: skip
-    arch: str = field(default="gpt2", metadata=option("Stock model type to build when --model is not given."))
-    preset: str = field(default="tiny", metadata=option("Model size when --model is not given.",
-                                                        choices=PRESET_NAMES))  # fmt: skip
+        "converted; fine-tuned).", folder="existing", default_text="--arch at --preset size",
+        used_if=lambda options: options.model is not None))  # fmt: skip
+    arch: str = field(default="gpt2", metadata=option(
+        "Stock model type to build when --model is not given.", used_if=lambda options: options.model is None))
+    preset: str = field(default="tiny", metadata=option(
+        "Model size when --model is not given.", choices=PRESET_NAMES, used_if=lambda options: options.model is None))
     settings: dict[str, Any] = field(default_factory=dict)
     data: str | None = field(default=None, metadata=option(
         "A text file, a folder of text files, a JSON lines or parquet file (its --text-column), a folder saved by "
@@ -153,90 +253,105 @@ class TrainOptions:
         "Tokenizer folder.", default_text="the model folder's, else a byte-level BPE trained on the data"))
     vocab_size: int | None = field(default=None, metadata=option(
         "Vocabulary of the tokenizer trained on the fly (not with a --model folder that has a tokenizer).",
-        minimum=260, default_text="2048"))  # fmt: skip
+        minimum=MIN_TOKENIZER_VOCAB, default_text=str(DEFAULT_TOKENIZER_VOCAB)))  # fmt: skip
     max_tokens: int | None = field(default=None, metadata=option(
         "Train on the first N tokens of the data.", minimum=1, metavar="N", default_text="all of it"))
     streaming: bool = field(default=False, metadata=option(
         "Tokenize and pack the data as training reads it (a file, a folder or a `datasets` name), with no cache "
-        "and no count of its tokens in advance.", flag=True))  # fmt: skip
-    data_workers: int = field(default=1, metadata=option("Processes that tokenize the data.", minimum=1))
+        "and no count of its tokens in advance.", flag=True, trainer=_stream_arguments))  # fmt: skip
+    data_workers: int = field(default=1, metadata=option("Processes that tokenize the data.", minimum=1,
+                                                         sweep_key=False))  # fmt: skip
     data_cache: str = field(default_factory=default_data_cache, metadata=option(
         "Folder the tokenized data (Arrow files) is cached in, shared by runs on the same data.", folder="any",
-        metavar="DIR", default_text=f"${DATA_CACHE_ENV}, else ~/.cache/hf-geonorm/data"))  # fmt: skip
+        metavar="DIR", default_text=f"${DATA_CACHE_ENV}, else ~/.cache/hf-geonorm/data", sweep_key=False))  # fmt: skip
     seq_len: int = field(default=128, metadata=option(
         "Tokens per block: the documents, each closed by the end-of-text token, are packed into blocks of this "
         "length (validation and test documents, held out one in 20 each, into their own). A model built from "
-        "--arch gets its preset's positions (tiny 256, the others 2048), or this many when longer.",
+        f"--arch gets its preset's positions (tiny {preset_positions('tiny')}, the others {DEFAULT_POSITIONS}), or "
+        "this many when longer.",
         minimum=2))  # fmt: skip
     batch_size: int = field(default=16, metadata=option(
         "Blocks per step and process (with several processes the global batch is this times their number); also "
-        "the evaluation batch.", minimum=1))  # fmt: skip
+        "the evaluation batch.", minimum=1,
+        trainer=("per_device_train_batch_size", "per_device_eval_batch_size")))  # fmt: skip
     gradient_accumulation_steps: int = field(default=1, metadata=option(
         "Batches whose gradients add up to one optimizer step: each step trains on --batch-size x N x processes "
-        "blocks, with the memory of --batch-size.", minimum=1, metavar="N"))  # fmt: skip
+        "blocks, with the memory of --batch-size.", minimum=1, metavar="N",
+        trainer="gradient_accumulation_steps"))  # fmt: skip
     max_steps: int = field(default=300, metadata=option(
-        "Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).", minimum=1))
+        "Optimizer steps the run ends at (a resumed run counts its checkpoint's steps).", minimum=1,
+        trainer="max_steps"))  # fmt: skip
     lr: float | None = field(default=None, metadata=option(
         "Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to --min-lr-ratio times it "
-        "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text()))  # fmt: skip
+        "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text(),
+        trainer="learning_rate", sweep_key=False))  # fmt: skip
     warmup_steps: int | None = field(default=None, metadata=option(
         "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
-        minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps"))  # fmt: skip
+        minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps", trainer="warmup_steps"))  # fmt: skip
     min_lr_ratio: float = field(default=MIN_LR_RATIO, metadata=option(
         "Where the cosine decay ends, as a share of --lr.", minimum=0, maximum=1))
     weight_decay: float | None = field(default=None, metadata=option(
         "AdamW weight decay, on the weight matrices only (not on norms, biases, embeddings or GeoNorm's step "
         "parameters).", minimum=0, default_text=f"{PRETRAINING_WEIGHT_DECAY:g} from scratch, "
-        f"{FINE_TUNING_WEIGHT_DECAY:g} for a --model with trained weights"))  # fmt: skip
+        f"{FINE_TUNING_WEIGHT_DECAY:g} for a --model with trained weights", trainer="weight_decay"))  # fmt: skip
     adam_beta2: float = field(default=BETA2, metadata=option(
-        "AdamW's second-moment decay (beta1 is 0.9); gradients are clipped to norm 1.0.", minimum=0, maximum=1,
-        max_open=True))  # fmt: skip
+        f"AdamW's second-moment decay (beta1 is {BETA1}); gradients are clipped to norm {MAX_GRAD_NORM}.", minimum=0,
+        maximum=1,
+        max_open=True, trainer="adam_beta2"))  # fmt: skip
     precision: str = field(default="fp32", metadata=option(
         "Arithmetic: fp32, or bfloat16 / float16 (CUDA) mixed precision.", choices=PRECISIONS,
-        flag_values={"--bf16": "bf16", "--fp16": "fp16"}))  # fmt: skip
-    compile: bool = field(default=False, metadata=option("torch.compile the model.", flag=True))
+        flag_values={"--bf16": "bf16", "--fp16": "fp16"}, trainer=_precision_arguments))  # fmt: skip
+    compile: bool = field(default=False, metadata=option("torch.compile the model.", flag=True,
+                                                         trainer="torch_compile"))  # fmt: skip
     gradient_checkpointing: bool = field(default=False, metadata=option(
-        "Recompute activations in the backward pass.", flag=True))
+        "Recompute activations in the backward pass.", flag=True, trainer="activation_checkpointing"))
     fsdp: bool = field(default=False, metadata=option(
-        "Shard parameters with FSDP2 (launch with torchrun or accelerate).", flag=True, sweep=False))
+        "Shard parameters with FSDP2 (launch with torchrun or accelerate).", flag=True, sweep=False,
+        trainer=_fsdp_arguments))  # fmt: skip
     lora: bool = field(default=False, metadata=option(
         "Train LoRA adapters (PEFT) instead of all weights; merged at the end.", flag=True))
     eval_every: int = field(default=50, metadata=option(
-        "Steps between evaluations (and checkpoints); the first is at step 0.", minimum=1))
+        "Steps between evaluations (and checkpoints); the first is at step 0.", minimum=1, trainer="eval_steps"))
     eval_blocks: int | None = field(default=None, metadata=option(
         "Blocks of --seq-len tokens evaluated for the validation loss, and as many for the test loss at the end: "
         "the held-out documents are taken until they fill them.", minimum=1,
         default_text=f"{EVAL_BLOCKS} held out, of which fewer (at least {MIN_EVAL_BLOCKS}) are evaluated where "
         f"evaluating all would cost more than {EVAL_SHARE:.0%} of the run's compute"))  # fmt: skip
     save_every: int | None = field(default=None, metadata=option(
-        "Steps between checkpoints.", minimum=1, default_text="--eval-every"))
+        "Steps between checkpoints.", minimum=1, default_text="--eval-every", trainer=_checkpoint_arguments))
     logging_steps: int = field(default=10, metadata=option(
-        "Steps between the logged training loss, learning rate and gradient norm.", minimum=1))
+        "Steps between the logged training loss, learning rate and gradient norm.", minimum=1,
+        trainer="logging_steps", sweep_key=False))  # fmt: skip
     report_to: str = field(default="none", metadata=option(
         "Where the logs also go: none, or tensorboard, trackio, wandb (a comma list); tensorboard writes under "
-        "--output/runs.", metavar="TRACKERS", sweep=False))  # fmt: skip
+        "--output/runs.", metavar="TRACKERS", sweep=False, trainer=_tracker_arguments, sweep_key=False))  # fmt: skip
     bridge_anneal: int | None = field(default=None, metadata=option(
         "Anneal geo_bridge from the model's value b to 1.0 over STEPS steps (uptraining a converted Pre-Norm "
         "checkpoint into GeoNorm): step s runs at b + (1 - b) s/STEPS, 1.0 from step STEPS on (at most "
-        "--max-steps).", minimum=1, metavar="STEPS"))  # fmt: skip
+        "--max-steps).", minimum=1, metavar="STEPS",
+        used_if=lambda options: options.bridge_anneal is not None))  # fmt: skip
     bridge_order: str = field(default="together", metadata=option(
         "together: every update's bridge moves at once; last-first: one update at a time from the last, the "
         "updates whose conversion costs most taking longest (needs --bridge-anneal and a checkpoint converted "
-        "with --calibrate).", choices=BRIDGE_ORDERS))  # fmt: skip
+        "with --calibrate).", choices=BRIDGE_ORDERS,
+        used_if=lambda options: options.bridge_anneal is not None))  # fmt: skip
     output: str = field(default="geonorm-run", metadata=option(
-        "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False))
+        "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False,
+        sweep_key=False))  # fmt: skip
     save_final_only: bool = field(default=False, metadata=option(
         "Remove the checkpoints once final/ and metrics.json are written: the output keeps the model, not the "
         "optimizer state a checkpoint holds for --resume (twice the weights' size again).", flag=True,
         sweep=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
-        sweep=False))  # fmt: skip
+        sweep=False, sweep_key=False))  # fmt: skip
     force: bool = field(default=False, metadata=option(
         "Start a new run in a non-empty --output: the earlier run's checkpoints, final/, metrics.json and "
-        "loss_curve.png are removed when training starts; other files stay.", flag=True, sweep=False))  # fmt: skip
+        "loss_curve.png are removed when training starts; other files stay.", flag=True, sweep=False,
+        sweep_key=False))  # fmt: skip
     seed: int = field(default=0, metadata=option(
-        "Seed of the model's initialisation and of the order the training blocks are drawn in.", sweep=False))
+        "Seed of the model's initialisation and of the order the training blocks are drawn in.", minimum=0,
+        maximum=MAX_SEED, sweep=False, trainer=("seed", "data_seed"), sweep_key=False))  # fmt: skip
 
     def held_out_blocks(self) -> int:
         """The blocks' worth of documents held out for validation and for test: ``eval_blocks``, else
@@ -251,14 +366,7 @@ class TrainOptions:
 
         if not os.fspath(self.output).strip():
             raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be fp32, bf16 or fp16; got {self.precision!r}")
-        for name in (
-            "seq_len", "batch_size", "gradient_accumulation_steps", "max_steps", "eval_every", "logging_steps",
-            "data_workers",
-        ):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
+        refuse_out_of_limits(self)
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
             raise OptionError(
                 f"--max-tokens {self.max_tokens} is less than one block of --seq-len {self.seq_len}: give at least "
@@ -271,28 +379,9 @@ class TrainOptions:
                 f"--seq-len {self.seq_len} = {per_step:,} tokens per optimizer step, beyond the limit of "
                 f"{MAX_TOKENS_PER_STEP:,}: give fewer accumulation steps"
             )
-        for name in ("vocab_size", "max_tokens", "save_every", "eval_blocks"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be a positive integer (or None: its default); got {value}")
         if not self.data_cache:
             raise ValueError("data_cache must name a folder")
         trackers(self.report_to)
-        if self.lr is not None and (self.lr <= 0 or not math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number (or None: the default rate); got {self.lr}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0 (or None: a {WARMUP_SHARE}th of max_steps); got "
-                             f"{self.warmup_steps}")  # fmt: skip
-        if self.weight_decay is not None and not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"weight_decay must be a number >= 0 (or None: the default); got {self.weight_decay}")
-        if not 0 <= self.adam_beta2 < 1:
-            raise ValueError(f"adam_beta2 must be in [0, 1); got {self.adam_beta2}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}")
-        if self.bridge_anneal is not None and self.bridge_anneal < 1:
-            raise ValueError(f"bridge_anneal must be a positive number of steps; got {self.bridge_anneal}")
-        if self.bridge_order not in BRIDGE_ORDERS:
-            raise ValueError(f"bridge_order must be one of {', '.join(BRIDGE_ORDERS)}; got {self.bridge_order!r}")
         if self.bridge_anneal is not None and self.bridge_anneal > self.max_steps:
             raise ValueError(
                 f"--bridge-anneal {self.bridge_anneal} is longer than --max-steps {self.max_steps}: the bridge would "
@@ -321,6 +410,33 @@ class TrainOptions:
         return self
 
 
+def trainer_arguments(options: TrainOptions) -> dict[str, Any]:
+    """The ``TrainingArguments`` that the options set, as each field declares its counterpart (``trainer``)."""
+    arguments: dict[str, Any] = {}
+    for spec in fields(options):
+        counterpart = spec.metadata.get("trainer")
+        if callable(counterpart):
+            arguments |= counterpart(options)
+        elif counterpart is not None:
+            names = (counterpart,) if isinstance(counterpart, str) else counterpart
+            arguments |= dict.fromkeys(names, getattr(options, spec.name))
+    return arguments
+
+
+def outside_sweep_key() -> tuple[str, ...]:
+    """The fields the runs of one sweep may differ in, declared ``sweep_key=False``: where a run writes, the rate
+    and seed the grid sets, and what does not change what a run computes."""
+    return tuple(spec.name for spec in fields(TrainOptions) if not spec.metadata.get("sweep_key", True))
+
+
+def fields_used(options: TrainOptions) -> dict[str, Any]:
+    """The fields of ``options`` that apply to its run, with their values: every field but those whose declared
+    ``used_if`` says the run does not use them."""
+    values = asdict(options)
+    return {spec.name: values[spec.name] for spec in fields(options)
+            if spec.metadata.get("used_if") is None or spec.metadata["used_if"](options)}  # fmt: skip
+
+
 def evaluations(options: TrainOptions) -> int:
     """How many evaluations a run makes: at step 0, every --eval-every steps, at the end when that is not one of
     them, and the test evaluation."""
@@ -347,10 +463,11 @@ class SweepOptions:
         "Folder of the sweep: runs.jsonl (one line per finished run), sweep.md, sweep.png and runs/ (each run's "
         "train output).", folder="any"))  # fmt: skip
     styles: tuple[str, ...] = field(default=("pre", "geo"), metadata=option(
-        f"Norm styles compared, a comma list of {', '.join(SWEEP_STYLES)}.", items=str, metavar="LIST"))
+        f"Norm styles compared, a comma list of {', '.join(NORM_STYLES)}.", items=str, metavar="LIST",
+        replaces="norm_style"))  # fmt: skip
     lrs: tuple[float, ...] | None = field(default=None, metadata=option(
         "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
-        default_text="each style's default rate (train's, from the rate rule) /4, /2, x1, x2, x4"))  # fmt: skip
+        default_text=f"each style's default rate (train's, from the rate rule) {_grid_text()}"))  # fmt: skip
     lr_range: tuple[float, float] | None = field(default=None, metadata=option(
         "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
     seeds: tuple[int, ...] = field(default=(0,), metadata=option(
@@ -391,6 +508,7 @@ class SweepOptions:
     def validate(self) -> SweepOptions:
         if not os.fspath(self.output).strip():
             raise OptionError("--output is empty (an unset shell variable?); give the folder of the sweep")
+        refuse_out_of_limits(self)
         rates = self.rates()
         if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
             raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "
@@ -398,10 +516,10 @@ class SweepOptions:
         if len(rates) > MAX_RATES:
             raise OptionError(f"--lrs names {len(rates)} rates; a sweep takes at most {MAX_RATES}")
         if not self.styles:
-            raise OptionError(f"--styles names at least one of {', '.join(SWEEP_STYLES)}")
+            raise OptionError(f"--styles names at least one of {', '.join(NORM_STYLES)}")
         for style in self.styles:
-            if style not in SWEEP_STYLES:
-                raise OptionError(f"--styles: unknown norm style {style!r}; choose from {', '.join(SWEEP_STYLES)}")
+            if style not in NORM_STYLES:
+                raise OptionError(f"--styles: unknown norm style {style!r}; choose from {', '.join(NORM_STYLES)}")
         if not self.seeds:
             raise OptionError("--seeds names at least one seed")
         for name in ("seeds", "confirm_seeds"):
@@ -413,8 +531,6 @@ class SweepOptions:
             both = sorted(set(self.confirm_seeds) & set(self.seeds))
             raise OptionError(f"--confirm-seeds names {', '.join(map(str, both))}, already in --seeds (every rate "
                               "runs those): give other seeds")  # fmt: skip
-        if not 0 <= self.extend <= MAX_RATES:
-            raise OptionError(f"--extend {self.extend}: give a number of extensions from 0 to {MAX_RATES}")
         if self.alphas is not None:
             if "geo" not in self.styles:
                 raise OptionError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")

@@ -19,13 +19,13 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .options import MAX_SEED, SWEEP_STYLES, TrainOptions
+from ..modeling.settings import NORM_STYLES
+from .options import MAX_SEED, TrainOptions, outside_sweep_key
 from .sweep_report import run_name
 
 JOURNAL = "runs.jsonl"
 JOURNAL_FORMAT = 1
-# options that do not change what a run computes: left out of the journal's key
-NOT_IN_KEY = ("output", "resume", "force", "lr", "seed", "logging_steps", "report_to", "data_cache", "data_workers")
+NOT_IN_KEY = outside_sweep_key()  # left out of the journal's key, as TrainOptions declares
 # options naming files whose content the header's data fingerprints key: their spelling may change
 KEYED_BY_CONTENT = ("data", "tokenizer")
 RUN_FIELDS = ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss")
@@ -139,8 +139,8 @@ def _checked_entry(path: Path, number: int, entry: Any, journal: Journal, seen: 
     if missing:
         raise _damaged(path, number, f"a run without {', '.join(missing)}")
     style, alpha, lr, seed = entry["style"], entry["alpha"], entry["lr"], entry["seed"]
-    if style not in SWEEP_STYLES:
-        raise _damaged(path, number, f"style {style!r} is none of {', '.join(SWEEP_STYLES)}")
+    if style not in NORM_STYLES:
+        raise _damaged(path, number, f"style {style!r} is none of {', '.join(NORM_STYLES)}")
     if not (_is_number(lr) and lr > 0):
         raise _damaged(path, number, f"lr {lr!r} is not a positive finite number")
     if alpha is not None and not (_is_number(alpha) and alpha >= 0):

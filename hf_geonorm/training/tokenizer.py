@@ -38,9 +38,8 @@ from ..loading import (
 )
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
-from .options import TrainOptions
+from .options import DEFAULT_TOKENIZER_VOCAB, TrainOptions
 
-DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 STANDARD_TOKENIZER_FIX = (
     "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "
     "of a transformers tokenizer writes)"

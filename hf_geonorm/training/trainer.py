@@ -12,7 +12,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ from ..sharing.model_card import CardInfo, inherited_card_info
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
-from .optim import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, decayed_parameter_names, make_scheduler
-from .options import TrainOptions, evaluated_blocks, trackers
+from .optim import decayed_parameter_names, make_scheduler
+from .options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, evaluated_blocks, fields_used, trainer_arguments
 from .outputs import (
     RunProgress,
     check_output_path,
@@ -117,13 +117,6 @@ class TerminationCheck(TrainerCallback):
         raise_if_terminated()
 
 
-def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
-    """FSDP2 (fully_shard) over the decoder layers, when asked for; run under torchrun or accelerate launch."""
-    if not options.fsdp:
-        return {}
-    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}  # wraps decoder layers
-
-
 def last_evaluation(state: TrainerState) -> dict[str, float] | None:
     """The evaluation Trainer ran at the last step (when it is an evaluation step), as ``evaluate`` returns it:
     reused for the final metrics rather than run a second time on the same weights."""
@@ -134,21 +127,15 @@ def last_evaluation(state: TrainerState) -> dict[str, float] | None:
 
 
 def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
-    """The options that applied to the run, for ``metrics.json``: ``model`` or ``arch``/``preset``, the
-    tokenizer's source or the vocabulary trained, the bridge's order only with an anneal, and every optimizer and
-    data knob; not the defaults of what the run did not use."""
-    used = asdict(options)
-    if options.model is not None:
-        del used["arch"], used["preset"]
-    else:
-        del used["model"]
+    """The options that applied to the run, for ``metrics.json``: the fields the declaration says it used
+    (``fields_used``: ``model`` or ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and
+    data knob), the tokenizer's source or the vocabulary trained; not the defaults of what the run did not use."""
+    used = fields_used(options)
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
     else:
         used["vocab_size"] = vocab_size  # of the tokenizer trained on the fly
         del used["tokenizer"]
-    if options.bridge_anneal is None:
-        del used["bridge_anneal"], used["bridge_order"]
     if options.save_every is None:
         used["save_every"] = options.eval_every
     return used
@@ -231,46 +218,25 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             f"never reaches --lr {options.lr:g} nor decays; give fewer --warmup-steps (a few percent of the steps)",
             stacklevel=3,
         )
-    report_to = trackers(options.report_to)
-    if "tensorboard" in report_to and not (output / "runs").exists():
-        published.append(output / "runs")  # the event files of a run that fails are removed with it
     args = TrainingArguments(
         output_dir=str(output),
-        max_steps=options.max_steps,
-        per_device_train_batch_size=options.batch_size,
-        per_device_eval_batch_size=options.batch_size,
-        gradient_accumulation_steps=options.gradient_accumulation_steps,
-        learning_rate=options.lr,
-        warmup_steps=options.warmup_steps,
-        weight_decay=options.weight_decay,
+        **trainer_arguments(options),  # what the options set, as each declares its counterpart
         adam_beta1=BETA1,
-        adam_beta2=options.adam_beta2,
         max_grad_norm=MAX_GRAD_NORM,
-        bf16=options.precision == "bf16",
-        fp16=options.precision == "fp16",
-        torch_compile=options.compile,
-        activation_checkpointing=options.gradient_checkpointing,
         eval_strategy="steps",
-        eval_steps=options.eval_every,
         eval_on_start=checkpoint is None,  # where the run starts from (a fine-tune's starting point)
-        logging_steps=options.logging_steps,
         save_strategy="steps",
-        save_steps=options.save_every or options.eval_every,
         save_total_limit=2,
         logging_nan_inf_filter=False,  # a NaN loss is an error (CheckedTrainer), never averaged away
-        report_to=report_to,
         disable_tqdm=False,  # the progress bar: RunProgress
-        seed=options.seed,
-        data_seed=options.seed,
         dataloader_num_workers=0,
         # the CPU only where torch sees no accelerator of any kind (CUDA, MPS, XPU, ...): Trainer then needs use_cpu
         # to start several processes over gloo and to train in bf16 there; elsewhere the device is Trainer's choice
         use_cpu=not torch.accelerator.is_available(),
         dataloader_pin_memory=torch.accelerator.is_available(),
-        # a stream: every process reads its own shards, rather than the first process reading for all
-        accelerator_config={"dispatch_batches": False} if options.streaming else None,
-        **_fsdp_arguments(options),
     )
+    if "tensorboard" in args.report_to and not (output / "runs").exists():
+        published.append(output / "runs")  # the event files of a run that fails are removed with it
     trainer = CheckedTrainer(
         min_lr_ratio=options.min_lr_ratio,
         model=model,

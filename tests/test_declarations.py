@@ -1,0 +1,217 @@
+"""Every option, limit and constant is declared once: the constants are written in one place and imported, no
+GeoNorm setting option is written by hand in the CLI, the API (``validate``) and the command line refuse the same
+values with the same message whatever the field, and ``sweep --help`` offers only options that ``sweep`` takes."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+
+from hf_geonorm.modeling import settings
+from hf_geonorm.training import presets
+from hf_geonorm.training import sweep as sweep_module
+from hf_geonorm.training import trainer as trainer_module
+from hf_geonorm.training.options import SweepOptions, TrainOptions
+
+COMMANDS = {TrainOptions: "train", SweepOptions: "sweep"}
+ROOT = Path(__file__).parent.parent
+SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+
+
+def literals(path: Path) -> list[object]:
+    """The values of the tuple, list and number literals of ``path`` (those made of constants only)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Constant)):
+            try:
+                found.append(ast.literal_eval(node))
+            except ValueError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize(
+    ("constant", "home"),
+    [
+        (settings.NORM_STYLES, "modeling/settings.py"),
+        (settings.RADII, "modeling/settings.py"),
+        (settings.DECAYS, "modeling/settings.py"),
+        (settings.CLAMPS, "modeling/settings.py"),
+        (presets.DEFAULT_VOCAB, "training/presets.py"),
+    ],
+    ids=["norm styles", "radii", "decays", "clamps", "default vocabulary"],
+)
+def test_each_constant_is_written_once(constant, home):
+    """Written out in its home only; everywhere else it is imported (the package and the CLI, which reads the
+    home for ``--help`` without torch)."""
+    written = [path.relative_to(ROOT).as_posix() for path in SOURCES for value in literals(path)
+               if is_written(value, constant)]  # fmt: skip
+    assert written == [f"hf_geonorm/{home}"], written
+
+
+def is_written(value: object, constant: object) -> bool:
+    """Whether a literal spells ``constant`` out: the same items (as a tuple or a list), or the same number."""
+    if isinstance(constant, tuple):
+        return isinstance(value, (tuple, list)) and tuple(value) == constant
+    return type(value) is type(constant) and value == constant
+
+
+def test_the_preset_names_are_the_presets_keys_and_written_nowhere_else():
+    names = tuple(presets.PRESETS)
+    written = [path.name for path in SOURCES for value in literals(path)
+               if isinstance(value, (tuple, list)) and len(value) > 1
+               and all(item in names for item in value)]  # fmt: skip
+    assert not written, written
+
+
+def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
+    options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
+               if "option" in spec.metadata]  # fmt: skip
+    assert len(options) == 9 and "--norm-style" in options and "--first-token-prenorm" in options
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        words = {value for value in literals(path) if isinstance(value, str)}
+        assert not words & set(options), (path.name, sorted(words & set(options)))
+
+
+def outside_values(spec: dataclasses.Field) -> list:
+    """Values just outside each limit ``spec`` declares, worked out from the limits: one below the minimum (the
+    minimum itself when it is excluded), one above the maximum, NaN for a number, a name that is not a choice."""
+    form = spec.metadata.get("option", {})
+    whole = spec.type.split("|")[0].strip() == "int"
+    step = 1 if whole else 0.5
+    values: list = []
+    if "minimum" in form:
+        values.append(form["minimum"] if form.get("min_open") else form["minimum"] - step)
+    if "maximum" in form:
+        values.append(form["maximum"] if form.get("max_open") else form["maximum"] + step)
+    if ("minimum" in form or "maximum" in form) and not whole:
+        values.append(math.nan)
+    if "choices" in form:
+        values.append("not-" + "-".join(form["choices"]))
+    return values
+
+
+def declared_limits() -> list[tuple[type, str, object]]:
+    """(declaration, field, value outside a limit) for every declared limit of ``train``'s and ``sweep``'s own
+    options that the command line can give a value for (a field set only by switches, ``--bf16``, cannot)."""
+    cases = []
+    for declaration in COMMANDS:
+        for spec in dataclasses.fields(declaration):
+            form = spec.metadata.get("option", {})
+            if "flag_values" not in form:
+                cases += [(declaration, spec.name, value) for value in outside_values(spec)]
+    return cases
+
+
+LIMITS = declared_limits()
+
+
+def test_the_walk_covers_the_limits_that_drifted_and_each_kind_of_limit():
+    walked = {(declaration.__name__, name) for declaration, name, _ in LIMITS}
+    assert {("TrainOptions", "seq_len"), ("TrainOptions", "vocab_size"), ("TrainOptions", "lr"),
+            ("TrainOptions", "adam_beta2"), ("TrainOptions", "bridge_order"), ("SweepOptions", "extend")} <= walked
+
+
+def api_refusal(declaration: type, values: dict) -> str:
+    """The message ``validate`` refuses ``values`` with (a ``ValueError``: the command line's usage error)."""
+    with pytest.raises(ValueError) as refused:
+        declaration(**values).validate()
+    return str(refused.value)
+
+
+def cli_output(command: str, args: list[str], tmp_path, monkeypatch) -> click.testing.Result:
+    """``hf-geonorm COMMAND ARGS`` with nothing trained: the library's entry points validate and stop."""
+    monkeypatch.setattr(trainer_module, "run_training", lambda options, log: options.validate())
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda sweep, train, log: (sweep.validate(), train.validate()))
+    return CliRunner().invoke(cli, [command, "--output", str(tmp_path / "out"), *args])
+
+
+@pytest.mark.parametrize(("declaration", "name", "value"), LIMITS,
+                         ids=[f"{d.__name__}.{n}={v}" for d, n, v in LIMITS])  # fmt: skip
+def test_the_api_and_the_command_line_refuse_a_value_outside_a_declared_limit_alike(
+    declaration, name, value, tmp_path, monkeypatch
+):
+    message = api_refusal(declaration, {name: value})
+    option = "--" + name.replace("_", "-")
+    assert option in message, message
+    result = cli_output(COMMANDS[declaration], [f"{option}={value}"], tmp_path, monkeypatch)
+    spec = {spec.name: spec for spec in dataclasses.fields(declaration)}[name]
+    if "optional_value" in spec.metadata["option"] and str(value).startswith("-"):
+        # click reads a value that starts with "-" after an option whose value may be left out (``--extend``) as
+        # the next option, also in the ``--extend=-1`` form: refused as such before any value is read
+        message = f"No such option '{value}'"
+    assert result.exit_code == 2 and message in result.output, (message, result.output)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("name", "value", "limit"), [("seq_len", 1, ">= 2"), ("vocab_size", 100, ">= 260")])
+def test_the_limits_that_drifted_are_refused_by_the_api_as_by_the_command_line(
+    name, value, limit, tmp_path, monkeypatch
+):
+    """``seq_len`` and ``vocab_size`` were refused below 2 and 260 on the command line but only below 1 from the
+    API (issue 39)."""
+    message = api_refusal(TrainOptions, {name: value})
+    assert limit in message and f"got {value}" in message, message
+    result = cli_output("train", ["--" + name.replace("_", "-"), str(value)], tmp_path, monkeypatch)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+OPTION_LINE = re.compile(r"^  (?:-\w, )?(--[a-z0-9-]+)(?: / (--[a-z0-9-]+))?", re.MULTILINE)
+
+
+def sample_value(param: click.Parameter, folder) -> list[str]:
+    """Words that give ``param`` a value its type accepts: none for a switch, the first choice, an empty folder,
+    the bottom of a range, else 1."""
+    if isinstance(param, click.Option) and param.is_flag:
+        return []
+    kind = param.type
+    if isinstance(kind, click.Choice):
+        word = str(kind.choices[0])
+    elif isinstance(kind, click.Path):
+        folder.mkdir()
+        word = str(folder)
+    elif isinstance(kind, (click.IntRange, click.FloatRange)) and kind.min is not None:
+        word = str(kind.min + (1 if kind.min_open else 0))
+    else:
+        word = "1"
+    return [word] * param.nargs
+
+
+def test_every_option_sweep_offers_is_accepted(tmp_path, monkeypatch):
+    """Each option of ``sweep --help``, given alone with a value its type accepts, reaches the sweep, which takes
+    it: no option that the sweep would refuse (as it refuses ``--lr`` and ``--norm-style``, which the grid sets) is
+    offered. The values themselves are checked elsewhere: here both declarations' ``validate`` pass, and nothing
+    trains."""
+    offered = [name for match in OPTION_LINE.finditer(CliRunner().invoke(cli, ["sweep", "--help"]).output)
+               for name in match.groups() if name and name != "--help"]  # fmt: skip
+    assert "--styles" in offered and "--alpha" in offered and "--no-learnable-step" in offered
+    assert "--lr" not in offered and "--norm-style" not in offered
+    params = {opt: param for param in cli.commands["sweep"].params for opt in [*param.opts, *param.secondary_opts]}
+    monkeypatch.setattr(TrainOptions, "validate", lambda self: self)
+    monkeypatch.setattr(SweepOptions, "validate", lambda self: self)
+
+    class NothingTrained:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def run(self) -> list:
+            return []
+
+    monkeypatch.setattr(sweep_module, "_Sweep", NothingTrained)
+    refused = {}
+    for number, option in enumerate(offered):
+        args = [option, *sample_value(params[option], tmp_path / f"folder-{number}")]
+        if option != "--output":
+            args += ["--output", str(tmp_path / f"sweep-{number}")]
+        result = CliRunner().invoke(cli, ["sweep", *args])
+        if result.exit_code != 0:
+            refused[" ".join(args[:3])] = result.output.strip().splitlines()[-1:]
+    assert not refused, refused
