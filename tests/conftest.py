@@ -4,7 +4,7 @@
 - ``--runslow`` runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
 - The summary ends with why tests were skipped, one line per reason (``pytest -q`` would give only a count).
 - Every test runs torch with one intra-op thread (the models are tiny; more threads only cost time on a busy
-  machine).
+  machine), and every test module starts with the objects alive then frozen out of the garbage collector's walks.
 - ``plugin_free_python``: the one harness for remote-code tests. It runs a snippet in a Python that sees this
   environment's packages but not hf_geonorm, so whatever loads there loads as Hub remote code.
 - The helpers more than one test file uses, imported from here (``from conftest import fails, train``): text to
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import queue
@@ -184,6 +185,19 @@ def stopped_run(
     output = "".join(seen)
     assert STOP_MARK in output, f"the child ended before its weights file {stop_at_save}:\n{output[-3000:]}"
     return status, output
+
+
+@pytest.fixture(autouse=True, scope="module")
+def frozen_heap():
+    """Each test module starts with what is alive then (the libraries, the test items) moved out of the cyclic
+    garbage collector's sight (``gc.freeze``), after a full collection, so no garbage is kept. A full collection
+    walks every object the process holds: the libraries alone take a second or more, and Trainer runs one at the end
+    of every training run (accelerate's ``free_memory``), besides those Python starts itself. Nothing a test checks
+    depends on it; frozen objects are still freed when their last reference goes."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 @pytest.fixture(autouse=True)
