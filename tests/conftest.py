@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import sysconfig
 import tempfile
 import textwrap
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -133,40 +135,78 @@ def edited_copy(source: Path, target: Path, edit: Callable[[dict[str, torch.Tens
 # ---- a training run stopped by a real signal ----
 
 STOP_MARK = "STOPPED BEFORE WRITING"
-STOPPED_CHILD = f"""
-import os, sys, time
-import transformers.modeling_utils as modeling_utils
-from hf_geonorm_cli.main import cli
 
-stop_at, calls, write = int(os.environ["STOP_AT_SAVE"]), [0], modeling_utils.safe_save_file
 
-def save_file(*args, **kwargs):  # the n-th weights file: say so, then wait for the test's signal
-    calls[0] += 1
-    if calls[0] == stop_at:
-        print("{STOP_MARK}", args[1], flush=True)
-        time.sleep(600)
-    return write(*args, **kwargs)
+def _stopping_child(args: list[str], stop_at_save: int, cwd: Path, out: int) -> None:
+    """In a forked child: ``hf-geonorm train ARGS`` as the command runs it (its own stdout and stderr, the default
+    signal handlers), with transformers' safetensors writer wrapped so that the ``stop_at_save``-th weights file
+    announces itself on ``out`` and waits for the test's signal. Never returns."""
+    code = 1
+    try:
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # the child's own
+        sys.stdin = open(os.devnull)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a new process's handlers, not the test runner's
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(cwd)
+        os.environ.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+        import transformers.modeling_utils as modeling_utils
+        from hf_geonorm_cli.main import cli
 
-modeling_utils.safe_save_file = save_file
-cli(sys.argv[1:])
-"""
+        calls, write = [0], modeling_utils.safe_save_file
+
+        def save_file(*save_args: Any, **kwargs: Any) -> Any:  # the n-th weights file: say so, then wait
+            calls[0] += 1
+            if calls[0] == stop_at_save:
+                print(STOP_MARK, save_args[1], flush=True)
+                time.sleep(600)
+            return write(*save_args, **kwargs)
+
+        modeling_utils.safe_save_file = save_file
+        cli(["train", *args])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:  # shown in the output the test reads, as a child's traceback would be
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)  # no atexit handlers of the test process (they remove its caches)
 
 
 def stopped_run(
     args: list[str], stop_at_save: int, sig: int, cwd: Path, before_signal: Callable[[], None] | None = None
 ) -> tuple[int, str]:
     """Run ``hf-geonorm train ARGS`` in a child process, send ``sig`` when it is about to write its
-    ``stop_at_save``-th weights file (after calling ``before_signal``); return its exit status and output.
+    ``stop_at_save``-th weights file (after calling ``before_signal``); return its exit status (minus the signal
+    where one ended it, as ``subprocess`` gives it) and its output.
 
-    The kill is real: the child runs the CLI with transformers' safetensors writer wrapped so that the n-th weights
-    file announces itself on stdout and waits for the signal."""
-    env = {**os.environ, "STOP_AT_SAVE": str(stop_at_save), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", STOPPED_CHILD, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=env, cwd=cwd,
-    )  # fmt: skip
+    The child is a fork of this process, so it starts with torch, transformers and the command already imported
+    (a new interpreter spends most of a tiny run importing them); the signal is a real one, to a process of its own.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _stopping_child([str(a) for a in args], stop_at_save, cwd, write_end)
+    os.close(write_end)
+    output_file = open(read_end, errors="replace")  # closed below
     lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, child.stdout), lines.put(None)], daemon=True).start()
+    threading.Thread(target=lambda: [*map(lines.put, output_file), lines.put(None)], daemon=True).start()
+
+    def wait(seconds: float) -> int:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.05)
+        raise subprocess.TimeoutExpired("the stopped child", seconds)
+
     seen = []
     try:
         while (line := lines.get(timeout=300)) is not None:
@@ -174,14 +214,16 @@ def stopped_run(
             if STOP_MARK in line:  # after a progress bar's carriage return, on the same line
                 if before_signal is not None:
                     before_signal()
-                child.send_signal(sig)
+                os.kill(pid, sig)
                 break
-        status = child.wait(timeout=120)
+        status = wait(120)
     except (queue.Empty, subprocess.TimeoutExpired):
-        child.kill()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
         raise AssertionError("the child did not stop or end in time:\n" + "".join(seen)[-3000:]) from None
     while (line := lines.get(timeout=30)) is not None:
         seen.append(line)
+    output_file.close()
     output = "".join(seen)
     assert STOP_MARK in output, f"the child ended before its weights file {stop_at_save}:\n{output[-3000:]}"
     return status, output
@@ -189,12 +231,12 @@ def stopped_run(
 
 @pytest.fixture(autouse=True, scope="module")
 def frozen_heap():
-    """Each test module starts with what is alive then (the libraries, the test items) moved out of the cyclic
-    garbage collector's sight (``gc.freeze``), after a full collection, so no garbage is kept. A full collection
-    walks every object the process holds: the libraries alone take a second or more, and Trainer runs one at the end
-    of every training run (accelerate's ``free_memory``), besides those Python starts itself. Nothing a test checks
-    depends on it; frozen objects are still freed when their last reference goes."""
-    gc.unfreeze()
+    """Each test module starts with the objects alive then moved out of the cyclic garbage collector's sight
+    (``gc.freeze``), after a collection of those not yet frozen, so no garbage is kept. A full collection walks every
+    object it sees, and the libraries and what earlier modules keep (their caches of models, the test items) grow to
+    millions: seconds a walk. Trainer runs one at the end of every training run (accelerate's ``free_memory``),
+    besides those Python starts itself. Nothing a test checks depends on it: frozen objects are still freed when
+    their last reference goes (only a cycle of them that dies later is kept)."""
     gc.collect()
     gc.freeze()
     yield
