@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
+from conftest import edited_copy, fails
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
-from safetensors.torch import load_file, save_file
 from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -40,18 +40,6 @@ def run(*args, **kwargs):
     result = CliRunner().invoke(cli, ["--debug", *map(str, args)], catch_exceptions=False, **kwargs)
     assert result.exit_code == 0, result.output
     return result
-
-
-def fails(*args, code=None):
-    """A command that must fail with a one-line error, a non-zero exit and no traceback."""
-    result = CliRunner().invoke(cli, list(map(str, args)))
-    assert result.exit_code != 0, result.output
-    assert code is None or result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    last = result.output.rstrip().splitlines()[-1]
-    assert last.startswith("Error:"), result.output
-    return last
 
 
 def tree_hash(path: Path) -> dict[str, str]:
@@ -508,15 +496,6 @@ def test_output_overlapping_the_source_is_refused(work, tmp_path):
     error = fails("convert", tmp_path / "bad.gguf", tmp_path / "out")
     assert "as a GGUF checkpoint" in error or "needs the gguf package" in error
     assert not (tmp_path / "out").exists()
-
-
-def edited_copy(source: Path, target: Path, edit) -> Path:
-    """A copy of the checkpoint folder ``source`` whose tensors ``edit`` changed (a dict, in place)."""
-    shutil.copytree(source, target)
-    tensors = load_file(source / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
-    return target
 
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import edited_copy
 from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
@@ -35,15 +35,6 @@ def stock_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lib") / "stock_llama"
     tiny_model("llama", vocab_size=300).save_pretrained(folder)
     return folder
-
-
-def edited_copy(source: Path, target: Path, edit) -> Path:
-    """A copy of the checkpoint folder ``source`` whose tensors ``edit`` changed (a dict, in place)."""
-    shutil.copytree(source, target)
-    tensors = load_file(source / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
-    return target
 
 
 def logits(model, ids=None):

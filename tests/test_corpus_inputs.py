@@ -7,27 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import sysconfig
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from conftest import STDLIB, train_in
 from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.corpus import PIECE_CHARS, resolve_corpus
 from hf_geonorm.training.pipeline import ArrowBlocks
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1",
-         "--eval-every", "1", "--eval-blocks", "8"]  # fmt: skip
-
-
-def train(tmp_path: Path, data: Path | str, *more: str, name: str = "run") -> object:
-    return CliRunner().invoke(cli, ["train", "--data", str(data), *SMALL, "--data-cache", str(tmp_path / "cache"),
-                                    "--output", str(tmp_path / name), *more])  # fmt: skip
 
 
 def sentences(count: int) -> str:
@@ -40,7 +31,7 @@ def test_one_sentence_a_line_trains_and_holds_out_a_few_percent_never_trained(tm
     data = tmp_path / "lines.txt"
     data.write_text(sentences(5000))  # about 400 KB, no blank line
     assert 300_000 < data.stat().st_size < 600_000
-    result = train(tmp_path, data)
+    result = train_in(tmp_path, data)
     assert result.exit_code == 0, result.output
     found = re.findall(r"(\w+): [\d,]+ documents, ([\d,]+) tokens", result.output)
     counted = {name: int(tokens.replace(",", "")) for name, tokens in found}
@@ -87,7 +78,7 @@ def test_json_named_jsonl_is_read_as_rows_and_a_json_array_is_refused(tmp_path):
     corpus = resolve_corpus(str(tmp_path / "rows.json"))
     assert list(corpus.all_documents()) == [row["text"] for row in rows]  # the texts, not `{"text": ...`
     (tmp_path / "array.json").write_text(json.dumps(rows))
-    result = train(tmp_path, tmp_path / "array.json")
+    result = train_in(tmp_path, tmp_path / "array.json")
     assert result.exit_code == 1 and "array.json is a JSON array: give JSON lines" in result.output
     assert "Traceback" not in result.output
 
@@ -97,7 +88,7 @@ def test_json_named_jsonl_is_read_as_rows_and_a_json_array_is_refused(tmp_path):
                                                ([["a"]] * 50, "list<element: string>")])  # fmt: skip
 def test_a_text_column_that_is_not_strings_is_refused_naming_file_column_and_type(tmp_path, values, kind, streaming):
     pq.write_table(pa.table({"text": values}), tmp_path / "bad.parquet")
-    result = train(tmp_path, tmp_path / "bad.parquet", *(["--streaming"] if streaming else []))
+    result = train_in(tmp_path, tmp_path / "bad.parquet", *(["--streaming"] if streaming else []))
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"bad.parquet: column 'text' holds {kind}, not text (string)" in result.output, result.output
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("blocks-*"))  # refused before work
@@ -105,11 +96,11 @@ def test_a_text_column_that_is_not_strings_is_refused_naming_file_column_and_typ
 
 def test_an_empty_parquet_and_a_missing_column_are_named(tmp_path):
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
-    assert "empty.parquet has no rows" in train(tmp_path, tmp_path / "empty.parquet").output
+    assert "empty.parquet has no rows" in train_in(tmp_path, tmp_path / "empty.parquet").output
     pq.write_table(pa.table({"body": sentences(2000).splitlines()}), tmp_path / "body.parquet")
-    result = train(tmp_path, tmp_path / "body.parquet")
+    result = train_in(tmp_path, tmp_path / "body.parquet")
     assert "has no 'text' column (it has body); give --text-column" in result.output
-    result = train(tmp_path, tmp_path / "body.parquet", "--text-column", "body")
+    result = train_in(tmp_path, tmp_path / "body.parquet", "--text-column", "body")
     assert result.exit_code == 0, result.output
 
 
@@ -136,9 +127,9 @@ def test_crlf_and_a_bom_read_as_the_same_text(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 def test_fifos_and_devices_are_refused_as_what_they_are(tmp_path):
     os.mkfifo(tmp_path / "pipe")
-    result = train(tmp_path, tmp_path / "pipe")
+    result = train_in(tmp_path, tmp_path / "pipe")
     assert result.exit_code == 1 and "pipe is a FIFO (named pipe), not a file or folder" in result.output
-    result = train(tmp_path, "/dev/null")
+    result = train_in(tmp_path, "/dev/null")
     assert result.exit_code == 1 and "/dev/null is a character device" in result.output
 
 
@@ -153,10 +144,10 @@ def test_text_column_and_data_config_on_a_local_dataset(tmp_path):
                                       "- config_name: other\n  data_files: other/*.jsonl\n---\n")  # fmt: skip
     corpus = resolve_corpus(str(folder), "body", _source(folder, "other"))
     assert next(corpus.all_documents()).startswith("other row 0:")
-    result = train(tmp_path, folder, "--data-config", "small", "--text-column", "body")
+    result = train_in(tmp_path, folder, "--data-config", "small", "--text-column", "body")
     assert result.exit_code == 0, result.output
     assert "config small, split train" in result.output
-    missing = train(tmp_path, folder, "--data-config", "small", name="missing")
+    missing = train_in(tmp_path, folder, "--data-config", "small", name="missing")
     assert missing.exit_code == 1 and "has no 'text' column (it has body); give --text-column" in missing.output
     saved = tmp_path / "saved"
     datasets.Dataset.from_dict({"text": [f"saved row {n} " + "text " * 40 for n in range(200)]}).save_to_disk(saved)
@@ -178,7 +169,7 @@ def _source(folder: Path, config: str):
 )
 def test_options_beyond_sense_are_refused_before_any_tokenizing(tmp_path, args, message):
     (tmp_path / "text.txt").write_text(sentences(300))
-    result = train(tmp_path, tmp_path / "text.txt", *args)
+    result = train_in(tmp_path, tmp_path / "text.txt", *args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
     assert not (tmp_path / "cache").exists()  # nothing tokenized, no tokenizer trained
 
@@ -187,14 +178,14 @@ def test_seq_len_beyond_the_models_positions_is_refused_before_tokenizing(tmp_pa
     init = ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "320"]
     assert CliRunner().invoke(cli, init).exit_code == 0
     (tmp_path / "text.txt").write_text(sentences(300))
-    result = train(tmp_path, tmp_path / "text.txt", "--model", str(tmp_path / "cfg"), "--seq-len", "2048")
+    result = train_in(tmp_path, tmp_path / "text.txt", "--model", str(tmp_path / "cfg"), "--seq-len", "2048")
     assert result.exit_code == 2 and "--seq-len 2048 is beyond the 256 positions of" in result.output, result.output
     assert not (tmp_path / "cache").exists()
 
 
 def test_too_many_data_workers_are_capped_with_a_line_and_the_device_is_logged(tmp_path):
     (tmp_path / "text.txt").write_text(sentences(3000))
-    result = train(tmp_path, tmp_path / "text.txt", "--data-workers", "64")
+    result = train_in(tmp_path, tmp_path / "text.txt", "--data-workers", "64")
     assert result.exit_code == 0, result.output
     cpus = os.cpu_count()
     assert f"--data-workers 64 is more than this machine's {cpus} CPUs: tokenizing with {cpus}" in result.output

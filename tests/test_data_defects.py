@@ -13,12 +13,10 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from conftest import STDLIB, train_in
 from test_data_pipeline import held_out
 from transformers import AutoTokenizer
 
@@ -26,15 +24,6 @@ from hf_geonorm.files.text_files import read_text
 from hf_geonorm.training.corpus import resolve_corpus
 from hf_geonorm.training.pipeline import ArrowBlocks, tokenizer_digest
 from hf_geonorm.training.tokenizer import train_tokenizer
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1",
-         "--eval-every", "1", "--eval-blocks", "8"]  # fmt: skip
-
-
-def train(tmp_path: Path, data: Path | str, *more: str, name: str = "run") -> object:
-    return CliRunner().invoke(cli, ["train", "--data", str(data), *SMALL, "--data-cache", str(tmp_path / "cache"),
-                                    "--output", str(tmp_path / name), *more])  # fmt: skip
 
 
 def logged(output: str, pattern: str) -> int:
@@ -57,13 +46,13 @@ def rows(count: int, size: int = 300) -> list[str]:
 
 def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_refused(tmp_path, data_file):
     args = ["--warmup-steps", "3", "--lr", "1e-2", "--logging-steps", "1", "--max-steps", "4", "--eval-every", "2"]
-    whole = train(tmp_path, data_file, *args)
+    whole = train_in(tmp_path, data_file, *args)
     assert whole.exit_code == 0, whole.output
     out = shutil.copytree(tmp_path / "run", tmp_path / "stopped")
     shutil.rmtree(out / "final")
     (out / "metrics.json").unlink()
     (out / "checkpoint-4" / "scheduler.pt").unlink()
-    resumed = train(tmp_path, data_file, *args, "--resume", name="stopped")
+    resumed = train_in(tmp_path, data_file, *args, "--resume", name="stopped")
     assert resumed.exit_code == 0, resumed.output
     assert "checkpoint-4/scheduler.pt is missing" in resumed.output and "resuming from checkpoint-2" in resumed.output
 
@@ -75,7 +64,7 @@ def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_ref
     for checkpoint in ("checkpoint-2", "checkpoint-4"):
         (out / checkpoint / "scheduler.pt").unlink(missing_ok=True)
     shutil.rmtree(out / "final")
-    refused = train(tmp_path, data_file, *args, "--resume", name="stopped")
+    refused = train_in(tmp_path, data_file, *args, "--resume", name="stopped")
     assert refused.exit_code == 1 and "no whole checkpoint" in refused.output
     assert "scheduler.pt is missing (the learning-rate schedule would restart its warm-up)" in refused.output
 
@@ -84,7 +73,7 @@ def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_ref
 
 
 def test_an_edited_cached_tokenizer_is_trained_again_and_one_without_checksum_is_checked(tmp_path, data_file):
-    first = train(tmp_path, data_file)
+    first = train_in(tmp_path, data_file)
     assert first.exit_code == 0, first.output
     [cached] = (tmp_path / "cache").glob("tokenizer-*.json")
     trained = cached.read_bytes()
@@ -92,7 +81,7 @@ def test_an_edited_cached_tokenizer_is_trained_again_and_one_without_checksum_is
     edited = json.loads(trained)
     edited["model"]["merges"] = edited["model"]["merges"][:-20]  # still loads: fewer merges, more tokens
     cached.write_text(json.dumps(edited))
-    again = train(tmp_path, data_file, name="again")
+    again = train_in(tmp_path, data_file, name="again")
     assert again.exit_code == 0, again.output
     assert f"the cached tokenizer {cached} changed since it was trained (its checksum differs)" in again.output
     assert cached.read_bytes() == trained
@@ -100,7 +89,7 @@ def test_an_edited_cached_tokenizer_is_trained_again_and_one_without_checksum_is
     assert tokenizer_digest(AutoTokenizer.from_pretrained(tmp_path / "again" / "final")) == digest
 
     Path(f"{cached}.sha256").unlink()  # as an earlier version left it
-    unchecked = train(tmp_path, data_file, name="unchecked")
+    unchecked = train_in(tmp_path, data_file, name="unchecked")
     assert unchecked.exit_code == 0, unchecked.output
     assert "has no checksum (written by an earlier version): training it again" in unchecked.output
     assert "byte for byte: kept, its checksum written" in unchecked.output and "warning" not in unchecked.output
@@ -108,7 +97,7 @@ def test_an_edited_cached_tokenizer_is_trained_again_and_one_without_checksum_is
 
     Path(f"{cached}.sha256").unlink()
     cached.write_text(json.dumps(edited))
-    replaced = train(tmp_path, data_file, name="replaced")
+    replaced = train_in(tmp_path, data_file, name="replaced")
     assert "(without a checksum) differs from the one this data trains: replaced" in replaced.output
     assert cached.read_bytes() == trained
 
@@ -134,7 +123,7 @@ def test_training_the_tokenizer_twice_on_the_same_documents_gives_the_same_diges
 def test_json_lines_after_a_blank_line_or_a_bom_are_rows(tmp_path, start):
     texts = rows(200)
     (tmp_path / "rows.json").write_bytes(start + "".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
-    result = train(tmp_path, tmp_path / "rows.json")
+    result = train_in(tmp_path, tmp_path / "rows.json")
     assert result.exit_code == 0, result.output
     assert logged(result.output, r": ([\d,]+) documents, [\d,]+ tokens \(an end-of-text") == len(texts)
 
@@ -143,7 +132,7 @@ def test_json_lines_that_are_not_utf8_warn_as_text_files_do(tmp_path):
     lines = [json.dumps({"text": t}).encode() for t in rows(200)]
     lines[5] = b'{"text": "caf\xe9 ' + words(50).encode() + b'"}'  # Latin-1
     (tmp_path / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    result = train(tmp_path, tmp_path / "rows.jsonl")
+    result = train_in(tmp_path, tmp_path / "rows.jsonl")
     assert result.exit_code == 0, result.output
     assert "rows.jsonl is not valid UTF-8: 1 byte(s) were replaced by U+FFFD" in result.output
 
@@ -156,13 +145,13 @@ def test_streaming_files_each_shorter_than_a_block_is_refused(tmp_path):
     folder.mkdir()
     for n in range(100):
         (folder / f"note-{n:03d}.txt").write_text(words(15, 11 * n) + "\n")
-    result = train(tmp_path, folder, "--streaming", "--seq-len", "128", "--eval-blocks", "1")
+    result = train_in(tmp_path, folder, "--streaming", "--seq-len", "128", "--eval-blocks", "1")
     assert result.exit_code == 1, result.output
     assert "--streaming packs each of the 100 file(s)" in result.output
     assert "none gives a training block of --seq-len 128 tokens" in result.output
     assert "drop --streaming" in result.output
     assert not (tmp_path / "run" / "final").exists()
-    cached = train(tmp_path, folder, "--seq-len", "128", "--eval-blocks", "1", name="cached")
+    cached = train_in(tmp_path, folder, "--seq-len", "128", "--eval-blocks", "1", name="cached")
     assert cached.exit_code == 0, cached.output  # the cached data packs across files
 
 
@@ -172,7 +161,7 @@ def test_streaming_files_each_shorter_than_a_block_is_refused(tmp_path):
 def test_a_held_out_document_longer_than_the_evaluation_is_cut(tmp_path):
     texts = [words(15_000, 1000 * n) for n in range(3)]  # about 90k characters each
     (tmp_path / "long.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    result = train(tmp_path, tmp_path / "long.jsonl", "--eval-blocks", "2")
+    result = train_in(tmp_path, tmp_path / "long.jsonl", "--eval-blocks", "2")
     assert result.exit_code == 0, result.output
     total = logged(result.output, r"documents, ([\d,]+) tokens \(an end-of-text")
     val, test = (logged(result.output, rf"{name}: 1 documents, ([\d,]+) tokens") for name in ("validation", "test"))
@@ -188,7 +177,7 @@ def test_ordinary_text_shards_hold_out_the_very_documents_they_did(tmp_path):
     sources = sorted(STDLIB.glob("*.py"))[:60]
     for shard in range(4):
         (folder / f"shard-{shard}.txt").write_text("\n\n".join(p.read_text() for p in sources[shard::4]))
-    result = train(tmp_path, folder, "--eval-blocks", "128")
+    result = train_in(tmp_path, folder, "--eval-blocks", "128")
     assert result.exit_code == 0, result.output
     assert "were cut" not in result.output
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
@@ -210,7 +199,7 @@ def test_a_csv_is_read_as_a_table_and_its_column_named(tmp_path):
     texts = [f'{t}, "quoted", and\na second line' for t in rows(150)]
     with open(tmp_path / "table.csv", "w", newline="") as f:
         f.write("id,text\r\n" + "".join(f'{n},"{t.replace(chr(34), chr(34) * 2)}"\r\n' for n, t in enumerate(texts)))
-    result = train(tmp_path, tmp_path / "table.csv")
+    result = train_in(tmp_path, tmp_path / "table.csv")
     assert result.exit_code == 0, result.output
     assert logged(result.output, r": ([\d,]+) documents, [\d,]+ tokens \(an end-of-text") == len(texts)
     [entry] = (tmp_path / "cache").glob("blocks-*")
@@ -218,13 +207,13 @@ def test_a_csv_is_read_as_a_table_and_its_column_named(tmp_path):
     trained = tokenizer.decode([t for view in ArrowBlocks(entry / "train.arrow", 64).views for t in view.ravel()])
     assert "id,text" not in trained and '""quoted""' not in trained and '"quoted"' in trained
     (tmp_path / "body.csv").write_text("id,body\n1,some text\n")
-    missing = train(tmp_path, tmp_path / "body.csv", name="missing")
+    missing = train_in(tmp_path, tmp_path / "body.csv", name="missing")
     assert missing.exit_code == 1
     assert "body.csv is read as a CSV table and has no 'text' column (its header: id, body)" in missing.output
 
 
 def test_a_text_column_on_plain_text_is_refused(tmp_path, data_file):
-    result = train(tmp_path, data_file, "--text-column", "body")
+    result = train_in(tmp_path, data_file, "--text-column", "body")
     assert result.exit_code == 1
     assert "--text-column body: " in result.output and "holds plain text files only" in result.output
 
@@ -236,7 +225,7 @@ def test_the_files_a_folder_does_not_read_are_named_with_why(tmp_path, data_file
     for name in ("server.log", "notes.text", "README"):
         (folder / name).write_text(words(400))
     (folder / "more.txt.gz").write_bytes(gzip.compress(words(400).encode()))
-    result = train(tmp_path, folder)
+    result = train_in(tmp_path, folder)
     assert result.exit_code == 0, result.output
     assert f"skipped {folder / 'server.log'}: .log is not an extension read as text: rename it" in result.output
     assert f"skipped {folder / 'notes.text'}: .text is not an extension read as text" in result.output
@@ -253,10 +242,10 @@ def test_a_saved_dataset_dict_trains_on_its_split(tmp_path):
     folder = tmp_path / "saved"
     splits = {"train": rows(200), "validation": rows(30, 200)}
     datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}).save_to_disk(folder)
-    result = train(tmp_path, folder)
+    result = train_in(tmp_path, folder)
     assert result.exit_code == 0, result.output
     assert "split train" in result.output and logged(result.output, r": ([\d,]+) documents, ") == 200
-    other = train(tmp_path, folder, "--data-split", "test", name="other")
+    other = train_in(tmp_path, folder, "--data-split", "test", name="other")
     assert other.exit_code == 1
     assert "is a saved DatasetDict with the splits train, validation, not 'test': give one with --data-split" in (
         other.output
@@ -264,21 +253,21 @@ def test_a_saved_dataset_dict_trains_on_its_split(tmp_path):
 
 
 def test_a_wrong_but_valid_meta_json_is_rebuilt(tmp_path, data_file):
-    first = train(tmp_path, data_file)
+    first = train_in(tmp_path, data_file)
     assert first.exit_code == 0, first.output
     [entry] = (tmp_path / "cache").glob("blocks-*")
     meta = json.loads((entry / "meta.json").read_text())
     (entry / "meta.json").write_text(json.dumps({**meta, "val_blocks": meta["val_blocks"] // 2}))
-    again = train(tmp_path, data_file, name="again")
+    again = train_in(tmp_path, data_file, name="again")
     assert again.exit_code == 0, again.output
     assert f"the cached data {entry} does not verify, so it is rebuilt" in again.output
     assert f"({meta['val_blocks']} blocks evaluated)" in again.output
     other = tmp_path / "other.txt"
     other.write_text(data_file.read_text() + "\n\nmore\n")
-    assert train(tmp_path, other, name="other").exit_code == 0
+    assert train_in(tmp_path, other, name="other").exit_code == 0
     [second] = set((tmp_path / "cache").glob("blocks-*")) - {entry}
     shutil.copy(second / "meta.json", entry / "meta.json")  # valid, verified files, another entry's
-    copied = train(tmp_path, data_file, name="copied")
+    copied = train_in(tmp_path, data_file, name="copied")
     assert f"the cached data {entry} does not verify, so it is rebuilt: its meta.json is of another entry" in (
         copied.output
     )
@@ -295,7 +284,7 @@ def test_a_wrong_but_valid_meta_json_is_rebuilt(tmp_path, data_file):
 )
 def test_utf16_and_compressed_files_are_named_with_the_fix(tmp_path, data_file, content, says):
     (tmp_path / "corpus.txt").write_bytes(content(data_file.read_text()))
-    result = train(tmp_path, tmp_path / "corpus.txt")
+    result = train_in(tmp_path, tmp_path / "corpus.txt")
     assert result.exit_code == 1 and f"corpus.txt {says}" in result.output, result.output
     with pytest.raises(ValueError, match=re.escape(says)):  # what perplexity --text reads
         read_text(tmp_path / "corpus.txt")

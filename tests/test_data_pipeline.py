@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -16,15 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from conftest import STDLIB, train
 from transformers import AutoTokenizer
 
 from hf_geonorm.training import trainer as trainer_module
 from hf_geonorm.training.corpus import resolve_corpus
 from hf_geonorm.training.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
          "--eval-every", "2", "--preset", "tiny"]  # fmt: skip
 
@@ -107,10 +104,6 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
-
-
-def train(*args: str) -> object:
-    return CliRunner().invoke(cli, ["train", *args])
 
 
 @pytest.fixture

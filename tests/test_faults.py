@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from conftest import fails
 from tiny_models import LAYERS, tiny_model, token_ids
 
 import hf_geonorm
@@ -160,19 +161,6 @@ def test_a_patch_failing_part_way_is_undone(monkeypatch):
 # ---- 4. settings the block layout cannot run are refused where the config meets the layout ----
 
 PARALLEL = ["gptj", "codegen", "cohere", "gpt_neox-parallel", "falcon", "falcon-new", "phi", "stablelm-parallel"]
-
-
-def fails(*args: object, code: int | None = None) -> str:
-    """A command that must fail with a one-line error and no traceback; returns the error line."""
-    from click.testing import CliRunner
-    from hf_geonorm_cli.main import cli
-
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code != 0 and (code is None or result.exit_code == code), result.output
-    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
-    last = result.output.rstrip().splitlines()[-1]
-    assert last.startswith("Error:"), result.output
-    return last
 
 
 @pytest.mark.parametrize("case", PARALLEL)

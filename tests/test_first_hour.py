@@ -8,15 +8,13 @@ import json
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import conftest
 import pytest
 import torch
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from conftest import STDLIB, fails, invoke, stdlib_text
 from huggingface_hub import ModelCard
 
 import hf_geonorm
@@ -25,13 +23,8 @@ from hf_geonorm.sharing.hub import save_shareable
 from hf_geonorm.sharing.model_card import TRAINER_CARD_MARK, CardInfo
 from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3"]
 LINEAGE = {"license": "mit", "source": "some/original", "base_model": "org/base-model", "language": "en"}
-
-
-def invoke(*args: str) -> object:
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def succeeds(*args: str) -> str:
@@ -40,20 +33,9 @@ def succeeds(*args: str) -> str:
     return result.output
 
 
-def fails(*args: str) -> str:
-    result = invoke(*args)
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    last = result.output.rstrip().splitlines()[-1]
-    assert last.startswith("Error:"), result.output
-    return last
-
-
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
-    return path
+    return stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
 
 
 @pytest.fixture(scope="module")

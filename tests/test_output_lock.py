@@ -8,18 +8,12 @@ import json
 import os
 import signal
 import socket
-import sysconfig
 import time
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
-from test_train_faults import stopped_run
-from test_train_faults2 import error_lines, train
+from conftest import error_lines, invoke, stopped_run, train
 from tiny_models import tiny_model
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
 
 
@@ -71,6 +65,6 @@ def test_sweep_convert_and_init_refuse_a_folder_another_run_holds(tmp_path, data
             "init": ["init", "gpt2", out, "--preset", "tiny", "--force"],
         }
         for name, args in commands.items():
-            result = CliRunner().invoke(cli, list(map(str, args)))
+            result = invoke(*args)
             assert result.exit_code != 0 and held in result.output, (name, result.output)
     assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]  # and the lock file went with its holder

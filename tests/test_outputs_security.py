@@ -17,34 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from conftest import contents, fails, invoke
 from safetensors import safe_open
 from tiny_models import tiny_model
 
 from hf_geonorm.files.output_lock import output_lock
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(map(str, args)))
-
-
-def fails(*args, code=None):
-    """A command that must fail with a one-line error, a non-zero exit and no traceback; its last line."""
-    result = invoke(*args)
-    assert result.exit_code != 0, result.output
-    assert code is None or result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    last = result.output.rstrip().splitlines()[-1]
-    assert last.startswith("Error:"), result.output
-    return last
-
-
-def contents(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def standard_tokenizer():

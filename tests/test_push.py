@@ -15,10 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import fails
 from fake_hub import FakeHub
 from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
@@ -77,13 +79,19 @@ def push(*args):
 
 def refused(*args, code=1):
     """A push that must fail with a one-line error and no traceback (exit 1; 2 for a usage error)."""
-    result = push(*args)
-    assert result.exit_code == code, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    last = result.output.rstrip().splitlines()[-1]
-    assert last.startswith("Error: "), result.output
+    last = fails("push", *args, code=code)
+    assert last.startswith("Error: "), last
     return last
+
+
+def refused_before_sending(hub, converted: Path, folder: Path, change: Callable[[Path], None], repo_id: str) -> str:
+    """Push a copy of ``converted`` that ``change`` made: it must be refused before a request reaches the Hub."""
+    shutil.copytree(converted, folder)
+    change(folder)
+    message = refused(folder, repo_id)
+    assert message.startswith("Error: not pushed: "), message
+    assert hub.requests == [] and hub.repos == {}
+    return message
 
 
 # ---- a successful push ----
@@ -269,12 +277,8 @@ REFUSALS = {
 
 @pytest.mark.parametrize("how", list(REFUSALS))
 def test_incomplete_folders_are_refused_before_anything_is_sent(hub, converted, tmp_path, how):
-    folder = tmp_path / "folder"
-    shutil.copytree(converted, folder)
-    mutate(folder, how)
-    message = refused(folder, "me/incomplete")
-    assert message.startswith("Error: not pushed: ") and REFUSALS[how] in message, message
-    assert hub.requests == [] and hub.repos == {}
+    message = refused_before_sending(hub, converted, tmp_path / "folder", lambda f: mutate(f, how), "me/incomplete")
+    assert REFUSALS[how] in message, message
 
 
 class Payload:
@@ -337,12 +341,8 @@ UNSAFE = {
 
 @pytest.mark.parametrize("how", list(UNSAFE))
 def test_unsafe_files_are_refused_before_anything_is_sent(hub, converted, tmp_path, how):
-    folder = tmp_path / "folder"
-    shutil.copytree(converted, folder)
-    make_unsafe(folder, how)
-    message = refused(folder, "me/unsafe")
-    assert message.startswith("Error: not pushed: ") and UNSAFE[how] in message, message
-    assert hub.requests == [] and hub.repos == {}
+    message = refused_before_sending(hub, converted, tmp_path / "folder", lambda f: make_unsafe(f, how), "me/unsafe")
+    assert UNSAFE[how] in message, message
     assert not Path("/tmp/hf-geonorm-pickle-ran").exists()
 
 

@@ -197,12 +197,3 @@ def test_train_model_from_a_stock_folder_starts_from_its_weights(name, stock, tm
     moved = {key: (state[key] - reference[key]).abs().max().item() for key in reference}
     assert max(moved.values()) <= lr * 1.01, sorted(moved.items(), key=lambda kv: -kv[1])[:3]
     assert json.loads((out / "metrics.json").read_text())["steps"] == 1
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    import sysconfig
-
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text())
-    return path

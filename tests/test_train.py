@@ -9,13 +9,13 @@ import math
 import os
 import subprocess
 import sys
-import sysconfig
 from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import stdlib_text, train
 from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 from tiny_models import tiny_model
@@ -25,20 +25,12 @@ import hf_geonorm
 from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
 from hf_geonorm.training.corpus import resolve_corpus, stdlib_files
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
-    return path
-
-
-def train(*args: str) -> object:
-    result = CliRunner().invoke(cli, ["train", *args])
-    return result
+    return stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
 
 
 def eval_loss_of(folder: Path, data_file: Path, blocks: int) -> float:

@@ -1,98 +1,44 @@
-"""`hf-geonorm train` when things go wrong: model folders it must refuse, runs killed (SIGKILL) or terminated
-(SIGTERM) while a checkpoint or the final model is being written, and damaged checkpoints on --resume.
+"""`hf-geonorm train` when things go wrong, and what ``--output`` holds then (docs/training.md, "What `--output`
+holds"): runs killed (SIGKILL) or terminated (SIGTERM) while a checkpoint or the final model is being written;
+``--resume`` from damaged checkpoints, from a finished run, and of a run that changed what it trains (issue 30); the
+model folders, data and outputs it must refuse; non-finite losses, the bridge anneal and a full disk.
 
-The kills are real: a child process runs the CLI with transformers' safetensors writer wrapped so that the n-th
-weights file announces itself on stdout and waits; the test then sends the signal.
+The kills are real: ``conftest.stopped_run`` runs the CLI in a child process that announces its n-th weights file
+and waits; the test then sends the signal.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
-import os
-import queue
+import math
+import shutil
 import signal
-import subprocess
-import sys
-import sysconfig
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
+from conftest import STDLIB, contents, error_lines, invoke, stopped_run, train
 from safetensors.torch import load_file, save_file
+from test_training_recipe import written_factor
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
+from hf_geonorm.training import trainer
+from hf_geonorm.training.bridge import anneal_weights, last_first_bridges
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.tokenizer import train_tokenizer
+from hf_geonorm.training.trainer import run_training
+
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
-STOP_MARK = "STOPPED BEFORE WRITING"
-CHILD = f"""
-import os, sys, time
-import transformers.modeling_utils as modeling_utils
-from hf_geonorm_cli.main import cli
-
-stop_at, calls, write = int(os.environ["STOP_AT_SAVE"]), [0], modeling_utils.safe_save_file
-
-def save_file(*args, **kwargs):  # the n-th weights file: say so, then wait for the test's signal
-    calls[0] += 1
-    if calls[0] == stop_at:
-        print("{STOP_MARK}", args[1], flush=True)
-        time.sleep(600)
-    return write(*args, **kwargs)
-
-modeling_utils.safe_save_file = save_file
-cli(sys.argv[1:])
-"""
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "textwrap.py").read_text())
-    return path
-
-
-def train(*args: str) -> object:
-    return CliRunner().invoke(cli, ["train", *map(str, args)])
-
-
-def stopped_run(
-    args: list[str], stop_at_save: int, sig: int, cwd: Path, before_signal: Callable[[], None] | None = None
-) -> tuple[int, str]:
-    """Run ``hf-geonorm train ARGS`` in a child process, send ``sig`` when it is about to write its
-    ``stop_at_save``-th weights file (after calling ``before_signal``); return its exit status and output."""
-    env = {**os.environ, "STOP_AT_SAVE": str(stop_at_save), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env, cwd=cwd,
-    )  # fmt: skip
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=lambda: [*map(lines.put, child.stdout), lines.put(None)], daemon=True).start()
-    seen = []
-    try:
-        while (line := lines.get(timeout=300)) is not None:
-            seen.append(line)
-            if STOP_MARK in line:  # after a progress bar's carriage return, on the same line
-                if before_signal is not None:
-                    before_signal()
-                child.send_signal(sig)
-                break
-        status = child.wait(timeout=120)
-    except (queue.Empty, subprocess.TimeoutExpired):
-        child.kill()
-        raise AssertionError("the child did not stop or end in time:\n" + "".join(seen)[-3000:]) from None
-    while (line := lines.get(timeout=30)) is not None:
-        seen.append(line)
-    output = "".join(seen)
-    assert STOP_MARK in output, f"the child ended before its weights file {stop_at_save}:\n{output[-3000:]}"
-    return status, output
 
 
 def names(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
+
+
+# ---- 1. runs killed or terminated while writing ----
 
 
 def test_sigkill_during_the_final_save_leaves_no_partial_final_and_resume_completes_it(tmp_path, data_file):
@@ -163,6 +109,33 @@ def test_sigkill_during_a_force_run_leaves_no_results_of_the_earlier_run(tmp_pat
     assert [n for n in names(out) if not n.startswith(".")] == ["notes.txt"]
 
 
+# ---- 2. --resume: damaged checkpoints, a finished run, a run that changed what it trains ----
+
+
+def run_args(data: Path, out: Path, *more: object) -> list[object]:
+    return ["--data", data, *SMALL, "--eval-blocks", 8, "--max-steps", 4, "--eval-every", 2, "--output", out, *more]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_file) -> Path:
+    """A finished four-step run with checkpoints at steps 2 and 4; tests work on copies."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = train(*run_args(data_file, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def stopped(tmp_path, uninterrupted) -> Path:
+    """A copy of that run as if stopped after step 2."""
+    out = shutil.copytree(uninterrupted, tmp_path / "run")
+    for name in ("checkpoint-4", "final"):
+        shutil.rmtree(out / name)
+    for name in ("metrics.json", "loss_curve.png"):
+        (out / name).unlink()
+    return out
+
+
 def test_resume_skips_a_damaged_checkpoint_and_names_what_does_not_fit(tmp_path, data_file):
     out = tmp_path / "run"
     # within the warm-up the schedule does not depend on --max-steps: a longer run may resume the checkpoints
@@ -189,6 +162,155 @@ def test_resume_skips_a_damaged_checkpoint_and_names_what_does_not_fit(tmp_path,
     assert "checkpoint-3/model.safetensors" in failed.output and "checkpoint-2/model.safetensors" in failed.output
 
 
+def test_resuming_a_finished_run_does_nothing_and_keeps_its_metrics(tmp_path, uninterrupted, data_file):
+    out = shutil.copytree(uninterrupted, tmp_path / "run")
+    before = contents(out)
+    result = train(*run_args(data_file, out), "--resume")
+    assert result.exit_code == 0, result.output
+    assert "already finished at step 4; nothing to do" in result.output
+    assert contents(out) == before  # metrics.json (its tokens/s), final/ and the plot as they were
+
+
+def test_resume_refuses_a_checkpoint_missing_a_tensor_or_holding_an_unexpected_one(tmp_path, uninterrupted, data_file):
+    out = shutil.copytree(uninterrupted, tmp_path / "run")
+    # as if killed while writing final/ with checkpoint-4 the only one: --resume writes final/ from it
+    for name in ("final", "checkpoint-2"):
+        shutil.rmtree(out / name)
+    (out / "metrics.json").unlink()
+    weights = out / "checkpoint-4" / "model.safetensors"
+    tensors = load_file(weights)
+    missing = {k: v for k, v in tensors.items() if k != "transformer.h.0.attn.c_attn.weight"}
+    save_file(missing, weights, metadata={"format": "pt"})
+    before = contents(out)
+    resumed = train(*run_args(data_file, out), "--resume")
+    assert resumed.exit_code != 0, resumed.output
+    assert f"{out / 'checkpoint-4'}" in resumed.output and "transformer.h.0.attn.c_attn.weight" in resumed.output
+    assert "missing" in resumed.output and "Traceback" not in resumed.output
+    assert contents(out) == before
+    save_file({**tensors, "transformer.h.0.extra": torch.zeros(2)}, weights, metadata={"format": "pt"})
+    extra = train(*run_args(data_file, out), "--resume")
+    assert extra.exit_code != 0 and "unexpected" in extra.output and "transformer.h.0.extra" in extra.output
+
+
+def test_resume_loads_every_tensor_of_a_checkpoint_saved_under_other_names(tmp_path, data_file):
+    """transformers saves MoE experts one by one (not as the fused tensors the model holds): the resumed weights
+    must still be the checkpoint's, not those of --model."""
+    stock = tmp_path / "moe"
+    tiny_model("deepseek_v3", vocab_size=320).save_pretrained(stock)
+    out = tmp_path / "run"
+    args = ["--model", stock, "--data", data_file, *SMALL, "--max-steps", "2", "--eval-every", "2", "--output", out]
+    assert train(*args).exit_code == 0
+    shutil.rmtree(out / "final")  # as if killed while writing final/: --resume writes it from checkpoint-2
+    (out / "metrics.json").unlink()
+    resumed = train(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    final, saved = load_file(out / "final" / "model.safetensors"), load_file(out / "checkpoint-2" / "model.safetensors")
+    assert any(".experts.0." in key for key in saved) and final.keys() == saved.keys()
+    assert [key for key in saved if not torch.equal(final[key], saved[key])] == []
+
+
+def test_resume_refuses_lora_adapters_missing_a_tensor(tmp_path, data_file):
+    out = tmp_path / "run"
+    args = ["--data", data_file, *SMALL, "--eval-every", "1", "--lora", "--output", out]
+    assert train(*args, "--max-steps", "1").exit_code == 0
+    adapters = out / "checkpoint-1" / "adapter_model.safetensors"
+    tensors = load_file(adapters)
+    gone = sorted(tensors)[0]
+    save_file({k: v for k, v in tensors.items() if k != gone}, adapters, metadata={"format": "pt"})
+    resumed = train(*args, "--max-steps", "2", "--resume")
+    assert resumed.exit_code != 0 and gone in resumed.output and "missing" in resumed.output, resumed.output
+    assert not (out / "checkpoint-2").exists()
+
+
+def test_checkpoints_carry_their_tokenizer_and_the_record_of_their_run(uninterrupted, data_file):
+    from transformers import AutoTokenizer
+
+    record = json.loads((uninterrupted / "checkpoint-2" / "hf_geonorm_run.json").read_text())
+    assert record["options"]["lr"] == 1e-3 and record["options"]["seq_len"] == 32 and record["max_steps"] == 4
+    assert record["data"]["label"] == str(data_file) and record["processes"] == 1
+    final, saved = AutoTokenizer.from_pretrained(uninterrupted / "final"), uninterrupted / "checkpoint-2"
+    assert AutoTokenizer.from_pretrained(saved).get_vocab() == final.get_vocab()
+
+
+def test_resume_refuses_changed_data_naming_it(tmp_path, stopped, data_file):
+    other = tmp_path / "other.txt"
+    other.write_text((STDLIB / "shlex.py").read_text())
+    before = contents(stopped)
+    result = train(*run_args(other, stopped), "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "was trained otherwise" in line and f"the data ({data_file} then, {other} now)" in line, line
+    assert "Traceback" not in result.output and contents(stopped) == before
+
+
+def test_resume_refuses_another_tokenizer_of_the_same_size(tmp_path, stopped, data_file):
+    tokenizer = train_tokenizer([(STDLIB / "shlex.py").read_text()], 300)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    before = contents(stopped)
+    args = [a for a in run_args(data_file, stopped) if a not in ("--vocab-size", "300")]
+    result = train(*args, "--tokenizer", tmp_path / "tokenizer", "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    assert "the tokenizer (another" in error_lines(result.output)[0] and contents(stopped) == before
+
+
+def test_resume_refuses_another_learning_rate_or_a_longer_decay_naming_each(stopped, data_file):
+    before = contents(stopped)
+    result = train(*run_args(data_file, stopped), "--resume", "--lr", "0.5", "--max-steps", "6")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "--lr 0.001 then, 0.5 now" in line and "--max-steps 4 then, 6 now" in line, line
+    assert contents(stopped) == before  # no metrics.json claiming the rate that was asked for
+
+
+def test_resume_with_other_logging_steps_continues_the_run_and_says_so(stopped, uninterrupted, data_file):
+    result = train(*run_args(data_file, stopped), "--resume", "--logging-steps", "1")
+    assert result.exit_code == 0, result.output
+    assert "continuing checkpoint-2 with --logging-steps 10 then, 1 now" in result.output
+    metrics = json.loads((stopped / "metrics.json").read_text())
+    expected = json.loads((uninterrupted / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 2 and metrics["options"]["logging_steps"] == 1
+    assert metrics["final_eval_loss"] == pytest.approx(expected["final_eval_loss"], rel=1e-5)
+    assert [h["step"] for h in metrics["log_history"] if "loss" in h][-2:] == [3, 4]  # logged every step now
+
+
+@pytest.mark.parametrize("warmup, floor", [(0, 0.1), (3, 0.1), (0, 1.0)])
+def test_a_longer_run_is_allowed_exactly_where_the_steps_done_keep_their_learning_rates(tmp_path, warmup, floor):
+    from hf_geonorm.training.run_record import check_same_run, run_record, write_record
+
+    step, old, new = 2, 4, 8
+    base = TrainOptions(max_steps=old, warmup_steps=warmup, min_lr_ratio=floor, lr=1e-3)
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    write_record(checkpoint, run_record(base, ("data", "key"), "tokenizer", {}, 1))
+    longer = run_record(dataclasses.replace(base, max_steps=new), ("data", "key"), "tokenizer", {}, 1)
+    kept = all(math.isclose(written_factor(s, warmup, old, floor), written_factor(s, warmup, new, floor))
+               for s in range(step))  # fmt: skip
+    lines: list[str] = []
+    if kept:
+        check_same_run(checkpoint, longer, step, lines.append)
+        assert "--max-steps 4 then, 8 now" in lines[0]
+    else:
+        with pytest.raises(ValueError, match="--max-steps 4 then, 8 now"):
+            check_same_run(checkpoint, longer, step, lines.append)
+    assert kept == (warmup >= step or floor == 1.0)  # the rule the docs state
+
+
+class NotATensor:
+    pass
+
+
+def test_a_pickled_object_in_the_optimizer_state_is_refused_without_advice_to_load_it(stopped, data_file):
+    torch.save({"state": {}, "param_groups": [], "payload": NotATensor()}, stopped / "checkpoint-2" / "optimizer.pt")
+    result = train(*run_args(data_file, stopped), "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "more than tensors" in line and "never loads" in line and "checkpoint-2" in line, line
+    assert "weights_only" not in result.output and "Traceback" not in result.output
+
+
+# ---- 3. what train refuses before it writes anything ----
+
+
 @pytest.fixture(scope="module")
 def stock_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("stock") / "gpt2"
@@ -196,11 +318,13 @@ def stock_folder(tmp_path_factory) -> Path:
     return folder
 
 
-def _copy(folder: Path, target: Path) -> Path:
-    target.mkdir()
-    for file in folder.iterdir():
-        (target / file.name).write_bytes(file.read_bytes())
-    return target
+@pytest.fixture(scope="module")
+def init_folder(tmp_path_factory) -> Path:
+    """What `hf-geonorm init gpt2 --preset tiny` writes: a config folder without weights."""
+    folder = tmp_path_factory.mktemp("init") / "cfg"
+    result = invoke("init", "gpt2", folder, "--preset", "tiny", "--vocab-size", "320")
+    assert result.exit_code == 0, result.output
+    return folder
 
 
 @pytest.mark.parametrize(
@@ -213,7 +337,7 @@ def _copy(folder: Path, target: Path) -> Path:
     ],
 )
 def test_model_folders_whose_weights_would_be_dropped_are_refused(tmp_path, data_file, stock_folder, case, message):
-    folder = _copy(stock_folder, tmp_path / "model")
+    folder = shutil.copytree(stock_folder, tmp_path / "model")
     if case == "pickle weights only":
         torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
         (folder / "model.safetensors").unlink()
@@ -235,13 +359,37 @@ def test_model_folders_whose_weights_would_be_dropped_are_refused(tmp_path, data
         assert "safetensors" in result.output
 
 
-def test_a_config_folder_from_init_trains_from_scratch(tmp_path, data_file):
-    init = CliRunner().invoke(cli, ["init", "gpt2", str(tmp_path / "cfg"), "--preset", "tiny", "--vocab-size", "320"])
-    assert init.exit_code == 0, init.output
+def test_a_config_folder_from_init_trains_from_scratch(tmp_path, data_file, init_folder):
     out = tmp_path / "run"
-    result = train("--model", tmp_path / "cfg", "--data", data_file, *SMALL, "--max-steps", "1", "--output", out)
+    result = train("--model", init_folder, "--data", data_file, *SMALL, "--max-steps", "1", "--output", out)
     assert result.exit_code == 0, result.output
     assert AutoModelForCausalLM.from_pretrained(out / "final").config.model_type == "geonorm_gpt2"
+
+
+@pytest.mark.parametrize("name", ["weights.safetensors", "model-00001-of-00002.safetensors", "weights.bin"])
+def test_a_config_folder_with_weights_under_another_name_is_refused(tmp_path, data_file, init_folder, name):
+    folder = shutil.copytree(init_folder, tmp_path / "model")
+    tiny_model("gpt2", vocab_size=320).save_pretrained(tmp_path / "saved")
+    if name.endswith(".bin"):  # a pickle under a name transformers does not look for
+        torch.save(load_file(tmp_path / "saved" / "model.safetensors"), folder / name)
+    else:
+        shutil.copy(tmp_path / "saved" / "model.safetensors", folder / name)
+    out = tmp_path / "run"
+    result = train("--model", folder, "--data", data_file, *SMALL, "--max-steps", "1", "--output", out)
+    assert result.exit_code != 0, result.output
+    assert name in result.output and "model.safetensors" in result.output and "index" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_invalid_settings_are_named_where_they_came_from(tmp_path, data_file, init_folder):
+    folder = shutil.copytree(init_folder, tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "geo_alpha": -1.0}))
+    stored = train("--model", folder, "--data", data_file, *SMALL, "--max-steps", "1", "--output", tmp_path / "a")
+    assert stored.exit_code != 0, stored.output
+    assert f"{folder / 'config.json'}: geo_alpha must be" in stored.output and "--alpha" not in stored.output
+    given = train("--data", data_file, *SMALL, "--max-steps", "1", "--alpha", "1e9", "--output", tmp_path / "b")
+    assert given.exit_code == 2 and "--alpha must be at most" in given.output, given.output
 
 
 def test_binary_data_is_refused_and_text_that_is_not_utf8_is_named(tmp_path):
@@ -255,3 +403,131 @@ def test_binary_data_is_refused_and_text_that_is_not_utf8_is_named(tmp_path):
     read = train("--data", latin1, *SMALL, "--max-steps", "1", "--eval-every", "1", "--output", tmp_path / "b")
     assert read.exit_code == 0, read.output
     assert f"{latin1} is not valid UTF-8" in read.output
+
+
+def test_an_output_that_is_a_dangling_symlink_is_named_and_left_alone(tmp_path, data_file):
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "gone" / "run")
+    result = train("--data", data_file, *SMALL, "--max-steps", "1", "--output", link)
+    assert result.exit_code != 0, result.output
+    error = error_lines(result.output)
+    assert len(error) == 1 and "dangling symbolic link" in error[0] and str(tmp_path / "gone" / "run") in error[0]
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bridge-anneal", "5", "--max-steps", "4"], "--bridge-anneal 5 is longer than --max-steps 4"),
+        (["--bridge-order", "last-first", "--max-steps", "4"], "--bridge-order last-first needs --bridge-anneal"),
+    ],
+)
+def test_a_bridge_anneal_that_cannot_run_is_refused(tmp_path, data_file, args, message):
+    result = train("--data", data_file, *SMALL, "--output", tmp_path / "o", *args)
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="longer than --max-steps"):
+        TrainOptions(max_steps=4, bridge_anneal=5).validate()
+
+
+# ---- 4. failures during the run ----
+
+
+@pytest.mark.parametrize(
+    "eval_every, what", [("1", "the validation loss at step 1"), ("5", "the training loss at step 2")]
+)
+def test_a_non_finite_loss_fails_the_run_naming_the_step(tmp_path, data_file, eval_every, what):
+    # lr 1e30: the first update throws the weights to ~1e30, whose squares overflow float32 in the norms
+    out = tmp_path / "run"
+    args = ["--data", data_file, *SMALL, "--max-steps", "3", "--eval-every", eval_every, "--output", out]
+    result = train(*args, "--lr", "1e30")
+    assert result.exit_code != 0, result.output
+    lines = error_lines(result.output)
+    assert len(lines) == 1 and what in lines[0] and "nan" in lines[0].lower(), result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()  # nothing published: the evaluation at step 1 comes before its checkpoint
+
+
+def test_metrics_are_strict_json_with_null_for_non_finite_values():
+    from hf_geonorm.training.outputs import strict_json
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    value = {"loss": [1.5, float("nan")], "grad_norm": float("inf"), "nested": {"x": -float("inf"), "n": 3}}
+    parsed = json.loads(strict_json(value), parse_constant=refuse)
+    assert parsed == {"loss": [1.5, None], "grad_norm": None, "nested": {"x": None, "n": 3}}
+
+
+def test_huge_bridge_costs_give_the_shares_of_their_scaled_equivalent():
+    huge = anneal_weights([1e308, 1e308, 1.0])
+    scaled = [1.0, 1.0, 1e-308]  # the same proportions, divided by 1e308
+    for progress in (0.0, 0.1, 0.25, 0.5, 0.6, 0.75, 0.99, 1.0):
+        values = last_first_bridges(progress, huge)
+        assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values)
+        assert values == pytest.approx(last_first_bridges(progress, scaled), abs=1e-12)
+    # written out: the last update's share is ~0 (done at once), then the middle over 0-0.5, the first over 0.5-1
+    assert last_first_bridges(0.25, huge) == pytest.approx([0.0, 0.5, 1.0])
+    assert last_first_bridges(0.75, huge) == pytest.approx([0.5, 1.0, 1.0])
+    # each update's share of the anneal: the progress over which it moves, finite and together 1
+    grid = [i / 1000 for i in range(1001)]
+    moving = [[0.0 < last_first_bridges(p, huge)[j] < 1.0 for p in grid] for j in range(3)]
+    shares = [sum(m) / 1000 for m in moving]
+    assert shares == pytest.approx([0.5, 0.5, 0.0], abs=0.002) and sum(shares) == pytest.approx(1.0, abs=0.003)
+
+
+def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, data_file, monkeypatch):
+    seen: list[float] = []
+    build = trainer.build_model
+
+    def observed(options, tokenizer, **kwargs):  # every training forward records the bridge it runs with
+        model = build(options, tokenizer, **kwargs)
+        model.register_forward_pre_hook(lambda module, args: seen.append(module.config.geo_bridge) if module.training
+                                        else None)  # fmt: skip
+        return model
+
+    monkeypatch.setattr(trainer, "build_model", observed)
+    out = tmp_path / "run"
+    options = TrainOptions(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, warmup_steps=0, lr=1e-3,
+                           max_steps=5, eval_every=1, logging_steps=1, bridge_anneal=4, settings={"geo_bridge": 0.2},
+                           output=str(out))  # fmt: skip
+    metrics = run_training(options, log=lambda line: None)
+    # step s (1-based) runs 0.2 + 0.8 * s / 4: 1.0 at the last anneal step, and after it
+    schedule = [0.4, 0.6, 0.8, 1.0, 1.0]
+    assert seen == pytest.approx(schedule)
+    logged = {h["step"]: h["geo_bridge"] for h in metrics["log_history"] if "loss" in h}
+    assert logged == pytest.approx({s: schedule[s - 1] for s in range(1, 6)})  # what the model ran at that step
+    assert json.loads((out / "final" / "config.json").read_text())["geo_bridge"] == 1.0
+    assert json.loads((out / "checkpoint-4" / "config.json").read_text())["geo_bridge"] == 1.0
+
+
+def _raise_enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(args[1]))
+
+
+def _raise_torch_full(obj, path, *args, **kwargs):
+    if str(path).endswith("optimizer.pt"):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5120 vs 5016")
+    return torch_save(obj, path, *args, **kwargs)
+
+
+torch_save = torch.save
+
+
+@pytest.mark.parametrize("writer", ["safetensors", "torch.save"])
+def test_a_full_disk_during_a_checkpoint_is_named(tmp_path, data_file, monkeypatch, writer):
+    import transformers.modeling_utils as modeling_utils
+
+    if writer == "safetensors":
+        monkeypatch.setattr(modeling_utils, "safe_save_file", _raise_enospc)
+        named = "checkpoint-1/model.safetensors"
+    else:
+        monkeypatch.setattr(torch, "save", _raise_torch_full)
+        named = "checkpoint-1"
+    out = tmp_path / "run"
+    result = train("--data", data_file, *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", out)
+    assert result.exit_code != 0, result.output
+    error = error_lines(result.output)
+    assert len(error) == 1 and f"no space left on device while writing {out / named}" in error[0], result.output
+    assert ".partial-" not in error[0] and "Traceback" not in result.output
+    assert not out.exists()

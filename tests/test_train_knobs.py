@@ -5,12 +5,12 @@ its tokenizer."""
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import stdlib_text, train
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 
@@ -20,16 +20,13 @@ from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = {"seq_len": 32, "vocab_size": 300, "warmup_steps": 0, "lr": 1e-3}
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
-    return path
+    return stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +34,6 @@ def tokenizer_folder(tmp_path_factory, data_file) -> Path:
     folder = tmp_path_factory.mktemp("tokenizer")
     train_tokenizer([data_file.read_text()], 300).save_pretrained(folder)
     return folder
-
-
-def train(*args: str) -> object:
-    return CliRunner().invoke(cli, ["train", *map(str, args)])
 
 
 # ---- gradient accumulation ----

@@ -8,12 +8,12 @@ import json
 import math
 import re
 import shutil
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import STDLIB, stdlib_text
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
@@ -24,15 +24,12 @@ from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.tokenizer import train_tokenizer
 from hf_geonorm.training.trainer import CheckedTrainer, run_training
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text((STDLIB / "json" / "decoder.py").read_text() + (STDLIB / "textwrap.py").read_text())
-    return path
+    return stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
 
 
 def written_factor(step: int, warmup: int, total: int, floor: float) -> float:
