@@ -215,3 +215,12 @@ def test_every_option_sweep_offers_is_accepted(tmp_path, monkeypatch):
         if result.exit_code != 0:
             refused[" ".join(args[:3])] = result.output.strip().splitlines()[-1:]
     assert not refused, refused
+
+
+def test_the_api_takes_a_presets_sizes_as_well_as_its_name():
+    """The study's shapes, and any caller of the library, give ``preset`` as the sizes themselves; the command line
+    takes the names only, and a name not in the table is refused from both."""
+    sizes = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
+    assert TrainOptions(preset=sizes).validate().preset == sizes
+    with pytest.raises(ValueError, match="--preset must be one of tiny, 125m"):
+        TrainOptions(preset="huge").validate()

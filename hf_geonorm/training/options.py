@@ -16,7 +16,7 @@ import importlib.util
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,8 @@ def refusal(spec: Field, value: Any) -> str | None:
     if value is None:
         return None
     if "choices" in form:
+        if isinstance(value, Mapping) and "dict" in str(spec.type):  # the API's other form (e.g. a preset's sizes)
+            return None
         choices = ", ".join(form["choices"])
         return None if value in form["choices"] else f"{name} must be one of {choices}; got {value!r}"
     if "minimum" not in form and "maximum" not in form:
@@ -232,7 +234,8 @@ class TrainOptions:
         used_if=lambda options: options.model is not None))  # fmt: skip
     arch: str = field(default="gpt2", metadata=option(
         "Stock model type to build when --model is not given.", used_if=lambda options: options.model is None))
-    preset: str = field(default="tiny", metadata=option(
+    # from the API also the sizes themselves (layers, width, heads: a mapping), as presets.preset_sizes takes them
+    preset: str | dict[str, int] = field(default="tiny", metadata=option(
         "Model size when --model is not given.", choices=PRESET_NAMES, used_if=lambda options: options.model is None))
     settings: dict[str, Any] = field(default_factory=dict)
     data: str | None = field(default=None, metadata=option(
