@@ -234,22 +234,26 @@ class DeclaredChoice(_DeclaredLimits, click.Choice):
         self.spec = spec
 
 
-class DeclaredIntRange(_DeclaredLimits, click.IntRange):
+class _DeclaredRange(_DeclaredLimits):
+    """A declared number range: click's range for ``--help``, the number read as ``number`` reads it, and the
+    declaration's limits checked by ``_DeclaredLimits``."""
+
+    number: click.ParamType
+
     def __init__(self, spec: dataclasses.Field) -> None:
         super().__init__(**_range(spec.metadata["option"]))
         self.spec = spec
 
     def parse(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        return click.INT.convert(value, param, ctx)
+        return self.number.convert(value, param, ctx)
 
 
-class DeclaredFloatRange(_DeclaredLimits, click.FloatRange):
-    def __init__(self, spec: dataclasses.Field) -> None:
-        super().__init__(**_range(spec.metadata["option"]))
-        self.spec = spec
+class DeclaredIntRange(_DeclaredRange, click.IntRange):
+    number = click.INT
 
-    def parse(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        return click.FLOAT.convert(value, param, ctx)
+
+class DeclaredFloatRange(_DeclaredRange, click.FloatRange):
+    number = click.FLOAT
 
 
 def _range(form: dict[str, Any]) -> dict[str, Any]:
