@@ -39,6 +39,7 @@ STEPS, BATCH, SEQ_LEN = 60, 4, 256
 HELD_OUT_TOKENS = 8192
 RECIPE_STEPS, ANNEAL = 120, 90
 WINDOWED = f"held_out_perplexity_window{SEQ_LEN}"
+PROFILE_WINDOWS = (512, 1024, 2048, 4096)  # between the training length and the whole slice: where reading degrades
 COMMON = ["--seq-len", str(SEQ_LEN), "--weight-decay", "0", "--eval-blocks", "32"]
 
 
@@ -89,6 +90,11 @@ def held_out(model: Path, text: Path) -> dict[str, float]:
     """Both held-out figures: a model trained at ``SEQ_LEN`` tokens may read its training length well and the
     whole slice badly, and only both say which."""
     return {"held_out_perplexity": perplexity(model, text), WINDOWED: perplexity(model, text, SEQ_LEN)}
+
+
+def window_profile(model: Path, text: Path) -> dict[str, float]:
+    """Held-out perplexity in windows of each of ``PROFILE_WINDOWS`` tokens."""
+    return {str(window): perplexity(model, text, window) for window in PROFILE_WINDOWS}
 
 
 def validation_path(run: Path) -> list[tuple[int, float]]:
@@ -146,6 +152,8 @@ def recipe(work: Path, journal: Journal) -> None:
         if name in journal.runs:
             if WINDOWED not in journal.runs[name]:
                 journal.record(name, {**journal.runs[name], WINDOWED: perplexity(out / "final", held, SEQ_LEN)})
+            if "held_out_by_window" not in journal.runs[name]:
+                journal.record(name, {**journal.runs[name], "held_out_by_window": window_profile(out / "final", held)})
             continue
         converted = work / f"{name}-converted"
         if not converted.is_dir():
@@ -155,7 +163,8 @@ def recipe(work: Path, journal: Journal) -> None:
                 str(RECIPE_STEPS // 8), "--output", str(out), "--force", *COMMON, *training)  # fmt: skip
         path = validation_path(out)
         journal.record(name, {"validation_path": path, "worst_over_start": max(p for _, p in path) / path[0][1],
-                              **held_out(out / "final", held)})  # fmt: skip
+                              **held_out(out / "final", held),
+                              "held_out_by_window": window_profile(out / "final", held)})  # fmt: skip
 
 
 def page(runs: dict[str, Any]) -> str:
@@ -193,6 +202,16 @@ def page(runs: dict[str, Any]) -> str:
             path = ", ".join(f"{step}: {value:.2f}" for step, value in run["validation_path"])
             lines.append(f"| {name} | {path} | {run['worst_over_start']:.2f}x | {run['held_out_perplexity']:.3f} "
                          f"| {run.get(WINDOWED, math.nan):.3f} |")  # fmt: skip
+        profiled = [name for name in arms if "held_out_by_window" in runs[name]]
+        if profiled:
+            lines += ["", "Held-out perplexity at the end by window length (tokens read in one window):", "",
+                      "| arm | " + " | ".join(str(w) for w in (SEQ_LEN, *PROFILE_WINDOWS, HELD_OUT_TOKENS)) + " |",
+                      "|---" * (len(PROFILE_WINDOWS) + 3) + "|"]  # fmt: skip
+            for name in profiled:
+                run = runs[name]
+                values = [run[WINDOWED], *(run["held_out_by_window"][str(w)] for w in PROFILE_WINDOWS),
+                          run["held_out_perplexity"]]  # fmt: skip
+                lines.append(f"| {name} | " + " | ".join(f"{value:.3f}" for value in values) + " |")
     return "\n".join(lines) + "\n"
 
 
