@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks, evaluations
-from hf_geonorm.training.trainer import run_training
+from hf_geonorm.training.run.trainer import run_training
 
 RESULTS = Path(__file__).parent / "results"
 STEPS, BATCH, SEQ_LEN, VOCAB = 4, 2, 64, 512

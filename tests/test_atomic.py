@@ -274,7 +274,7 @@ def test_a_sigterm_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_swallowed_sigterm_stops_training_at_the_next_step():
-    from hf_geonorm.training.trainer import TerminationCheck
+    from hf_geonorm.training.run.trainer import TerminationCheck
 
     with atomic.terminate_raises():
         SignalsWhenCollected()

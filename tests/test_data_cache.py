@@ -1,4 +1,4 @@
-"""The data cache is verified, not trusted (issue 30, hf_geonorm.training.cache_checks): a corpus whose content
+"""The data cache is verified, not trusted (issue 30, hf_geonorm.training.data.cache_checks): a corpus whose content
 changed under the same size and modification time is tokenized again; an entry whose Arrow files or meta.json were
 changed, cut short or removed is rebuilt with one warning naming it; a storage error is one line naming the cache
 and the fix, and leaves nothing half-written. The expected blocks are computed from the documented rules
@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 
-from hf_geonorm.training import pipeline
-from hf_geonorm.training.corpus import resolve_corpus
+from hf_geonorm.training.data import pipeline
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.prepare import training_data
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
-from hf_geonorm.training.prepare import training_data
-from hf_geonorm.training.tokenizer import train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = (STDLIB / "textwrap.py").read_text()
@@ -150,7 +150,7 @@ def test_a_full_device_while_the_blocks_are_built_is_one_line_and_leaves_nothing
     ],
 )
 def test_storage_errors_name_the_cache_and_the_fix(tmp_path, error, says):
-    from hf_geonorm.training.cache_checks import storage_errors
+    from hf_geonorm.training.data.cache_checks import storage_errors
 
     cache = tmp_path / "cache"
     if getattr(error, "filename", None):
@@ -162,7 +162,7 @@ def test_storage_errors_name_the_cache_and_the_fix(tmp_path, error, says):
 
 
 def test_an_error_reading_the_data_is_not_taken_for_one_of_the_cache(tmp_path):
-    from hf_geonorm.training.cache_checks import storage_errors
+    from hf_geonorm.training.data.cache_checks import storage_errors
 
     unreadable = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data.txt"))
     with pytest.raises(PermissionError), storage_errors(tmp_path / "cache"):

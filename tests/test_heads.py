@@ -22,7 +22,7 @@ from tiny_models import CASES, layers_of, stock_model, tiny_config, token_ids
 from transformers.models.auto import modeling_auto
 
 import hf_geonorm
-from hf_geonorm.training.corpus import stdlib_files
+from hf_geonorm.training.data.corpus import stdlib_files
 
 # The Auto classes of the heads, each with transformers' own table of the stock types that have that head.
 HEAD_TABLES = {

@@ -40,7 +40,7 @@ from hf_geonorm.sharing.model_card import (
     write_model_card,
 )
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.trainer import run_training
+from hf_geonorm.training.run.trainer import run_training
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 REPO_ID = "tester/tiny-geonorm"

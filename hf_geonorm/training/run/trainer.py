@@ -20,18 +20,20 @@ import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
-from ..analysis.evaluation import explain_non_finite
-from ..errors import NonFiniteError, first_line
-from ..files.atomic import atomic_directory, raise_if_terminated
-from ..files.output_lock import output_lock
-from ..patching import family_for
-from ..sharing.hub import save_shareable
-from ..sharing.model_card import CardInfo, inherited_card_info
+from ...analysis.evaluation import explain_non_finite
+from ...errors import NonFiniteError, first_line
+from ...files.atomic import atomic_directory, raise_if_terminated
+from ...files.output_lock import output_lock
+from ...patching import family_for
+from ...sharing.hub import save_shareable
+from ...sharing.model_card import CardInfo, inherited_card_info
+from ..data.pipeline import TokenBlocks, tokenizer_digest
+from ..data.prepare import data_source, training_data, world_size
+from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, evaluated_blocks, fields_used, trainer_arguments
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import decayed_parameter_names, make_scheduler
-from .options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, evaluated_blocks, fields_used, trainer_arguments
 from .outputs import (
     RunProgress,
     check_output_path,
@@ -48,9 +50,7 @@ from .outputs import (
     strict_json,
     training_facts,
 )
-from .pipeline import TokenBlocks, tokenizer_digest
-from .prepare import data_source, training_data, world_size
-from .run_record import check_same_run, run_record
+from .record import check_same_run, run_record
 from .transformers_internals import check_trainer_overrides
 
 

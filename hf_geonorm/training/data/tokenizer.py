@@ -25,9 +25,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from ..errors import first_line
-from ..files.checksums import file_sha256
-from ..loading import (
+from ...errors import first_line
+from ...files.checksums import file_sha256
+from ...loading import (
     NO_REMOTE_CODE,
     TOKENIZER_FILES,
     custom_code_error,
@@ -36,9 +36,9 @@ from ..loading import (
     open_source,
     standard_tokenizer,
 )
+from ..options import DEFAULT_TOKENIZER_VOCAB, TrainOptions
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
-from .options import DEFAULT_TOKENIZER_VOCAB, TrainOptions
 
 STANDARD_TOKENIZER_FIX = (
     "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "

@@ -29,13 +29,13 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..errors import SettingsError, first_line
-from ..files.atomic import is_full_device, remove_stale_partials, remove_tree
-from ..files.safetensors_files import safetensors_header, weight_files
-from ..loading import NO_REMOTE_CODE, read_config_json
-from ..loading_info import tensor_names
-from ..modeling.settings import GeoNormSettings
-from .run_record import write_record
+from ...errors import SettingsError, first_line
+from ...files.atomic import is_full_device, remove_stale_partials, remove_tree
+from ...files.safetensors_files import safetensors_header, weight_files
+from ...loading import NO_REMOTE_CODE, read_config_json
+from ...loading_info import tensor_names
+from ...modeling.settings import GeoNormSettings
+from .record import write_record
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names

@@ -35,10 +35,10 @@ from transformers import TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ..files.atomic import LOCK_NAME, check_output_name, remove_tree, terminate_raises
+from ...files.atomic import LOCK_NAME, check_output_name, remove_tree, terminate_raises
+from ..options import TrainOptions
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
 from .optim import lr_factor
-from .options import TrainOptions
 
 
 def strict_json(value: Any) -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..options import TrainOptions
 from .corpus import Corpus, HubSource, resolve_corpus
-from .options import TrainOptions
 from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout, tokenizer_digest
 from .tokenizer import training_tokenizer
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import NonFiniteError, first_line
-from ..files.atomic import LOCK_NAME
-from ..files.output_lock import output_lock
-from .checkpoints import checkpoints
-from .model import default_rate, planned_config
-from .options import OptionError, SweepOptions, TrainOptions
-from .sweep_journal import (
+from ...errors import NonFiniteError, first_line
+from ...files.atomic import LOCK_NAME
+from ...files.output_lock import output_lock
+from ..options import OptionError, TrainOptions
+from ..run.checkpoints import checkpoints
+from ..run.model import default_rate, planned_config
+from ..run.trainer import run_training
+from .journal import (
     JOURNAL,
     Journal,
     JournalError,
@@ -43,8 +44,8 @@ from .sweep_journal import (
     repair,
     start_journal,
 )
-from .sweep_report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
-from .trainer import run_training
+from .options import SweepOptions
+from .report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
 SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
@@ -269,8 +270,8 @@ class _Sweep:
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
         new journal records them in its header)."""
-        from .pipeline import tokenizer_digest
-        from .prepare import data_source
+        from ..data.pipeline import tokenizer_digest
+        from ..data.prepare import data_source
 
         corpus, tokenizer, _ = data_source(self.train, lambda _: None)
         data_key = {"fingerprint": corpus.fingerprint, "tokenizer": tokenizer_digest(tokenizer)}

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ..errors import SettingsError, first_line
-from ..files.atomic import atomic_directory, check_target, is_full_device
-from ..files.output_lock import output_lock
-from ..inspection import check_fits_memory, parameter_count
-from ..loading import (
+from ...errors import SettingsError, first_line
+from ...files.atomic import atomic_directory, check_target, is_full_device
+from ...files.output_lock import output_lock
+from ...inspection import check_fits_memory, parameter_count
+from ...loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
@@ -27,20 +27,20 @@ from ..loading import (
     open_source,
     resolve_settings,
 )
-from ..modeling.settings import GeoNormSettings
-from ..patching import config_class_for
-from ..sharing.folders import save_config_with_remote_code
-from .options import (
+from ...modeling.settings import GeoNormSettings
+from ...patching import config_class_for
+from ...sharing.folders import save_config_with_remote_code
+from ..data.tokenizer import folder_config, has_trained_weights
+from ..options import (
     FINE_TUNING_LR,
     FINE_TUNING_WEIGHT_DECAY,
     PRETRAINING_WEIGHT_DECAY,
     WARMUP_SHARE,
     OptionError,
     TrainOptions,
-    pretraining_rate,
 )
-from .presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
-from .tokenizer import folder_config, has_trained_weights
+from ..presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
+from ..rate_rule import pretraining_rate
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
@@ -252,7 +252,7 @@ def write_scratch_config(
     check_target(output_dir, force)
     loaded = None
     if tokenizer:
-        from .tokenizer import tokenizer_from
+        from ..data.tokenizer import tokenizer_from
 
         loaded = tokenizer_from(tokenizer)
     if vocab_size is None:
