@@ -12,6 +12,7 @@ import re
 import shutil
 import sysconfig
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ from test_data_pipeline import reference_blocks, reference_documents
 
 from hf_geonorm.training.data import pipeline
 from hf_geonorm.training.data.corpus import resolve_corpus
-from hf_geonorm.training.data.prepare import training_data
+from hf_geonorm.training.data.pipeline import tokenizer_digest
+from hf_geonorm.training.data.prepare import DataSource, data_request, training_data
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
 
@@ -38,7 +40,8 @@ def prepare(path: Path, cache: Path, tokenizer) -> tuple[list[list[int]], str]:
     """The training blocks of ``path`` as a run gets them, and what the run logged."""
     lines: list[str] = []
     options = TrainOptions(data=str(path), seq_len=32, data_cache=str(cache), max_steps=1)
-    data = training_data(options, resolve_corpus(str(path)), tokenizer, False, lines.append)
+    source = DataSource(resolve_corpus(str(path)), tokenizer, False, tokenizer_digest(tokenizer))
+    data = training_data(source, replace(data_request(options), evaluated_blocks=None), lines.append)
     return [data.train[i]["input_ids"].tolist() for i in range(len(data.train))], "\n".join(lines)
 
 

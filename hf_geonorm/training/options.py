@@ -50,7 +50,7 @@ MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
-MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
+MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (data.prepare.evaluation_size)
 
 
 class OptionError(ValueError):
@@ -391,20 +391,3 @@ def fields_used(options: TrainOptions) -> dict[str, Any]:
     values = asdict(options)
     return {spec.name: values[spec.name] for spec in fields(options)
             if spec.metadata.get("used_if") is None or spec.metadata["used_if"](options)}  # fmt: skip
-
-
-def evaluations(options: TrainOptions) -> int:
-    """How many evaluations a run makes: at step 0, every --eval-every steps, at the end when that is not one of
-    them, and the test evaluation."""
-    return 1 + options.max_steps // options.eval_every + (options.max_steps % options.eval_every > 0) + 1
-
-
-def evaluated_blocks(options: TrainOptions, processes: int = 1) -> int:
-    """How many held-out blocks each evaluation reads: ``eval_blocks`` when given, else ``EVAL_BLOCKS`` or the most
-    (a multiple of 8, at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained
-    blocks' compute."""
-    if options.eval_blocks is not None:
-        return options.eval_blocks
-    trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps * processes
-    affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
-    return max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))

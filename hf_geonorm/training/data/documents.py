@@ -40,7 +40,6 @@ class HubSource:
     revision: str | None = None
 
 
-
 def shard_documents(kind: str, source: str, column: str, hub: HubSource | None) -> Iterator[str]:
     """The documents of one shard of a corpus (``corpus.Corpus``: ``kind`` and ``source``, the rows' text ``column``,
     the ``datasets`` corpus ``hub`` of a ``saved`` or ``hub`` shard), in order."""
@@ -210,6 +209,8 @@ def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
             raise ValueError(f"{path}, line {number}: no {column!r} string; every line needs one (or give "
                              "--text-column)")  # fmt: skip
         yield row[column]
+
+
 CSV_FIELD_LIMIT = 2**31 - 1  # the csv module refuses fields over 128 KB by default; a document may be longer
 
 

@@ -106,7 +106,7 @@ def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str,
         return dict.fromkeys(sweep.styles, sweep.rates())
     config, grids = planned_config(train), {}
     for style in sweep.styles:
-        centre, why = default_rate(train, config, style)
+        centre, why = default_rate(train.model, config, style)
         grids[style] = sweep.rates(centre)
         log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre)}, the default for "
             f"{why}; --lrs or --lr-range sets others")  # fmt: skip
@@ -270,11 +270,10 @@ class _Sweep:
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
         new journal records them in its header)."""
-        from ..data.pipeline import tokenizer_digest
-        from ..data.prepare import data_source
+        from ..data.prepare import data_request, data_source
 
-        corpus, tokenizer, _ = data_source(self.train, lambda _: None)
-        data_key = {"fingerprint": corpus.fingerprint, "tokenizer": tokenizer_digest(tokenizer)}
+        source = data_source(data_request(self.train), lambda _: None)
+        data_key = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
         options = replace(self.train, lr=None)
         if self.journal.header is None:
             start_journal(self.journal.path, options, data_key)
