@@ -22,7 +22,7 @@ from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
-from hf_geonorm.files import atomic
+from hf_geonorm.files import atomic, signals
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])
@@ -263,20 +263,20 @@ class SignalsWhenCollected:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_sigterm_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
     reached = []
-    with pytest.raises(atomic.Terminated) as raised:
-        with atomic.terminate_raises():
+    with pytest.raises(signals.Terminated) as raised:
+        with signals.terminate_raises():
             SignalsWhenCollected()  # collected at once: its Terminated is printed as ignored, not raised here
             reached.append(True)
     assert reached and raised.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    atomic.raise_if_terminated()  # raised once: nothing left pending
+    signals.raise_if_terminated()  # raised once: nothing left pending
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_swallowed_sigterm_stops_training_at_the_next_step():
     from hf_geonorm.training.run.trainer import TerminationCheck
 
-    with atomic.terminate_raises():
+    with signals.terminate_raises():
         SignalsWhenCollected()
-        with pytest.raises(atomic.Terminated):
+        with pytest.raises(signals.Terminated):
             TerminationCheck().on_step_end()

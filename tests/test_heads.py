@@ -308,7 +308,7 @@ def test_the_card_of_a_head_names_its_task_and_auto_class(auto, task, tmp_path):
     """A head's card is not a text-generation card: the Hub task and the loading examples follow the head."""
     import yaml
 
-    from hf_geonorm.sharing.card_checks import validate_card
+    from hf_geonorm.sharing.card_metadata import validate_card
     from hf_geonorm.sharing.model_card import write_model_card
 
     config = hf_geonorm.convert(stock_model("llama")).config

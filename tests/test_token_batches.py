@@ -130,7 +130,7 @@ def test_workers_start_with_sigterms_default_and_end_by_their_queue(tokenizer):
     block, as here, where one worker does every task while the other starts, is where that happened)."""
     import signal
 
-    from hf_geonorm.files.atomic import terminate_raises
+    from hf_geonorm.files.signals import terminate_raises
 
     with terminate_raises():
         for _ in range(5):

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.run import model as model_module
+from hf_geonorm.training.run import trainer
 from hf_geonorm.training.run.bridge import anneal_weights, last_first_bridges
 from hf_geonorm.training.run.trainer import run_training
 
@@ -478,7 +478,7 @@ def test_huge_bridge_costs_give_the_shares_of_their_scaled_equivalent():
 
 def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, data_file, monkeypatch):
     seen: list[float] = []
-    build = model_module.build_model
+    build = trainer.build_model
 
     def observed(options, tokenizer, **kwargs):  # every training forward records the bridge it runs with
         model = build(options, tokenizer, **kwargs)
@@ -486,7 +486,7 @@ def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, d
                                         else None)  # fmt: skip
         return model
 
-    monkeypatch.setattr(model_module, "build_model", observed)
+    monkeypatch.setattr(trainer, "build_model", observed)
     out = tmp_path / "run"
     options = TrainOptions(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, warmup_steps=0, lr=1e-3,
                            max_steps=5, eval_every=1, logging_steps=1, bridge_anneal=4, settings={"geo_bridge": 0.2},

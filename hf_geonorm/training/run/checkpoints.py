@@ -84,7 +84,7 @@ class AtomicCheckpointTrainer(Trainer):
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
     the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
     checkpoints this run moved into place (a failed run that created the output folder keeps only those); each
-    holds ``run_record`` (``run_record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
+    holds ``run_record`` (``record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
     (saved here rather than given to the Trainer as ``processing_class``, which would write the tokenizer's padding
     id into the model's config: a padding row that never trains). A resumed run takes this run's evaluation, save
     and logging intervals (the Trainer would keep the checkpoint's and ignore the options). A whole model is resumed

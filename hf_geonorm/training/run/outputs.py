@@ -37,8 +37,9 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
 from ...errors import first_line
-from ...files.atomic import LOCK_NAME, atomic_directory, check_output_name, remove_tree, terminate_raises
+from ...files.atomic import LOCK_NAME, atomic_directory, check_output_name, remove_tree
 from ...files.output_lock import output_lock
+from ...files.signals import terminate_raises
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info
 from ..options import TrainOptions

@@ -1,5 +1,7 @@
-"""The run of ``hf-geonorm train``: data, model, transformers' Trainer with the library's optimizer recipe, the
-final model, metrics and loss curve (what the output folder holds, also after a stop: ``outputs``).
+"""The run of ``hf-geonorm train``, in named steps (``_run``): the output folder (``outputs``), the data
+(``data.prepare``), the model (``model_to_train``), the run's record (``record``), transformers' Trainer with the
+library's optimizer recipe (``checked_trainer``), and what it saves: the final model, metrics and loss curve (what
+the output folder holds, also after a stop: ``outputs``). Each step takes what it needs of the options.
 
 ``hf-geonorm train`` is a thin command over :func:`run_training`. With no arguments it trains a tiny GeoNorm
 GPT-2 on the Python standard library's own source files (present on every Python install, no download).
@@ -21,7 +23,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ...analysis.evaluation import explain_non_finite
 from ...errors import NonFiniteError
-from ...files.atomic import raise_if_terminated
+from ...files.signals import raise_if_terminated
 from ...patching import family_for
 from ..data.prepare import TrainingData, data_request, data_source, training_data, world_size
 from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments

@@ -2,7 +2,7 @@
 
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
-finished run is appended to ``DIR/runs.jsonl`` at once (``sweep_journal``), so a sweep stopped part way is resumed
+finished run is appended to ``DIR/runs.jsonl`` at once (``journal``), so a sweep stopped part way is resumed
 by running the same command again: only the missing runs train. The journal's first line holds the options every
 run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
 rather than mixed in (the grid itself may grow: more rates, seeds or styles).
@@ -11,7 +11,7 @@ The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--ex
 at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
 rate only. Every step is decided from the journal, so a resumed sweep takes the same steps. Each arm's best rate is
 the one with the lowest mean validation loss over the seeds every rate ran, and the arms are compared at their own
-best rates on the test split (``sweep_report``).
+best rates on the test split (``report``).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def beyond_edge(rates: list[float], best: float) -> list[float]:
 
 def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
-    its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``sweep_report``) after each;
+    its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
     return the journal's runs."""
     sweep.validate()
     if train.lr is not None:
