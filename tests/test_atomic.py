@@ -208,11 +208,10 @@ def test_sigkill_during_convert_leaves_a_partial_that_the_next_run_removes(tmp_p
 
 
 READ_ONLY_CHILD = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("atomic", sys.argv[1])  # the module alone: no torch to import
-atomic = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(atomic)
-with atomic.atomic_directory(sys.argv[2], force=True) as tmp:
+import sys
+from hf_geonorm_cli.library import library_module
+atomic = library_module("files/atomic")  # the module and what it imports, from their files: no torch to import
+with atomic.atomic_directory(sys.argv[1], force=True) as tmp:
     (tmp / "new.txt").write_text("new")
 """
 
@@ -226,7 +225,7 @@ def test_force_onto_a_read_only_folder_leaves_nothing_behind(tmp_path):
     for folder in (out / "sub", out):
         folder.chmod(0o555)
     child = subprocess.run(
-        [sys.executable, "-c", READ_ONLY_CHILD, atomic.__file__, str(out)],
+        [sys.executable, "-c", READ_ONLY_CHILD, str(out)],
         capture_output=True,
         text=True,
         timeout=120,

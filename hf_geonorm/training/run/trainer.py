@@ -190,8 +190,15 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
                                         main, log)  # fmt: skip
     if options.force and main:
         clear_earlier_run(output, log)
+    seconds = train(trainer, progress, checkpoint, resumed_step == options.max_steps)
+    return save_results(options, trainer, built, data, resumed_step, seconds, output, published, log)
+
+
+def train(trainer: CheckedTrainer, progress: RunProgress, checkpoint: Path | None, trained: bool) -> float:
+    """Train from ``checkpoint`` (None: from the start), or only load it when it ``trained`` every step already
+    (a run killed while writing ``final/``); the seconds it took."""
     start = time.perf_counter()
-    if checkpoint is not None and resumed_step == options.max_steps:  # e.g. killed while writing final/
+    if checkpoint is not None and trained:
         trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
         trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
     else:
@@ -199,7 +206,22 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         finally:
             progress.restore_bars()
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def save_results(
+    options: TrainOptions,
+    trainer: CheckedTrainer,
+    built: ModelToTrain,
+    data: TrainingData,
+    resumed_step: int,
+    seconds: float,
+    output: Path,
+    published: list[Path],
+    log: Any,
+) -> dict[str, Any]:
+    """The save step: the final validation and test losses, ``final/`` (the model with its card), ``metrics.json``
+    and the loss curve; the metrics."""
     final_eval = last_evaluation(trainer.state) or trainer.evaluate()
     loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
     test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
@@ -210,7 +232,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     card = final_card(options.model, training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
     if trainer.is_world_process_zero():
-        save_final_model(to_save, source.tokenizer, state_dict, card, output / "final", published)
+        save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
     metrics = run_metrics(options, trainer, data, built.parameters, to_save.config, resumed_step, seconds, loss,
                           test_loss)  # fmt: skip
     if trainer.is_world_process_zero():
