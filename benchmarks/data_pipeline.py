@@ -105,8 +105,8 @@ def given_tokenizer(work: Path, megabytes: int) -> Path:
     of the folder corpus of ``megabytes`` MB."""
     path = work / "tokenizer.json"
     if not path.exists():
-        from hf_geonorm.training.corpus import resolve_corpus
-        from hf_geonorm.training.tokenizer import TOKENIZER_SAMPLE_CHARS, train_tokenizer
+        from hf_geonorm.training.data.corpus import resolve_corpus
+        from hf_geonorm.training.data.tokenizer import TOKENIZER_SAMPLE_CHARS, train_tokenizer
 
         sample, chars = [], 0
         for doc in resolve_corpus(str(make_corpus("folder", megabytes, work))).all_documents():
@@ -130,7 +130,7 @@ def raw_throughput(spec: dict[str, Any]) -> dict[str, Any]:
     """The raw tokenizer's ``encode_batch`` on short pieces of the corpus's text: tokens, characters, seconds."""
     from tokenizers import Tokenizer
 
-    from hf_geonorm.training.corpus import resolve_corpus
+    from hf_geonorm.training.data.corpus import resolve_corpus
 
     tokenizer = Tokenizer.from_file(spec["tokenizer"])
     pieces = line_pieces([path for _, path in resolve_corpus(spec["data"]).shards])
@@ -160,9 +160,9 @@ def cpu_time() -> float:
 def preparation(spec: dict[str, Any]) -> dict[str, Any]:
     """What ``hf-geonorm train`` does before its model: the corpus resolved (its files hashed), the tokenizer given
     or trained on the fly, the blocks built into an empty cache."""
-    from hf_geonorm.training.corpus import resolve_corpus
-    from hf_geonorm.training.pipeline import prepare_blocks
-    from hf_geonorm.training.tokenizer import corpus_tokenizer, fast_tokenizer
+    from hf_geonorm.training.data.corpus import resolve_corpus
+    from hf_geonorm.training.data.pipeline import prepare_blocks
+    from hf_geonorm.training.data.tokenizer import corpus_tokenizer, fast_tokenizer
 
     cache = Path(spec["cache"])
     start, cpu = time.perf_counter(), cpu_time()

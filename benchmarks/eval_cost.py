@@ -6,7 +6,7 @@ few standard-library source files with a byte-level BPE of ``VOCAB`` tokens trai
 steps of ``BATCH`` blocks of ``SEQ_LEN`` tokens, evaluated at step 0, at the end and on test, as every run is.
 
 - ``before``: ``--eval-blocks 64``, the earlier default for every run;
-- ``after``: the default now (``options.evaluated_blocks``): the same 64 blocks' worth of documents held out, of
+- ``after``: the default now (``data.prepare.evaluation_size``): the same 64 blocks' worth of documents held out, of
   which 64 are evaluated, or fewer (at least 8) where evaluating all would cost more than a tenth of the run's
   compute.
 
@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
-from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks, evaluations
-from hf_geonorm.training.trainer import run_training
+from hf_geonorm.training.data.prepare import evaluation_size, evaluations
+from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions
+from hf_geonorm.training.run.trainer import run_training
 
 RESULTS = Path(__file__).parent / "results"
 STEPS, BATCH, SEQ_LEN, VOCAB = 4, 2, 64, 512
@@ -118,7 +119,7 @@ def table(payload: dict[str, Any]) -> str:
 def rule(options: TrainOptions) -> dict[str, Any]:
     """The blocks a run evaluates by default and its evaluations' compute against its training's (a forward pass per
     evaluated block against three per trained block: the ratio the default keeps at a tenth at most)."""
-    chosen = evaluated_blocks(options)
+    chosen = evaluation_size(options)
     trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps
     count = evaluations(options)
     return {"evaluations": count, "eval_blocks": chosen,

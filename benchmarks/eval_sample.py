@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm  # noqa: F401  (registers the GeoNorm classes)
+from hf_geonorm.training.data.prepare import data_request, data_source, training_data
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.prepare import data_source, training_data
-from hf_geonorm.training.sweep import read_journal
-from hf_geonorm.training.sweep_report import best_rates, cells, mean_spread
+from hf_geonorm.training.sweep.grid import read_journal
+from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = 8  # consecutive blocks of 128 tokens per group
@@ -62,8 +62,8 @@ def phase_record(sweeps: Path, phase: str, cache: str) -> dict[str, Any]:
     header, runs = read_journal(sweeps / phase / "runs.jsonl")
     known = {f.name for f in fields(TrainOptions)}
     options = TrainOptions(**{k: v for k, v in header["train_options"].items() if k in known}, data_cache=cache)
-    corpus, tokenizer, from_model = data_source(options, lambda _: None)
-    data = training_data(options, corpus, tokenizer, from_model, lambda _: None)
+    request = replace(data_request(options), evaluated_blocks=None)  # every held-out block, as the runs held out
+    data = training_data(data_source(request, lambda _: None), request, lambda _: None)
     plain = [r for r in runs if r["alpha"] is None]
     best, table = best_rates(plain), cells(plain)
     record: dict[str, Any] = {"phase": phase}

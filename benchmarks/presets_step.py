@@ -46,11 +46,11 @@ DATA = Path(sysconfig.get_paths()["stdlib"]) / "typing.py"
 def one_step(arch: str, preset: str, seq_len: int, vocab: int) -> dict[str, Any]:
     """Train ``arch`` at ``preset`` for one step in this process; what ``presets_step.md`` reports of it."""
     from hf_geonorm.inspection import parameter_count
-    from hf_geonorm.training import trainer as trainer_module
-    from hf_geonorm.training.model import scratch_config
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.presets import DEFAULT_VOCAB
-    from hf_geonorm.training.trainer import run_training
+    from hf_geonorm.training.run import trainer as trainer_module
+    from hf_geonorm.training.run.model import scratch_config
+    from hf_geonorm.training.run.trainer import run_training
 
     step_seconds: list[float] = []
 

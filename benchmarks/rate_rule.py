@@ -12,7 +12,7 @@ architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
 A best rate at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and
 left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``, and the rules with the widths
 and depths they were measured at to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its
-default learning rate (``hf_geonorm.training.options.pretraining_rate``); trains nothing:
+default learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``); trains nothing:
 
     python benchmarks/rate_rule.py [--results benchmarks/results/sweeps]
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_geonorm.training.sweep import read_journal
-from hf_geonorm.training.sweep_report import at_edge, best_rates, rate_text
+from hf_geonorm.training.sweep.grid import read_journal
+from hf_geonorm.training.sweep.report import at_edge, best_rates, rate_text
 
 RESULTS = Path(__file__).parent / "results"
 LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rule.json"

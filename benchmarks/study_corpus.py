@@ -87,13 +87,14 @@ def build(out: Path) -> dict:
 def token_counts(out: Path, cache: str) -> dict:
     """The corpus's tokens as the study's runs see them: ``train``'s data step (the tokenizer trained on the fly,
     the held-out documents, the blocks), which also fills the cache the runs read."""
+    from hf_geonorm.training.data.prepare import data_request, data_source, training_data
     from hf_geonorm.training.options import TrainOptions
-    from hf_geonorm.training.prepare import data_source, training_data
 
     options = TrainOptions(data=str(out), data_cache=cache, seq_len=SEQ_LEN, eval_blocks=EVAL_BLOCKS)
-    corpus, tokenizer, from_model = data_source(options, print)
-    facts = training_data(options, corpus, tokenizer, from_model, print).facts
-    return {"seq_len": SEQ_LEN, "eval_blocks": EVAL_BLOCKS, "vocab_size": len(tokenizer), **facts}
+    request = data_request(options)
+    source = data_source(request, print)
+    facts = training_data(source, request, print).facts
+    return {"seq_len": SEQ_LEN, "eval_blocks": EVAL_BLOCKS, "vocab_size": len(source.tokenizer), **facts}
 
 
 def main() -> None:

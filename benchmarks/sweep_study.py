@@ -42,9 +42,10 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from hf_geonorm.training.options import SweepOptions, TrainOptions
-from hf_geonorm.training.sweep import read_journal, run_sweep
-from hf_geonorm.training.sweep_report import arm_name, best_rates
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.sweep.grid import read_journal, run_sweep
+from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm.training.sweep.report import arm_name, best_rates
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STEPS, WARMUP = 300, 30

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hf_geonorm.training.sweep import read_journal
-from hf_geonorm.training.sweep_report import best_rates, cells, mean_spread, rate_text
+from hf_geonorm.training.sweep.grid import read_journal
+from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread, rate_text
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"

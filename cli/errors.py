@@ -39,7 +39,7 @@ class GeoNormGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except SystemExit as error:
-            if _is_instance(error, "hf_geonorm.files.atomic", "Terminated"):
+            if _is_instance(error, "hf_geonorm.files.signals", "Terminated"):
                 stopped = click.ClickException("terminated (SIGTERM); no partial output is left")
                 stopped.exit_code = 128 + signal.SIGTERM
                 raise stopped from None

@@ -26,13 +26,13 @@ def library_module(relative: str) -> ModuleType:
 
 
 def _mirror_packages() -> None:
-    """``hf_geonorm_cli._library`` and one package per folder of ``hf_geonorm``, each searching that folder,
-    none running its ``__init__``."""
+    """``hf_geonorm_cli._library`` and one package per package folder of ``hf_geonorm`` (``training/sweep`` too),
+    each searching that folder, none running its ``__init__``."""
     package = importlib.util.find_spec("hf_geonorm")  # finds the package without running it
     root = Path(package.submodule_search_locations[0])
-    folders = [root, *(path for path in root.iterdir() if (path / "__init__.py").is_file())]
+    folders = [root, *sorted(path.parent for path in root.rglob("*/__init__.py"))]
     for folder in folders:
-        name = MIRROR if folder == root else f"{MIRROR}.{folder.name}"
+        name = ".".join((MIRROR, *folder.relative_to(root).parts))
         module = ModuleType(name)
         module.__path__ = [str(folder)]
         module.__package__ = name

@@ -213,7 +213,7 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
     """
     if preset is None:
         raise click.UsageError(f"--preset is required: one of {', '.join(PRESETS)}")
-    from hf_geonorm.training.model import write_scratch_config
+    from hf_geonorm.training.run.model import write_scratch_config
 
     try:
         result = write_scratch_config(

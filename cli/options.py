@@ -23,10 +23,19 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
 
 
+# The declarations of the commands' options, by name: the library module of each, read from its file.
+DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options"}
+
+
 def declarations() -> ModuleType:
-    """``hf_geonorm/training/options.py`` (``TrainOptions``, ``SweepOptions``) read from its file (``library``), for
-    a ``--help`` without torch. The commands build the library's own classes from the values."""
+    """``hf_geonorm/training/options.py`` (``TrainOptions``, and how a field declares its option) read from its file
+    (``library``), for a ``--help`` without torch. The commands build the library's own classes from the values."""
     return library_module("training/options")
+
+
+def declaration(name: str) -> type:
+    """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``), read from its file."""
+    return getattr(library_module(DECLARATIONS[name]), name)
 
 
 def setting_declarations() -> ModuleType:
@@ -321,12 +330,12 @@ def field_options(field: dataclasses.Field, form: dict[str, Any], default: Any) 
 
 
 def declared_options(*names: str, command: str) -> Callable:
-    """Decorate a command with the options of the declarations ``names`` (``TrainOptions``, ``SweepOptions`` of
-    ``hf_geonorm.training.options``), in their order, the GeoNorm settings' options after ``--preset``; the
+    """Decorate a command with the options of the declarations ``names`` (``DECLARATIONS``: ``TrainOptions``,
+    ``SweepOptions``), in their order, the GeoNorm settings' options after ``--preset``; the
     fields ``sweep`` does not take, and the settings its own options set (``replaces``: ``--styles`` sets the norm
     style), are left out of it. Every option defaults to None, so that only what the user gave reaches the
     declaration (``given``) and its defaults apply: they are written once, in the declaration."""
-    declared = [entry for name in names for entry in declared_fields(getattr(declarations(), name))]
+    declared = [entry for name in names for entry in declared_fields(declaration(name))]
     replaced = frozenset(form["replaces"] for _, form, _ in declared if "replaces" in form)
     decorators: list[Callable] = []
     for field, form, default in declared:

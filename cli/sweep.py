@@ -1,5 +1,5 @@
 """``hf-geonorm sweep``: a grid of norm styles x learning rates x seeds, each run as ``hf-geonorm train`` runs it
-(hf_geonorm.training.sweep). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
+(hf_geonorm.training.sweep.grid). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
 generated from their one declaration."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .options import declarations, declared_options, given, pop_settings
+from .options import declaration, declared_options, given, pop_settings
 from .train import run_checked
 
 
@@ -25,10 +25,11 @@ def sweep(**kwargs: Any) -> None:
     beyond an edge while a style's best rate is there; --confirm-seeds runs more seeds at each best rate only.
     """
     settings = pop_settings(kwargs)
-    sweep_names = {spec.name for spec in dataclasses.fields(declarations().SweepOptions)}
+    sweep_names = {spec.name for spec in dataclasses.fields(declaration("SweepOptions"))}
     sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
-    from hf_geonorm.training.options import SweepOptions, TrainOptions
-    from hf_geonorm.training.sweep import run_sweep
+    from hf_geonorm.training.options import TrainOptions
+    from hf_geonorm.training.sweep.grid import run_sweep
+    from hf_geonorm.training.sweep.options import SweepOptions
 
     options = SweepOptions(**sweep_values)
     try:

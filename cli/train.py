@@ -1,4 +1,4 @@
-"""``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training.trainer). Its options are
+"""``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training.run.trainer). Its options are
 generated from ``hf_geonorm.training.options.TrainOptions``, where each is declared once."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def train(**kwargs: Any) -> None:
     """
     settings = pop_settings(kwargs)
     from hf_geonorm.training.options import TrainOptions
-    from hf_geonorm.training.trainer import run_training
+    from hf_geonorm.training.run.trainer import run_training
 
     run_checked(lambda: run_training(TrainOptions(settings=settings, **given(kwargs)).validate(), log=click.echo))
 

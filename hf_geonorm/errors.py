@@ -1,4 +1,5 @@
-"""The errors the library raises for its user, and how a message is cut to the one line the command line prints.
+"""The errors the library raises for its user (a setting out of range, a non-finite metric, what would need custom
+code), and how a message is cut to the one line the command line prints.
 
 Imports only the standard library: the command line reads ``first_line`` from this file (``hf_geonorm_cli.library``)
 without importing torch, so that it formats its own messages as the library does.
@@ -20,3 +21,16 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     text = str(error).strip() or type(error).__name__
     line = text.splitlines()[0].strip()
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def needs_custom_code(error: BaseException) -> bool:
+    """Whether transformers refused to load something because it needs the code shipped with it."""
+    return isinstance(error, ValueError) and "trust_remote_code" in str(error)
+
+
+def custom_code_error(what: str, where: str, fix: str) -> ValueError:
+    """The one-line refusal of ``what`` (a tokenizer, a config) in ``where`` that needs custom code."""
+    return ValueError(
+        f"the {what} of {where} needs custom code (an auto_map in its tokenizer_config.json or config.json), which "
+        f"hf-geonorm never runs; {fix}"
+    )

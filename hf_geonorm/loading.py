@@ -8,7 +8,7 @@ one-line ``ValueError`` that names the file and the fix.
 
 No code shipped with a folder or a Hub repository ever runs: every tokenizer, config and model is loaded with
 ``NO_REMOTE_CODE`` (transformers then never asks "Do you wish to run the custom code?"), GeoNorm types load
-through the plugin's own classes, and what would need custom code is refused in one line (``custom_code_error``).
+through the plugin's own classes, and what would need custom code is refused in one line (``errors.custom_code_error``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import SettingsError, first_line
+from .errors import SettingsError, custom_code_error, first_line, needs_custom_code
 from .files.gguf_files import dequantize_gguf
 from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from .loading_info import check_loading_info, geonorm_keys
@@ -43,19 +43,6 @@ POSITIVE_SIZES = (
     "head_dim", "vocab_size", "n_positions", "max_position_embeddings", "intermediate_size",
 )  # fmt: skip
 NO_REMOTE_CODE = {"trust_remote_code": False}  # for every from_pretrained of a folder, a file or a Hub id
-
-
-def needs_custom_code(error: BaseException) -> bool:
-    """Whether transformers refused to load something because it needs the code shipped with it."""
-    return isinstance(error, ValueError) and "trust_remote_code" in str(error)
-
-
-def custom_code_error(what: str, where: str, fix: str) -> ValueError:
-    """The one-line refusal of ``what`` (a tokenizer, a config) in ``where`` that needs custom code."""
-    return ValueError(
-        f"the {what} of {where} needs custom code (an auto_map in its tokenizer_config.json or config.json), which "
-        f"hf-geonorm never runs; {fix}"
-    )
 
 
 def standard_tokenizer(tokenizer: Any, where: str, fix: str) -> Any:

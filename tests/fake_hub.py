@@ -7,7 +7,7 @@ _fetch_upload_modes and _send_commit; lfs.py post_lfs_batch_info and lfs_upload)
 
     POST /api/repos/create                                   409 when the repository exists
     POST /api/models/{repo}/branch/{branch}                  409 when the branch exists
-    POST /api/validate-yaml                                  hf_geonorm.sharing.card_checks.validate_card(geonorm=False)
+    POST /api/validate-yaml                                  sharing.card_metadata.validate_card(geonorm=False)
     POST /api/models/{repo}/preupload/{revision}             "lfs" for weight files and files >= 10 MB
     POST /{repo}.git/info/lfs/objects/batch                  basic transfer: upload + verify actions
     PUT  /lfs-upload/{oid}   POST /lfs-verify                checks the sha256 and the size
@@ -120,7 +120,7 @@ class FakeHub:
         return 200, {}
 
     def validate_yaml(self, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        from hf_geonorm.sharing.card_checks import validate_card
+        from hf_geonorm.sharing.card_metadata import validate_card
 
         content = payload.get("content", "")
         self.validated.append(content)

@@ -22,7 +22,7 @@ from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
-from hf_geonorm.files import atomic
+from hf_geonorm.files import atomic, signals
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])
@@ -208,11 +208,10 @@ def test_sigkill_during_convert_leaves_a_partial_that_the_next_run_removes(tmp_p
 
 
 READ_ONLY_CHILD = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("atomic", sys.argv[1])  # the module alone: no torch to import
-atomic = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(atomic)
-with atomic.atomic_directory(sys.argv[2], force=True) as tmp:
+import sys
+from hf_geonorm_cli.library import library_module
+atomic = library_module("files/atomic")  # the module and what it imports, from their files: no torch to import
+with atomic.atomic_directory(sys.argv[1], force=True) as tmp:
     (tmp / "new.txt").write_text("new")
 """
 
@@ -226,7 +225,7 @@ def test_force_onto_a_read_only_folder_leaves_nothing_behind(tmp_path):
     for folder in (out / "sub", out):
         folder.chmod(0o555)
     child = subprocess.run(
-        [sys.executable, "-c", READ_ONLY_CHILD, atomic.__file__, str(out)],
+        [sys.executable, "-c", READ_ONLY_CHILD, str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -263,20 +262,20 @@ class SignalsWhenCollected:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_sigterm_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
     reached = []
-    with pytest.raises(atomic.Terminated) as raised:
-        with atomic.terminate_raises():
+    with pytest.raises(signals.Terminated) as raised:
+        with signals.terminate_raises():
             SignalsWhenCollected()  # collected at once: its Terminated is printed as ignored, not raised here
             reached.append(True)
     assert reached and raised.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    atomic.raise_if_terminated()  # raised once: nothing left pending
+    signals.raise_if_terminated()  # raised once: nothing left pending
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_swallowed_sigterm_stops_training_at_the_next_step():
-    from hf_geonorm.training.trainer import TerminationCheck
+    from hf_geonorm.training.run.trainer import TerminationCheck
 
-    with atomic.terminate_raises():
+    with signals.terminate_raises():
         SignalsWhenCollected()
-        with pytest.raises(atomic.Terminated):
+        with pytest.raises(signals.Terminated):
             TerminationCheck().on_step_end()

@@ -1,7 +1,7 @@
 """The library behind the command line, called directly: loading sources strictly (hf_geonorm.loading, GGUF),
 conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one
 (hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.inspection) and
-from-scratch configs (hf_geonorm.training.model).
+from-scratch configs (hf_geonorm.training.run.model).
 
 Issue 15 items 2, 5 and 9: no tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
@@ -25,7 +25,7 @@ import hf_geonorm
 from hf_geonorm import conversion, errors, inspection, loading
 from hf_geonorm.analysis import angles, evaluation
 from hf_geonorm.files import text_files
-from hf_geonorm.training.model import write_scratch_config
+from hf_geonorm.training.run.model import write_scratch_config
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 

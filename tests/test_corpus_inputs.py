@@ -1,4 +1,4 @@
-"""The corpora users have (hf_geonorm.training.corpus): one sentence a line with no blank lines, a huge single
+"""The corpora users have (hf_geonorm.training.data.corpus): one sentence a line with no blank lines, a huge single
 line, `.json` JSON lines, text columns of the wrong type, hidden files, CRLF and a BOM, FIFOs and devices, and
 `datasets` folders with a config and a text column. Each expectation is computed here from the file's content."""
 
@@ -17,8 +17,9 @@ from conftest import STDLIB, train_in
 from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer
 
-from hf_geonorm.training.corpus import PIECE_CHARS, resolve_corpus
-from hf_geonorm.training.pipeline import ArrowBlocks
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.documents import PIECE_CHARS
+from hf_geonorm.training.data.pipeline import ArrowBlocks
 
 
 def sentences(count: int) -> str:
@@ -155,7 +156,7 @@ def test_text_column_and_data_config_on_a_local_dataset(tmp_path):
 
 
 def _source(folder: Path, config: str):
-    from hf_geonorm.training.corpus import HubSource
+    from hf_geonorm.training.data.corpus import HubSource
 
     return HubSource(str(folder), config)
 

@@ -1,4 +1,4 @@
-"""The data cache is verified, not trusted (issue 30, hf_geonorm.training.cache_checks): a corpus whose content
+"""The data cache is verified, not trusted (issue 30, hf_geonorm.training.data.cache_checks): a corpus whose content
 changed under the same size and modification time is tokenized again; an entry whose Arrow files or meta.json were
 changed, cut short or removed is rebuilt with one warning naming it; a storage error is one line naming the cache
 and the fix, and leaves nothing half-written. The expected blocks are computed from the documented rules
@@ -12,6 +12,7 @@ import re
 import shutil
 import sysconfig
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,12 @@ from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 
-from hf_geonorm.training import pipeline
-from hf_geonorm.training.corpus import resolve_corpus
+from hf_geonorm.training.data import pipeline
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.pipeline import tokenizer_digest
+from hf_geonorm.training.data.prepare import DataSource, data_request, training_data
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
-from hf_geonorm.training.prepare import training_data
-from hf_geonorm.training.tokenizer import train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = (STDLIB / "textwrap.py").read_text()
@@ -38,7 +40,8 @@ def prepare(path: Path, cache: Path, tokenizer) -> tuple[list[list[int]], str]:
     """The training blocks of ``path`` as a run gets them, and what the run logged."""
     lines: list[str] = []
     options = TrainOptions(data=str(path), seq_len=32, data_cache=str(cache), max_steps=1)
-    data = training_data(options, resolve_corpus(str(path)), tokenizer, False, lines.append)
+    source = DataSource(resolve_corpus(str(path)), tokenizer, False, tokenizer_digest(tokenizer))
+    data = training_data(source, replace(data_request(options), evaluated_blocks=None), lines.append)
     return [data.train[i]["input_ids"].tolist() for i in range(len(data.train))], "\n".join(lines)
 
 
@@ -150,7 +153,7 @@ def test_a_full_device_while_the_blocks_are_built_is_one_line_and_leaves_nothing
     ],
 )
 def test_storage_errors_name_the_cache_and_the_fix(tmp_path, error, says):
-    from hf_geonorm.training.cache_checks import storage_errors
+    from hf_geonorm.training.data.cache_checks import storage_errors
 
     cache = tmp_path / "cache"
     if getattr(error, "filename", None):
@@ -162,7 +165,7 @@ def test_storage_errors_name_the_cache_and_the_fix(tmp_path, error, says):
 
 
 def test_an_error_reading_the_data_is_not_taken_for_one_of_the_cache(tmp_path):
-    from hf_geonorm.training.cache_checks import storage_errors
+    from hf_geonorm.training.data.cache_checks import storage_errors
 
     unreadable = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data.txt"))
     with pytest.raises(PermissionError), storage_errors(tmp_path / "cache"):

@@ -21,9 +21,9 @@ from test_data_pipeline import held_out
 from transformers import AutoTokenizer
 
 from hf_geonorm.files.text_files import read_text
-from hf_geonorm.training.corpus import resolve_corpus
-from hf_geonorm.training.pipeline import ArrowBlocks, tokenizer_digest
-from hf_geonorm.training.tokenizer import train_tokenizer
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.pipeline import ArrowBlocks, tokenizer_digest
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 
 
 def logged(output: str, pattern: str) -> int:
@@ -108,8 +108,8 @@ def test_training_the_tokenizer_twice_on_the_same_documents_gives_the_same_diges
     docs = list(resolve_corpus(None).tokenizer_sample(400_000)[0])
     digests = {tokenizer_digest(train_tokenizer(docs, 500)) for _ in range(2)}
     (tmp_path / "docs.json").write_text(json.dumps(docs))
-    code = ("import json, sys; from hf_geonorm.training.pipeline import tokenizer_digest; "
-            "from hf_geonorm.training.tokenizer import train_tokenizer; "
+    code = ("import json, sys; from hf_geonorm.training.data.pipeline import tokenizer_digest; "
+            "from hf_geonorm.training.data.tokenizer import train_tokenizer; "
             "print(tokenizer_digest(train_tokenizer(json.loads(open(sys.argv[1]).read()), 500)))")  # fmt: skip
     child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "docs.json")], capture_output=True, text=True,
                            check=True)  # fmt: skip

@@ -1,4 +1,4 @@
-"""`hf-geonorm train`'s data pipeline (hf_geonorm.training.corpus, pipeline, prepare): every token of the data is
+"""`hf-geonorm train`'s data pipeline (hf_geonorm.training.data.corpus, pipeline, prepare): every token of the data is
 trained on unless --max-tokens says otherwise, the tokenized blocks are cached and reused, validation is held out by
 documents, JSON lines and parquet, --streaming, and --resume in the middle of an epoch.
 
@@ -18,9 +18,9 @@ import pytest
 from conftest import STDLIB, train
 from transformers import AutoTokenizer
 
-from hf_geonorm.training import trainer as trainer_module
-from hf_geonorm.training.corpus import resolve_corpus
-from hf_geonorm.training.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
+from hf_geonorm.training.run import trainer as trainer_module
 
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
          "--eval-every", "2", "--preset", "tiny"]  # fmt: skip

@@ -17,9 +17,10 @@ from hf_geonorm_cli.main import cli
 
 from hf_geonorm.modeling import settings
 from hf_geonorm.training import presets
-from hf_geonorm.training import sweep as sweep_module
-from hf_geonorm.training import trainer as trainer_module
-from hf_geonorm.training.options import SweepOptions, TrainOptions
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.run import trainer as trainer_module
+from hf_geonorm.training.sweep import grid as sweep_module
+from hf_geonorm.training.sweep.options import SweepOptions
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep"}
 ROOT = Path(__file__).parent.parent

@@ -22,7 +22,8 @@ import hf_geonorm
 from hf_geonorm.sharing.card_checks import check_shareable
 from hf_geonorm.sharing.hub import save_shareable
 from hf_geonorm.sharing.model_card import TRAINER_CARD_MARK, CardInfo
-from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions, evaluated_blocks
+from hf_geonorm.training.data.prepare import evaluation_size
+from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3"]
 LINEAGE = {"license": "mit", "source": "some/original", "base_model": "org/base-model", "language": "en"}
@@ -51,10 +52,10 @@ def short_run(tmp_path_factory, data_file) -> tuple[Path, str]:
 
 
 def test_the_default_evaluation_is_sized_to_the_run_and_the_held_out_documents_are_not():
-    assert evaluated_blocks(TrainOptions()) == EVAL_BLOCKS  # train's default run: as before
-    assert evaluated_blocks(TrainOptions(max_steps=20)) == 32  # the 20-step fine-tune
-    assert evaluated_blocks(TrainOptions(max_steps=4, batch_size=2)) == 8  # the floor
-    assert evaluated_blocks(TrainOptions(max_steps=4, eval_blocks=100)) == 100  # given: kept
+    assert evaluation_size(TrainOptions()) == EVAL_BLOCKS  # train's default run: as before
+    assert evaluation_size(TrainOptions(max_steps=20)) == 32  # the 20-step fine-tune
+    assert evaluation_size(TrainOptions(max_steps=4, batch_size=2)) == 8  # the floor
+    assert evaluation_size(TrainOptions(max_steps=4, eval_blocks=100)) == 100  # given: kept
     assert TrainOptions(max_steps=4).held_out_blocks() == TrainOptions().held_out_blocks() == EVAL_BLOCKS
 
 

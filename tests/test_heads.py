@@ -22,7 +22,7 @@ from tiny_models import CASES, layers_of, stock_model, tiny_config, token_ids
 from transformers.models.auto import modeling_auto
 
 import hf_geonorm
-from hf_geonorm.training.corpus import stdlib_files
+from hf_geonorm.training.data.corpus import stdlib_files
 
 # The Auto classes of the heads, each with transformers' own table of the stock types that have that head.
 HEAD_TABLES = {
@@ -308,7 +308,7 @@ def test_the_card_of_a_head_names_its_task_and_auto_class(auto, task, tmp_path):
     """A head's card is not a text-generation card: the Hub task and the loading examples follow the head."""
     import yaml
 
-    from hf_geonorm.sharing.card_checks import validate_card
+    from hf_geonorm.sharing.card_metadata import validate_card
     from hf_geonorm.sharing.model_card import write_model_card
 
     config = hf_geonorm.convert(stock_model("llama")).config

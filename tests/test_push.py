@@ -29,7 +29,8 @@ from transformers import AutoModelForCausalLM
 
 import hf_geonorm
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
-from hf_geonorm.sharing.card_checks import auto_map_for, validate_card
+from hf_geonorm.sharing.card_checks import auto_map_for
+from hf_geonorm.sharing.card_metadata import validate_card
 from hf_geonorm.sharing.hub import PushOptions, push_to_hub, shareable_files
 from hf_geonorm.sharing.model_card import CardInfo
 

@@ -17,7 +17,7 @@ import pytest
 from tiny_models import tiny_model
 
 from hf_geonorm.conversion import convert_checkpoint
-from hf_geonorm.training.tokenizer import train_tokenizer
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MARKER_CODE = """

@@ -29,7 +29,8 @@ from transformers import AutoModelForCausalLM
 
 import hf_geonorm
 from hf_geonorm.modeling.remote_code import METHOD_SPEC, remote_code_files
-from hf_geonorm.sharing.card_checks import auto_map_for, check_remote_code, check_shareable, validate_card
+from hf_geonorm.sharing.card_checks import auto_map_for, check_remote_code, check_shareable
+from hf_geonorm.sharing.card_metadata import validate_card
 from hf_geonorm.sharing.hub import save_shareable, shareable_files
 from hf_geonorm.sharing.model_card import (
     CARD_DATA,
@@ -40,7 +41,7 @@ from hf_geonorm.sharing.model_card import (
     write_model_card,
 )
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.trainer import run_training
+from hf_geonorm.training.run.trainer import run_training
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 REPO_ID = "tester/tiny-geonorm"

@@ -1,27 +1,35 @@
-"""The shape of the package: what may sit at the top of ``hf_geonorm/``, and the training modules in the order the
-data flows (documents, tokenizer, blocks, trainer): none imports one after it, and following the options down the
-calls of ``run_training`` enters each at most twice."""
+"""The shape of the package: what may sit at the top of ``hf_geonorm/``; the training modules in the order the data
+flows (documents, tokenizer, blocks, trainer), none importing one after it; following the calls of ``run_training``
+enters each at most twice; and following ``train``'s options from the command to the run visits at most
+MAX_FILES_VISITED files with at most MAX_CLIMBS climbs back up."""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
-from test_repository import PACKAGE, absolute, imported_names
+from test_repository import PACKAGE, ROOT, absolute, imported_names
 
 # The top of the package: the patching, loading and conversion core, the errors every layer raises, and
 # ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has its folder.
 TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
-# The training modules, each after every module it imports: the model sizes, the declaration and the transformers
-# internals named, then the data as it flows (documents, tokenizer, token batches, blocks, made ready for Trainer),
-# the model and what trains it, the run's outputs, the run, and the sweep over runs.
+# The training modules (by their path under training/), each after every module it imports: the model sizes, the
+# declaration and the rate rule, the transformers internals named, then the data as it flows (documents, tokenizer,
+# token batches, blocks, made ready for Trainer), the run's record and its checkpoints, the model and what trains it,
+# the run's outputs, the run, and the sweep over runs.
 FLOW = (
-    "presets", "options", "transformers_internals", "cache_checks", "corpus", "tokenizer", "token_batches",
-    "pipeline", "prepare", "run_record", "model", "optim", "bridge", "checkpoints", "outputs", "trainer",
-    "sweep_report", "sweep_journal", "sweep",
+    "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
+    "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare", "run.record",
+    "run.checkpoints", "run.model", "run.optim", "run.bridge", "run.outputs", "run.trainer", "sweep.options",
+    "sweep.report", "sweep.journal", "sweep.grid",
 )  # fmt: skip
 MAX_ENTRIES = 2
+# Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:
+# 22 files, 6 climbs back up.
+MAX_FILES_VISITED = 15
+MAX_CLIMBS = 5
 
 
 def test_the_top_of_the_package_holds_only_the_core():
@@ -30,24 +38,75 @@ def test_the_top_of_the_package_holds_only_the_core():
 
 
 def training_imports() -> dict[str, set[str]]:
-    """Training module -> the training modules it imports (anywhere in the file)."""
+    """Training module (``data.corpus``) -> the training modules it imports (anywhere in the file)."""
     prefix = "hf_geonorm.training."
     found = {}
-    for path in TRAINING.glob("*.py"):
+    for path in TRAINING.rglob("*.py"):
         if path.stem == "__init__":
             continue
-        targets = {absolute(path, level, name) for level, name in imported_names(path)}
-        found[path.stem] = {t.removeprefix(prefix) for t in targets if t.removeprefix(prefix) in FLOW}
+        name = ".".join(path.relative_to(TRAINING).with_suffix("").parts)
+        targets = {absolute(path, level, imported).removeprefix(prefix) for level, imported in imported_names(path)}
+        found[name] = targets & set(FLOW)
     return found
 
 
 def test_no_training_module_imports_one_after_it_in_the_flow():
     imports = training_imports()
     assert set(imports) == set(FLOW), f"place every training module in FLOW: {sorted(set(imports) ^ set(FLOW))}"
-    assert "corpus" in imports["pipeline"] and "tokenizer" in imports["prepare"]  # the edges this test reads
+    assert "data.corpus" in imports["data.pipeline"] and "data.tokenizer" in imports["data.prepare"]  # edges it reads
     upward = [f"{module} imports {target}" for module, targets in sorted(imports.items()) for target in sorted(targets)
               if FLOW.index(target) > FLOW.index(module)]  # fmt: skip
     assert not upward, "imports that run back up the flow:\n" + "\n".join(upward)
+
+
+@dataclass
+class Code:
+    """The modules of some packages, by dotted name: each one's top-level functions and classes, and every name it
+    imports (anywhere in the file) as (module, name)."""
+
+    defined: dict[str, dict[str, ast.FunctionDef | ast.ClassDef]]
+    imported: dict[str, dict[str, tuple[str, str]]]
+
+    def definition(self, module: str, name: str) -> tuple[str, str] | None:
+        """The function or class ``name`` means in ``module`` as (module, name), through imports and re-exports; a
+        module imported whole as (module, ""); None for what the packages do not define."""
+        for _ in range(len(self.defined)):
+            if name in self.defined[module]:
+                return module, name
+            if name not in self.imported[module]:
+                return None
+            source, real = self.imported[module][name]
+            if f"{source}.{real}" in self.defined:
+                return f"{source}.{real}", ""
+            if source not in self.defined:
+                return None
+            module, name = source, real
+        return None
+
+
+def read_code(packages: dict[str, Path]) -> Code:
+    """The modules of ``packages`` (package name -> its folder, every subfolder included)."""
+    paths = {}
+    for package, folder in packages.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            paths[".".join((package, *parts))] = path
+    defined, imported = {}, {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined[module] = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        imported[module] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, node.module] if node.module else base)
+                imported[module] |= {alias.asname or alias.name: (source, alias.name) for alias in node.names}
+            elif isinstance(node, ast.Import):
+                imported[module] |= {alias.asname: tuple(alias.name.rsplit(".", 1)) for alias in node.names
+                                     if alias.asname and "." in alias.name}  # fmt: skip
+    return Code(defined, imported)
 
 
 def names_used(node: ast.AST) -> list[ast.Name]:
@@ -79,40 +138,30 @@ def names_used(node: ast.AST) -> list[ast.Name]:
 
 
 def entries(folder: Path, start: tuple[str, str]) -> dict[str, set[str]]:
-    """Module of ``folder`` -> the other modules of ``folder`` whose functions, reached from ``start`` (module,
-    function) through the functions and classes they use, call into it (a class reached counts all its methods)."""
-    trees = {path.stem: ast.parse(path.read_text(encoding="utf-8")) for path in folder.glob("*.py")}
-    defined = {
-        module: {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-        for module, tree in trees.items()
-    }
-    imported = {
-        module: {alias.asname or alias.name: (node.module, alias.name) for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in trees
-                 for alias in node.names}
-        for module, tree in trees.items()
-    }  # fmt: skip
+    """Module of ``folder`` (its dotted path there: ``run.trainer``) -> the other modules of ``folder`` whose
+    functions, reached from ``start`` (module, function) through the functions and classes they use, call into it
+    (a class reached counts all its methods)."""
+    code = read_code({"package": folder})
     found: dict[str, set[str]] = {}
-    seen, todo = set(), [start]
+    seen, todo = set(), [("package." + start[0], start[1])]
     while todo:
         module, name = todo.pop()
         if (module, name) in seen:
             continue
         seen.add((module, name))
-        for used in names_used(defined[module][name]):
-            if used.id in defined[module]:
-                todo.append((module, used.id))
-            elif used.id in imported[module]:
-                target, real = imported[module][used.id]
-                if real in defined[target]:  # a function or class: the call path enters the module
-                    found.setdefault(target, set()).add(module)
-                    todo.append((target, real))
+        for used in names_used(code.defined[module][name]):
+            target = code.definition(module, used.id)
+            if target is None or not target[1]:
+                continue
+            if target[0] != module:  # a function or class of another module: the call path enters it
+                found.setdefault(target[0].removeprefix("package."), set()).add(module.removeprefix("package."))
+            todo.append(target)
     return found
 
 
 def test_following_the_options_down_run_training_enters_each_training_module_at_most_twice():
-    entered = entries(TRAINING, ("trainer", "run_training"))
-    assert entered["corpus"] and entered["pipeline"] and entered["checkpoints"]  # the walk follows the calls down
+    entered = entries(TRAINING, ("run.trainer", "run_training"))
+    assert entered["data.corpus"] and entered["data.pipeline"] and entered["run.checkpoints"]  # the walk goes down
     too_often = {module: sorted(callers) for module, callers in entered.items() if len(callers) > MAX_ENTRIES}
     assert not too_often, f"entered from more than {MAX_ENTRIES} modules: {too_often}"
 
@@ -130,6 +179,145 @@ def test_the_entries_are_counted_along_the_calls_and_not_the_annotations(tmp_pat
     )
     found = entries(tmp_path, ("run", "run"))
     assert found == {"low": {"run", "mid", "other"}, "mid": {"run"}, "other": {"run"}, "side": {"run"}}
+
+
+def calls_in_order(function: ast.FunctionDef) -> list[ast.Call]:
+    """The calls of ``function``'s body in the order they run: a call's arguments before the call itself (a lambda's
+    and a nested function's calls where they are written)."""
+    found: list[ast.Call] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call):
+            for child in [*node.args, *node.keywords, node.func]:
+                visit(child)
+            found.append(node)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for statement in function.body:
+        visit(statement)
+    return found
+
+
+def options_walk(code: Code, start: tuple[str, str], options: tuple[str, str]) -> list[tuple[str, str]]:
+    """The files a reader enters following the options from ``start`` (module, function), as (from, to) modules in
+    the order the calls run (depth first, each function followed once).
+
+    The walk reads ``start`` and every function handed the options: one with a parameter annotated with the options
+    class ``options`` (module, class), and the methods of that class (reached by calling it or a method of a
+    parameter of that type). Every call such a function makes to a function or class of ``code`` is an entry into its
+    module (when another); the walk follows it only where the callee is handed the options too. A function handed
+    explicit values is where the options end: a reader opens its file to see what it does with them, and follows no
+    further."""
+    walked: list[tuple[str, str]] = []
+    followed: set[tuple[str, str]] = set()
+
+    def handed_options(function: ast.FunctionDef) -> set[str]:
+        arguments = [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]
+        return {arg.arg for arg in arguments if arg.annotation is not None
+                and options[1] in ast.unparse(arg.annotation)}  # fmt: skip
+
+    def read(target: tuple[str, str]) -> list[tuple[ast.FunctionDef, set[str]]]:
+        """The functions of ``target`` the walk reads, each with its parameters that hold the options."""
+        node = code.defined[target[0]][target[1]]
+        if isinstance(node, ast.FunctionDef):
+            return [(node, handed_options(node))] if target == start or handed_options(node) else []
+        methods = [item for item in node.body if isinstance(item, ast.FunctionDef)]
+        if target == options:  # the options' own methods: ``self`` is the options
+            return [(method, {method.args.args[0].arg}) for method in methods if method.args.args]
+        return [(method, handed_options(method)) for method in methods if handed_options(method)]
+
+    def callee(module: str, func: ast.expr, parameters: set[str]) -> tuple[str, str] | None:
+        if isinstance(func, ast.Name):
+            return code.definition(module, func.id)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id in parameters:
+                return options  # a method of the options
+            found = code.definition(module, func.value.id)
+            if found is not None and not found[1]:  # a module imported whole: its function
+                return code.definition(found[0], func.attr) if func.attr in code.defined[found[0]] else None
+            return found  # a class's own method (Class.method): the class
+        return None
+
+    def follow(target: tuple[str, str]) -> None:
+        followed.add(target)
+        module = target[0]
+        for function, parameters in read(target):
+            for call in calls_in_order(function):
+                entered = callee(module, call.func, parameters)
+                if entered is None or not entered[1]:
+                    continue
+                if entered[0] != module:
+                    walked.append((module, entered[0]))
+                if entered not in followed and read(entered):
+                    follow(entered)
+
+    follow(start)
+    return walked
+
+
+def files_and_climbs(start: str, walked: list[tuple[str, str]]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The files visited, in the order first entered (``start`` first), and the climbs back up: each (from, to) pair
+    of modules where the walk enters a file it first entered before the file it comes from, counted once."""
+    visited = [start]
+    for _, entered in walked:
+        if entered not in visited:
+            visited.append(entered)
+    climbs = [(caller, entered) for caller, entered in walked if visited.index(entered) < visited.index(caller)]
+    return visited, list(dict.fromkeys(climbs))
+
+
+def test_following_trains_options_from_the_command_to_the_run_visits_few_files_and_climbs_back_little():
+    """A run read in one sitting: from ``hf-geonorm train`` (``cli/train.py``), the options go to the run, and the
+    run's steps take what they need of them.
+
+    How it is measured: ``options_walk`` over the modules of ``hf_geonorm`` and ``cli`` (``hf_geonorm_cli``), from
+    the command's function: it reads the command and every function handed the options object (a parameter
+    annotated ``TrainOptions``, and ``TrainOptions``'s own methods), in the order the calls run, and enters the file
+    of every function or class such a function calls; a callee handed explicit values is visited (a reader opens it
+    to see what it does with them) but not followed. What is not this repository's code (transformers, torch, the
+    standard library) is not counted. The modelling package counts like any other: it is never handed the options,
+    so a call into it is one visit and the walk goes no further. A file visited is one the walk enters at least
+    once; a climb back up is a pair (from, to) where the walk enters a file it first visited before the one it
+    comes from (back to a file already read), each pair counted once, however many calls it makes."""
+    code = read_code({"hf_geonorm": PACKAGE, "hf_geonorm_cli": ROOT / "cli"})
+    walked = options_walk(code, ("hf_geonorm_cli.train", "train"), ("hf_geonorm.training.options", "TrainOptions"))
+    visited, climbs = files_and_climbs("hf_geonorm_cli.train", walked)
+    assert {"hf_geonorm.training.options", "hf_geonorm.training.run.trainer"} <= set(visited)  # it reaches the run
+    assert len(visited) <= MAX_FILES_VISITED, f"{len(visited)} files visited: {visited}"
+    assert len(climbs) <= MAX_CLIMBS, f"{len(climbs)} climbs back up: {climbs}"
+
+
+def test_the_options_walk_follows_the_options_and_counts_what_it_visits(tmp_path):
+    """The walk on a command whose options reach ``run``, which hands them to ``low`` (which climbs back to the
+    options' file) and explicit values to ``side`` (visited, not followed: ``deep`` is never entered)."""
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "options.py").write_text(
+        "from .check import check\n\nclass Options:\n    def validate(self):\n        check()\n\n"
+        "def helper():\n    pass\n"
+    )
+    (package / "check.py").write_text("def check():\n    pass\n")
+    (package / "deep.py").write_text("def d():\n    pass\n")
+    (package / "side.py").write_text("from .deep import d\n\ndef s(size: int):\n    d()\n")
+    (package / "low.py").write_text(
+        "from .options import Options, helper\n\ndef l(options: Options):\n    helper()\n    options.validate()\n"
+    )
+    (package / "run.py").write_text(
+        "from .low import l\nfrom .options import Options\nfrom .side import s\n\n"
+        "def run(options: Options):\n    l(options)\n    s(options.size)\n\n"
+        "def main():\n    run(Options())\n"
+    )
+    code = read_code({"package": package})
+    walked = options_walk(code, ("package.run", "main"), ("package.options", "Options"))
+    assert walked == [
+        ("package.run", "package.options"), ("package.options", "package.check"), ("package.run", "package.low"),
+        ("package.low", "package.options"), ("package.low", "package.options"), ("package.run", "package.side"),
+    ]  # fmt: skip
+    visited, climbs = files_and_climbs("package.run", walked)
+    assert visited == ["package.run", "package.options", "package.check", "package.low", "package.side"]
+    assert climbs == [("package.low", "package.options")]
 
 
 def test_the_modelling_code_passes_its_values_explicitly():

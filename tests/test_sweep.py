@@ -17,12 +17,14 @@ from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-from hf_geonorm.training import sweep as sweep_module
-from hf_geonorm.training.options import FINE_TUNING_LR, RATE_RULE, SweepOptions, TrainOptions
-from hf_geonorm.training.pipeline import ArrowBlocks
-from hf_geonorm.training.sweep import journal_key, open_journal
-from hf_geonorm.training.sweep_journal import check_options, header_options, load_journal
-from hf_geonorm.training.sweep_report import at_edge, best_rates
+from hf_geonorm.training.data.pipeline import ArrowBlocks
+from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
+from hf_geonorm.training.rate_rule import RATE_RULE
+from hf_geonorm.training.sweep import grid as sweep_module
+from hf_geonorm.training.sweep.grid import journal_key, open_journal
+from hf_geonorm.training.sweep.journal import check_options, header_options, load_journal
+from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm.training.sweep.report import at_edge, best_rates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",

@@ -1,5 +1,5 @@
-"""The documents tokenized in batches of bounded text (hf_geonorm.training.token_batches): a document's tokens are the
-tokenizer's own for the whole document (``tokenizer(doc)``), whether it went to the tokenizer whole or in pieces; a
+"""The documents tokenized in batches of bounded text (hf_geonorm.training.data.token_batches): a document's tokens are
+the tokenizer's own for the whole document (``tokenizer(doc)``), whether it went to the tokenizer whole or in pieces; a
 tokenizer for which pieces could change the tokens gets whole documents; batches hold bounded text, in order; and
 worker processes and small batches build the blocks of the documented rules (tests/test_data_pipeline.py)."""
 
@@ -15,11 +15,11 @@ import pytest
 from test_data_pipeline import marked_text, reference_blocks, reference_documents
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
-from hf_geonorm.training import token_batches
-from hf_geonorm.training.corpus import resolve_corpus
-from hf_geonorm.training.pipeline import ArrowBlocks, prepare_blocks
-from hf_geonorm.training.token_batches import BATCH_CHARS, encode_documents, piece_cuts, text_batches
-from hf_geonorm.training.tokenizer import fast_tokenizer, train_tokenizer
+from hf_geonorm.training.data import token_batches
+from hf_geonorm.training.data.corpus import resolve_corpus
+from hf_geonorm.training.data.pipeline import ArrowBlocks, prepare_blocks
+from hf_geonorm.training.data.token_batches import BATCH_CHARS, encode_documents, piece_cuts, text_batches
+from hf_geonorm.training.data.tokenizer import fast_tokenizer, train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # Characters that meet at the cuts: ASCII and Unicode whitespace (Python's and the tokenizer's differ on some),
@@ -130,7 +130,7 @@ def test_workers_start_with_sigterms_default_and_end_by_their_queue(tokenizer):
     block, as here, where one worker does every task while the other starts, is where that happened)."""
     import signal
 
-    from hf_geonorm.files.atomic import terminate_raises
+    from hf_geonorm.files.signals import terminate_raises
 
     with terminate_raises():
         for _ in range(5):

@@ -22,8 +22,8 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm.training.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm.training.corpus import resolve_corpus, stdlib_files
+from hf_geonorm.training.data.corpus import resolve_corpus, stdlib_files
+from hf_geonorm.training.run.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 

@@ -25,11 +25,11 @@ from test_training_recipe import written_factor
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-from hf_geonorm.training import trainer
-from hf_geonorm.training.bridge import anneal_weights, last_first_bridges
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.tokenizer import train_tokenizer
-from hf_geonorm.training.trainer import run_training
+from hf_geonorm.training.run import trainer
+from hf_geonorm.training.run.bridge import anneal_weights, last_first_bridges
+from hf_geonorm.training.run.trainer import run_training
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 
@@ -275,7 +275,7 @@ def test_resume_with_other_logging_steps_continues_the_run_and_says_so(stopped, 
 
 @pytest.mark.parametrize("warmup, floor", [(0, 0.1), (3, 0.1), (0, 1.0)])
 def test_a_longer_run_is_allowed_exactly_where_the_steps_done_keep_their_learning_rates(tmp_path, warmup, floor):
-    from hf_geonorm.training.run_record import check_same_run, run_record, write_record
+    from hf_geonorm.training.run.record import check_same_run, run_record, write_record
 
     step, old, new = 2, 4, 8
     base = TrainOptions(max_steps=old, warmup_steps=warmup, min_lr_ratio=floor, lr=1e-3)
@@ -449,7 +449,7 @@ def test_a_non_finite_loss_fails_the_run_naming_the_step(tmp_path, data_file, ev
 
 
 def test_metrics_are_strict_json_with_null_for_non_finite_values():
-    from hf_geonorm.training.outputs import strict_json
+    from hf_geonorm.training.run.outputs import strict_json
 
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} is not JSON")

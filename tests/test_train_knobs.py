@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 import hf_geonorm
 from hf_geonorm.training import options as options_module
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.tokenizer import train_tokenizer
-from hf_geonorm.training.trainer import CheckedTrainer, run_training
+from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
 
 TINY = {"seq_len": 32, "vocab_size": 300, "warmup_steps": 0, "lr": 1e-3}
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]

@@ -17,9 +17,12 @@ from hf_geonorm_cli import options as cli_options
 from hf_geonorm_cli.main import cli
 
 from hf_geonorm.training import options as declared
-from hf_geonorm.training import trainer as trainer_module
-from hf_geonorm.training.model import with_learning_rate
-from hf_geonorm.training.options import FINE_TUNING_LR, SweepOptions, TrainOptions
+from hf_geonorm.training import rate_rule
+from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
+from hf_geonorm.training.run import trainer as trainer_module
+from hf_geonorm.training.run.model import with_learning_rate
+from hf_geonorm.training.sweep import options as sweep_declared
+from hf_geonorm.training.sweep.options import SweepOptions
 
 ROOT = Path(__file__).parent.parent
 
@@ -125,12 +128,12 @@ def test_the_library_rule_is_the_one_the_committed_journals_give():
     """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py fits from the committed journals today,
     and the rule predicts each measured cell's best rate (the lowest seed-0 validation loss, written out here) to
     within the grid's factor 2."""
-    from hf_geonorm.training.sweep import read_journal
+    from hf_geonorm.training.sweep.grid import read_journal
 
     root = ROOT
     bench = rate_rule_script()
     cells, edges = bench.measured_cells(root / "benchmarks" / "results" / "sweeps")
-    assert json.loads(declared.RATE_RULE.read_text()) == json.loads(
+    assert json.loads(rate_rule.RATE_RULE.read_text()) == json.loads(
         json.dumps(bench.library_rule(bench.report(cells, edges)))
     )
     edge = {(c["phase"], c["style"]) for c in edges}
@@ -144,7 +147,7 @@ def test_the_library_rule_is_the_one_the_committed_journals_give():
             if (phase, style) in edge:
                 continue
             best = min((r for r in runs if r["style"] == style), key=lambda r: r["val_loss"])["lr"]
-            lr, _ = declared.pretraining_rate(arch, style, width, layers)
+            lr, _ = rate_rule.pretraining_rate(arch, style, width, layers)
             assert best / 2 <= lr <= best * 2, (phase, style, lr, best)
             checked += 1
     assert checked >= 5  # phase h's five styles at least
@@ -158,7 +161,7 @@ def test_the_default_rate_of_a_from_scratch_model_is_the_rule_at_its_shape(arch,
     architecture the rule does not hold), at the shapes of the presets as built."""
     from hf_geonorm.training.presets import PRESETS
 
-    table = json.loads(declared.RATE_RULE.read_text())
+    table = json.loads(rate_rule.RATE_RULE.read_text())
     rule = table["rules"].get(arch, table["rules"]["gpt2"])[style]
     expected = float(f"{rule['c'] * width ** rule['a'] * depth ** rule['b']:.2g}")
     assert (PRESETS[preset]["hidden_size"], PRESETS[preset]["num_hidden_layers"]) == (width, depth)
@@ -213,7 +216,7 @@ def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(
 
 
 def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
-    from hf_geonorm.training.outputs import training_facts
+    from hf_geonorm.training.run.outputs import training_facts
 
     options = TrainOptions(lr=1e-3, warmup_steps=30, max_steps=300, weight_decay=0.0)
     facts = training_facts(options, "d", 20, 1.0, 1.0)  # stopped at step 20 of a 30-step warm-up: 20/30 of the peak
@@ -221,10 +224,10 @@ def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
 
 
 def test_the_declaration_modules_import_only_the_standard_library():
-    """The declaration and the library modules it imports at load time, followed down their relative imports, as
+    """The declarations and the library modules they import at load time, followed down their relative imports, as
     the CLI reads them for ``--help`` (``cli/library.py``): the standard library and each other only."""
     seen: set[Path] = set()
-    todo = [Path(declared.__file__)]
+    todo = [Path(declared.__file__), Path(sweep_declared.__file__)]
     while todo:
         path = todo.pop()
         if path in seen:
@@ -237,4 +240,6 @@ def test_the_declaration_modules_import_only_the_standard_library():
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
                 assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
-    assert {path.name for path in seen} == {"options.py", "presets.py", "settings.py"}
+    package = Path(declared.__file__).parents[1]
+    assert {path.relative_to(package).as_posix() for path in seen} == {
+        "training/options.py", "training/presets.py", "training/sweep/options.py", "modeling/settings.py"}

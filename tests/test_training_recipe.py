@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
 
 import hf_geonorm  # noqa: F401 - registers the GeoNorm classes with the Auto classes
-from hf_geonorm.training.model import build_model
+from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.tokenizer import train_tokenizer
-from hf_geonorm.training.trainer import CheckedTrainer, run_training
+from hf_geonorm.training.run.model import build_model
+from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
 
 RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
 

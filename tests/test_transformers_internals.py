@@ -1,4 +1,4 @@
-"""The private transformers attributes hf-geonorm touches (hf_geonorm.training.transformers_internals): each is in
+"""The private transformers attributes hf-geonorm touches (hf_geonorm.training.run.transformers_internals): each is in
 the installed transformers with the signature hf-geonorm relies on, the package touches none that the module does
 not name, and the check finds a renamed method or a changed signature."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import PreTrainedConfig, PreTrainedModel, Trainer, TrainerCallback
 
-from hf_geonorm.training import transformers_internals as internals
+from hf_geonorm.training.run import transformers_internals as internals
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_geonorm"
 # the transformers classes whose private attributes hf-geonorm's classes could override or read
@@ -78,7 +78,7 @@ def test_the_package_touches_no_private_transformers_attribute_that_is_not_named
     assert {"_save_checkpoint", "_CAN_RECORD_REGISTRY", "_weight_conversions"} <= set(found)  # the three kinds
     named = {internal.name for internal in internals.INTERNALS}
     unnamed = {name: sorted(modules) for name, modules in found.items() if name not in named}
-    assert not unnamed, f"name these in hf_geonorm/training/transformers_internals.py: {unnamed}"
+    assert not unnamed, f"name these in hf_geonorm/training/run/transformers_internals.py: {unnamed}"
     sources = "\n".join(path.read_text(encoding="utf-8") for path in PACKAGE.rglob("*.py")
                         if path.name != "transformers_internals.py")  # fmt: skip
     unused = sorted(internal.name for internal in internals.INTERNALS if internal.name not in sources)

@@ -31,28 +31,20 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
-import threading
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .signals import signals_held, terminate_raises
+
 LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while an output folder was being written (the temporary folder is removed)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
 
 
 def _renameat2(source: Path, target: Path, flags: int) -> bool:
@@ -153,56 +145,6 @@ def remove_stale_partials(output_dir: str | os.PathLike) -> list[str]:
             remove_tree(path)
             done.append(f"removed {path.name}, left next to {output.name} by an interrupted run (process {pid})")
     return done
-
-
-_TERMINATIONS: list[int] = []  # SIGTERMs raised as Terminated and not yet seen to propagate
-
-
-@contextlib.contextmanager
-def terminate_raises() -> Iterator[None]:
-    """Turn SIGTERM into ``Terminated`` for the block (main thread, default handler only), so cleanup runs. A
-    signal handler raises wherever the main thread is, and Python ignores an exception raised inside a finalizer or
-    a weakref callback: such a SIGTERM is raised again at ``raise_if_terminated`` (each training step) and when the
-    block ends, so that it is never lost."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        _TERMINATIONS.append(signum)
-        raise Terminated(signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except Terminated:
-        _TERMINATIONS.clear()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise_if_terminated()
-
-
-def raise_if_terminated() -> None:
-    """Raise ``Terminated`` again for a SIGTERM whose first ``Terminated`` was swallowed (``terminate_raises``)."""
-    if _TERMINATIONS:
-        signum = _TERMINATIONS[-1]
-        _TERMINATIONS.clear()
-        raise Terminated(signum)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back during the final moves; they arrive, unchanged, right after."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class OutputInUse(ValueError):
@@ -384,7 +326,7 @@ def _umask() -> int:
 @contextlib.contextmanager
 def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary folder next to ``output_dir``; when the block succeeds it becomes ``output_dir``,
-    when it fails, is interrupted (Ctrl-C) or terminated (SIGTERM, raised as ``Terminated``) it is removed and
+    when it fails, is interrupted (Ctrl-C) or terminated (SIGTERM, raised as ``signals.Terminated``) it is removed and
     ``output_dir`` is left as it was.
 
     An existing non-empty ``output_dir`` (or one that appears while the block runs) raises ``FileExistsError``
@@ -412,7 +354,7 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
             tmp = Path(tempfile.mkdtemp(prefix=f".{_temporary_stem(output)}.partial-{os.getpid()}-", dir=output.parent))
             os.chmod(tmp, 0o777 & ~_umask())
             yield tmp
-            with _signals_held():
+            with signals_held():
                 if force and os.path.lexists(output) and not existed_empty:
                     if replaces:
                         check_no_run_inside(output)  # again: a run may have started in it meanwhile
@@ -420,7 +362,7 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
                 else:
                     _move_new(tmp, output, replace_empty=existed_empty)
         except BaseException:
-            with _signals_held():
+            with signals_held():
                 if tmp is not None:
                     remove_tree(tmp)
                 for parent in created:  # deepest first

@@ -1,6 +1,6 @@
 """Reading a text file as UTF-8, for perplexity (``hf_geonorm.analysis.evaluation``) and training data
-(``hf_geonorm.training.corpus``): a binary file is refused (a compressed or UTF-16 one with the command that makes it
-UTF-8 text), bytes that are not UTF-8 are replaced with a warning."""
+(``hf_geonorm.training.data.documents``): a binary file is refused (a compressed or UTF-16 one with the command that
+makes it UTF-8 text), bytes that are not UTF-8 are replaced with a warning."""
 
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
-"""What ``hf-geonorm train`` and ``hf-geonorm sweep`` take: ``TrainOptions`` and ``SweepOptions``, declared once.
+"""What ``hf-geonorm train`` takes: ``TrainOptions``, declared once (and how a field declares its option, which
+``sweep.options`` declares ``SweepOptions`` with).
 
 Each field carries its command-line option in its metadata (``option``: the help, and the limits, choices or
 form of the value), from which the CLI generates the click options of ``train`` and ``sweep``; so an option's
 name, default, help and limits are written here only, and the command line and ``validate`` refuse a value outside
 them with the same message (``refusal``). A ``TrainOptions`` field also declares its ``TrainingArguments``
 counterpart (``trainer_arguments``), whether a sweep's runs must share it (``sweep_key``) and when a run uses it
-(``used_if``, for ``metrics.json``). The module and the library modules it imports (the presets, the GeoNorm
-settings) import nothing but the standard library at load time: the CLI reads them for ``--help`` without importing
+(``used_if``, for ``metrics.json``). The module and the library module it imports (the presets) import nothing
+but the standard library at load time: the CLI reads them for ``--help`` without importing
 torch. ``validate`` checks the values before anything is read or built.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -21,7 +21,6 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..modeling.settings import NORM_STYLES
 from .presets import DEFAULT_POSITIONS, PRESETS, preset_positions
 
 BRIDGE_ORDERS = ("together", "last-first")
@@ -35,57 +34,23 @@ MIN_LR_RATIO = 0.1
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
 
-# The default peak learning rate of a model trained from scratch: the rate rule fit by benchmarks/rate_rule.py over
-# the study's measured best rates (rate_rule.json beside this file; ``pretraining_rate``). A --model folder with
-# trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on SmolLM2-135M
-# (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that measurement used.
-RATE_RULE = Path(__file__).with_name("rate_rule.json")
+# A --model folder with trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on
+# SmolLM2-135M (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that
+# measurement used; a model trained from scratch at the rate rule's rate (``rate_rule``).
 FINE_TUNING_LR = 1e-4
 PRETRAINING_WEIGHT_DECAY, FINE_TUNING_WEIGHT_DECAY = 0.1, 0.0
 WARMUP_SHARE = 10  # the default warm-up: a tenth of --max-steps (30 of the default 300)
 
 
-def _span(noun: str, values: list[int]) -> str:
-    return f"{noun} {values[0]}" if values[0] == values[-1] else f"{noun}s {values[0]}–{values[-1]}"
-
-
-def pretraining_rate(arch: str, style: str, width: int, depth: int) -> tuple[float, str]:
-    """The default peak learning rate of a model of ``arch`` and norm ``style`` trained from scratch at ``width``
-    (hidden size) and ``depth`` (layers): ``c * width^a * depth^b`` of the rule measured for that architecture and
-    style (GPT-2's for an architecture not measured, Pre-Norm's for a style not measured), to two significant
-    figures; and where it comes from, for the log."""
-    table = json.loads(RATE_RULE.read_text(encoding="utf-8"))
-    rule_arch = arch if arch in table["rules"] else "gpt2"
-    rules = table["rules"][rule_arch]
-    rule_style = style if style in rules else "pre"
-    rule = rules[rule_style]
-    lr = float(f"{rule['c'] * width ** rule['a'] * depth ** rule['b']:.2g}")
-    widths, depths = table["measured"][rule_arch]["widths"], table["measured"][rule_arch]["depths"]
-    span = f"{_span('width', widths)} and {_span('depth', depths)}"
-    inside = widths[0] <= width <= widths[-1] and depths[0] <= depth <= depths[-1]
-    where = f"inside the measured {span}" if inside else f"extrapolated beyond the measured {span}"
-    notes = [f"{arch} not measured: {rule_arch}'s rule"] if rule_arch != arch else []
-    notes += [f"{style} not measured: {rule_style}'s rule"] if rule_style != style else []
-    unfit = [name for name in ("a", "b") if name in rule["borrowed"] and rule[name] == 0]
-    if unfit:
-        notes.append("the same rate at every " + " and ".join({"a": "width", "b": "depth"}[n] for n in unfit)
-                     + " (not measured yet)")  # fmt: skip
-    why = f"{rule_style}'s rate rule for {rule_arch} at width {width}, depth {depth}, {where}"
-    return lr, why + "".join(f"; {note}" for note in notes)
-
-
 MAX_TOKENS_PER_STEP = 1 << 24  # per process: 16.8M tokens, five times GPT-3's whole batch
 MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
-MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
-EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
-DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the rate rule's rate (rule/4 to rule x 4)
 # The default evaluation: EVAL_BLOCKS blocks' worth of documents held out for validation (and for test), all of them
 # evaluated, or fewer of them where a run is so short that its evaluations would cost more than EVAL_SHARE of its
 # compute (an evaluated block is one forward pass, a third of a trained block's forward and backward); the documents
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
-MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (pipeline.evaluated_blocks)
+MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (data.prepare.evaluation_size)
 
 
 class OptionError(ValueError):
@@ -210,12 +175,6 @@ def _fsdp_arguments(options: TrainOptions) -> dict[str, Any]:
 def _stream_arguments(options: TrainOptions) -> dict[str, Any]:
     """A stream: every process reads its own shards, rather than the first process reading for all."""
     return {"accelerator_config": {"dispatch_batches": False} if options.streaming else None}
-
-
-def _grid_text() -> str:
-    """The factors of sweep's default grid around each style's rate: ``/4, /2, x1, x2, x4``."""
-    steps = range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1)
-    return ", ".join(f"/{2**-step}" if step < 0 else f"x{2**step}" for step in steps)
 
 
 def _lr_default_text() -> str:
@@ -426,121 +385,9 @@ def trainer_arguments(options: TrainOptions) -> dict[str, Any]:
     return arguments
 
 
-def outside_sweep_key() -> tuple[str, ...]:
-    """The fields the runs of one sweep may differ in, declared ``sweep_key=False``: where a run writes, the rate
-    and seed the grid sets, and what does not change what a run computes."""
-    return tuple(spec.name for spec in fields(TrainOptions) if not spec.metadata.get("sweep_key", True))
-
-
 def fields_used(options: TrainOptions) -> dict[str, Any]:
     """The fields of ``options`` that apply to its run, with their values: every field but those whose declared
     ``used_if`` says the run does not use them."""
     values = asdict(options)
     return {spec.name: values[spec.name] for spec in fields(options)
             if spec.metadata.get("used_if") is None or spec.metadata["used_if"](options)}  # fmt: skip
-
-
-def evaluations(options: TrainOptions) -> int:
-    """How many evaluations a run makes: at step 0, every --eval-every steps, at the end when that is not one of
-    them, and the test evaluation."""
-    return 1 + options.max_steps // options.eval_every + (options.max_steps % options.eval_every > 0) + 1
-
-
-def evaluated_blocks(options: TrainOptions, processes: int = 1) -> int:
-    """How many held-out blocks each evaluation reads: ``eval_blocks`` when given, else ``EVAL_BLOCKS`` or the most
-    (a multiple of 8, at least ``MIN_EVAL_BLOCKS``) whose evaluations cost at most ``EVAL_SHARE`` of the trained
-    blocks' compute."""
-    if options.eval_blocks is not None:
-        return options.eval_blocks
-    trained = options.max_steps * options.batch_size * options.gradient_accumulation_steps * processes
-    affordable = int(EVAL_SHARE * 3 * trained / evaluations(options))
-    return max(MIN_EVAL_BLOCKS, min(EVAL_BLOCKS, affordable - affordable % MIN_EVAL_BLOCKS))
-
-
-@dataclass
-class SweepOptions:
-    """The grid of ``hf-geonorm sweep``: every style (and, for geo, every alpha) at every learning rate and seed,
-    each run as ``hf-geonorm train`` would run it with the ``TrainOptions`` beside these."""
-
-    output: str = field(default="geonorm-sweep", metadata=option(
-        "Folder of the sweep: runs.jsonl (one line per finished run), sweep.md, sweep.png and runs/ (each run's "
-        "train output).", folder="any"))  # fmt: skip
-    styles: tuple[str, ...] = field(default=("pre", "geo"), metadata=option(
-        f"Norm styles compared, a comma list of {', '.join(NORM_STYLES)}.", items=str, metavar="LIST",
-        replaces="norm_style"))  # fmt: skip
-    lrs: tuple[float, ...] | None = field(default=None, metadata=option(
-        "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
-        default_text=f"each style's default rate (train's, from the rate rule) {_grid_text()}"))  # fmt: skip
-    lr_range: tuple[float, float] | None = field(default=None, metadata=option(
-        "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
-    seeds: tuple[int, ...] = field(default=(0,), metadata=option(
-        "Seeds of every rate, a comma list: each arm's best rate is chosen on their mean validation loss.",
-        items=int, metavar="LIST"))  # fmt: skip
-    alphas: tuple[float, ...] | None = field(default=None, metadata=option(
-        "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
-        default_text="--alpha, else the library's"))  # fmt: skip
-    confirm_seeds: tuple[int, ...] | None = field(default=None, metadata=option(
-        "More seeds, run only at each arm's best rate once it is chosen on --seeds (the study's protocol: a third "
-        "of the cost of every seed at every rate), a comma list.", items=int, metavar="LIST",
-        default_text="none"))  # fmt: skip
-    extend: int = field(default=0, metadata=option(
-        "While an arm's best rate is at the lowest or highest rate of its grid, add the next rate one grid step "
-        f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
-        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
-
-    def rates(self, centre: float = 1e-3) -> tuple[float, ...]:
-        """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH), else ``centre``
-        (the style's default rate) times 1/4 to 4, a factor 2 apart."""
-        if self.lrs is not None and self.lr_range is not None:
-            raise OptionError("give --lrs or --lr-range, not both")
-        if self.lrs is not None:
-            return tuple(self.lrs)
-        if self.lr_range is None:
-            return tuple(centre * 2.0**step for step in range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1))
-        low, high = self.lr_range
-        if not (0 < low <= high and math.isfinite(high)):
-            raise OptionError(f"--lr-range LOW HIGH needs finite 0 < LOW <= HIGH; got {low:g} {high:g}")
-        count = int(math.floor(math.log2(high) - math.log2(low) + 1e-9)) + 1  # logs apart: 1e300 / 1e-300 overflows
-        if count > MAX_RATES:
-            raise OptionError(
-                f"--lr-range {low:g} {high:g} spans {count} rates a factor 2 apart; a sweep takes at most {MAX_RATES}: "
-                "give a narrower range"
-            )
-        return tuple(low * 2**i for i in range(count))
-
-    def validate(self) -> SweepOptions:
-        if not os.fspath(self.output).strip():
-            raise OptionError("--output is empty (an unset shell variable?); give the folder of the sweep")
-        refuse_out_of_limits(self)
-        rates = self.rates()
-        if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
-            raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "
-                              f"{', '.join(f'{r:g}' for r in rates)}")  # fmt: skip
-        if len(rates) > MAX_RATES:
-            raise OptionError(f"--lrs names {len(rates)} rates; a sweep takes at most {MAX_RATES}")
-        if not self.styles:
-            raise OptionError(f"--styles names at least one of {', '.join(NORM_STYLES)}")
-        for style in self.styles:
-            if style not in NORM_STYLES:
-                raise OptionError(f"--styles: unknown norm style {style!r}; choose from {', '.join(NORM_STYLES)}")
-        if not self.seeds:
-            raise OptionError("--seeds names at least one seed")
-        for name in ("seeds", "confirm_seeds"):
-            for seed in getattr(self, name) or ():
-                if not 0 <= seed <= MAX_SEED:
-                    raise OptionError(f"--{name.replace('_', '-')}: seed {seed} is not a whole number from 0 to "
-                                      f"{MAX_SEED}")  # fmt: skip
-        if self.confirm_seeds is not None and set(self.confirm_seeds) & set(self.seeds):
-            both = sorted(set(self.confirm_seeds) & set(self.seeds))
-            raise OptionError(f"--confirm-seeds names {', '.join(map(str, both))}, already in --seeds (every rate "
-                              "runs those): give other seeds")  # fmt: skip
-        if self.alphas is not None:
-            if "geo" not in self.styles:
-                raise OptionError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
-            if not self.alphas or any(not (alpha >= 0 and math.isfinite(alpha)) for alpha in self.alphas):
-                raise OptionError("--alphas: step sizes must be finite numbers >= 0")
-        for name in ("styles", "lrs", "seeds", "alphas", "confirm_seeds"):
-            values = getattr(self, name)
-            if values is not None and len(set(values)) != len(values):
-                raise OptionError(f"--{name.replace('_', '-')} names a value twice: {', '.join(map(str, values))}")
-        return self

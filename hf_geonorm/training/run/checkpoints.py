@@ -29,13 +29,13 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-from ..errors import SettingsError, first_line
-from ..files.atomic import is_full_device, remove_stale_partials, remove_tree
-from ..files.safetensors_files import safetensors_header, weight_files
-from ..loading import NO_REMOTE_CODE, read_config_json
-from ..loading_info import tensor_names
-from ..modeling.settings import GeoNormSettings
-from .run_record import write_record
+from ...errors import SettingsError, first_line
+from ...files.atomic import is_full_device, remove_stale_partials, remove_tree
+from ...files.safetensors_files import safetensors_header, weight_files
+from ...loading import NO_REMOTE_CODE, read_config_json
+from ...loading_info import tensor_names
+from ...modeling.settings import GeoNormSettings
+from .record import write_record
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names
@@ -84,7 +84,7 @@ class AtomicCheckpointTrainer(Trainer):
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
     the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
     checkpoints this run moved into place (a failed run that created the output folder keeps only those); each
-    holds ``run_record`` (``run_record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
+    holds ``run_record`` (``record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
     (saved here rather than given to the Trainer as ``processing_class``, which would write the tokenizer's padding
     id into the model's config: a padding row that never trains). A resumed run takes this run's evaluation, save
     and logging intervals (the Trainer would keep the checkpoint's and ignore the options). A whole model is resumed

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import TrainerCallback
 
-from ..modeling.geometry import per_update
-from ..modeling.residual import residual_modules
-from .options import BRIDGE_ORDERS
+from ...modeling.geometry import per_update
+from ...modeling.residual import residual_modules
+from ..options import BRIDGE_ORDERS
 
 MIN_COST = 0.01  # nats: the least share weight of an update in a last-first anneal
 

@@ -35,7 +35,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ..files.atomic import atomic_directory
+from ...files.atomic import atomic_directory
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, VAL_EVERY, Corpus, test_offset
 from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches

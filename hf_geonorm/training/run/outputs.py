@@ -28,6 +28,7 @@ import sys
 import uuid
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,15 @@ from transformers import TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ..files.atomic import LOCK_NAME, check_output_name, remove_tree, terminate_raises
+from ...errors import first_line
+from ...files.atomic import LOCK_NAME, atomic_directory, check_output_name, remove_tree
+from ...files.output_lock import output_lock
+from ...files.signals import terminate_raises
+from ...sharing.hub import save_shareable
+from ...sharing.model_card import CardInfo, inherited_card_info
+from ..options import TrainOptions
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
 from .optim import lr_factor
-from .options import TrainOptions
 
 
 def strict_json(value: Any) -> str:
@@ -91,10 +97,12 @@ def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = N
 RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
 
 
-def check_output_path(output: Path, options: TrainOptions | None = None) -> None:
-    """``ValueError`` when ``--output`` cannot be a folder: a dangling symbolic link or a file; with ``--force``
-    (which removes the earlier run's files) also one that is or holds the current folder, or holds what the run
-    reads (``--model``, ``--tokenizer``, ``--data``)."""
+def check_output_path(
+    output: Path, force: bool = False, given: str = "", reads: dict[str, str | None] | None = None
+) -> None:
+    """``ValueError`` when ``--output`` cannot be a folder: a dangling symbolic link or a file; with ``force``
+    (``--force``, which removes the earlier run's files) also one that is or holds the current folder, or holds what
+    the run reads (``reads``: the ``--model``, ``--tokenizer`` and ``--data`` it was ``given`` with)."""
     if output.is_symlink() and not output.exists():
         raise ValueError(
             f"--output {output} is a dangling symbolic link (to {os.readlink(output)}, which does not exist); create "
@@ -102,38 +110,38 @@ def check_output_path(output: Path, options: TrainOptions | None = None) -> None
         )
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a folder")
-    if options is None or not options.force:
+    if not force:
         return
-    check_output_name(options.output, force=False, option="--output")
+    check_output_name(given, force=False, option="--output")
     real = output.resolve()
-    for name in ("model", "tokenizer", "data"):
-        value = getattr(options, name)
+    for name, value in (reads or {}).items():
         if value and os.path.lexists(Path(value).expanduser()):
             read = Path(value).expanduser().resolve()
             if read == real or real in read.parents:
                 raise ValueError(
-                    f"--output {options.output} holds the --{name} {value} the run reads, and --force removes the "
+                    f"--output {given} holds the --{name} {value} the run reads, and --force removes the "
                     "earlier run's files there: give another --output"
                 )
 
 
-def prepare_output(options: TrainOptions, output: Path, main: bool) -> tuple[Path | None, int]:
-    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its
-    step). The main process holds the folder's lock (``output_lock``) by then."""
+def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main: bool) -> tuple[Path | None, int]:
+    """Clean up after killed runs, check the output folder, and find the checkpoint to resume from (and its step)
+    with ``resume`` (``--resume``), up to ``max_steps``; a folder that holds another run needs ``resume`` or
+    ``force``. The main process holds the folder's lock (``output_lock``) by then."""
     check_output_path(output)
     if main:
         for line in remove_leftovers(output):
             warnings.warn(line, stacklevel=3)
-    if options.resume:
+    if resume:
         checkpoint, step = resume_checkpoint(output, warn=main)
-        if step > options.max_steps:
+        if step > max_steps:
             raise ValueError(
-                f"--resume: {checkpoint.name} is at step {step} already, beyond --max-steps {options.max_steps}: "
+                f"--resume: {checkpoint.name} is at step {step} already, beyond --max-steps {max_steps}: "
                 f"nothing to train; give a --max-steps above {step}"
             )
         return checkpoint, step
     content = [e for e in output.iterdir() if not is_leftover(e) and e.name != LOCK_NAME] if output.is_dir() else []
-    if content and not options.force:
+    if content and not force:
         raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
     return None, 0
 
@@ -165,6 +173,16 @@ def clear_earlier_run(output: Path, log: Any) -> None:
         removed.append(path.name)
     if removed:
         log(f"--force: removed the earlier run's {', '.join(removed)} in {output}")
+
+
+@contextlib.contextmanager
+def run_output(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
+    """The output folder of a run, held for it: locked by the ``main`` process (``output_lock``; the other processes
+    are the same run) and, when the run fails, left as ``output_removed_on_failure`` says. Yields the list that the
+    run adds what it publishes to."""
+    with output_removed_on_failure(output, main, log) as published:
+        with output_lock(output, "train") if main else contextlib.nullcontext():
+            yield published
 
 
 @contextlib.contextmanager
@@ -277,6 +295,55 @@ class RunProgress(ProgressCallback):
             if "grad_norm" in logs:
                 parts.append(f"grad norm {logs['grad_norm']:.3g}")
             self.training_bar.write(f"{step}: {', '.join(parts)}")
+
+
+def final_card(base_model: str | None, facts: dict[str, Any]) -> CardInfo:
+    """The final model's card: what it inherits of the ``--model`` it was trained from (``base_model``) and the
+    run's ``facts`` (``training_facts``)."""
+    return replace(inherited_card_info(base_model) if base_model is not None else CardInfo(), training=facts)
+
+
+def save_final_model(
+    model: Any,
+    tokenizer: Any,
+    state_dict: dict[str, Any] | None,
+    card: CardInfo,
+    final_dir: Path,
+    published: list[Path],
+) -> None:
+    """``final/``, whole or not at all: the model (with ``state_dict``, the full weights of a sharded one), its
+    tokenizer, remote code and model ``card``."""
+    with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
+        weights = {"state_dict": state_dict} if state_dict else {}
+        save_shareable(model, tmp, tokenizer=tokenizer, card_info=card, **weights)
+    published.append(final_dir)
+
+
+def publish_results(
+    output: Path, metrics: dict[str, Any], title: str, save_final_only: bool, published: list[Path], log: Any
+) -> None:
+    """``metrics.json`` and ``loss_curve.png`` (titled ``title``; a plot that fails is a warning: the run is done),
+    the run's last lines, and its checkpoints kept or, with ``save_final_only``, removed."""
+    text = strict_json(metrics)
+    replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    published.append(output / "metrics.json")
+    curve = output / "loss_curve.png"
+    try:
+        plot_losses(metrics["log_history"], curve, title)
+        published.append(curve)
+    except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
+        warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=4)
+        curve = None
+    resumed_step = metrics["resumed_from_step"]
+    resumed = f" (steps {resumed_step + 1}-{metrics['steps']} in this run)" if resumed_step else ""
+    log(
+        f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}), "
+        f"test loss {metrics['final_test_loss']:.4f}; "
+        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed} (evaluations, {metrics['evaluation_seconds']:.0f} s, "
+        f"left out); model in {output / 'final'}; metrics in "
+        f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
+    )
+    log(kept_checkpoints(output, save_final_only))
 
 
 def kept_checkpoints(output: Path, remove: bool) -> str:

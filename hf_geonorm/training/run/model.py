@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ..errors import SettingsError, first_line
-from ..files.atomic import atomic_directory, check_target, is_full_device
-from ..files.output_lock import output_lock
-from ..inspection import check_fits_memory, parameter_count
-from ..loading import (
+from ...errors import SettingsError, first_line
+from ...files.atomic import atomic_directory, check_target, is_full_device
+from ...files.output_lock import output_lock
+from ...inspection import check_fits_memory, parameter_count
+from ...loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
@@ -27,20 +27,20 @@ from ..loading import (
     open_source,
     resolve_settings,
 )
-from ..modeling.settings import GeoNormSettings
-from ..patching import config_class_for
-from ..sharing.folders import save_config_with_remote_code
-from .options import (
+from ...modeling.settings import GeoNormSettings
+from ...patching import config_class_for
+from ...sharing.folders import save_config_with_remote_code
+from ..data.tokenizer import folder_config, has_trained_weights
+from ..options import (
     FINE_TUNING_LR,
     FINE_TUNING_WEIGHT_DECAY,
     PRETRAINING_WEIGHT_DECAY,
     WARMUP_SHARE,
     OptionError,
     TrainOptions,
-    pretraining_rate,
 )
-from .presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
-from .tokenizer import folder_config, has_trained_weights
+from ..presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
+from ..rate_rule import pretraining_rate
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
@@ -109,14 +109,14 @@ def scratch_config(
         ) from None
 
 
-def check_positions(options: TrainOptions) -> None:
-    """``--seq-len`` within the ``--model`` folder's positions, before any tokenizing (a model built from
-    ``--arch`` gets at least ``--seq-len`` positions)."""
-    config = folder_config(options) or {}
+def check_positions(model: str | None, seq_len: int) -> None:
+    """``seq_len`` (``--seq-len``) within the ``model`` folder's positions, before any tokenizing (a model built
+    from ``--arch`` gets at least ``--seq-len`` positions)."""
+    config = folder_config(model) or {}
     positions = next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
-    if positions is not None and options.seq_len > positions:
+    if positions is not None and seq_len > positions:
         raise OptionError(
-            f"--seq-len {options.seq_len} is beyond the {positions} positions of {options.model} (config.json "
+            f"--seq-len {seq_len} is beyond the {positions} positions of {model} (config.json "
             f"max_position_embeddings): give --seq-len {positions} or less, or write the config with more positions "
             "(hf-geonorm init --max-length)"
         )
@@ -252,7 +252,7 @@ def write_scratch_config(
     check_target(output_dir, force)
     loaded = None
     if tokenizer:
-        from .tokenizer import tokenizer_from
+        from ..data.tokenizer import tokenizer_from
 
         loaded = tokenizer_from(tokenizer)
     if vocab_size is None:
@@ -291,7 +291,7 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
     lines = []
     fine_tuning = options.model is not None and has_trained_weights(options.model)
     if options.lr is None:
-        changes["lr"], why = default_rate(options, config, getattr(config, "norm_style", "pre"))
+        changes["lr"], why = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
         lines.append(f"learning rate {changes['lr']:g}, the default for {why}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
@@ -304,11 +304,12 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
     return replace(options, **changes), lines
 
 
-def default_rate(options: TrainOptions, config: Any, style: str) -> tuple[float, str]:
+def default_rate(model: str | None, config: Any, style: str) -> tuple[float, str]:
     """The peak rate ``train`` gives a model of ``config`` in norm ``style`` when ``--lr`` is not given, and why:
-    ``FINE_TUNING_LR`` for a ``--model`` folder with trained weights, else the rate rule's (``pretraining_rate``)."""
-    if options.model is not None and has_trained_weights(options.model):
-        return FINE_TUNING_LR, f"{options.model} holds trained weights: fine-tuning"
+    ``FINE_TUNING_LR`` for a ``model`` folder (``--model``) with trained weights, else the rate rule's
+    (``pretraining_rate``)."""
+    if model is not None and has_trained_weights(model):
+        return FINE_TUNING_LR, f"{model} holds trained weights: fine-tuning"
     lr, rule = pretraining_rate(config.model_type.removeprefix("geonorm_"), style, config.hidden_size,
                                 config.num_hidden_layers)  # fmt: skip
     return lr, f"training from scratch: {rule}; `hf-geonorm sweep` measures it on your data"

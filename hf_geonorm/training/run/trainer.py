@@ -1,5 +1,7 @@
-"""The run of ``hf-geonorm train``: data, model, transformers' Trainer with the library's optimizer recipe, the
-final model, metrics and loss curve (what the output folder holds, also after a stop: ``outputs``).
+"""The run of ``hf-geonorm train``, in named steps (``_run``): the output folder (``outputs``), the data
+(``data.prepare``), the model (``model_to_train``), the run's record (``record``), transformers' Trainer with the
+library's optimizer recipe (``checked_trainer``), and what it saves: the final model, metrics and loss curve (what
+the output folder holds, also after a stop: ``outputs``). Each step takes what it needs of the options.
 
 ``hf-geonorm train`` is a thin command over :func:`run_training`. With no arguments it trains a tiny GeoNorm
 GPT-2 on the Python standard library's own source files (present on every Python install, no download).
@@ -7,12 +9,11 @@ GPT-2 on the Python standard library's own source files (present on every Python
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,37 +21,32 @@ import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
-from ..analysis.evaluation import explain_non_finite
-from ..errors import NonFiniteError, first_line
-from ..files.atomic import atomic_directory, raise_if_terminated
-from ..files.output_lock import output_lock
-from ..patching import family_for
-from ..sharing.hub import save_shareable
-from ..sharing.model_card import CardInfo, inherited_card_info
+from ...analysis.evaluation import explain_non_finite
+from ...errors import NonFiniteError
+from ...files.signals import raise_if_terminated
+from ...patching import family_for
+from ..data.prepare import TrainingData, data_request, data_source, training_data, world_size
+from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
 from .bridge import BridgeAnneal
-from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters, disk_full_named
+from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
 from .optim import decayed_parameter_names, make_scheduler
-from .options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, evaluated_blocks, fields_used, trainer_arguments
 from .outputs import (
     RunProgress,
     check_output_path,
     clear_earlier_run,
     curve_title,
+    final_card,
     finished_metrics,
-    kept_checkpoints,
     machine_load,
-    output_removed_on_failure,
     perplexity,
-    plot_losses,
     prepare_output,
-    replace_file,
-    strict_json,
+    publish_results,
+    run_output,
+    save_final_model,
     training_facts,
 )
-from .pipeline import TokenBlocks, tokenizer_digest
-from .prepare import data_source, training_data, world_size
-from .run_record import check_same_run, run_record
+from .record import check_same_run, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -146,6 +142,10 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _silent(*_: Any) -> None:
+    """The log of the processes but the main one, for what each would say alike."""
+
+
 def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
@@ -153,14 +153,17 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     options.validate()
     output = Path(options.output).expanduser().absolute()
     main = _is_main_process()
-    check_output_path(output, options)
-    with output_removed_on_failure(output, main, log) as published:
-        with output_lock(output, "train") if main else contextlib.nullcontext():  # the other processes: the same run
-            return _run(options, output, main, log, published)
+    reads = {"model": options.model, "tokenizer": options.tokenizer, "data": options.data}
+    check_output_path(output, force=options.force, given=options.output, reads=reads)
+    with run_output(output, main, log) as published:
+        return _run(options, output, main, log, published)
 
 
 def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
-    checkpoint, resumed_step = prepare_output(options, output, main)
+    """The run's steps: the output folder (a new run, or the checkpoint a resumed one continues), the data, the
+    model, the run's record, Trainer, and what the run saves."""
+    data_log = log if main else _silent
+    checkpoint, resumed_step = prepare_output(output, options.resume, options.force, options.max_steps, main)
     if checkpoint is not None and resumed_step == options.max_steps:
         finished = finished_metrics(output, resumed_step)
         if finished is not None:
@@ -173,11 +176,90 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
     torch.manual_seed(options.seed)
-    check_positions(options)  # before any tokenizing
-    data_log = log if main else (lambda *_: None)
-    corpus, tokenizer, tokenizer_from_model = data_source(options, data_log)
-    model = build_model(options, tokenizer, own_tokenizer=tokenizer_from_model, log=log if main else None)
-    # Trainer turns the KV cache off for training (TrainingArguments.use_cache); the saved model keeps the model's
+    check_positions(options.model, options.seq_len)  # before any tokenizing
+    request = data_request(options)
+    source = data_source(request, data_log)  # the corpus and its tokenizer: nothing tokenized yet
+    built, options = model_to_train(options, source.tokenizer, source.tokenizer_from_model, checkpoint, main, log)
+    held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
+    data_key = (source.corpus.label, source.corpus.fingerprint)
+    record = run_record(held_out, data_key, source.tokenizer_hash, built.settings, world_size())
+    if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
+        check_same_run(checkpoint, record, resumed_step, data_log)
+    data = training_data(source, request, data_log)
+    trainer, progress = checked_trainer(options, built, data, record, checkpoint, resumed_step, output, published,
+                                        main, log)  # fmt: skip
+    if options.force and main:
+        clear_earlier_run(output, log)
+    seconds = train(trainer, progress, checkpoint, resumed_step == options.max_steps)
+    return save_results(options, trainer, built, data, resumed_step, seconds, output, published, log)
+
+
+def train(trainer: CheckedTrainer, progress: RunProgress, checkpoint: Path | None, trained: bool) -> float:
+    """Train from ``checkpoint`` (None: from the start), or only load it when it ``trained`` every step already
+    (a run killed while writing ``final/``); the seconds it took."""
+    start = time.perf_counter()
+    if checkpoint is not None and trained:
+        trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    else:
+        try:
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        finally:
+            progress.restore_bars()
+    return time.perf_counter() - start
+
+
+def save_results(
+    options: TrainOptions,
+    trainer: CheckedTrainer,
+    built: ModelToTrain,
+    data: TrainingData,
+    resumed_step: int,
+    seconds: float,
+    output: Path,
+    published: list[Path],
+    log: Any,
+) -> dict[str, Any]:
+    """The save step: the final validation and test losses, ``final/`` (the model with its card), ``metrics.json``
+    and the loss curve; the metrics."""
+    final_eval = last_evaluation(trainer.state) or trainer.evaluate()
+    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
+    test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
+    to_save = built.model.merge_and_unload() if options.lora else built.model
+    if built.use_cache is not None:
+        to_save.config.use_cache = built.use_cache
+    # FSDP: every process takes part in gathering the full weights; the main process writes them
+    state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+    card = final_card(options.model, training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
+    if trainer.is_world_process_zero():
+        save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
+    metrics = run_metrics(options, trainer, data, built.parameters, to_save.config, resumed_step, seconds, loss,
+                          test_loss)  # fmt: skip
+    if trainer.is_world_process_zero():
+        title = curve_title(to_save.config, built.parameters, options, data.label)
+        publish_results(output, metrics, title, options.save_final_only, published, log)
+    return metrics
+
+
+@dataclass
+class ModelToTrain:
+    """The model step's model (with its LoRA adapters when the run trains them), the GeoNorm settings it was built
+    with (before LoRA and the bridge anneal: what the run's record holds), its KV-cache default (Trainer turns the
+    cache off for training; the saved model keeps the model's) and its parameter count."""
+
+    model: torch.nn.Module
+    settings: dict[str, Any]
+    use_cache: bool | None
+    parameters: int
+
+
+def model_to_train(
+    options: TrainOptions, tokenizer: Any, own_tokenizer: bool, checkpoint: Path | None, main: bool, log: Any
+) -> tuple[ModelToTrain, TrainOptions]:
+    """The model step: the model (``build_model``) checked against the ``checkpoint`` a resumed run continues, with
+    LoRA adapters for ``--lora``; and ``options`` with the defaults that depend on it (``with_learning_rate``),
+    which ``log`` states in the ``main`` process."""
+    model = build_model(options, tokenizer, own_tokenizer=own_tokenizer, log=log if main else None)
     use_cache = getattr(model.config, "use_cache", None)
     settings = model.config.geonorm_settings().to_dict()  # as built: before LoRA and the bridge anneal
     if checkpoint is not None:
@@ -190,33 +272,34 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, fan_in_fan_out=conv1d))
         if checkpoint is not None:
             check_resumable_adapters(model, checkpoint)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"model: {type(model).__name__}, {parameters / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
     options, defaults = with_learning_rate(options, model.config)
     for line in defaults if main else ():
         log(line)
-    data_key = (corpus.label, corpus.fingerprint)
-    held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
-    record = run_record(held_out, data_key, tokenizer_digest(tokenizer), settings, world_size())
-    if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
-        check_same_run(checkpoint, record, resumed_step, log if main else lambda *_: None)
-    data = training_data(options, corpus, tokenizer, tokenizer_from_model, data_log)
-    evaluated = evaluated_blocks(options, world_size())
-    if evaluated < max(len(data.val), len(data.test)):
-        data.val, data.test = TokenBlocks(data.val.blocks[:evaluated]), TokenBlocks(data.test.blocks[:evaluated])
-        data_log(f"each evaluation reads the first {evaluated} of those blocks (validation, and test at the end): the "
-                 "default for a run this short, a tenth of its training compute at most; --eval-blocks N evaluates "
-                 "N")  # fmt: skip
-    callbacks: list[TrainerCallback] = [TerminationCheck()]
-    if options.bridge_anneal is not None:
-        anneal = BridgeAnneal(model, options.bridge_anneal, model.config.geo_bridge, options.bridge_order)
-        model.config.geo_bridge = anneal.value_at(resumed_step)  # what the checkpoint last ran at (0: the start)
-        callbacks.append(anneal)
+    return ModelToTrain(model, settings, use_cache, parameters), options
+
+
+def checked_trainer(
+    options: TrainOptions,
+    built: ModelToTrain,
+    data: TrainingData,
+    record: dict[str, Any],
+    checkpoint: Path | None,
+    resumed_step: int,
+    output: Path,
+    published: list[Path],
+    main: bool,
+    log: Any,
+) -> tuple[CheckedTrainer, RunProgress]:
+    """The Trainer step: ``CheckedTrainer`` over the model and the data, with the ``TrainingArguments`` the options
+    set (``trainer_arguments``) and the library's recipe, and its progress bar (``RunProgress``)."""
+    callbacks = trainer_callbacks(built.model, options.bridge_anneal, options.bridge_order, resumed_step)
     if options.warmup_steps >= options.max_steps and main:
         warnings.warn(
             f"--warmup-steps {options.warmup_steps} is not below --max-steps {options.max_steps}: the learning rate "
             f"never reaches --lr {options.lr:g} nor decays; give fewer --warmup-steps (a few percent of the steps)",
-            stacklevel=3,
+            stacklevel=4,
         )
     args = TrainingArguments(
         output_dir=str(output),
@@ -239,10 +322,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         published.append(output / "runs")  # the event files of a run that fails are removed with it
     trainer = CheckedTrainer(
         min_lr_ratio=options.min_lr_ratio,
-        model=model,
+        model=built.model,
         published=published,
         run_record=record,
-        tokenizer=tokenizer,
+        tokenizer=data.tokenizer,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.val,
@@ -258,40 +341,39 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             f"--fsdp: accelerate did not shard this {trainer.accelerator.distributed_type.value} run with FSDP; "
             "launch it with torchrun or accelerate launch on GPUs, or drop --fsdp"
         )
-    if options.force and main:
-        clear_earlier_run(output, log)
-    start = time.perf_counter()
-    if checkpoint is not None and resumed_step == options.max_steps:  # e.g. killed while writing final/
-        trainer._load_from_checkpoint(str(checkpoint))  # what train() would do first, then run one step too many
-        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
-    else:
-        try:
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        finally:
-            progress.restore_bars()
-    seconds = time.perf_counter() - start
+    return trainer, progress
+
+
+def trainer_callbacks(model: Any, anneal_steps: int | None, order: str, resumed_step: int) -> list[TrainerCallback]:
+    """What runs at each step besides training: the ``TerminationCheck``, and the bridge anneal over
+    ``anneal_steps`` (``--bridge-anneal``, in ``order``), which sets the model's bridge where the checkpoint of
+    ``resumed_step`` last ran it (0: the start)."""
+    callbacks: list[TrainerCallback] = [TerminationCheck()]
+    if anneal_steps is not None:
+        anneal = BridgeAnneal(model, anneal_steps, model.config.geo_bridge, order)
+        model.config.geo_bridge = anneal.value_at(resumed_step)
+        callbacks.append(anneal)
+    return callbacks
+
+
+def run_metrics(
+    options: TrainOptions,
+    trainer: CheckedTrainer,
+    data: TrainingData,
+    parameters: int,
+    config: Any,
+    resumed_step: int,
+    seconds: float,
+    loss: float,
+    test_loss: float,
+) -> dict[str, Any]:
+    """What ``metrics.json`` holds of the run: its losses, steps, time and throughput, the model (``parameters``,
+    its saved ``config``), the data and the options that applied."""
     training_seconds = seconds - trainer.evaluation_seconds  # the evaluations inside train() left out
-    final_eval = last_evaluation(trainer.state) or trainer.evaluate()
-    loss = final_eval["eval_loss"]  # finite: CheckedTrainer.evaluate
-    test_loss = trainer.evaluate(eval_dataset=data.test, metric_key_prefix="test")["test_loss"]
     steps_run = trainer.state.global_step - resumed_step
     blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
     tokens = steps_run * blocks_per_step * options.seq_len
-    to_save = model.merge_and_unload() if options.lora else model
-    if use_cache is not None:
-        to_save.config.use_cache = use_cache
-    # FSDP: every process takes part in gathering the full weights; the main process writes them
-    state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
-    final_dir = output / "final"
-    lineage = inherited_card_info(options.model) if options.model is not None else CardInfo()
-    card = replace(lineage, training=training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
-    if trainer.is_world_process_zero():
-        with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
-            save_shareable(
-                to_save, tmp, tokenizer=tokenizer, card_info=card, **({"state_dict": state_dict} if state_dict else {})
-            )
-        published.append(final_dir)
-    metrics = {
+    return {
         "final_eval_loss": loss,
         "final_eval_perplexity": perplexity(loss),
         "final_test_loss": test_loss,  # held-out documents apart from validation's: report this, choose on that
@@ -307,33 +389,11 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
         # says more about the others' load (below)
         "tokens_per_second": tokens / training_seconds if steps_run else 0.0,
         "machine": machine_load(),
-        "parameters": n_params,
-        "model_type": to_save.config.model_type,
-        "settings": to_save.config.geonorm_settings().to_dict(),
+        "parameters": parameters,
+        "model_type": config.model_type,
+        "settings": config.geonorm_settings().to_dict(),
         "data": data.label,
         "data_facts": data.facts,
         "options": options_used(options, data.tokenizer_from_model, len(data.tokenizer)),
         "log_history": trainer.state.log_history,
     }
-    if not trainer.is_world_process_zero():
-        return metrics
-    text = strict_json(metrics)
-    replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    published.append(output / "metrics.json")
-    curve = output / "loss_curve.png"
-    try:
-        plot_losses(metrics["log_history"], curve, curve_title(to_save.config, n_params, options, data.label))
-        published.append(curve)
-    except Exception as error:  # noqa: BLE001 - the run is done; the plot is reported as not written
-        warnings.warn(f"{curve} was not written: {type(error).__name__}: {first_line(error)}", stacklevel=2)
-        curve = None
-    resumed = f" (steps {resumed_step + 1}-{metrics['steps']} in this run)" if resumed_step else ""
-    log(
-        f"final validation loss {metrics['final_eval_loss']:.4f} (perplexity {metrics['final_eval_perplexity']:.2f}), "
-        f"test loss {test_loss:.4f}; "
-        f"{metrics['tokens_per_second']:.0f} tokens/s{resumed} (evaluations, {trainer.evaluation_seconds:.0f} s, left "
-        f"out); model in {final_dir}; metrics in "
-        f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
-    )
-    log(kept_checkpoints(output, options.save_final_only))
-    return metrics

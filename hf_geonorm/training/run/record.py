@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .options import TrainOptions
+from ..options import TrainOptions
 
 RECORD_NAME = "hf_geonorm_run.json"
 RECORD_FORMAT = 1

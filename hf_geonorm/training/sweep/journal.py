@@ -19,9 +19,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..modeling.settings import NORM_STYLES
-from .options import MAX_SEED, TrainOptions, outside_sweep_key
-from .sweep_report import run_name
+from ...modeling.settings import NORM_STYLES
+from ..options import MAX_SEED, TrainOptions
+from .options import outside_sweep_key
+from .report import run_name
 
 JOURNAL = "runs.jsonl"
 JOURNAL_FORMAT = 1

@@ -2,7 +2,7 @@
 
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
-finished run is appended to ``DIR/runs.jsonl`` at once (``sweep_journal``), so a sweep stopped part way is resumed
+finished run is appended to ``DIR/runs.jsonl`` at once (``journal``), so a sweep stopped part way is resumed
 by running the same command again: only the missing runs train. The journal's first line holds the options every
 run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
 rather than mixed in (the grid itself may grow: more rates, seeds or styles).
@@ -11,7 +11,7 @@ The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--ex
 at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
 rate only. Every step is decided from the journal, so a resumed sweep takes the same steps. Each arm's best rate is
 the one with the lowest mean validation loss over the seeds every rate ran, and the arms are compared at their own
-best rates on the test split (``sweep_report``).
+best rates on the test split (``report``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import NonFiniteError, first_line
-from ..files.atomic import LOCK_NAME
-from ..files.output_lock import output_lock
-from .checkpoints import checkpoints
-from .model import default_rate, planned_config
-from .options import OptionError, SweepOptions, TrainOptions
-from .sweep_journal import (
+from ...errors import NonFiniteError, first_line
+from ...files.atomic import LOCK_NAME
+from ...files.output_lock import output_lock
+from ..options import OptionError, TrainOptions
+from ..run.checkpoints import checkpoints
+from ..run.model import default_rate, planned_config
+from ..run.trainer import run_training
+from .journal import (
     JOURNAL,
     Journal,
     JournalError,
@@ -43,8 +44,8 @@ from .sweep_journal import (
     repair,
     start_journal,
 )
-from .sweep_report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
-from .trainer import run_training
+from .options import SweepOptions
+from .report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
 SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
@@ -105,7 +106,7 @@ def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str,
         return dict.fromkeys(sweep.styles, sweep.rates())
     config, grids = planned_config(train), {}
     for style in sweep.styles:
-        centre, why = default_rate(train, config, style)
+        centre, why = default_rate(train.model, config, style)
         grids[style] = sweep.rates(centre)
         log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre)}, the default for "
             f"{why}; --lrs or --lr-range sets others")  # fmt: skip
@@ -146,7 +147,7 @@ def beyond_edge(rates: list[float], best: float) -> list[float]:
 
 def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
-    its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``sweep_report``) after each;
+    its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
     return the journal's runs."""
     sweep.validate()
     if train.lr is not None:
@@ -269,11 +270,10 @@ class _Sweep:
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
         new journal records them in its header)."""
-        from .pipeline import tokenizer_digest
-        from .prepare import data_source
+        from ..data.prepare import data_request, data_source
 
-        corpus, tokenizer, _ = data_source(self.train, lambda _: None)
-        data_key = {"fingerprint": corpus.fingerprint, "tokenizer": tokenizer_digest(tokenizer)}
+        source = data_source(data_request(self.train), lambda _: None)
+        data_key = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
         options = replace(self.train, lr=None)
         if self.journal.header is None:
             start_journal(self.journal.path, options, data_key)

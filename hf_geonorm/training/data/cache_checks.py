@@ -22,10 +22,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import first_line
-from ..files.atomic import remove_tree
-from ..files.checksums import file_sha256
-from .options import DATA_CACHE_ENV
+from ...errors import first_line
+from ...files.atomic import remove_tree
+from ...files.checksums import file_sha256
+from ..options import DATA_CACHE_ENV
 
 WHERE = f"--data-cache (or ${DATA_CACHE_ENV})"
 

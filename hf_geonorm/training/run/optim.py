@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .options import MIN_LR_RATIO
+from ..options import MIN_LR_RATIO
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float = MIN_LR_RATIO) -> float:

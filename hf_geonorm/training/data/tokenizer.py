@@ -25,20 +25,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from ..errors import first_line
-from ..files.checksums import file_sha256
-from ..loading import (
-    NO_REMOTE_CODE,
-    TOKENIZER_FILES,
-    custom_code_error,
-    looks_like_path,
-    needs_custom_code,
-    open_source,
-    standard_tokenizer,
-)
+from ...errors import custom_code_error, first_line, needs_custom_code
+from ...files.checksums import file_sha256
+from ...loading import NO_REMOTE_CODE, TOKENIZER_FILES, looks_like_path, open_source, standard_tokenizer
+from ..options import DEFAULT_TOKENIZER_VOCAB
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
-from .options import DEFAULT_TOKENIZER_VOCAB, TrainOptions
 
 STANDARD_TOKENIZER_FIX = (
     "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "
@@ -48,38 +40,46 @@ TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns f
 TOKENIZER_SAMPLE = "training documents only"  # keys the cache: tokenizers that also read held-out text are not reused
 
 
-def training_tokenizer(options: TrainOptions, corpus: Corpus, builder: bool, log: Any) -> tuple[Any, bool]:
-    """The tokenizer the run trains with, and whether it is the ``--model`` folder's own (``model_tokenizer``):
-    else ``--tokenizer``'s, else one trained on the corpus (``corpus_tokenizer``); one without a padding token
-    pads with its end-of-text token."""
-    folder = model_tokenizer(options)
-    if folder is not None or options.tokenizer is not None:
-        tokenizer = tokenizer_from(folder or options.tokenizer)
+def training_tokenizer(
+    corpus: Corpus,
+    model: str | None,
+    tokenizer: str | None,
+    vocab_size: int | None,
+    cache: Path,
+    builder: bool,
+    log: Any,
+) -> tuple[Any, bool]:
+    """The tokenizer the run trains with, and whether it is the ``model`` folder's own (``model_tokenizer``): else
+    ``tokenizer``'s (``--tokenizer``), else one of ``vocab_size`` tokens (``tokenizer_vocab``) trained on the corpus
+    and cached under ``cache`` (``corpus_tokenizer``); one without a padding token pads with its end-of-text
+    token."""
+    folder = model_tokenizer(model, tokenizer, vocab_size)
+    if folder is not None or tokenizer is not None:
+        loaded = tokenizer_from(folder or tokenizer)
     else:
-        cache = Path(options.data_cache).expanduser()
-        tokenizer = corpus_tokenizer(corpus, tokenizer_vocab(options), cache, builder, log)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, folder is not None
+        loaded = corpus_tokenizer(corpus, tokenizer_vocab(vocab_size, model), cache, builder, log)
+    if loaded.pad_token is None:
+        loaded.pad_token = loaded.eos_token
+    return loaded, folder is not None
 
 
-def tokenizer_vocab(options: TrainOptions) -> int:
-    """The vocabulary of a tokenizer trained on the fly: ``--vocab-size``, else a from-scratch config's own
-    ``vocab_size`` (``init --preset 125m``: 50,304, so the model is trained at the size it was written for), else
-    ``DEFAULT_TOKENIZER_VOCAB``."""
-    if options.vocab_size is not None:
-        return options.vocab_size
-    config = folder_config(options)
-    if config is not None and not has_trained_weights(options.model) and config.get("vocab_size"):
+def tokenizer_vocab(vocab_size: int | None, model: str | None) -> int:
+    """The vocabulary of a tokenizer trained on the fly: ``vocab_size`` (``--vocab-size``), else the ``model``
+    folder's from-scratch config's own ``vocab_size`` (``init --preset 125m``: 50,304, so the model is trained at the
+    size it was written for), else ``DEFAULT_TOKENIZER_VOCAB``."""
+    if vocab_size is not None:
+        return vocab_size
+    config = folder_config(model)
+    if config is not None and not has_trained_weights(model) and config.get("vocab_size"):
         return int(config["vocab_size"])
     return DEFAULT_TOKENIZER_VOCAB
 
 
-def folder_config(options: TrainOptions) -> dict[str, Any] | None:
+def folder_config(model: str | None) -> dict[str, Any] | None:
     """The ``config.json`` of the ``--model`` folder, as it is written (None without a folder or a config)."""
-    if options.model is None:
+    if model is None:
         return None
-    path = Path(options.model).expanduser() / "config.json"
+    path = Path(model).expanduser() / "config.json"
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -91,23 +91,23 @@ def has_trained_weights(folder: str) -> bool:
     return bool(open_source(Path(folder).expanduser()).weight_files)
 
 
-def model_tokenizer(options: TrainOptions) -> str | None:
-    """The folder ``options.model`` when it holds a tokenizer: the model is trained with it (its embedding rows are
-    that tokenizer's). ``ValueError`` when ``--tokenizer`` names another one or ``--vocab-size`` asks for a tokenizer
-    trained on the fly, which would not fit the model's rows."""
-    if options.model is None:
+def model_tokenizer(model: str | None, tokenizer: str | None, vocab_size: int | None) -> str | None:
+    """The ``model`` folder when it holds a tokenizer: the model is trained with it (its embedding rows are that
+    tokenizer's). ``ValueError`` when ``tokenizer`` (``--tokenizer``) names another one or ``vocab_size``
+    (``--vocab-size``) asks for a tokenizer trained on the fly, which would not fit the model's rows."""
+    if model is None:
         return None
-    folder = Path(options.model).expanduser()
+    folder = Path(model).expanduser()
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return None
-    if options.tokenizer is not None and Path(options.tokenizer).expanduser().absolute() != folder.absolute():
+    if tokenizer is not None and Path(tokenizer).expanduser().absolute() != folder.absolute():
         raise ValueError(
-            f"--tokenizer {options.tokenizer}: {options.model} has a tokenizer of its own, which its model's rows are "
+            f"--tokenizer {tokenizer}: {model} has a tokenizer of its own, which its model's rows are "
             "for; drop --tokenizer (or give a model folder without one)"
         )
-    if options.vocab_size is not None:
+    if vocab_size is not None:
         raise ValueError(
-            f"--vocab-size {options.vocab_size}: {options.model} has a tokenizer of its own, which the run trains "
+            f"--vocab-size {vocab_size}: {model} has a tokenizer of its own, which the run trains "
             "with; drop --vocab-size (it sizes a tokenizer trained on the fly)"
         )
     return str(folder)

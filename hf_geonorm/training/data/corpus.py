@@ -1,17 +1,6 @@
 """What ``--data`` names, as a ``Corpus`` (the first step of the data: documents, tokenizer, blocks): an ordered
 list of shards (files, or a ``datasets`` corpus) and the documents each holds, read in pieces so that no file is ever
-held whole in memory.
-
-A document is what validation and test hold out whole and what the end-of-text token closes. Documents are
-pieces of bounded size, so that the held-out ones spread over the data and no file is one huge document:
-
-- a text file (given by name, or in a folder, or of the standard library's source, the default) is cut into
-  pieces: a piece ends before the first non-blank line that follows a blank (whitespace-only) line once it holds
-  ``DOC_MIN_CHARS`` characters, and at the first line end once it holds ``PIECE_CHARS`` (text without blank lines,
-  one sentence a line, is cut at line ends); a line longer than ``PIECE_CHARS`` is cut at whitespace. Line ends are
-  ``\\n`` (``\\r\\n`` and ``\\r`` are read as one), and a byte-order mark at the start is dropped;
-- each row of a JSON lines, CSV or parquet file (its text column, ``--text-column``), or of a ``datasets`` corpus, is
-  one document, cut every ``DOC_MAX_CHARS`` characters when it is longer.
+held whole in memory (``documents``: what a document is).
 
 What a file is, is read from its content where the name can mislead: a ``.json`` file of one object a line is
 JSON lines (also after blank lines or a byte-order mark); a JSON array is refused by name. A folder written by
@@ -24,7 +13,6 @@ no columns, is refused.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -35,20 +23,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import first_line
-from ..files.checksums import file_sha256
-from ..files.text_files import BINARY_PROBE, not_text, text_chunks
+from ...errors import first_line
+from ...files.checksums import file_sha256
+from ...files.text_files import BINARY_PROBE, not_text
+from .documents import TEXT_TYPES, HubSource, check_csv, check_parquet, open_dataset, shard_documents
 
-DOC_MIN_CHARS = 1_000
-PIECE_CHARS = 8_000
-DOC_MAX_CHARS = 1_000_000
 ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 ROW_KINDS = ("jsonl", "parquet", "csv", "saved", "hub")  # the shards whose rows have columns
 DEFAULT_COLUMN = "text"
 SAVED_DATASET = ("dataset_info.json", "state.json")  # what Dataset.save_to_disk writes
 SAVED_DATASET_DICT = "dataset_dict.json"  # what DatasetDict.save_to_disk writes, beside a folder per split
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".7z", ".tgz")
-TEXT_TYPES = ("string", "large_string")
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".json", ".html", ".xml", ".c", ".h", ".js")
 # Of the data caches (the tokenizer trained on the fly, the packed blocks): a new way of cutting documents or
 # packing blocks gets new cache keys.
@@ -71,16 +56,6 @@ def stdlib_files() -> list[Path]:
 
 
 @dataclass(frozen=True)
-class HubSource:
-    """A ``datasets`` corpus: a Hub name or a local dataset folder, and which part of it to read."""
-
-    name: str
-    config: str | None = None
-    split: str = "train"
-    revision: str | None = None
-
-
-@dataclass(frozen=True)
 class Corpus:
     """The shards of ``--data`` in order, each ``(kind, path or name)`` with kind ``paragraphs`` (a text file given
     by name), ``file`` (a text file of a folder), ``jsonl``, ``parquet``, ``saved`` (a ``save_to_disk`` folder) or
@@ -95,23 +70,9 @@ class Corpus:
     hub: HubSource | None = None
 
     def documents(self, shard: int) -> Iterator[str]:
-        """The documents of one shard, in order (see the module docstring for what a document is)."""
+        """The documents of one shard, in order (``documents``: what a document is)."""
         kind, source = self.shards[shard]
-        if kind in ("paragraphs", "file"):
-            found = False
-            for doc in paragraph_documents(normalised(text_chunks(source))):
-                found = True
-                yield doc
-            if not found and kind == "paragraphs":
-                raise ValueError(f"{source} contains no text")
-        elif kind == "jsonl":
-            yield from _capped_all(_jsonl_texts(Path(source), self.column))
-        elif kind == "csv":
-            yield from _capped_all(_csv_texts(Path(source), self.column))
-        elif kind == "parquet":
-            yield from _capped_all(_parquet_texts(Path(source), self.column))
-        else:
-            yield from _capped_all(_dataset_texts(self.hub, self.column, saved=kind == "saved"))
+        return shard_documents(kind, source, self.column, self.hub)
 
     def all_documents(self) -> Iterator[str]:
         """Every document of every shard, in order."""
@@ -253,9 +214,9 @@ def _file_kind(path: Path, column: str) -> str:
     a JSON array or an object over many lines is refused."""
     kind = ROW_SUFFIXES.get(path.suffix.lower(), "paragraphs")
     if kind == "parquet":
-        _check_parquet(path, column)
+        check_parquet(path, column)
     if kind == "csv":
-        _check_csv(path, column)
+        check_csv(path, column)
     if path.suffix.lower() != ".json":
         return kind
     first = _first_line(path)
@@ -276,33 +237,6 @@ def _first_line(path: Path, limit: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         head = f.read(limit).decode("utf-8", "replace").removeprefix("\ufeff")
     return next((line.strip() for line in head.splitlines() if line.strip()), "")
-
-
-def _check_csv(path: Path, column: str) -> None:
-    header = next(_csv_rows(path), None)
-    if header is None:
-        raise ValueError(f"{path} contains no text")
-    if column not in header:
-        raise ValueError(f"{path} is read as a CSV table and has no {column!r} column (its header: "
-                         f"{', '.join(header)}); give the column of the text with --text-column")  # fmt: skip
-
-
-def _check_parquet(path: Path, column: str) -> None:
-    import pyarrow.parquet as pq
-
-    try:
-        file = pq.ParquetFile(path)
-    except Exception as error:  # noqa: BLE001 - damaged or not parquet: reported in one line
-        raise ValueError(f"{path} is not a readable parquet file: {first_line(error)}") from None
-    schema = file.schema_arrow
-    if column not in schema.names:
-        raise ValueError(f"{path} has no {column!r} column (it has {', '.join(schema.names)}); give --text-column")
-    kind = str(schema.field(column).type)
-    if kind not in TEXT_TYPES:
-        raise ValueError(f"{path}: column {column!r} holds {kind}, not text (string); give the column of the text "
-                         "with --text-column")  # fmt: skip
-    if file.metadata.num_rows == 0:
-        raise ValueError(f"{path} has no rows")
 
 
 def _not_text(path: Path) -> str | None:
@@ -326,20 +260,10 @@ def _local(shards: list[tuple[str, Path]], label: str, column: str = "text") -> 
     return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column)
 
 
-def _open_dataset(source: HubSource, saved: bool, streaming: bool = True) -> object:
-    import datasets
-
-    if saved:
-        loaded = datasets.load_from_disk(source.name)
-        return loaded[source.split] if isinstance(loaded, datasets.DatasetDict) else loaded
-    return datasets.load_dataset(source.name, source.config, split=source.split, revision=source.revision,
-                                 streaming=streaming)  # fmt: skip
-
-
 def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
     """A ``datasets`` corpus, checked before any work: it opens, and its rows have the text column as strings."""
     try:
-        rows = _open_dataset(source, saved)
+        rows = open_dataset(source, saved)
         features = rows.features
     except Exception as error:  # noqa: BLE001 - offline, unknown name, config or split, ...
         what = "saved dataset" if saved else "datasets corpus"
@@ -380,154 +304,6 @@ def _builder_hash(source: HubSource) -> str | None:
         return datasets.load_dataset_builder(source.name, source.config, revision=source.revision).hash
     except Exception:  # noqa: BLE001 - the corpus opened; without a hash the name and revision key it
         return None
-
-
-def _dataset_texts(source: HubSource, column: str, saved: bool) -> Iterator[str]:
-    for number, row in enumerate(_open_dataset(source, saved)):
-        text = row.get(column)
-        if not isinstance(text, str):
-            what = "has no" if text is None else f"has a {type(text).__name__} in its"
-            raise ValueError(f"{source.name}, row {number}: {what} {column!r} column; every row needs a string "
-                             "there (give --text-column)")  # fmt: skip
-        yield text
-
-
-def normalised(chunks: Iterable[str]) -> Iterator[str]:
-    """Text with ``\\r\\n`` and lone ``\\r`` line ends read as ``\\n``, and without a leading byte-order mark."""
-    first, carry = True, ""
-    for chunk in chunks:
-        text = carry + chunk
-        if first:
-            text, first = text.removeprefix("\ufeff"), False
-        carry = "\r" if text.endswith("\r") else ""  # its \n may start the next chunk
-        text = text[:-1] if carry else text
-        yield text.replace("\r\n", "\n").replace("\r", "\n")
-    if carry:
-        yield "\n"
-
-
-def paragraph_documents(chunks: Iterable[str]) -> Iterator[str]:
-    """Text cut into pieces at blank lines, each of at least ``DOC_MIN_CHARS`` characters (the last one may be
-    shorter), and at line ends once a piece holds ``PIECE_CHARS``; the pieces joined are the input, less the pieces
-    of whitespace only (a long run of blank lines), which are dropped."""
-    doc: list[str] = []
-    size, after_blank, has_text = 0, False, False
-    for line in _lines(chunks):
-        blank = not line.strip()
-        if doc and ((not blank and after_blank and size >= DOC_MIN_CHARS) or size >= PIECE_CHARS):
-            if has_text:
-                yield "".join(doc)
-            doc, size, has_text = [], 0, False
-        doc.append(line)
-        size += len(line)
-        after_blank, has_text = blank, has_text or not blank
-    if has_text:
-        yield "".join(doc)
-
-
-def _lines(chunks: Iterable[str]) -> Iterator[str]:
-    """The lines of ``chunks`` with their ``\\n``; a line longer than ``PIECE_CHARS`` comes in pieces, cut after
-    the last whitespace before ``PIECE_CHARS`` characters (or at ``PIECE_CHARS``, where there is none)."""
-    rest = ""
-    for chunk in chunks:
-        parts = (rest + chunk).split("\n")
-        rest = parts.pop()
-        for part in parts:
-            if len(part) < PIECE_CHARS:  # the common case, without a generator per line
-                yield part + "\n"
-            else:
-                yield from _cut_long(part + "\n")
-        while len(rest) > PIECE_CHARS:
-            piece, rest = _split_at_space(rest)
-            yield piece
-    if rest:
-        yield from _cut_long(rest)
-
-
-def _cut_long(line: str) -> Iterator[str]:
-    while len(line) > PIECE_CHARS:
-        piece, line = _split_at_space(line)
-        yield piece
-    if line:
-        yield line
-
-
-def _split_at_space(text: str) -> tuple[str, str]:
-    """``text`` cut after its last whitespace within the first ``PIECE_CHARS`` characters."""
-    cut = max(text.rfind(" ", 0, PIECE_CHARS), text.rfind("\t", 0, PIECE_CHARS)) + 1
-    cut = cut if cut > 0 else PIECE_CHARS
-    return text[:cut], text[cut:]
-
-
-def _capped(text: str) -> Iterator[str]:
-    for start in range(0, len(text), DOC_MAX_CHARS):
-        yield text[start : start + DOC_MAX_CHARS]
-
-
-def _capped_all(texts: Iterable[str]) -> Iterator[str]:
-    for text in texts:
-        if text and text.strip():
-            yield from _capped(text)
-
-
-def text_lines(path: Path) -> Iterator[str]:
-    """The lines of a text file with their line ends, read as a text file is (``text_chunks``: not held whole, a
-    binary or compressed file refused, bytes that are not UTF-8 replaced with a warning; ``normalised``)."""
-    rest = ""
-    for chunk in normalised(text_chunks(path)):
-        lines = (rest + chunk).split("\n")
-        rest = lines.pop()
-        yield from (line + "\n" for line in lines)
-    if rest:
-        yield rest
-
-
-def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
-    for number, line in enumerate(text_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); one JSON object a line") from None
-        if not isinstance(row, dict) or not isinstance(row.get(column), str):
-            raise ValueError(f"{path}, line {number}: no {column!r} string; every line needs one (or give "
-                             "--text-column)")  # fmt: skip
-        yield row[column]
-
-
-CSV_FIELD_LIMIT = 2**31 - 1  # the csv module refuses fields over 128 KB by default; a document may be longer
-
-
-def _csv_rows(path: Path) -> Iterator[list[str]]:
-    """The rows of a CSV file (the header first), read as its text is (``text_lines``)."""
-    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
-    rows = csv.reader(text_lines(path))
-    try:
-        yield from rows
-    except csv.Error as error:
-        raise ValueError(f"{path}, line {rows.line_num}: not CSV ({error})") from None
-
-
-def _csv_texts(path: Path, column: str) -> Iterator[str]:
-    rows = _csv_rows(path)
-    header = next(rows)
-    where = header.index(column)
-    for number, row in enumerate(rows, 2):
-        if not row:  # a blank line
-            continue
-        if len(row) != len(header):
-            raise ValueError(f"{path}, row {number}: {len(row)} field(s) where the header has {len(header)}; every "
-                             "row needs one for each column")  # fmt: skip
-        yield row[where]
-
-
-def _parquet_texts(path: Path, column: str) -> Iterator[str]:
-    import pyarrow.parquet as pq
-
-    _check_parquet(path, column)
-    for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=1024):
-        yield from (text for text in batch.column(0).to_pylist() if text)
 
 
 # One document in VAL_EVERY (in corpus order) is held out for validation and as many for test (pipeline.py).

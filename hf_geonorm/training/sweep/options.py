@@ -1,0 +1,118 @@
+"""What ``hf-geonorm sweep`` takes beside the ``TrainOptions`` of its runs: ``SweepOptions``, declared as
+``TrainOptions`` is (``options.option``), so that the command line generates its options from here. Like
+``options``, it imports nothing but the standard library and the library modules ``options`` reads: the CLI reads
+it for ``--help`` without importing torch."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+
+from ...modeling.settings import NORM_STYLES
+from ..options import MAX_SEED, OptionError, TrainOptions, option, refuse_out_of_limits
+
+MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
+EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
+DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the rate rule's rate (rule/4 to rule x 4)
+
+
+def _grid_text() -> str:
+    """The factors of sweep's default grid around each style's rate: ``/4, /2, x1, x2, x4``."""
+    steps = range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1)
+    return ", ".join(f"/{2**-step}" if step < 0 else f"x{2**step}" for step in steps)
+
+
+def outside_sweep_key() -> tuple[str, ...]:
+    """The fields the runs of one sweep may differ in, declared ``sweep_key=False``: where a run writes, the rate
+    and seed the grid sets, and what does not change what a run computes."""
+    return tuple(spec.name for spec in fields(TrainOptions) if not spec.metadata.get("sweep_key", True))
+
+
+@dataclass
+class SweepOptions:
+    """The grid of ``hf-geonorm sweep``: every style (and, for geo, every alpha) at every learning rate and seed,
+    each run as ``hf-geonorm train`` would run it with the ``TrainOptions`` beside these."""
+
+    output: str = field(default="geonorm-sweep", metadata=option(
+        "Folder of the sweep: runs.jsonl (one line per finished run), sweep.md, sweep.png and runs/ (each run's "
+        "train output).", folder="any"))  # fmt: skip
+    styles: tuple[str, ...] = field(default=("pre", "geo"), metadata=option(
+        f"Norm styles compared, a comma list of {', '.join(NORM_STYLES)}.", items=str, metavar="LIST",
+        replaces="norm_style"))  # fmt: skip
+    lrs: tuple[float, ...] | None = field(default=None, metadata=option(
+        "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
+        default_text=f"each style's default rate (train's, from the rate rule) {_grid_text()}"))  # fmt: skip
+    lr_range: tuple[float, float] | None = field(default=None, metadata=option(
+        "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
+    seeds: tuple[int, ...] = field(default=(0,), metadata=option(
+        "Seeds of every rate, a comma list: each arm's best rate is chosen on their mean validation loss.",
+        items=int, metavar="LIST"))  # fmt: skip
+    alphas: tuple[float, ...] | None = field(default=None, metadata=option(
+        "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
+        default_text="--alpha, else the library's"))  # fmt: skip
+    confirm_seeds: tuple[int, ...] | None = field(default=None, metadata=option(
+        "More seeds, run only at each arm's best rate once it is chosen on --seeds (the study's protocol: a third "
+        "of the cost of every seed at every rate), a comma list.", items=int, metavar="LIST",
+        default_text="none"))  # fmt: skip
+    extend: int = field(default=0, metadata=option(
+        "While an arm's best rate is at the lowest or highest rate of its grid, add the next rate one grid step "
+        f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
+        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
+
+    def rates(self, centre: float = 1e-3) -> tuple[float, ...]:
+        """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH), else ``centre``
+        (the style's default rate) times 1/4 to 4, a factor 2 apart."""
+        if self.lrs is not None and self.lr_range is not None:
+            raise OptionError("give --lrs or --lr-range, not both")
+        if self.lrs is not None:
+            return tuple(self.lrs)
+        if self.lr_range is None:
+            return tuple(centre * 2.0**step for step in range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1))
+        low, high = self.lr_range
+        if not (0 < low <= high and math.isfinite(high)):
+            raise OptionError(f"--lr-range LOW HIGH needs finite 0 < LOW <= HIGH; got {low:g} {high:g}")
+        count = int(math.floor(math.log2(high) - math.log2(low) + 1e-9)) + 1  # logs apart: 1e300 / 1e-300 overflows
+        if count > MAX_RATES:
+            raise OptionError(
+                f"--lr-range {low:g} {high:g} spans {count} rates a factor 2 apart; a sweep takes at most {MAX_RATES}: "
+                "give a narrower range"
+            )
+        return tuple(low * 2**i for i in range(count))
+
+    def validate(self) -> SweepOptions:
+        if not os.fspath(self.output).strip():
+            raise OptionError("--output is empty (an unset shell variable?); give the folder of the sweep")
+        refuse_out_of_limits(self)
+        rates = self.rates()
+        if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
+            raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "
+                              f"{', '.join(f'{r:g}' for r in rates)}")  # fmt: skip
+        if len(rates) > MAX_RATES:
+            raise OptionError(f"--lrs names {len(rates)} rates; a sweep takes at most {MAX_RATES}")
+        if not self.styles:
+            raise OptionError(f"--styles names at least one of {', '.join(NORM_STYLES)}")
+        for style in self.styles:
+            if style not in NORM_STYLES:
+                raise OptionError(f"--styles: unknown norm style {style!r}; choose from {', '.join(NORM_STYLES)}")
+        if not self.seeds:
+            raise OptionError("--seeds names at least one seed")
+        for name in ("seeds", "confirm_seeds"):
+            for seed in getattr(self, name) or ():
+                if not 0 <= seed <= MAX_SEED:
+                    raise OptionError(f"--{name.replace('_', '-')}: seed {seed} is not a whole number from 0 to "
+                                      f"{MAX_SEED}")  # fmt: skip
+        if self.confirm_seeds is not None and set(self.confirm_seeds) & set(self.seeds):
+            both = sorted(set(self.confirm_seeds) & set(self.seeds))
+            raise OptionError(f"--confirm-seeds names {', '.join(map(str, both))}, already in --seeds (every rate "
+                              "runs those): give other seeds")  # fmt: skip
+        if self.alphas is not None:
+            if "geo" not in self.styles:
+                raise OptionError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
+            if not self.alphas or any(not (alpha >= 0 and math.isfinite(alpha)) for alpha in self.alphas):
+                raise OptionError("--alphas: step sizes must be finite numbers >= 0")
+        for name in ("styles", "lrs", "seeds", "alphas", "confirm_seeds"):
+            values = getattr(self, name)
+            if values is not None and len(set(values)) != len(values):
+                raise OptionError(f"--{name.replace('_', '-')} names a value twice: {', '.join(map(str, values))}")
+        return self
