@@ -31,26 +31,27 @@ class Internal:
 
 OVERRIDDEN_BY_TRAINER = (
     Internal("transformers.Trainer", "_load_from_checkpoint",
-             "training/checkpoints.py overrides it (a whole model resumes through load_checkpoint_weights, strictly); "
-             "training/trainer.py calls it for a run killed after its last checkpoint",
+             "training/run/checkpoints.py overrides it (a whole model resumes through load_checkpoint_weights, "
+             "strictly); training/run/trainer.py calls it for a run killed after its last checkpoint",
              parameters=("self", "resume_from_checkpoint", "model")),
     Internal("transformers.Trainer", "_get_output_dir",
-             "training/checkpoints.py overrides it: the Trainer's own save writes into the staging folder",
+             "training/run/checkpoints.py overrides it: the Trainer's own save writes into the staging folder",
              parameters=("self", "trial")),
     Internal("transformers.Trainer", "_save_checkpoint",
-             "training/checkpoints.py overrides it: the checkpoint moves into place whole once every process saved",
+             "training/run/checkpoints.py overrides it: the checkpoint moves into place whole once every process saved",
              parameters=("self", "model", "trial")),
     Internal("transformers.Trainer", "_load_callback_state",
-             "training/checkpoints.py overrides it: a resume applies the intervals the command gives, not the saved",
+             "training/run/checkpoints.py overrides it: a resume applies the intervals the command gives, not the "
+             "saved",
              parameters=("self",)),
     Internal("transformers.Trainer", "_load_rng_state",
-             "training/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
+             "training/run/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
              parameters=("self", "checkpoint")),
     Internal("transformers.Trainer", "_load_optimizer_and_scheduler",
-             "training/checkpoints.py overrides it: the files are checked to hold tensors only (no pickle) first",
+             "training/run/checkpoints.py overrides it: the files are checked to hold tensors only (no pickle) first",
              parameters=("self", "checkpoint")),
     Internal("transformers.Trainer", "_load_scaler",
-             "training/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
+             "training/run/checkpoints.py overrides it: the file is checked to hold tensors only (no pickle) first",
              parameters=("self", "checkpoint")),
 )  # fmt: skip
 
@@ -78,7 +79,8 @@ INTERNALS = (
              "modeling/checkpoint_layout.py: GeoNorm's own tensor names hidden from the stock renamings",
              parameters=("source_patterns", "target_patterns")),
     Internal("transformers.trainer_utils", "rotate_checkpoints",
-             "training/checkpoints.py: the checkpoints beyond save_total_limit removed after a checkpoint is moved in",
+             "training/run/checkpoints.py: the checkpoints beyond save_total_limit removed after a checkpoint is "
+             "moved in",
              parameters=("output_dir", "save_total_limit")),
 )  # fmt: skip
 
