@@ -5,12 +5,16 @@ makes it UTF-8 text), bytes that are not UTF-8 are replaced with a warning."""
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from ..errors import first_line
 
 SPECIAL_FILES = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -125,3 +129,14 @@ def text_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> Iterator
             "(e.g. iconv -f latin1 -t utf-8)",
             stacklevel=2,
         )
+
+
+def json_or_problem(path: Path) -> tuple[Any, str | None]:
+    """``(the parsed JSON file, None)``, or ``(None, why it cannot be read)`` naming the file: the start of checking
+    a record a run left behind (a cache entry's ``meta.json``, a checkpoint's ``trainer_state.json``)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, f"{path} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return None, f"{path} is not valid JSON ({first_line(error)})"

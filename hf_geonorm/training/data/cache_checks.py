@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import uuid
@@ -22,9 +21,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...errors import first_line
 from ...files.atomic import remove_tree
 from ...files.checksums import file_sha256
+from ...files.text_files import json_or_problem
 from ..options import DATA_CACHE_ENV
 
 WHERE = f"--data-cache (or ${DATA_CACHE_ENV})"
@@ -38,12 +37,9 @@ def file_checks(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]
 def entry_problem(folder: Path) -> str | None:
     """Why the cache entry ``folder`` cannot be trusted (naming the file), or None when it verifies."""
     meta_path = folder / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"{meta_path} is missing"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{meta_path} is not valid JSON ({first_line(error)})"
+    meta, problem = json_or_problem(meta_path)
+    if problem:
+        return problem
     files = meta.get("files") if isinstance(meta, dict) else None
     if not isinstance(files, dict) or not files:
         return f"{meta_path} records no checksums"

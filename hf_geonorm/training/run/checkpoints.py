@@ -32,6 +32,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ...errors import SettingsError, first_line
 from ...files.atomic import is_full_device, remove_stale_partials, remove_tree
 from ...files.safetensors_files import safetensors_header, weight_files
+from ...files.text_files import json_or_problem
 from ...loading import NO_REMOTE_CODE, read_config_json
 from ...loading_info import tensor_names
 from ...modeling.settings import GeoNormSettings
@@ -205,12 +206,9 @@ def checkpoints(output: Path) -> list[tuple[int, Path]]:
 def checkpoint_problem(folder: Path) -> str | None:
     """Why the Trainer checkpoint ``folder`` cannot be resumed from (naming the file), or None when it is whole."""
     state_file = folder / "trainer_state.json"
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"{state_file} is missing"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return f"{state_file} is not valid JSON ({first_line(error)})"
+    state, problem = json_or_problem(state_file)
+    if problem:
+        return problem
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{state_file} has no global_step"
     if (folder / "adapter_config.json").is_file():  # a LoRA run saves the adapters only
