@@ -122,15 +122,13 @@ def fine_tune(work: Path, journal: Journal) -> None:
     source = work / "smol-bridge0"
     if not source.is_dir():
         command("convert", str(gguf), str(source), "--bridge", "0")
-    if WINDOWED not in journal.runs.get("source", {}):
+    if "source" not in journal.runs:
         journal.record("source", held_out(source, held))
     for lr in RATES:
         name = f"fine-tune-lr{lr:g}"
-        out = work / name
         if name in journal.runs:
-            if WINDOWED not in journal.runs[name]:  # journaled before the windowed figure was measured
-                journal.record(name, {**journal.runs[name], WINDOWED: perplexity(out / "final", held, SEQ_LEN)})
             continue
+        out = work / name
         command("train", "--model", str(source), "--data", str(train), "--lr", f"{lr:g}", "--max-steps", str(STEPS),
                 "--batch-size", str(BATCH), "--warmup-steps", str(STEPS // 10), "--eval-every", str(STEPS),
                 "--output", str(out), "--force", *COMMON)  # fmt: skip
@@ -148,13 +146,9 @@ def recipe(work: Path, journal: Journal) -> None:
         "recipe-pre-continued": ([], []),
     }  # fmt: skip
     for name, (converting, training) in arms.items():
-        out = work / name
         if name in journal.runs:
-            if WINDOWED not in journal.runs[name]:
-                journal.record(name, {**journal.runs[name], WINDOWED: perplexity(out / "final", held, SEQ_LEN)})
-            if "held_out_by_window" not in journal.runs[name]:
-                journal.record(name, {**journal.runs[name], "held_out_by_window": window_profile(out / "final", held)})
             continue
+        out = work / name
         converted = work / f"{name}-converted"
         if not converted.is_dir():
             command("convert", str(gguf), str(converted), "--bridge", "0", *converting)
@@ -176,7 +170,7 @@ def page(runs: dict[str, Any]) -> str:
     if "source" in runs:
         source = runs["source"]
         lines += ["Converted with `--bridge 0`, before training: held-out perplexity "
-                  f"{source['held_out_perplexity']:.3f} ({whole}), {source.get(WINDOWED, math.nan):.3f} "
+                  f"{source['held_out_perplexity']:.3f} ({whole}), {source[WINDOWED]:.3f} "
                   f"({windowed}).", "",
                   f"| peak rate ({STEPS} steps x {BATCH} x {SEQ_LEN} tokens, warm-up {STEPS // 10}, weight decay 0) "
                   f"| held-out perplexity after, {whole} | after, {windowed} | validation perplexity before → after |",
@@ -185,7 +179,7 @@ def page(runs: dict[str, Any]) -> str:
             run = runs.get(f"fine-tune-lr{lr:g}")
             if run:
                 path = run["validation_path"]
-                lines.append(f"| {lr:g} | {run['held_out_perplexity']:.3f} | {run.get(WINDOWED, math.nan):.3f} "
+                lines.append(f"| {lr:g} | {run['held_out_perplexity']:.3f} | {run[WINDOWED]:.3f} "
                              f"| {path[0][1]:.3f} → {path[-1][1]:.3f} |")  # fmt: skip
         tuned = [runs[f"fine-tune-lr{lr:g}"] for lr in RATES if f"fine-tune-lr{lr:g}" in runs]
         if tuned:
@@ -201,7 +195,7 @@ def page(runs: dict[str, Any]) -> str:
             run = runs[name]
             path = ", ".join(f"{step}: {value:.2f}" for step, value in run["validation_path"])
             lines.append(f"| {name} | {path} | {run['worst_over_start']:.2f}x | {run['held_out_perplexity']:.3f} "
-                         f"| {run.get(WINDOWED, math.nan):.3f} |")  # fmt: skip
+                         f"| {run[WINDOWED]:.3f} |")  # fmt: skip
         profiled = [name for name in arms if "held_out_by_window" in runs[name]]
         if profiled:
             lines += ["", "Held-out perplexity at the end by window length (tokens read in one window):", "",
