@@ -242,6 +242,28 @@ def frozen_heap():
     yield
 
 
+SENTINEL_TEXT = "a file of the user's, which no test may remove"
+
+
+@pytest.fixture(autouse=True)
+def machine_left_alone(tmp_path_factory, monkeypatch):
+    """Every test runs with ``HOME`` in a temporary folder and its working folder in another, so that a command that
+    removes or replaces a folder by mistake (``~``, ``.``, ``$HOME/$UNSET``) can only reach temporary ones. After
+    the test, a sentinel file in that home and one outside both must still be there."""
+    root = tmp_path_factory.mktemp("machine")
+    home, work, outside = root / "home", root / "work", root / "outside"
+    for folder in (home, work, outside):
+        folder.mkdir()
+    sentinels = [home / "sentinel.txt", outside / "sentinel.txt"]
+    for sentinel in sentinels:
+        sentinel.write_text(SENTINEL_TEXT)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    yield
+    for sentinel in sentinels:
+        assert sentinel.is_file() and sentinel.read_text() == SENTINEL_TEXT, f"the test removed {sentinel}"
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     threads = torch.get_num_threads()
