@@ -238,7 +238,10 @@ def convert_checkpoint(
     started = time.perf_counter()
     before = after = None
     evaluation = []
-    with output_lock(output_dir, "convert", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
+    with (
+        output_lock(output_dir, "convert", "OUTPUT_DIR"),
+        atomic_directory(output_dir, force=force, command="convert") as tmp,
+    ):
         tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
         say(f"loading the {src.model_type} model ({src.kind})")
         model = load_model(src, options.dtype, allow_missing=options.allow_missing)

@@ -23,6 +23,7 @@ from tiny_models import tiny_model
 
 from hf_geonorm import conversion
 from hf_geonorm.files import atomic, signals
+from hf_geonorm.files.ownership import MARKER_NAME, mark_folder
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])
@@ -43,7 +44,7 @@ def test_all_or_nothing(tmp_path, move_kind):
         (tmp / "half.txt").write_text("x")
         raise RuntimeError("interrupted")
     assert not (tmp_path / "deep").exists()  # no output, no temp folder, no created parents
-    with atomic.atomic_directory(target) as tmp:
+    with atomic.atomic_directory(target, command="convert") as tmp:  # an output of hf-geonorm: force replaces it
         (tmp / "a.txt").write_text("a")
     assert names(target.parent) == ["out"] and (target / "a.txt").read_text() == "a"
     assert stat.S_IMODE(target.stat().st_mode) != 0o700  # usual permissions, not mkdtemp's
@@ -52,10 +53,10 @@ def test_all_or_nothing(tmp_path, move_kind):
     with pytest.raises(KeyboardInterrupt), atomic.atomic_directory(target, force=True) as tmp:
         (tmp / "b.txt").write_text("b")
         raise KeyboardInterrupt
-    assert names(target.parent) == ["out"] and names(target) == ["a.txt"]
-    with atomic.atomic_directory(target, force=True) as tmp:
+    assert names(target.parent) == ["out"] and names(target) == [MARKER_NAME, "a.txt"]
+    with atomic.atomic_directory(target, force=True, command="convert") as tmp:
         (tmp / "b.txt").write_text("b")
-    assert names(target) == ["b.txt"] and names(target.parent) == ["out"]
+    assert names(target) == [MARKER_NAME, "b.txt"] and names(target.parent) == ["out"]
     empty = tmp_path / "empty"
     empty.mkdir()
     with atomic.atomic_directory(empty) as tmp:  # an empty folder is replaced without force
@@ -86,6 +87,7 @@ def test_force_replaces_read_only_folders_and_symlinks_without_leftovers(tmp_pat
     target = tmp_path / "out"
     (target / "sub").mkdir(parents=True)
     (target / "sub" / "old.txt").write_text("old")
+    mark_folder(target, "convert")  # as hf-geonorm wrote it: what force replaces
     for folder in (target / "sub", target):
         folder.chmod(0o555)
     with atomic.atomic_directory(target, force=True) as tmp:
@@ -117,6 +119,7 @@ def test_leftovers_of_dead_processes_are_cleaned_up_and_live_ones_kept(tmp_path)
     assert len(done) == 2 and any("restored" in line for line in done)
     assert (target / "old.txt").read_text() == "old"  # the old output, which was missing, is back
     assert names(tmp_path) == [f".other.partial-{dead_pid}-abcd", f".out.partial-{os.getppid()}-live", "out"]
+    mark_folder(target, "convert")
     (tmp_path / f".out.partial-{dead_pid}-efgh").mkdir()
     with pytest.warns(UserWarning, match=f"removed .out.partial-{dead_pid}-efgh"):
         with atomic.atomic_directory(target, force=True) as tmp:
@@ -222,6 +225,7 @@ def test_force_onto_a_read_only_folder_leaves_nothing_behind(tmp_path):
     out = tmp_path / "out"
     (out / "sub").mkdir(parents=True)
     (out / "sub" / "old.txt").write_text("old")
+    mark_folder(out, "convert")
     for folder in (out / "sub", out):
         folder.chmod(0o555)
     child = subprocess.run(

@@ -46,16 +46,18 @@ def test_a_second_train_into_the_same_output_fails_at_once_naming_the_first(tmp_
     after = train(*args, "--force")
     assert after.exit_code == 0, after.output
     assert f"took over the lock {out / '.hf-geonorm.lock'} of hf-geonorm train (process {holder['pid']}" in after.output
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2", "final", "loss_curve.png",
-                                                     "metrics.json"]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [".hf-geonorm-output.json", "checkpoint-1", "checkpoint-2", "final",
+                                                     "loss_curve.png", "metrics.json"]  # fmt: skip
 
 
 def test_sweep_convert_and_init_refuse_a_folder_another_run_holds(tmp_path, data_file):
     from hf_geonorm.files.output_lock import output_lock
+    from hf_geonorm.files.ownership import mark_folder
 
     out = tmp_path / "busy"
     out.mkdir()
     (out / "theirs.txt").write_text("the other run's")
+    mark_folder(out, "train")  # an output of hf-geonorm, which --force would replace were it not in use
     tiny_model("gpt2").save_pretrained(tmp_path / "stock")
     held = f"{out} is in use by hf-geonorm train (process {os.getpid()} on host {socket.gethostname()}"
     with output_lock(out, "train"):
@@ -67,4 +69,4 @@ def test_sweep_convert_and_init_refuse_a_folder_another_run_holds(tmp_path, data
         for name, args in commands.items():
             result = invoke(*args)
             assert result.exit_code != 0 and held in result.output, (name, result.output)
-    assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]  # and the lock file went with its holder
+    assert sorted(p.name for p in out.iterdir()) == [".hf-geonorm-output.json", "theirs.txt"]  # the lock went

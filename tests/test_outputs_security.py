@@ -22,6 +22,7 @@ from safetensors import safe_open
 from tiny_models import tiny_model
 
 from hf_geonorm.files.output_lock import output_lock
+from hf_geonorm.files.ownership import mark_folder
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 
@@ -99,6 +100,8 @@ def test_replacing_a_folder_respects_a_run_working_inside_it(stock, tmp_path):
     running.mkdir(parents=True)
     (running / "checkpoint-50").mkdir()
     (running / "checkpoint-50" / "model.safetensors").write_bytes(b"weights")
+    mark_folder(tmp_path / "sweep", "sweep")  # outputs of hf-geonorm, which --force replaces when no run is inside
+    mark_folder(tmp_path / "sweep" / "runs", "sweep")
     before = contents(tmp_path / "sweep")
     with output_lock(running, "train"):  # as the sweep's run holds it while it trains
         message = fails("convert", stock, tmp_path / "sweep" / "runs", "--force")
@@ -119,6 +122,7 @@ def test_a_source_linked_into_the_output_is_refused(stock, tmp_path):
     holder = tmp_path / "holder"
     holder.mkdir()
     shutil.copy(stock / "model.safetensors", holder / "model.safetensors")
+    mark_folder(holder, "convert")  # an output --force may replace, but not while the source's weights are in it
     source = tmp_path / "src2"  # as a Hub cache snapshot: config and links to the weights kept elsewhere
     source.mkdir()
     shutil.copy(stock / "config.json", source / "config.json")

@@ -39,9 +39,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .ownership import LOCK_NAME, MARKER_NAME, check_replaceable, mark_folder, protected_reason
 from .signals import signals_held, terminate_raises
 
-LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -185,8 +185,8 @@ def _appeared(output: Path) -> OutputExists:
 
 
 def _holds_content(folder: Path) -> bool:
-    """Whether ``folder`` holds anything but its lock file."""
-    return any(entry.name != LOCK_NAME for entry in folder.iterdir())
+    """Whether ``folder`` holds anything but hf-geonorm's bookkeeping (its lock, its output marker)."""
+    return any(entry.name not in (LOCK_NAME, MARKER_NAME) for entry in folder.iterdir())
 
 
 def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
@@ -195,6 +195,7 @@ def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
     if replace_empty:
         try:
             (output / LOCK_NAME).unlink(missing_ok=True)
+            (output / MARKER_NAME).unlink(missing_ok=True)
             output.rmdir()
         except FileNotFoundError:
             pass
@@ -243,12 +244,14 @@ def is_full_device(error: BaseException) -> bool:
 
 
 def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = "OUTPUT_DIR") -> Path:
-    """The absolute path of ``output_dir``; ``ValueError`` when it is empty (an unset shell variable would otherwise
-    name the current folder) or when it is the current folder or one that holds it: replacing it (``force``) would
-    delete the folder the command runs in, and writing into it would mix the output with whatever is there."""
+    """The absolute path of ``output_dir``, taken as given (a ``~`` the shell did not expand names a folder ``~``,
+    as for every program the shell starts); ``ValueError`` when it is empty (an unset shell variable would otherwise
+    name the current folder), when it is the current folder or one that holds it (replacing it, ``force``, would
+    delete the folder the command runs in, and writing into it would mix the output with whatever is there), or when
+    it is a folder never replaced (``ownership.protected_reason``: ``/``, the home folder, a repository)."""
     if not os.fspath(output_dir).strip():
         raise ValueError(f"the {option} given is empty (an unset shell variable?); give the folder to write")
-    output = Path(output_dir).expanduser().absolute()
+    output = Path(output_dir).absolute()
     # with force a link is replaced, not the folder it points to; without, the empty folder behind a link is
     plain = Path(os.path.abspath(output))  # ".." spelled out
     replaced = plain.parent.resolve() / plain.name if force else output.resolve()
@@ -262,18 +265,26 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
             f"{option} {output_dir} {what}, which hf-geonorm never writes over (not even with --force): give a new "
             "folder"
         )
+    protected = protected_reason(replaced) if os.path.isdir(replaced) else None
+    if protected is not None:
+        raise ValueError(f"{option} {output_dir} {protected}, which hf-geonorm never writes over (not even with "
+                         "--force): give a new folder")  # fmt: skip
     return output
 
 
-def check_target(output_dir: str | os.PathLike, force: bool = False) -> Path:
-    """The absolute path of ``output_dir``; ``ValueError`` for an empty name or a folder that holds the current one
-    (``check_output_name``), ``FileExistsError`` when it is a file, or a non-empty folder and not ``force``.
-    ``atomic_directory`` checks this when it starts (callers may check earlier, to fail fast)."""
-    output = check_output_name(output_dir, force)
+def check_target(output_dir: str | os.PathLike, force: bool = False, option: str = "OUTPUT_DIR") -> Path:
+    """The absolute path of ``output_dir``; ``ValueError`` for an empty name, a folder that holds the current one or
+    one never replaced (``check_output_name``), ``FileExistsError`` when it is a file, or a non-empty folder and not
+    ``force``; with ``force``, ``ownership.NotAnOutput`` (a ``ValueError``) for a non-empty folder that hf-geonorm
+    did not write, or that holds anything beside what it wrote. ``atomic_directory`` checks this when it starts
+    (callers may check earlier, to fail fast)."""
+    output = check_output_name(output_dir, force, option)
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
-    if output.is_dir() and not force and _holds_content(output):
-        raise OutputExists(f"{output_dir} exists and is not empty")
+    if output.is_dir() and _holds_content(output):
+        if not force:
+            raise OutputExists(f"{output_dir} exists and is not empty")
+        check_replaceable(output, output_dir, option)
     return output
 
 
@@ -324,7 +335,9 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    output_dir: str | os.PathLike, force: bool = False, command: str | None = None
+) -> Iterator[Path]:
     """Yield a fresh temporary folder next to ``output_dir``; when the block succeeds it becomes ``output_dir``,
     when it fails, is interrupted (Ctrl-C) or terminated (SIGTERM, raised as ``signals.Terminated``) it is removed and
     ``output_dir`` is left as it was.
@@ -332,11 +345,13 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
     An existing non-empty ``output_dir`` (or one that appears while the block runs) raises ``FileExistsError``
     unless ``force``; a file there always does. Without ``force`` a symbolic link to an empty folder is written
     through: the new folder takes the place of the empty one the link points to (with ``force`` the link itself
-    is replaced, and the folder it points to is left as it was). Temporary folders that killed runs left next to
-    ``output_dir`` are cleaned up first (a ``UserWarning`` says what was removed). See the module docstring for
-    what holds on SIGKILL and on other systems.
+    is replaced, and the folder it points to is left as it was). With ``force`` only a folder that hf-geonorm
+    wrote is replaced (``check_target``), checked again just before the swap. ``command``: the command whose output
+    this is, recorded in the folder's marker (``ownership.mark_folder``). Temporary folders that killed runs left
+    next to ``output_dir`` are cleaned up first (a ``UserWarning`` says what was removed). See the module docstring
+    for what holds on SIGKILL and on other systems.
     """
-    output = Path(output_dir).expanduser().absolute()
+    output = Path(output_dir).absolute()
     if not force and output.is_symlink() and output.is_dir():  # a link to a folder: write into that folder
         output = output.resolve()
     for message in remove_stale_partials(output):
@@ -354,10 +369,13 @@ def atomic_directory(output_dir: str | os.PathLike, force: bool = False) -> Iter
             tmp = Path(tempfile.mkdtemp(prefix=f".{_temporary_stem(output)}.partial-{os.getpid()}-", dir=output.parent))
             os.chmod(tmp, 0o777 & ~_umask())
             yield tmp
+            if command is not None:
+                mark_folder(tmp, command)
             with signals_held():
                 if force and os.path.lexists(output) and not existed_empty:
-                    if replaces:
-                        check_no_run_inside(output)  # again: a run may have started in it meanwhile
+                    if replaces:  # again: a run may have started in it, or a user's file appeared, meanwhile
+                        check_no_run_inside(output)
+                        check_replaceable(output, output_dir)
                     _swap_in(tmp, output)
                 else:
                     _move_new(tmp, output, replace_empty=existed_empty)

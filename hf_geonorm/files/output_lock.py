@@ -80,7 +80,7 @@ def _release(fd: int, path: Path) -> None:
 def output_lock(folder: str | os.PathLike, command: str, option: str = "--output") -> Iterator[None]:
     """Hold ``folder``'s lock for the block (``OutputInUse`` naming the holder when another run has it). The
     folder is created to hold it; the folders created are removed again when the block leaves them empty."""
-    folder = Path(folder).expanduser().absolute()
+    folder = Path(folder).absolute()
     if os.path.lexists(folder) and not folder.is_dir():
         raise ValueError(f"{folder} is a file or a broken link, not a folder; give another {option}")
     created = []

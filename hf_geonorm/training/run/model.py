@@ -271,7 +271,10 @@ def write_scratch_config(
             "of your own with transformers and convert it, or choose another architecture"
         ) from None
     check_fits_memory(parameters, f"the {arch} {preset} config (vocabulary {vocab_size:,})")
-    with output_lock(output_dir, "init", "OUTPUT_DIR"), atomic_directory(output_dir, force=force) as tmp:
+    with (
+        output_lock(output_dir, "init", "OUTPUT_DIR"),
+        atomic_directory(output_dir, force=force, command="init") as tmp,
+    ):
         try:
             save_config_with_remote_code(config, tmp, tokenizer=loaded)
         except Exception as error:

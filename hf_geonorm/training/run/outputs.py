@@ -11,7 +11,9 @@
 - a non-finite training or validation loss stops the run with an error naming the step, before that step's
   checkpoint; nothing is published as final, and ``metrics.json`` is always strict JSON;
 - SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
-- ``--force`` removes the earlier run's checkpoints, ``final/``, ``metrics.json`` and plot when training starts;
+- the folder's marker (``hf_geonorm.files.ownership``) lists what the run wrote there, as it publishes it;
+- ``--force`` starts anew only in an empty folder or an hf-geonorm output holding nothing else: what that output
+  wrote is removed when training starts (a folder holding anything else is refused before anything moves);
 - a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
   tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is;
 - what the run shows while it runs (``RunProgress``: its bar, an evaluation's bar, the log lines) and its last line:
@@ -37,8 +39,15 @@ from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
 from ...errors import first_line
-from ...files.atomic import LOCK_NAME, atomic_directory, check_output_name, remove_tree
+from ...files.atomic import atomic_directory, check_output_name, remove_tree
 from ...files.output_lock import output_lock
+from ...files.ownership import (
+    adopt_earlier_output,
+    check_replaceable,
+    is_own_name,
+    only_bookkeeping_left,
+    record_paths,
+)
 from ...files.signals import terminate_raises
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info
@@ -94,8 +103,6 @@ def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = N
     fig.tight_layout()
     replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
-RESULTS = ("final", "metrics.json", "loss_curve.png")  # what a finished run adds beside its checkpoints
-
 
 def check_output_path(
     output: Path, force: bool = False, given: str = "", reads: dict[str, str | None] | None = None
@@ -133,6 +140,8 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
         for line in remove_leftovers(output):
             warnings.warn(line, stacklevel=3)
     if resume:
+        if main:
+            adopt_earlier_output(output, "train")
         checkpoint, step = resume_checkpoint(output, warn=main)
         if step > max_steps:
             raise ValueError(
@@ -140,9 +149,11 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
                 f"nothing to train; give a --max-steps above {step}"
             )
         return checkpoint, step
-    content = [e for e in output.iterdir() if not is_leftover(e) and e.name != LOCK_NAME] if output.is_dir() else []
+    content = [e for e in output.iterdir() if not is_leftover(e) and not is_own_name(e.name)] if output.is_dir() else []
     if content and not force:
         raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
+    if content:
+        check_replaceable(output, output, "--output")
     return None, 0
 
 
@@ -159,20 +170,25 @@ def finished_metrics(output: Path, step: int) -> dict[str, Any] | None:
 
 
 def clear_earlier_run(output: Path, log: Any) -> None:
-    """``--force``: remove the earlier run's checkpoints and results before this run trains, so that a run killed
-    later never leaves them beside its own as if they were its results. Each is first renamed to a hidden
-    temporary name in one step (a SIGKILL leaves that, which the next run removes), then removed."""
-    earlier = [folder for _, folder in checkpoints(output)] + [output / name for name in RESULTS]
+    """``--force``: remove what the earlier output in ``output`` wrote before this run trains, so that a run killed
+    later never leaves it beside its own as if it were its results; checked again first (``check_replaceable``:
+    an hf-geonorm output holding nothing else), since the data was prepared meanwhile. Each entry is first renamed
+    to a hidden temporary name in one step (a SIGKILL leaves that, which the next run removes), then removed; the
+    folder's marker then starts anew."""
+    if not output.is_dir():
+        return
+    check_replaceable(output, output, "--output")
     removed = []
-    for path in earlier:
-        if not os.path.lexists(path):
+    for path in sorted(output.iterdir()):
+        if is_own_name(path.name) or is_leftover(path):
             continue
         hidden = path.with_name(f".{path.name}.partial-{os.getpid()}-earlier")
         os.rename(path, hidden)
         remove_tree(hidden)
         removed.append(path.name)
+    record_paths(output, "train", fresh=True)
     if removed:
-        log(f"--force: removed the earlier run's {', '.join(removed)} in {output}")
+        log(f"--force: removed the earlier output's {', '.join(removed)} in {output}")
 
 
 @contextlib.contextmanager
@@ -185,13 +201,27 @@ def run_output(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
             yield published
 
 
+class RunOutputs(list):
+    """What a run publishes in its output folder, in order; each path is recorded in the folder's marker as it is
+    added (by the ``main`` process, which writes there)."""
+
+    def __init__(self, output: Path, main: bool) -> None:
+        super().__init__()
+        self.output, self.main = output, main
+
+    def append(self, path: Path) -> None:
+        super().append(path)
+        if self.main and path.parent == self.output:
+            record_paths(self.output, "train", path, trees=(self.output / "runs",))
+
+
 @contextlib.contextmanager
 def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
     """On an error, Ctrl-C or SIGTERM in an output folder this run created: remove what the run put there (the
     paths the block adds to the yielded list) and the folders it created when they are empty, unless a
     checkpoint of the run is left to resume from. Whatever else is there (put by another process) stays."""
     created = [] if os.path.lexists(output) else [output, *(p for p in output.parents if not p.exists())]
-    published: list[Path] = []
+    published = RunOutputs(output, main)
     with terminate_raises():
         try:
             yield published
@@ -202,6 +232,7 @@ def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[li
                 else:
                     for path in published:
                         remove_tree(path)
+                    only_bookkeeping_left(output)
                     for folder in created:  # deepest first; only when empty
                         with contextlib.suppress(OSError):
                             folder.rmdir()
@@ -313,7 +344,7 @@ def save_final_model(
 ) -> None:
     """``final/``, whole or not at all: the model (with ``state_dict``, the full weights of a sharded one), its
     tokenizer, remote code and model ``card``."""
-    with atomic_directory(final_dir, force=True) as tmp, disk_full_named(tmp, final_dir):
+    with atomic_directory(final_dir, force=True, command="train") as tmp, disk_full_named(tmp, final_dir):
         weights = {"state_dict": state_dict} if state_dict else {}
         save_shareable(model, tmp, tokenizer=tokenizer, card_info=card, **weights)
     published.append(final_dir)

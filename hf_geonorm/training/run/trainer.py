@@ -151,7 +151,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
     options.validate()
-    output = Path(options.output).expanduser().absolute()
+    output = Path(options.output).absolute()  # as given: a quoted ~ is a folder ~
     main = _is_main_process()
     reads = {"model": options.model, "tokenizer": options.tokenizer, "data": options.data}
     check_output_path(output, force=options.force, given=options.output, reads=reads)

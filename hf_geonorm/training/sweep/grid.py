@@ -17,6 +17,7 @@ best rates on the test split (``report``).
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from typing import Any
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
+from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
@@ -156,12 +158,13 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
         if setting in train.settings and (setting == "norm_style" or sweep.alphas is not None):
             raise OptionError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
-    folder = Path(sweep.output).expanduser().absolute()
+    folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
     with output_lock(folder, "sweep"):  # one sweep per folder: two would train the same runs into the same places
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
         repair(journal, log)
         check_options(journal, replace(train, lr=None))
+        adopt_earlier_output(folder, "sweep")
         return _Sweep(sweep, train, folder, journal, log).run()
 
 
@@ -229,6 +232,7 @@ class _Sweep:
         if not self.trained:
             self.log(f"all {len(self.visited)} runs of the sweep are in {self.journal.path}")
         write_report(self.folder, self.entries, log=self.log, header=self.journal.header)
+        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
         return self.entries
 
     def confirm(self, style: str, alpha: float | None, rates: list[float]) -> None:
@@ -252,7 +256,10 @@ class _Sweep:
             number = self.trained + 1
             self.log(f"run {number}/{self.total}: {run.label} ({role})")
             started = time.monotonic()
-            entry = {**_train(run, self.train, self.folder), "role": role}
+            try:
+                entry = {**_train(run, self.train, self.folder), "role": role}
+            finally:  # what the run wrote, also when it stopped part way
+                self.record(self.folder / "logs" / f"{run.name}.log", self.folder / "runs" / run.name)
             append(self.journal.path, entry)
             self.entries.append(entry)
             self.done.add(run.key())
@@ -266,6 +273,11 @@ class _Sweep:
                 self.log(f"time estimate: about {_duration(seconds * (self.total - 1))} for the {self.total - 1} "
                          "run(s) left, at this run's pace")  # fmt: skip
             write_report(self.folder, self.entries, log=lambda _: None, header=self.journal.header)
+            self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+
+    def record(self, *paths: Path) -> None:
+        """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
+        record_paths(self.folder, "sweep", *(path for path in paths if os.path.lexists(path)))
 
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
@@ -319,7 +331,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
 def _remove_checkpoints(output: Path) -> None:
     for _, checkpoint in checkpoints(output):
         shutil.rmtree(checkpoint, ignore_errors=True)
-    if output.is_dir() and not any(output.iterdir()):
+    if output.is_dir() and only_bookkeeping_left(output):
         output.rmdir()
 
 
