@@ -255,6 +255,10 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
     # with force a link is replaced, not the folder it points to; without, the empty folder behind a link is
     plain = Path(os.path.abspath(output))  # ".." spelled out
     replaced = plain.parent.resolve() / plain.name if force else output.resolve()
+    protected = protected_reason(replaced) if os.path.isdir(replaced) else None
+    if protected is not None:
+        raise ValueError(f"{option} {output_dir} {protected}, which hf-geonorm never writes over (not even with "
+                         "--force): give a new folder")  # fmt: skip
     try:
         here = Path.cwd().resolve()
     except OSError:  # the current folder was removed: nothing to protect
@@ -265,10 +269,6 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
             f"{option} {output_dir} {what}, which hf-geonorm never writes over (not even with --force): give a new "
             "folder"
         )
-    protected = protected_reason(replaced) if os.path.isdir(replaced) else None
-    if protected is not None:
-        raise ValueError(f"{option} {output_dir} {protected}, which hf-geonorm never writes over (not even with "
-                         "--force): give a new folder")  # fmt: skip
     return output
 
 
