@@ -19,7 +19,7 @@ from typing import Any
 
 from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
-from .files.atomic import atomic_directory, check_target, is_full_device
+from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
 from .files.gguf_files import gguf_metadata
 from .files.output_lock import output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
@@ -33,11 +33,12 @@ MIN_CALIBRATION_TOKENS = 64
 
 
 def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path | None = None) -> Path:
-    """The absolute output path; ``FileExistsError`` when it is a file or is not empty (without ``force``),
-    ``ValueError`` when it overlaps the source (which is never modified), also through a symbolic link in the
-    source that leads into the output (a Hub cache snapshot is made of such links)."""
-    output = check_target(output_dir, force)
-    if source_path is not None:
+    """The absolute output path; ``ValueError`` when it overlaps the source (which is never modified), also through
+    a symbolic link in the source that leads into the output (a Hub cache snapshot is made of such links); then
+    ``check_target``: ``FileExistsError`` when it is a file or is not empty (without ``force``), ``ValueError``
+    when ``force`` would replace a folder that is not an earlier output of hf-geonorm."""
+    output = check_output_name(output_dir, force)
+    if source_path is not None:  # before the folder's contents are judged: the overlap is the mistake to name
         src, out = source_path.resolve(), output.resolve()
         if src == out or out in src.parents or src in out.parents:
             raise ValueError(
@@ -51,7 +52,7 @@ def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path |
                 "replacing the output would delete the source's own files; the source is never modified, choose "
                 "another folder"
             )
-    return output
+    return check_target(output_dir, force)
 
 
 def _link_into(source_path: Path, output: Path) -> Path | None:
@@ -225,7 +226,8 @@ def convert_checkpoint(
         if progress is not None:
             progress(f"[{next(stage)}/{total}] {line}")
 
-    check_output(output_dir, force)
+    local = source.path if isinstance(source, Source) else Path(source)
+    check_output(output_dir, force, local if local is not None and os.path.lexists(local) else None)  # fail fast
     say(f"reading {source.spec if isinstance(source, Source) else source}")
     src = source if isinstance(source, Source) else open_source(source)
     check_output(output_dir, force, src.path)

@@ -336,11 +336,15 @@ def test_existing_output_needs_force(work, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     for refused in (fails("convert", work / "stock_gpt2", out), fails("init", "llama", out, "--preset", "tiny")):
-        # the command line's remedy, not the library's keyword argument
-        assert "not empty" in refused and "--force" in refused and "force=True" not in refused, refused
+        # a folder of the user's: --force would not replace it either, so it is not offered
+        assert "not empty" in refused and "empty it yourself" in refused and "force" not in refused, refused
     assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    run("init", "llama", out, "--preset", "tiny")
+    refused = fails("convert", work / "stock_gpt2", out)  # an earlier output: the command line's remedy
+    assert "not empty" in refused and "--force" in refused and "force=True" not in refused, refused
     run("convert", work / "stock_gpt2", out, "--force")
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -142,7 +142,8 @@ def test_push_and_info_say_how_to_write_the_card_and_card_writes_it(short_run, t
     succeeds("card", folder, "--license", "apache-2.0", "--base-model", "org/base")
     assert check_shareable(folder) == []
     assert ModelCard.load(folder / "README.md").data.to_dict()["license"] == "apache-2.0"
-    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+    hidden = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    assert hidden == [".hf-geonorm-output.json"]  # final/'s marker, copied with it; no temporary file left
 
 
 def test_card_never_overwrites_a_users_readme_without_force(short_run, tmp_path):

@@ -117,6 +117,16 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     assert metrics["final_test_loss"] == pytest.approx(entry["test_loss"], abs=1e-5)
     assert metrics["final_eval_loss"] == pytest.approx(entry["val_loss"], abs=1e-5)
 
+    # the sweep's folder is its output: --force replaces it, but not with a file of the user's in its logs
+    (output / "logs" / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(cli, ["init", "gpt2", str(output), "--preset", "tiny", "--force"])
+    assert result.exit_code != 0 and "did not write there, or changed since (logs/notes.txt)" in result.output
+    assert (output / "logs" / "notes.txt").read_text() == "mine" and len(journal(output)) == 5
+    (output / "logs" / "notes.txt").unlink()
+    result = CliRunner().invoke(cli, ["init", "gpt2", str(output), "--preset", "tiny", "--force"])
+    assert result.exit_code == 0, result.output
+    assert not (output / "runs.jsonl").exists() and (output / "config.json").is_file()
+
 
 def test_a_sweep_with_other_options_is_refused_not_mixed(tmp_path, corpus):
     output = tmp_path / "sweep"

@@ -65,7 +65,7 @@ def test_train_writes_metrics_curve_checkpoints_and_a_reloadable_model(tmp_path,
         assert torch.equal(param, checkpoint.state_dict()[name]), name
     assert json.loads((out / "checkpoint-6" / "config.json").read_text())["auto_map"]
     assert sorted(p.name for p in out.iterdir()) == [
-        "checkpoint-3", "checkpoint-6", "final", "loss_curve.png", "metrics.json"
+        ".hf-geonorm-output.json", "checkpoint-3", "checkpoint-6", "final", "loss_curve.png", "metrics.json"
     ]  # fmt: skip
 
 
@@ -268,7 +268,7 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
     assert reloaded == pytest.approx(metrics["final_eval_loss"], rel=1e-4)
     assert hf_geonorm.family_for(AutoModelForCausalLM.from_pretrained(tmp_path / "multi" / "final").config.model_type)
     assert sorted(p.name for p in (tmp_path / "multi").iterdir()) == [
-        "checkpoint-2", "checkpoint-3", "final", "loss_curve.png", "metrics.json"
+        ".hf-geonorm-output.json", "checkpoint-2", "checkpoint-3", "final", "loss_curve.png", "metrics.json"
     ]  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from test_training_recipe import written_factor
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
+from hf_geonorm.files.ownership import mark_folder
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer
@@ -32,6 +33,9 @@ from hf_geonorm.training.run.bridge import anneal_weights, last_first_bridges
 from hf_geonorm.training.run.trainer import run_training
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
+
+
+MARKER = ".hf-geonorm-output.json"  # what every output of hf-geonorm carries (docs/cli.md)
 
 
 def names(folder: Path) -> list[str]:
@@ -52,7 +56,7 @@ def test_sigkill_during_the_final_save_leaves_no_partial_final_and_resume_comple
     resumed = train(*args, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert "removed .final.partial-" in resumed.output
-    assert names(out) == ["checkpoint-1", "checkpoint-2", "final", "loss_curve.png", "metrics.json"]
+    assert names(out) == [MARKER, "checkpoint-1", "checkpoint-2", "final", "loss_curve.png", "metrics.json"]
     assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 2
     final = AutoModelForCausalLM.from_pretrained(out / "final")
     checkpoint = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2")
@@ -70,7 +74,7 @@ def test_sigkill_during_a_checkpoint_leaves_the_previous_one_to_resume_from(tmp_
     assert resumed.exit_code == 0, resumed.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == 1 and metrics["steps"] == 2
-    assert names(out) == ["checkpoint-1", "checkpoint-2", "final", "loss_curve.png", "metrics.json"]
+    assert names(out) == [MARKER, "checkpoint-1", "checkpoint-2", "final", "loss_curve.png", "metrics.json"]
 
 
 def test_sigterm_during_the_first_checkpoint_leaves_nothing_behind(tmp_path, data_file):
@@ -100,13 +104,14 @@ def test_sigkill_during_a_force_run_leaves_no_results_of_the_earlier_run(tmp_pat
     for folder in ("checkpoint-9", "final"):
         (out / folder).mkdir(parents=True)
         (out / folder / "config.json").write_text("{}")
-    for name in ("metrics.json", "loss_curve.png", "notes.txt"):
+    for name in ("metrics.json", "loss_curve.png"):
         (out / name).write_text("earlier")
+    mark_folder(out, "train")  # an earlier output of hf-geonorm, which --force starts anew over
     args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", str(out), "--force"]
     status, output = stopped_run(args, stop_at_save=1, sig=signal.SIGKILL, cwd=tmp_path)
     assert status == -signal.SIGKILL, output
-    # nothing of the earlier run presents itself as the result of this one; the user's own file stays
-    assert [n for n in names(out) if not n.startswith(".")] == ["notes.txt"]
+    # nothing of the earlier run presents itself as the result of this one
+    assert [n for n in names(out) if not n.startswith(".")] == []
 
 
 # ---- 2. --resume: damaged checkpoints, a finished run, a run that changed what it trains ----

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .ownership import LOCK_NAME, MARKER_NAME, check_replaceable, mark_folder, protected_reason
+from .ownership import LOCK_NAME, MARKER_NAME, check_replaceable, mark_folder, ownership_problem, protected_reason
 from .signals import signals_held, terminate_raises
 
 _RENAME_NOREPLACE = 1
@@ -282,8 +282,12 @@ def check_target(output_dir: str | os.PathLike, force: bool = False, option: str
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
     if output.is_dir() and _holds_content(output):
-        if not force:
+        problem = ownership_problem(output)
+        if not force and problem is None:  # an earlier output: --force would replace it
             raise OutputExists(f"{output_dir} exists and is not empty")
+        if not force:
+            raise FileExistsError(f"{output_dir} exists and is not empty: it {problem}; give another folder, or "
+                                  "empty it yourself")  # fmt: skip
         check_replaceable(output, output_dir, option)
     return output
 
