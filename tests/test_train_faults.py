@@ -1,7 +1,8 @@
 """`hf-geonorm train` when things go wrong, and what ``--output`` holds then (docs/training.md, "What `--output`
 holds"): runs killed (SIGKILL) or terminated (SIGTERM) while a checkpoint or the final model is being written;
-``--resume`` from damaged checkpoints, from a finished run, and of a run that changed what it trains (issue 30); the
-model folders, data and outputs it must refuse; non-finite losses, the bridge anneal and a full disk.
+``--resume`` from damaged checkpoints (also those whose training state does not fit their step or their run's
+record), from a finished run, and of a run that changed what it trains (issue 30); the model folders, data and
+outputs it must refuse; non-finite losses, the bridge anneal and a full disk.
 
 The kills are real: ``conftest.stopped_run`` runs the CLI in a child process that announces its n-th weights file
 and waits; the test then sends the signal.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import STDLIB, contents, error_lines, invoke, stopped_run, train
+from conftest import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in
 from safetensors.torch import load_file, save_file
 from test_training_recipe import written_factor
 from tiny_models import tiny_model
@@ -311,6 +312,121 @@ def test_a_pickled_object_in_the_optimizer_state_is_refused_without_advice_to_lo
     line = error_lines(result.output)[0]
     assert "more than tensors" in line and "never loads" in line and "checkpoint-2" in line, line
     assert "weights_only" not in result.output and "Traceback" not in result.output
+
+
+def edit_torch_file(path: Path, edit: object) -> None:
+    """Rewrite the torch file ``path`` (tensors and plain containers) with ``edit`` applied to what it holds."""
+    held = torch.load(path, weights_only=True)
+    edit(held)
+    torch.save(held, path)
+
+
+def as_if_lr_1e2(scheduler: dict) -> None:
+    """scheduler.pt as the same schedule over --lr 1e-2 writes it (the run's is over 1e-3)."""
+    scheduler["base_lrs"] = [rate * 10 for rate in scheduler["base_lrs"]]
+    scheduler["_last_lr"] = [rate * 10 for rate in scheduler["_last_lr"]]
+
+
+def as_if_warmup_3(scheduler: dict) -> None:
+    """scheduler.pt at step 2 of a --warmup-steps 3 schedule (the run's has none): (2 + 1) / 3 of the peak."""
+    scheduler["_last_lr"] = [rate * (2 + 1) / 3 for rate in scheduler["base_lrs"]]
+
+
+def optimizer_at_ten_times(optimizer: dict) -> None:
+    for group in optimizer["param_groups"]:
+        group["lr"] *= 10
+
+
+@pytest.mark.parametrize("field, value", [("global_step", 3), ("max_steps", 6)])  # the folder says 2, the record 4
+def test_resume_refuses_a_checkpoint_whose_trainer_state_disagrees_with_its_folder_or_record(
+    stopped, data_file, field, value
+):
+    state_file = stopped / "checkpoint-2" / "trainer_state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), field: value}))
+    before = contents(stopped)
+    result = train(*run_args(data_file, stopped), "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "no whole checkpoint" in line and f"{state_file} says {field} {value}" in line, line
+    assert "Traceback" not in result.output and contents(stopped) == before  # no metrics.json claiming 4 steps
+
+
+@pytest.mark.parametrize(
+    "file, edit, named",
+    [
+        ("scheduler.pt", as_if_lr_1e2, "the peak learning rate 0.01, its record's --lr 0.001"),
+        ("scheduler.pt", lambda s: s.update(last_epoch=3), "at step 3 (last_epoch), not 2"),
+        ("scheduler.pt", as_if_warmup_3, "the learning rate 0.001 after step 2, where its record's schedule"),
+        ("optimizer.pt", optimizer_at_ten_times, f"the learning rate {10 * 1e-3 * written_factor(2, 0, 4, 0.1):g}"),
+        ("rng_state.pth", None, "is missing"),
+    ],
+)
+def test_resume_refuses_state_files_that_do_not_belong_to_the_checkpoint_or_its_run(
+    stopped, data_file, file, edit, named
+):
+    path = stopped / "checkpoint-2" / file
+    if edit is None:
+        path.unlink()
+    else:
+        edit_torch_file(path, edit)
+    before = contents(stopped)
+    result = train(*run_args(data_file, stopped), "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "no whole checkpoint" in line and f"{path} " in line and named in line, line
+    assert "Traceback" not in result.output and contents(stopped) == before
+
+
+@pytest.mark.parametrize("file", ["rng_state.pth", "scheduler.pt"])
+def test_resume_falls_back_past_a_checkpoint_with_a_missing_or_foreign_state_file(
+    tmp_path, uninterrupted, data_file, file
+):
+    out = shutil.copytree(uninterrupted, tmp_path / "run")  # as if killed while writing final/
+    shutil.rmtree(out / "final")
+    for name in ("metrics.json", "loss_curve.png"):
+        (out / name).unlink()
+    damaged = out / "checkpoint-4" / file
+    if file == "rng_state.pth":
+        damaged.unlink()
+    else:
+        edit_torch_file(damaged, as_if_lr_1e2)
+    result = train(*run_args(data_file, out), "--resume", "--logging-steps", "1")
+    assert result.exit_code == 0, result.output
+    assert f"checkpoint-4 is damaged ({damaged} " in result.output and "resuming from checkpoint-2" in result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    expected = json.loads((uninterrupted / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 2 and metrics["steps"] == 4
+    rates = {h["step"]: h["learning_rate"] for h in metrics["log_history"] if "learning_rate" in h}
+    assert rates == pytest.approx({step: 1e-3 * written_factor(step - 1, 0, 4, 0.1) for step in (3, 4)})
+    assert metrics["final_eval_loss"] == pytest.approx(expected["final_eval_loss"], rel=1e-5)
+
+
+def test_resume_of_an_fp16_run_needs_its_loss_scale_where_the_trainer_keeps_one(tmp_path, data_file, monkeypatch):
+    """On a GPU, fp16 keeps a loss scale, saved as scaler.pt (a CPU run keeps none): without it the scale would
+    start anew, skipping steps until it is found again."""
+    from hf_geonorm.training.run import checkpoint_state
+
+    assert train_in(tmp_path, data_file, "--fp16").exit_code == 0
+    out = tmp_path / "run"
+    shutil.rmtree(out / "final")  # as if killed while writing final/, with scaler.pt lost
+    (out / "metrics.json").unlink()
+    (out / "checkpoint-1" / "scaler.pt").unlink(missing_ok=True)
+    monkeypatch.setattr(checkpoint_state, "keeps_loss_scale", lambda: True)
+    result = train_in(tmp_path, data_file, "--fp16", "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert "no whole checkpoint" in line and f"{out / 'checkpoint-1' / 'scaler.pt'} is missing" in line, line
+
+
+def test_resume_of_an_unrecorded_checkpoint_refuses_another_learning_rate_than_its_schedule(stopped, data_file):
+    (stopped / "checkpoint-2" / "hf_geonorm_run.json").unlink()  # as an earlier hf-geonorm wrote it
+    before = contents(stopped)
+    args = [a if a != "1e-3" else "1e-2" for a in run_args(data_file, stopped)]
+    result = train(*args, "--resume")
+    assert result.exit_code != 0 and len(error_lines(result.output)) == 1, result.output
+    line = error_lines(result.output)[0]
+    assert f"{stopped / 'checkpoint-2' / 'scheduler.pt'}" in line and "0.001" in line and "--lr 0.01" in line, line
+    assert "Traceback" not in result.output and contents(stopped) == before
 
 
 # ---- 3. what train refuses before it writes anything ----

@@ -4,7 +4,8 @@ transformers' Trainer writes ``checkpoint-N`` in place: a kill during the save l
 no weights, which a resumed run then takes as the latest. ``AtomicCheckpointTrainer`` has every process write
 into one hidden folder ``.checkpoint-N.partial-PID-staging`` next to it and moves the complete checkpoint into
 place when all of them are done. ``resume_checkpoint`` checks the checkpoints newest first and falls back past
-damaged ones (unreadable files), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
+damaged ones (a file missing or unreadable, or a training state that does not fit the checkpoint's step or the record
+of its run: ``checkpoint_state``), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
 the Trainer would keep the values of ``--model`` for tensors it does not find. ``remove_leftovers`` removes what
 killed runs left (``hf_geonorm.files.atomic`` naming).
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
-import json
 import os
 import pickle
 import re
@@ -36,7 +36,8 @@ from ...files.text_files import json_or_problem
 from ...loading import NO_REMOTE_CODE, read_config_json
 from ...loading_info import tensor_names
 from ...modeling.settings import GeoNormSettings
-from .record import write_record
+from .checkpoint_state import Schedule, missing_file_problem, state_files, state_problem
+from .record import RECORD_FORMAT, RECORD_NAME, write_record
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names
@@ -203,14 +204,19 @@ def checkpoints(output: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def checkpoint_problem(folder: Path) -> str | None:
-    """Why the Trainer checkpoint ``folder`` cannot be resumed from (naming the file), or None when it is whole."""
+def checkpoint_problem(folder: Path, step: int) -> str | None:
+    """Why the Trainer checkpoint ``folder`` of ``step`` cannot be resumed from (naming the file), or None when it is
+    whole: every file it must hold is there and readable, and its training state fits its step and the record of its
+    run (``checkpoint_state``)."""
     state_file = folder / "trainer_state.json"
     state, problem = json_or_problem(state_file)
     if problem:
         return problem
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{state_file} has no global_step"
+    record, problem = _run_record(folder)
+    if problem:
+        return problem
     if (folder / "adapter_config.json").is_file():  # a LoRA run saves the adapters only
         files = [folder / "adapter_model.safetensors"]
     else:
@@ -228,14 +234,37 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"{file} is missing"
         except (OSError, ValueError, KeyError, TypeError) as error:
             return f"{file}: {first_line(error)}"
-    for name in ("optimizer.pt", "scheduler.pt"):
-        if (folder / name).exists() and not zipfile.is_zipfile(folder / name):
-            return f"{folder / name} is truncated or damaged"
     if not any((folder / name).exists() for name in ("optimizer.pt", "optimizer.bin", "optimizer_0")):
         return f"{folder} has no optimizer state (optimizer.pt)"
-    if not (folder / "scheduler.pt").exists():  # Trainer would start the schedule anew: warm-up again, unsaid
-        return f"{folder / 'scheduler.pt'} is missing (the learning-rate schedule would restart its warm-up)"
-    return None
+    processes, precision = (record["processes"], record["options"].get("precision")) if record else (None, None)
+    needed = state_files(processes, precision)
+    for file in [folder / name for name in needed]:  # the Trainer would go on without each, unsaid
+        if not file.exists():
+            return missing_file_problem(file)
+    for file in [folder / "optimizer.pt", *(folder / name for name in needed)]:
+        if file.exists() and not zipfile.is_zipfile(file):
+            return f"{file} is truncated or damaged"
+    return state_problem(folder, step, state, Schedule.of(record) if record else None)
+
+
+def _run_record(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The record of the run that wrote the checkpoint ``folder`` (None where an earlier hf-geonorm wrote it
+    without one), or why it cannot be read: the values checked against the checkpoint's state must be there."""
+    path = folder / RECORD_NAME
+    if not path.exists():
+        return None, None
+    record, problem = json_or_problem(path)
+    if problem:
+        return None, problem
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        return None, f"{path} is not a record this hf-geonorm reads"
+    if not isinstance(record.get("processes"), int) or not isinstance(record.get("options"), dict):
+        return None, f"{path} lacks the processes or the options of its run"
+    try:
+        Schedule.of(record)
+    except ValueError as error:
+        return None, f"{path}: {error}"
+    return record, None
 
 
 def resume_checkpoint(output: Path, warn: bool = True) -> tuple[Path, int]:
@@ -245,13 +274,12 @@ def resume_checkpoint(output: Path, warn: bool = True) -> tuple[Path, int]:
     if not found:
         raise ValueError(f"--resume: no checkpoint-* folder in {output}; start without --resume")
     damaged = []
-    for _, folder in found:
-        problem = checkpoint_problem(folder)
+    for step, folder in found:
+        problem = checkpoint_problem(folder, step)
         if problem is None:
             if damaged and warn:
                 warnings.warn(f"{'; '.join(damaged)}: resuming from {folder.name} instead", stacklevel=2)
-            state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
-            return folder, state["global_step"]
+            return folder, step  # trainer_state.json's global_step: the same (checkpoint_state)
         damaged.append(f"{folder.name} is damaged ({problem})")
     raise ValueError(
         f"--resume: no whole checkpoint in {output}: {'; '.join(damaged)}; remove the damaged folders and start "

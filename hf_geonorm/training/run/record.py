@@ -7,6 +7,8 @@ state and the data order of one run on the inputs of another, so it is refused i
 options that only say how often to evaluate, save and log, or where to report (``FREE``) may change, and the change is
 logged. A longer ``--max-steps`` is allowed where the schedule allows it: where every step already trained had the
 learning rate the longer run gives it (the checkpoint is within the warm-up, or ``--min-lr-ratio`` is 1, no decay).
+The checkpoint's own training state is checked against its record before (``checkpoint_state``); a checkpoint an
+earlier hf-geonorm wrote without a record has its saved learning-rate schedule checked against this run's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import TrainOptions
+from .checkpoint_state import Schedule, schedule_problem
 
 RECORD_NAME = "hf_geonorm_run.json"
 RECORD_FORMAT = 1
@@ -77,14 +80,24 @@ def _schedule_kept(before: dict[str, Any], step: int) -> bool:
     return step <= before["options"]["warmup_steps"] or before["options"]["min_lr_ratio"] == 1
 
 
+def _trained_otherwise(checkpoint: Path, changes: list[str]) -> ValueError:
+    return ValueError(
+        f"--resume: {checkpoint} was trained otherwise: {'; '.join(changes)}; resume with what it was trained "
+        f"with, or start a new run from its weights (--model {checkpoint}, another --output) or anew (--force)"
+    )
+
+
 def check_same_run(checkpoint: Path, now: dict[str, Any], step: int, log: Any) -> None:
     """``ValueError`` naming every change from the run recorded in ``checkpoint`` (at ``step``) that ``now`` would
     make to what trains; the changes that cannot corrupt it are logged."""
     before = read_record(checkpoint)
     now = json.loads(json.dumps(now, default=str))  # as it reads back: tuples as lists
-    if before is None:
+    if before is None:  # only its learning-rate schedule can be checked: against this run's
+        problem = schedule_problem(checkpoint, Schedule.of(now))
+        if problem:
+            raise _trained_otherwise(checkpoint, [problem])
         log(f"--resume: {checkpoint.name} holds no record of its run (an earlier hf-geonorm wrote it): its data, "
-            "tokenizer and options cannot be checked against this run's")  # fmt: skip
+            "tokenizer and options cannot be checked against this run's, only its learning-rate schedule")  # fmt: skip
         return
     changes = []
     if before["data"]["key"] != now["data"]["key"]:
@@ -108,10 +121,7 @@ def check_same_run(checkpoint: Path, now: dict[str, Any], step: int, log: Any) -
             f"out for {old} steps: a longer run keeps them only within the --warmup-steps or with --min-lr-ratio 1)"
         )
     if changes:
-        raise ValueError(
-            f"--resume: {checkpoint} was trained otherwise: {'; '.join(changes)}; resume with what it was trained "
-            f"with, or start a new run from its weights (--model {checkpoint}, another --output) or anew (--force)"
-        )
+        raise _trained_otherwise(checkpoint, changes)
     free = [f"{_option(name)} {before['free'].get(name)} then, {now['free'][name]} now"
             for name in FREE if before["free"].get(name) != now["free"][name]]  # fmt: skip
     if new != old:
