@@ -421,7 +421,7 @@ def test_the_ctrl_c_message_is_true_no_checkpoint_of_the_stopped_run_is_left(tmp
 
     monkeypatch.setattr(sweep_module, "run_training", stopped_after_a_checkpoint)
     result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", "2e-3"))
-    assert result.exit_code == 1 and "the run that was training left no checkpoint" in result.output, result.output
+    assert result.exit_code == 130 and "the run that was training left no checkpoint" in result.output, result.output
     assert "no partial output is left" not in result.output
     assert not list(output.glob("runs/*/checkpoint-*"))
 

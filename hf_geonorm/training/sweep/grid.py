@@ -26,6 +26,7 @@ from typing import Any
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
+from ...files.signals import raise_if_signalled
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
@@ -148,7 +149,8 @@ def beyond_edge(rates: list[float], best: float) -> list[float]:
 def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
     its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
-    return the journal's runs."""
+    return the journal's runs. A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the
+    caller records them (``signals.signals_stop_the_job``: the command line)."""
     sweep.validate()
     if train.lr is not None:
         raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
@@ -244,6 +246,7 @@ class _Sweep:
 
     def train_runs(self, runs: list[Run], role: str) -> None:
         for run in runs:
+            raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed (in the last run, in the report)
             self.visited.add(run.key())
             if run.key() in self.done:
                 continue
