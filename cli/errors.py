@@ -45,7 +45,9 @@ class GeoNormGroup(click.Group):
                 raise stopped from None
             raise
         except KeyboardInterrupt:
-            raise click.ClickException("interrupted; no partial output is left") from None
+            stopped = click.ClickException("interrupted; no partial output is left")
+            stopped.exit_code = 128 + signal.SIGINT
+            raise stopped from None
         except BrokenPipeError:  # e.g. `hf-geonorm architectures | head`
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())

@@ -5,6 +5,7 @@ generated from their one declaration."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any
 
 import click
@@ -27,6 +28,7 @@ def sweep(**kwargs: Any) -> None:
     settings = pop_settings(kwargs)
     sweep_names = {spec.name for spec in dataclasses.fields(declaration("SweepOptions"))}
     sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
+    from hf_geonorm.files.signals import Terminated
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.sweep.grid import run_sweep
     from hf_geonorm.training.sweep.options import SweepOptions
@@ -34,8 +36,12 @@ def sweep(**kwargs: Any) -> None:
     options = SweepOptions(**sweep_values)
     try:
         run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
-    except KeyboardInterrupt:
-        raise click.ClickException(
-            f"interrupted: the finished runs are in {options.output}/runs.jsonl, and the run that was training left no "
-            "checkpoint (a sweep resumes by whole runs); the same command again trains the runs that are missing"
-        ) from None
+    except (KeyboardInterrupt, Terminated) as stop:
+        terminated = isinstance(stop, Terminated)
+        stopped = click.ClickException(
+            f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: the finished runs are in "
+            f"{options.output}/runs.jsonl, and the run that was training left no checkpoint (a sweep resumes by whole "
+            "runs); the same command again trains the runs that are missing"
+        )
+        stopped.exit_code = 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+        raise stopped from None

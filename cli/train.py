@@ -28,12 +28,16 @@ def train(**kwargs: Any) -> None:
 
 
 def run_checked(run: Any) -> Any:
-    """Run a training job: the library's mistakes as one-line errors (a setting as a usage error, exit 2)."""
+    """Run a training job: the library's mistakes as one-line errors (a setting as a usage error, exit 2); Ctrl-C
+    and SIGTERM stop it wherever they land, also where Python swallows their exception (``signals_stop_the_job``:
+    at the job's next step, evaluation, save or run)."""
     from hf_geonorm.errors import NonFiniteError, SettingsError
+    from hf_geonorm.files.signals import signals_stop_the_job
     from hf_geonorm.training.options import OptionError
 
     try:
-        return run()
+        with signals_stop_the_job():
+            return run()
     except (SettingsError, OptionError) as error:  # a value given on the command line: named as its option
         raise click.UsageError(_option_words(first_line(error))) from None
     except NonFiniteError as error:  # names the model's settings, as perplexity does

@@ -272,14 +272,14 @@ def test_a_sigterm_swallowed_by_a_finalizer_is_raised_when_the_block_ends():
             reached.append(True)
     assert reached and raised.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    signals.raise_if_terminated()  # raised once: nothing left pending
+    signals.raise_if_signalled()  # raised once: nothing left pending
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the ignored one
 def test_a_swallowed_sigterm_stops_training_at_the_next_step():
-    from hf_geonorm.training.run.trainer import TerminationCheck
+    from hf_geonorm.training.run.trainer import SignalCheck
 
     with signals.terminate_raises():
         SignalsWhenCollected()
         with pytest.raises(signals.Terminated):
-            TerminationCheck().on_step_end()
+            SignalCheck().on_step_end()

@@ -431,7 +431,7 @@ def test_the_ctrl_c_message_is_true_no_checkpoint_of_the_stopped_run_is_left(tmp
 
     monkeypatch.setattr(sweep_module, "run_training", stopped_after_a_checkpoint)
     result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", "2e-3"))
-    assert result.exit_code == 1 and "the run that was training left no checkpoint" in result.output, result.output
+    assert result.exit_code == 130 and "the run that was training left no checkpoint" in result.output, result.output
     assert "no partial output is left" not in result.output
     assert not list(output.glob("runs/*/checkpoint-*"))
 
@@ -478,3 +478,77 @@ def test_every_committed_journal_reads_and_its_sweep_planned_again_has_nothing_l
         for sweep in sweeps:
             planned = sweep_module._Sweep(sweep, train, path.parent, journal_read, lambda _: None).planned()
             assert planned == 0, (path, sweep)
+
+
+# --- the journal and --extend as the messages name them ---
+
+
+def test_a_journal_that_is_a_folder_is_a_one_line_error_naming_it(tmp_path, corpus):
+    output = tmp_path / "sweep"
+    (output / "runs.jsonl").mkdir(parents=True)
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", "2e-3"))
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: {output / 'runs.jsonl'} is a folder, not a sweep journal: move it away, or give another --output"
+    )
+    assert "Traceback" not in result.output and "IsADirectoryError" not in result.output
+    assert not (output / "runs").exists() and not any((output / "runs.jsonl").iterdir())
+
+
+def test_a_journal_saved_with_a_byte_order_mark_reads_and_resumes(tmp_path, corpus):
+    """An editor that saves "UTF-8 with BOM" puts EF BB BF before the header: the journal is read as it was."""
+    output = tmp_path / "sweep"
+    user_journal(output, corpus, [user_run(2e-3), user_run(4e-3, 4.5)])
+    path = output / "runs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    before = path.read_bytes()
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs",
+                                                "2e-3,4e-3"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "all 2 runs of the sweep are in" in result.output and "not a line of JSON" not in result.output
+    assert path.read_bytes() == before
+    assert "| pre | 4e-3 | 1 | 4.5000 |" in (output / "sweep.md").read_text()
+
+
+def test_a_byte_order_mark_inside_a_journal_is_named(tmp_path, corpus):
+    """A mark on a later line (files joined end to end) is no journal line: the error says what it is."""
+    output = tmp_path / "sweep"
+    user_journal(output, corpus, ["\ufeff" + json.dumps(user_run(2e-3))])
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", "2e-3"))
+    assert result.exit_code == 1 and "line 2: it starts with a UTF-8 byte order mark" in result.output, result.output
+
+
+def test_extend_over_an_arm_where_every_run_diverged_says_so_and_adds_no_rate(tmp_path, corpus):
+    """Every run diverged: no rate is best, so none is at an edge to extend from (the lowest rate would be chosen
+    as if it were, and a rate below it trained)."""
+    output = tmp_path / "sweep"
+    diverged = {"diverged": "the training loss is nan at step 2"}
+    user_journal(output, corpus, [user_run(2e-3, None, **diverged), user_run(4e-3, None, **diverged)])
+    before = (output / "runs.jsonl").read_text()
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs",
+                                                "2e-3,4e-3", "--extend", "1"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "pre: every run diverged (no rate trained): the grid is not extended; give lower --lrs" in result.output
+    assert "extending" not in result.output and "at the edge" not in result.output
+    assert (output / "runs.jsonl").read_text() == before and not (output / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("rates", "losses", "why"),
+    [
+        ((5e-324, 1e-323), (5.0, 6.0), "the next rate below, 5e-324 / 2, underflows to 0"),
+        ((1e308, 1.7e308), (6.0, 5.0), "the next rate above, 1.7e308 x 1.7, overflows"),
+    ],
+)
+def test_extend_says_why_no_rate_was_added_when_the_next_one_leaves_the_numbers(tmp_path, corpus, rates, losses,
+                                                                               why):  # fmt: skip
+    output = tmp_path / "sweep"
+    user_journal(output, corpus, [user_run(rate, loss) for rate, loss in zip(rates, losses, strict=True)])
+    before = (output / "runs.jsonl").read_text()
+    lrs = ",".join(repr(rate) for rate in rates)
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, tmp_path / "cache", "--styles", "pre", "--lrs", lrs,
+                                                "--extend", "1"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    best = sweep_module.rate_text(rates[losses.index(min(losses))])
+    assert f"pre: best rate {best} is at the edge of its grid, but {why}: no rate added" in result.output
+    assert (output / "runs.jsonl").read_text() == before

@@ -23,7 +23,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ...analysis.evaluation import explain_non_finite
 from ...errors import NonFiniteError
-from ...files.signals import raise_if_terminated
+from ...files.signals import raise_if_signalled
 from ...patching import family_for
 from ..data.prepare import TrainingData, data_request, data_source, training_data, world_size
 from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
@@ -105,12 +105,13 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         )
 
 
-class TerminationCheck(TrainerCallback):
-    """A SIGTERM whose ``Terminated`` was swallowed (raised inside a finalizer, where Python ignores it) stops the
-    run at the next step rather than at its end."""
+class SignalCheck(TrainerCallback):
+    """A Ctrl-C or SIGTERM whose exception Python swallowed (in a finalizer or a weakref callback) stops the run at
+    Trainer's next event: its start (before the first evaluation), each step, evaluation batch and save."""
 
-    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-        raise_if_terminated()
+    on_train_begin = on_step_begin = on_step_end = on_prediction_step = on_evaluate = on_save = staticmethod(
+        lambda *args, **kwargs: raise_if_signalled()
+    )
 
 
 def last_evaluation(state: TrainerState) -> dict[str, float] | None:
@@ -345,10 +346,10 @@ def checked_trainer(
 
 
 def trainer_callbacks(model: Any, anneal_steps: int | None, order: str, resumed_step: int) -> list[TrainerCallback]:
-    """What runs at each step besides training: the ``TerminationCheck``, and the bridge anneal over
+    """What runs at each step besides training: the ``SignalCheck``, and the bridge anneal over
     ``anneal_steps`` (``--bridge-anneal``, in ``order``), which sets the model's bridge where the checkpoint of
     ``resumed_step`` last ran it (0: the start)."""
-    callbacks: list[TrainerCallback] = [TerminationCheck()]
+    callbacks: list[TrainerCallback] = [SignalCheck()]
     if anneal_steps is not None:
         anneal = BridgeAnneal(model, anneal_steps, model.config.geo_bridge, order)
         model.config.geo_bridge = anneal.value_at(resumed_step)

@@ -28,6 +28,7 @@ from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
 from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
+from ...files.signals import raise_if_signalled
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
@@ -131,26 +132,37 @@ def choice(entries: list[dict[str, Any]], style: str, alpha: float | None, rates
     return best_rates(runs).get(arm_name({"style": style, "alpha": alpha})) if runs else None
 
 
-def beyond_edge(rates: list[float], best: float) -> list[float]:
-    """The rates one grid step beyond ``best`` when it is at an edge of ``rates`` (both sides of a single rate);
-    none when it lies inside, or the step leaves the finite numbers."""
+def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]]:
+    """The rates one grid step beyond ``best`` when it is at an edge of ``rates`` (both sides of a single rate),
+    none when it lies inside; and why a step adds no rate: it leaves the positive floating-point numbers, or rounds
+    to a rate of the grid."""
     ordered = sorted(rates)
     if len(ordered) == 1:
-        beyond = [best / SINGLE_RATE_STEP, best * SINGLE_RATE_STEP]
+        steps = [("below", "/", SINGLE_RATE_STEP), ("above", "x", SINGLE_RATE_STEP)]
     elif best == ordered[0]:
-        beyond = [best / (ordered[1] / ordered[0])]
+        steps = [("below", "/", ordered[1] / ordered[0])]
     elif best == ordered[-1]:
-        beyond = [best * (ordered[-1] / ordered[-2])]
+        steps = [("above", "x", ordered[-1] / ordered[-2])]
     else:
-        return []
-    rounded = [float(f"{rate:.12g}") for rate in beyond]  # 3e-3 x 3 is 9e-3, not 9.000000000000002e-3
-    return [rate for rate in rounded if 0 < rate < math.inf and rate not in ordered]
+        return [], []
+    beyond, why_not = [], []
+    for side, sign, factor in steps:
+        rate = float(f"{best / factor if sign == '/' else best * factor:.12g}")  # 3e-3 x 3 is 9e-3, not 9.000..2e-3
+        step = f"the next rate {side}, {rate_text(best)} {sign} {factor:.15g},"
+        if rate == 0 or rate == math.inf:
+            why_not.append(f"{step} {'underflows to 0' if rate == 0 else 'overflows'}")
+        elif rate in ordered:
+            why_not.append(f"{step} rounds to {rate_text(rate)}, a rate of the grid")
+        else:
+            beyond.append(rate)
+    return beyond, why_not
 
 
 def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
     its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
-    return the journal's runs."""
+    return the journal's runs. A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the
+    caller records them (``signals.signals_stop_the_job``: the command line)."""
     sweep.validate()
     if train.lr is not None:
         raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
@@ -217,13 +229,10 @@ class _Sweep:
             rates = list(self.grids[style])
             self.train_runs([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid")
             for _ in range(sweep.extend):
-                best = choice(self.entries, style, alpha, rates, sweep.seeds)
-                beyond = [] if best is None else beyond_edge(rates, best)
+                beyond = self.extension(style, alpha, rates)
                 if not beyond:
                     break
                 rates.extend(beyond)
-                self.log(f"{arm_name({'style': style, 'alpha': alpha})}: best rate {rate_text(best)} is at the edge "
-                         f"of its grid; extending to {', '.join(map(rate_text, beyond))}")  # fmt: skip
                 runs = [Run(style, alpha, lr, seed) for lr in beyond for seed in sweep.seeds]
                 self.total += len([run for run in runs if run.key() not in self.done])
                 self.train_runs(runs, "extension")
@@ -234,6 +243,25 @@ class _Sweep:
         write_report(self.folder, self.entries, log=self.log, header=self.journal.header)
         self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
         return self.entries
+
+    def extension(self, style: str, alpha: float | None, rates: list[float]) -> list[float]:
+        """The rates ``--extend`` adds to the arm's grid now (``beyond_edge``), and the line that says which or why
+        none: an arm whose every run diverged has no best rate to extend from (the lowest would pass for one)."""
+        arm = arm_name({"style": style, "alpha": alpha})
+        best = choice(self.entries, style, alpha, rates, self.sweep.seeds)
+        if best is None:
+            return []
+        if not any(e["val_loss"] is not None for e in self.entries if (e["style"], e["alpha"]) == (style, alpha)
+                   and e["lr"] in rates and e["seed"] in self.sweep.seeds):  # fmt: skip
+            self.log(f"{arm}: every run diverged (no rate trained): the grid is not extended; give lower --lrs")
+            return []
+        beyond, why_not = beyond_edge(rates, best)
+        edge = f"{arm}: best rate {rate_text(best)} is at the edge of its grid"
+        if why_not:
+            self.log(f"{edge}, but {'; '.join(why_not)}: " + ("no rate added" if not beyond else "not on that side"))
+        if beyond:
+            self.log(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
+        return beyond
 
     def confirm(self, style: str, alpha: float | None, rates: list[float]) -> None:
         """``--confirm-seeds`` at the arm's best rate, chosen on ``--seeds``; none where every rate diverged."""
@@ -248,6 +276,7 @@ class _Sweep:
 
     def train_runs(self, runs: list[Run], role: str) -> None:
         for run in runs:
+            raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed (in the last run, in the report)
             self.visited.add(run.key())
             if run.key() in self.done:
                 continue

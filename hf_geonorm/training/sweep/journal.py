@@ -3,6 +3,7 @@ since this format the data's and the tokenizer's fingerprints), then one line pe
 synced as each run ends. A sweep resumes from it, so it is checked before it is trusted:
 
 - a last line cut short by a stop (no newline, not JSON) is dropped and the file repaired, and its run trains again;
+- a UTF-8 byte order mark before the header (a journal an editor saved as "UTF-8 with BOM") is read past;
 - every other line must be a whole run of this sweep: JSON, the fields of a run with finite values, named as its
   own run, with the header's steps, settings and data, and no run twice; anything else is refused with its line
   number, so that a damaged or edited journal never mixes into a report;
@@ -12,6 +13,7 @@ synced as each run ends. A sweep resumes from it, so it is checked before it is 
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -31,6 +33,7 @@ NOT_IN_KEY = outside_sweep_key()  # left out of the journal's key, as TrainOptio
 KEYED_BY_CONTENT = ("data", "tokenizer")
 RUN_FIELDS = ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss")
 DATA_KEY = ("fingerprint", "tokenizer")  # the header's data_key: the data's and the tokenizer's fingerprints
+BOM = codecs.BOM_UTF8  # what an editor saving "UTF-8 with BOM" puts before the header: read past
 
 
 class JournalError(ValueError):
@@ -78,9 +81,15 @@ def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]
 def load_journal(path: Path) -> Journal:
     """Read and check ``path`` line by line (``JournalError`` naming the first bad line)."""
     journal = Journal(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return journal
-    data = path.read_bytes()
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a file"
+        raise JournalError(f"{path} is {what}, not a sweep journal: move it away, or give another --output")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise JournalError(f"cannot read {path}: {error.strerror or error}") from None
     lines = data.split(b"\n")
     ended = lines[-1] == b""  # the file ends with a newline: every line is whole
     if ended:
@@ -88,12 +97,16 @@ def load_journal(path: Path) -> Journal:
     offset, seen = 0, {}
     for number, raw in enumerate(lines, 1):
         last_unended = number == len(lines) and not ended
+        text = raw[len(BOM) :] if number == 1 and raw.startswith(BOM) else raw  # saved as "UTF-8 with BOM"
         try:
-            entry = json.loads(raw.decode("utf-8")) if raw.strip() else None
+            entry = json.loads(text.decode("utf-8")) if text.strip() else None
         except (UnicodeDecodeError, json.JSONDecodeError):
             if last_unended:  # written in part when the sweep was stopped: its run trains again
                 journal.cut_line = number
                 break
+            if text.startswith(BOM):  # files joined end to end, the second saved with a mark
+                raise _damaged(path, number, "it starts with a UTF-8 byte order mark (EF BB BF), which only the "
+                                             "file's start may hold") from None  # fmt: skip
             raise _damaged(path, number, "not a line of JSON") from None
         if entry is not None:
             if journal.header is None:
