@@ -7,19 +7,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import STDLIB, train_in
+from conftest import ONE_STEP, STDLIB, error_lines, train, train_in
 from hf_geonorm_cli.main import cli
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.documents import PIECE_CHARS
 from hf_geonorm.training.data.pipeline import ArrowBlocks
+from hf_geonorm.training.data.tokenizer import train_tokenizer
+from hf_geonorm.training.options import DEFAULT_TOKENIZER_VOCAB
 
 
 def sentences(count: int) -> str:
@@ -224,3 +227,51 @@ def test_the_125m_config_trains_at_the_vocabulary_a_small_corpus_asks_for(tmp_pa
     assert "has vocab_size 50304; the tokenizer has 320 tokens: the model is built with 320 rows" in result.output
     config = json.loads((tmp_path / "c" / "final" / "config.json").read_text())
     assert config["vocab_size"] == len(AutoTokenizer.from_pretrained(tmp_path / "c" / "final")) == 320
+
+
+ROWS = 320  # the embedding rows of the saved model below
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """A saved stock GPT-2 with trained weights (random here) of ``ROWS`` embedding rows and no tokenizer."""
+    folder = tmp_path_factory.mktemp("saved") / "model"
+    config = GPT2Config(vocab_size=ROWS, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def large_tokenizer(tmp_path_factory) -> Path:
+    """A tokenizer of more tokens than ``ROWS``."""
+    folder = tmp_path_factory.mktemp("tokenizer") / "large"
+    train_tokenizer([sentences(3000)], 900).save_pretrained(folder)
+    return folder
+
+
+def test_a_tokenizer_with_more_tokens_than_the_models_embedding_is_refused_before_tokenizing(
+    tmp_path, saved_model, large_tokenizer
+):
+    (tmp_path / "text.txt").write_text(sentences(300))
+    tokens = len(AutoTokenizer.from_pretrained(large_tokenizer))
+    assert tokens > ROWS
+    own = shutil.copytree(saved_model, tmp_path / "own")  # the model with that tokenizer as its own
+    for file in large_tokenizer.iterdir():
+        shutil.copy(file, own / file.name)
+    unsized = [a for a in ONE_STEP if a not in ("--vocab-size", "300")]
+    base = ["--data", tmp_path / "text.txt", *unsized, "--data-cache", tmp_path / "cache", "--output", tmp_path / "run"]
+    cases = [
+        (["--model", saved_model, "--tokenizer", large_tokenizer], [f"{tokens} tokens", f"{ROWS} rows", "resize"]),
+        (["--model", own], [f"{tokens} tokens", f"{ROWS} rows", "resize"]),
+        (["--model", saved_model, "--vocab-size", "400"], ["400 tokens", f"{ROWS} ", f"--vocab-size {ROWS} or less"]),
+        (["--model", saved_model], [f"{DEFAULT_TOKENIZER_VOCAB} tokens", f"--vocab-size {ROWS} or less", "resize"]),
+        (["--tokenizer", large_tokenizer, "--vocab-size", "300"], ["--vocab-size 300", f"{tokens} tokens"]),
+    ]
+    for args, says in cases:
+        result = train(*base, *args)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        [line] = error_lines(result.output)
+        assert all(part in line for part in says), (args, line)
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # nothing tokenized
+    fits = train_in(tmp_path, tmp_path / "text.txt", "--model", saved_model, "--vocab-size", str(ROWS), name="fits")
+    assert fits.exit_code == 0, fits.output

@@ -5,10 +5,12 @@ held whole in memory (``documents``: what a document is).
 What a file is, is read from its content where the name can mislead: a ``.json`` file of one object a line is
 JSON lines (also after blank lines or a byte-order mark); a JSON array is refused by name. A folder written by
 ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict``: its ``--data-split``) is read as a ``datasets`` corpus.
-Hidden files and folders (a name starting with ``.``) are skipped with a warning that counts them; the other files
-of a folder that are not read (another extension, compressed, binary) are named in a warning with why; FIFOs and
-device files are refused. A ``--text-column`` other than ``text`` on a corpus of plain text files only, which have
-no columns, is refused.
+A folder's files are found by ``folders.folder_files`` (links to folders followed once). Hidden files and folders (a
+name starting with ``.``) are skipped with a warning that counts them; the other files of a folder that are not read
+(another extension, compressed, binary, a FIFO or device, a link to a folder read already or to one that holds it)
+are named in a warning with why, and so are parquet rows whose text is null; a FIFO or device given as ``--data`` is
+refused. A ``--text-column`` other than ``text`` on a corpus of plain text files only, which have no columns, is
+refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import sysconfig
 import warnings
 from collections.abc import Iterable, Iterator
@@ -26,7 +27,16 @@ from pathlib import Path
 from ...errors import first_line
 from ...files.checksums import file_sha256
 from ...files.text_files import BINARY_PROBE, not_text
-from .documents import TEXT_TYPES, HubSource, check_csv, check_parquet, open_dataset, shard_documents
+from .documents import (
+    TEXT_TYPES,
+    HubSource,
+    check_csv,
+    check_parquet,
+    open_dataset,
+    parquet_nulls,
+    shard_documents,
+)
+from .folders import folder_files, special_kind, warn_skipped
 
 ROW_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 ROW_KINDS = ("jsonl", "parquet", "csv", "saved", "hub")  # the shards whose rows have columns
@@ -122,7 +132,8 @@ def _resolve(data: str | None, column: str, hub: HubSource | None) -> Corpus:
     path = Path(data).expanduser()
     source = HubSource(data) if hub is None else HubSource(data, hub.config, hub.split, hub.revision)
     if path.exists() and not (path.is_file() or path.is_dir()):
-        raise ValueError(f"{path} is {_special_kind(path)}, not a file or folder: give a text file or a folder")
+        raise ValueError(f"{path} is {special_kind(path.stat().st_mode)}, not a file or folder: give a text file or "
+                         "a folder")  # fmt: skip
     if path.is_file():
         kind = _file_kind(path, column)
         if path.stat().st_size == 0:
@@ -154,23 +165,15 @@ def _check_saved_split(folder: Path, split: str) -> None:
                          f"{split!r}: give one with --data-split")  # fmt: skip
 
 
-SKIPPED_NAMED = 10  # a folder's skipped files named in a warning each (the others counted)
-
-
 def _folder_corpus(path: Path, column: str) -> Corpus:
-    suffixes = (*TEXT_SUFFIXES, *ROW_SUFFIXES)
-    everything = sorted(p for p in path.rglob("*") if not p.is_dir())
-    hidden = {p for p in everything if any(part.startswith(".") for part in p.relative_to(path).parts)}
-    found = [p for p in everything if p.suffix.lower() in suffixes]
-    hidden_text = [p for p in found if p in hidden]
-    if hidden_text:
-        warnings.warn(f"skipped {len(hidden_text)} hidden file(s) under {path} (names or folders starting with '.'), "
-                      f"e.g. {hidden_text[0]}", stacklevel=3)  # fmt: skip
-    skipped = [(p, _skipped_why(p)) for p in everything if p not in hidden and p.suffix.lower() not in suffixes]
-    files = [p for p in found if p not in hidden and p.is_file() and p.stat().st_size]
+    found = folder_files(path, (*TEXT_SUFFIXES, *ROW_SUFFIXES), _skipped_why)
+    if found.hidden:
+        warnings.warn(f"skipped {len(found.hidden)} hidden file(s) under {path} (names or folders starting with "
+                      f"'.'), e.g. {found.hidden[0]}", stacklevel=3)  # fmt: skip
+    files = [p for p in found.files if p.stat().st_size]
     kinds = {p: _file_kind(p, column) for p in files}
-    skipped += [(p, why) for p in files if kinds[p] == "paragraphs" and (why := _not_text(p)) is not None]
-    _warn_skipped(path, skipped)
+    skipped = found.skipped + [(p, why) for p in files if kinds[p] == "paragraphs" and (why := _not_text(p))]
+    warn_skipped(path, skipped)
     unread = {p for p, _ in skipped}
     shards = [(kinds[p].replace("paragraphs", "file"), p) for p in files if p not in unread]
     if not shards:
@@ -189,25 +192,6 @@ def _skipped_why(path: Path) -> str:
     return f"{path.suffix} is not an extension read as text: rename it .txt to train on it"
 
 
-def _warn_skipped(folder: Path, skipped: list[tuple[Path, str]]) -> None:
-    """A warning for each of the first ``SKIPPED_NAMED`` files of ``folder`` that are not read, with why (a line
-    each: the command line shows the first line of a warning), and one that counts the others."""
-    for path, why in skipped[:SKIPPED_NAMED]:
-        warnings.warn(f"skipped {path}: {why}", stacklevel=4)
-    if len(skipped) > SKIPPED_NAMED:
-        warnings.warn(f"skipped {len(skipped) - SKIPPED_NAMED} more file(s) under {folder} that are not read (other "
-                      "extensions, compressed or binary)", stacklevel=4)  # fmt: skip
-
-
-def _special_kind(path: Path) -> str:
-    mode = path.stat().st_mode
-    for check, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
-        if check(mode):
-            return name
-    return "not a regular file"
-
-
 def _file_kind(path: Path, column: str) -> str:
     """What a file holds: ``jsonl``, ``parquet``, ``csv`` (their text column checked) or text (``paragraphs``). A
     ``.json`` file is JSON lines when its first line that is not blank is one JSON object (after a byte-order mark);
@@ -215,6 +199,10 @@ def _file_kind(path: Path, column: str) -> str:
     kind = ROW_SUFFIXES.get(path.suffix.lower(), "paragraphs")
     if kind == "parquet":
         check_parquet(path, column)
+        nulls, rows = parquet_nulls(path, column)
+        if nulls:
+            warnings.warn(f"skipped {nulls} of the {rows} rows of {path}: their {column!r} is null (no text)",
+                          stacklevel=3)  # fmt: skip
     if kind == "csv":
         check_csv(path, column)
     if path.suffix.lower() != ".json":

@@ -87,6 +87,24 @@ def check_parquet(path: Path, column: str) -> None:
         raise ValueError(f"{path} has no rows")
 
 
+def parquet_nulls(path: Path, column: str) -> tuple[int, int]:
+    """How many rows of a parquet file have a null ``column`` (no text: they are skipped), from each row group's
+    statistics where they record it, else by reading that row group's column; and how many rows it has."""
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(path)
+    meta = file.metadata
+    leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == column), None)
+    nulls = 0
+    for group in range(meta.num_row_groups):
+        stats = None if leaf is None else meta.row_group(group).column(leaf).statistics
+        if stats is not None and stats.has_null_count:
+            nulls += stats.null_count
+        else:
+            nulls += file.read_row_group(group, columns=[column]).column(0).null_count
+    return nulls, meta.num_rows
+
+
 def open_dataset(source: HubSource, saved: bool, streaming: bool = True) -> object:
     import datasets
 

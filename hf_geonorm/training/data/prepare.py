@@ -2,7 +2,8 @@
 ``--data`` (``corpus``), the tokenizer (``tokenizer``), then the training, validation and test blocks (``pipeline``),
 with the log lines that account for the tokens: how many the data holds, how many train, and how many epochs
 ``--max-steps`` amounts to. The step takes what it needs of the options (``DataRequest``); its tokenizing waits until
-the run has checked a resumed run against its record (``data_source``, then ``training_data``)."""
+the run has checked a resumed run against its record (``data_source``, then ``training_data``). Before the run writes
+anything, ``check_output_apart`` keeps its output and the data apart."""
 
 from __future__ import annotations
 
@@ -72,6 +73,25 @@ def data_request(options: TrainOptions) -> DataRequest:
         max_steps=options.max_steps,
         blocks_per_step=options.batch_size * options.gradient_accumulation_steps * world_size(),
     )
+
+
+def check_output_apart(data: str | None, output: Path, given: str) -> None:
+    """``ValueError`` when the run's ``output`` folder (``--output``, as ``given``) is the ``data`` folder or lies
+    inside it (the next run over the data would read the run's checkpoints and final model as data), or the data
+    lies inside it (a run writes there, and ``--force`` removes what it holds); links resolved. Checked before
+    anything is written."""
+    if data is None or not os.path.lexists(Path(data).expanduser()):
+        return  # the standard library, or a datasets name
+    path = Path(data).expanduser()
+    read, written = path.resolve(), output.resolve()
+    if path.is_dir() and (written == read or read in written.parents):
+        where = "is" if written == read else "is inside"
+        raise ValueError(f"--output {given} {where} the --data folder {data}: the next run over {data} would "
+                         "read the run's checkpoints and final model as data; give another --output, outside "
+                         "it")  # fmt: skip
+    if written in read.parents:
+        raise ValueError(f"--data {data} is inside the --output folder {given}, where the run writes its files (and "
+                         "--force removes the earlier run's); give another --output, apart from the data")  # fmt: skip
 
 
 def evaluations(options: TrainOptions) -> int:

@@ -56,11 +56,62 @@ def training_tokenizer(
     folder = model_tokenizer(model, tokenizer, vocab_size)
     if folder is not None or tokenizer is not None:
         loaded = tokenizer_from(folder or tokenizer)
+        check_given_fits(len(loaded), model, tokenizer, vocab_size)
     else:
-        loaded = corpus_tokenizer(corpus, tokenizer_vocab(vocab_size, model), cache, builder, log)
+        vocab = tokenizer_vocab(vocab_size, model)
+        check_trained_fits(vocab, model, vocab_size)
+        loaded = corpus_tokenizer(corpus, vocab, cache, builder, log)
     if loaded.pad_token is None:
         loaded.pad_token = loaded.eos_token
     return loaded, folder is not None
+
+
+def check_given_fits(tokens: int, model: str | None, tokenizer: str | None, vocab_size: int | None) -> None:
+    """``ValueError`` when a given tokenizer of ``tokens`` tokens (``--tokenizer``, or the ``model`` folder's own)
+    has more than ``--vocab-size`` asks for, or than the embedding rows of a ``--model`` with trained weights: the
+    ids beyond would be out of range at the first step."""
+    if tokenizer is not None and vocab_size is not None and vocab_size < tokens:
+        raise ValueError(
+            f"--vocab-size {vocab_size} is smaller than the {tokens} tokens of --tokenizer {tokenizer}, and the model "
+            "needs a row for each; drop --vocab-size (it sizes a tokenizer trained on the fly; with --tokenizer the "
+            "model gets a row for each of its tokens)"
+        )
+    rows = trained_rows(model)
+    if rows is None or tokens <= rows:
+        return
+    whose = f"the --tokenizer {tokenizer}" if tokenizer is not None else f"the tokenizer of --model {model}"
+    raise ValueError(
+        f"{whose} has {tokens} tokens, more than the {rows} rows of the embedding of --model {model} (its "
+        f"vocab_size): token ids from {rows} on would be out of range; give the tokenizer the model was trained "
+        f"with, or resize the model's embeddings to {tokens} rows first (model.resize_token_embeddings({tokens}), "
+        "then save_pretrained)"
+    )
+
+
+def check_trained_fits(vocab: int, model: str | None, vocab_size: int | None) -> None:
+    """``ValueError``, before any training, when a tokenizer trained on the fly of ``vocab`` tokens (``vocab_size``,
+    ``--vocab-size``, or the default) would have more than the embedding rows of a ``--model`` with trained
+    weights."""
+    rows = trained_rows(model)
+    if rows is None or vocab <= rows:
+        return
+    asked = "--vocab-size" if vocab_size is not None else "the default"
+    raise ValueError(
+        f"--model {model} has trained weights with {rows} embedding rows (its vocab_size), fewer than the {vocab} "
+        f"tokens of the tokenizer the run would train on the data ({asked}): give --vocab-size {rows} or less, or "
+        "--tokenizer with the tokenizer the model was trained with (its rows were learned for that one), or resize "
+        "the model's embeddings first (model.resize_token_embeddings(N), then save_pretrained)"
+    )
+
+
+def trained_rows(model: str | None) -> int | None:
+    """The embedding rows (``vocab_size``) of a ``--model`` folder with trained weights, or None: no folder, a config
+    to train from scratch (its embedding is sized to the tokenizer), or a config without ``vocab_size``."""
+    config = folder_config(model)
+    if config is None or not has_trained_weights(model):
+        return None
+    rows = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return rows if isinstance(rows, int) else None
 
 
 def tokenizer_vocab(vocab_size: int | None, model: str | None) -> int:

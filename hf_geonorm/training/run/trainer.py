@@ -25,7 +25,7 @@ from ...analysis.evaluation import explain_non_finite
 from ...errors import NonFiniteError
 from ...files.signals import raise_if_signalled
 from ...patching import family_for
-from ..data.prepare import TrainingData, data_request, data_source, training_data, world_size
+from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
 from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
@@ -156,6 +156,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     main = _is_main_process()
     reads = {"model": options.model, "tokenizer": options.tokenizer, "data": options.data}
     check_output_path(output, force=options.force, given=options.output, reads=reads)
+    check_output_apart(options.data, output, options.output)
     with run_output(output, main, log) as published:
         return _run(options, output, main, log, published)
 
