@@ -400,6 +400,25 @@ def test_journal_lines_that_do_not_hold_a_run_of_this_sweep_are_refused_by_line(
     assert (output / "runs.jsonl").read_text() == before and not (output / "runs").exists()
 
 
+def test_a_run_log_that_is_a_symbolic_link_is_refused_not_written_through(tmp_path, corpus, shared_cache):
+    """``logs/NAME.log`` linked to a file of the user's: the sweep stops before that run, naming the link, and the
+    file is as it was."""
+    output = tmp_path / "sweep"
+    user_journal(output, corpus, [user_run(2e-3)])
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes\n")
+    (output / "logs").mkdir()
+    (output / "logs" / "pre-lr4e-3-seed0.log").symlink_to(mine)
+    result = CliRunner().invoke(cli, user_sweep(corpus, output, shared_cache, "--styles", "pre", "--lrs",
+                                                "2e-3,4e-3"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith(f"Error: {output / 'logs' / 'pre-lr4e-3-seed0.log'} is a symbolic link"), last
+    assert "remove the link" in last
+    assert mine.read_text() == "my notes\n" and (output / "logs" / "pre-lr4e-3-seed0.log").is_symlink()
+    assert len(journal(output)) == 2 and not (output / "runs" / "pre-lr4e-3-seed0").exists()
+
+
 def test_a_sweep_where_every_rate_diverged_says_no_rate_trained(tmp_path, corpus):
     """Silent wrong 4: a journal whose every run diverged gets a report with no bold best and no "by nan": it says
     that no rate trained."""

@@ -292,25 +292,33 @@ def check_target(output_dir: str | os.PathLike, force: bool = False, option: str
     return output
 
 
+def lock_holder(path: Path) -> str | None:
+    """How messages name the live run that holds the lock file ``path`` (``holder_text``); None when no run does:
+    no such file, a symbolic link (never a lock: ``output_lock`` refuses one), or a lock whose holder ended."""
+    import fcntl  # POSIX only, as the lock
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return holder_text(read_holder(fd))
+    finally:
+        os.close(fd)
+    return None
+
+
 def _refuse_if_held(path: Path, replaced: Path) -> None:
     """``OutputInUse`` when a live run holds the lock file ``path``, which lies inside the folder ``replaced`` that
     is about to be replaced (a lock file its holder no longer holds is not counted)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # gone: its holder ended
-    try:
-        import fcntl  # POSIX only, as the lock
-
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = read_holder(fd)
+    holder = lock_holder(path)
+    if holder is not None:
         raise OutputInUse(
-            f"{replaced} holds {path.parent}, in use by {holder_text(holder)}: replacing {replaced} would remove "
-            "that run's output; wait for it to end, or give another folder"
-        ) from None
-    finally:
-        os.close(fd)
+            f"{replaced} holds {path.parent}, in use by {holder}: replacing {replaced} would remove that run's "
+            "output; wait for it to end, or give another folder"
+        )
 
 
 def check_no_run_inside(folder: Path) -> None:

@@ -16,13 +16,14 @@ best rates on the test split (``report``).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
@@ -171,7 +172,7 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
             raise OptionError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
-    with output_lock(folder, "sweep"):  # one sweep per folder: two would train the same runs into the same places
+    with output_lock(folder, "sweep"):  # one sweep per folder, and no other run in its logs/ or runs/
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
         repair(journal, log)
@@ -339,7 +340,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         resume=False,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed}
-    with open(logs / f"{run.name}.log", "w", encoding="utf-8") as log_file:
+    with _run_log(logs / f"{run.name}.log") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
         except NonFiniteError as error:
@@ -355,6 +356,22 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
         "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
     }  # fmt: skip
+
+
+def _run_log(path: Path) -> TextIO:
+    """The run's log ``path``, opened for writing anew, never through a symbolic link (which would overwrite the
+    file it points to)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP and path.is_symlink():
+            raise ValueError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): the sweep writes each run's log there itself, "
+                "never through a link, which would overwrite the file it points to; remove the link and run the "
+                "sweep again"
+            ) from None
+        raise
+    return open(fd, "w", encoding="utf-8")
 
 
 def _remove_checkpoints(output: Path) -> None:
