@@ -21,7 +21,7 @@ from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
 from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
 from .files.gguf_files import gguf_metadata
-from .files.output_lock import output_lock
+from .files.output_lock import check_not_in_use, output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
@@ -38,7 +38,8 @@ def check_output(output_dir: str | os.PathLike, force: bool, source_path: Path |
     ``check_target``: ``FileExistsError`` when it is a file or is not empty (without ``force``), ``ValueError``
     when ``force`` would replace a folder that is not an earlier output of hf-geonorm."""
     output = check_output_name(output_dir, force)
-    if source_path is not None:  # before the folder's contents are judged: the overlap is the mistake to name
+    check_not_in_use(output, "OUTPUT_DIR")  # a run writing there, or an overlap, is the mistake to name first
+    if source_path is not None:
         src, out = source_path.resolve(), output.resolve()
         if src == out or out in src.parents or src in out.parents:
             raise ValueError(

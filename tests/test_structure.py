@@ -22,7 +22,8 @@ TRAINING = PACKAGE / "training"
 FLOW = (
     "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
     "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
-    "run.record", "run.checkpoints", "run.model", "run.optim", "run.bridge", "run.outputs", "run.trainer",
+    "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
+    "run.trainer",
     "sweep.options", "sweep.report", "sweep.journal", "sweep.grid",
 )  # fmt: skip
 MAX_ENTRIES = 2

@@ -216,10 +216,12 @@ def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(
 
 
 def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
+    from hf_geonorm.training.run.optim import peak_reached
     from hf_geonorm.training.run.outputs import training_facts
 
     options = TrainOptions(lr=1e-3, warmup_steps=30, max_steps=300, weight_decay=0.0)
-    facts = training_facts(options, "d", 20, 1.0, 1.0)  # stopped at step 20 of a 30-step warm-up: 20/30 of the peak
+    peak = peak_reached(options.lr, 20, options.warmup_steps, options.max_steps, options.min_lr_ratio)
+    facts = training_facts(options, "d", 20, peak, 1.0, 1.0)  # stopped at step 20 of a 30-step warm-up: 20/30
     assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of --lr 0.001")
 
 

@@ -273,11 +273,10 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
 
 
 def check_target(output_dir: str | os.PathLike, force: bool = False, option: str = "OUTPUT_DIR") -> Path:
-    """The absolute path of ``output_dir``; ``ValueError`` for an empty name, a folder that holds the current one or
-    one never replaced (``check_output_name``), ``FileExistsError`` when it is a file, or a non-empty folder and not
-    ``force``; with ``force``, ``ownership.NotAnOutput`` (a ``ValueError``) for a non-empty folder that hf-geonorm
-    did not write, or that holds anything beside what it wrote. ``atomic_directory`` checks this when it starts
-    (callers may check earlier, to fail fast)."""
+    """The absolute path of ``output_dir``; ``ValueError`` for a name ``check_output_name`` refuses,
+    ``FileExistsError`` for a file or (without ``force``) a non-empty folder, ``ownership.NotAnOutput`` (with
+    ``force``) for one that is not an earlier output holding nothing else. ``atomic_directory`` checks this when it
+    starts (callers may check earlier, to fail fast)."""
     output = check_output_name(output_dir, force, option)
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")

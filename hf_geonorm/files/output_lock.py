@@ -146,6 +146,25 @@ def _refuse_runs_around(given: Path, folder: Path, option: str) -> None:
             )
 
 
+def check_not_in_use(folder: str | os.PathLike, option: str = "--output") -> None:
+    """``OutputInUse`` when a live run of another process holds ``folder``, a folder around it or one inside it:
+    what a command checks first, before it judges what the folder holds (the lock it takes later checks again)."""
+    given = Path(folder).absolute()
+    real = given.resolve()
+    lock = real / LOCK_NAME
+    try:
+        mine = _identity(os.lstat(lock)) in _HELD_HERE
+    except OSError:
+        mine = True  # no lock file there
+    holder = None if mine else lock_holder(lock)
+    if holder is not None:
+        raise OutputInUse(
+            f"{given} is in use by {holder}: one run writes into a folder at a time; wait for it to end, or give "
+            f"another {option}"
+        )
+    _refuse_runs_around(given, real, option)
+
+
 @contextlib.contextmanager
 def output_lock(folder: str | os.PathLike, command: str, option: str = "--output") -> Iterator[None]:
     """Hold ``folder``'s lock for the block (``OutputInUse`` naming the holder when another run has it, or a folder

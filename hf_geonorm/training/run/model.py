@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ...errors import SettingsError, first_line
 from ...files.atomic import atomic_directory, check_target, is_full_device
-from ...files.output_lock import output_lock
+from ...files.output_lock import check_not_in_use, output_lock
 from ...inspection import check_fits_memory, parameter_count
 from ...loading import (
     NO_REMOTE_CODE,
@@ -249,6 +249,7 @@ def write_scratch_config(
     tokenizer's special-token ids go into the config. ``ValueError`` when the preset does not fit ``arch``,
     ``errors.SettingsError`` for a bad setting; nothing is written then.
     """
+    check_not_in_use(output_dir, "OUTPUT_DIR")  # a run writing there is the mistake to name first
     check_target(output_dir, force)
     loaded = None
     if tokenizer:

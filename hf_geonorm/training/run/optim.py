@@ -27,6 +27,11 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float = MIN_LR_RATI
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def peak_reached(lr: float, steps: int, warmup: int, total: int, min_ratio: float = MIN_LR_RATIO) -> float:
+    """The highest learning rate of the first ``steps`` optimizer steps of the schedule ``lr_factor`` lays out."""
+    return lr * max((lr_factor(step, warmup, total, min_ratio) for step in range(steps)), default=0.0)
+
+
 def decayed_parameter_names(model: nn.Module) -> set[str]:
     """The names (as ``model.named_parameters`` gives them) of the parameters weight decay applies to: the weight
     matrices (two or more dimensions) of every module but the embeddings. Decay pulls a weight towards zero; a

@@ -41,19 +41,12 @@ from transformers.utils import logging as hf_logging
 from ...errors import first_line
 from ...files.atomic import atomic_directory, check_output_name, remove_tree
 from ...files.output_lock import output_lock
-from ...files.ownership import (
-    adopt_earlier_output,
-    check_replaceable,
-    is_own_name,
-    only_bookkeeping_left,
-    record_paths,
-)
+from ...files.ownership import adopt_earlier_output, check_replaceable, is_own_name, only_bookkeeping_left, record_paths
 from ...files.signals import terminate_raises
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info
 from ..options import TrainOptions
 from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
-from .optim import lr_factor
 
 
 def strict_json(value: Any) -> str:
@@ -239,11 +232,22 @@ def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[li
             raise
 
 
-def training_facts(options: TrainOptions, data: str, steps: int, val_loss: float, test_loss: float) -> dict:
-    """What the model card says of the run, as Trainer's card lists its hyperparameters and results."""
+def last_evaluation(state: TrainerState) -> dict[str, float] | None:
+    """The evaluation Trainer ran at the last step (when it is an evaluation step), as ``evaluate`` returns it:
+    reused for the final metrics rather than run a second time on the same weights."""
+    for entry in reversed(state.log_history):
+        if "eval_loss" in entry:
+            return entry if entry.get("step") == state.global_step else None
+    return None
+
+
+def training_facts(
+    options: TrainOptions, data: str, steps: int, peak: float, val_loss: float, test_loss: float
+) -> dict:
+    """What the model card says of the run, as Trainer's card lists its hyperparameters and results; ``peak``: the
+    highest learning rate its ``steps`` had (``optim.peak_reached``)."""
     per_step = options.batch_size * options.gradient_accumulation_steps * options.seq_len
-    schedule = (lr_factor(step, options.warmup_steps, options.max_steps, options.min_lr_ratio) for step in range(steps))
-    reached = float(f"{options.lr * max(schedule, default=0.0):.3g}")  # the rate's highest step, as the card says it
+    reached = float(f"{peak:.3g}")  # as the card says it
     return {
         "data": data,
         "steps": f"{steps:,}",

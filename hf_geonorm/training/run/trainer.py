@@ -30,7 +30,7 @@ from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_u
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
 from .model import build_model, check_positions, what_it_computes, with_learning_rate
-from .optim import decayed_parameter_names, make_scheduler
+from .optim import decayed_parameter_names, make_scheduler, peak_reached
 from .outputs import (
     RunProgress,
     check_output_path,
@@ -38,6 +38,7 @@ from .outputs import (
     curve_title,
     final_card,
     finished_metrics,
+    last_evaluation,
     machine_load,
     perplexity,
     prepare_output,
@@ -51,13 +52,12 @@ from .transformers_internals import check_trainer_overrides
 
 
 class CheckedTrainer(AtomicCheckpointTrainer):
-    """The Trainer of ``hf-geonorm train``. It trains with the library's recipe (``optim``): Trainer's optimizer
-    (``args.optim``, AdamW by default, with betas (``args.adam_beta1``, ``args.adam_beta2``)) with
-    ``args.weight_decay`` on the weight matrices only (``get_decay_parameter_names``), and the library's schedule,
-    warm-up over ``args.warmup_steps`` then cosine to ``min_lr_ratio`` of ``args.learning_rate``, whose state
-    checkpoints save and a resumed run restores. It stops at the first non-finite training or validation loss with a
-    ``NonFiniteError`` naming the step, before anything of that step is saved (transformers' Trainer trains on,
-    and its logs hide NaN losses), so no NaN model is ever published as a checkpoint or as final."""
+    """The Trainer of ``hf-geonorm train``, with the library's recipe (``optim``): Trainer's optimizer (``args.optim``,
+    AdamW by default, betas ``args.adam_beta1``, ``args.adam_beta2``) with ``args.weight_decay`` on the weight
+    matrices only (``get_decay_parameter_names``), and the library's schedule, warm-up over ``args.warmup_steps``
+    then cosine to ``min_lr_ratio`` of ``args.learning_rate`` (checkpoints save its state). It stops at the first
+    non-finite training or validation loss with a ``NonFiniteError`` naming the step, before anything of that step
+    is saved (transformers' Trainer trains on, its logs hide NaN losses): no NaN model is ever published."""
 
     def __init__(self, *args: Any, min_lr_ratio: float = MIN_LR_RATIO, **kwargs: Any) -> None:
         check_trainer_overrides()
@@ -112,15 +112,6 @@ class SignalCheck(TrainerCallback):
     on_train_begin = on_step_begin = on_step_end = on_prediction_step = on_evaluate = on_save = staticmethod(
         lambda *args, **kwargs: raise_if_signalled()
     )
-
-
-def last_evaluation(state: TrainerState) -> dict[str, float] | None:
-    """The evaluation Trainer ran at the last step (when it is an evaluation step), as ``evaluate`` returns it:
-    reused for the final metrics rather than run a second time on the same weights."""
-    for entry in reversed(state.log_history):
-        if "eval_loss" in entry:
-            return entry if entry.get("step") == state.global_step else None
-    return None
 
 
 def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
@@ -232,7 +223,9 @@ def save_results(
         to_save.config.use_cache = built.use_cache
     # FSDP: every process takes part in gathering the full weights; the main process writes them
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
-    card = final_card(options.model, training_facts(options, data.label, trainer.state.global_step, loss, test_loss))
+    steps = trainer.state.global_step
+    peak = peak_reached(options.lr, steps, options.warmup_steps, options.max_steps, options.min_lr_ratio)
+    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss))
     if trainer.is_world_process_zero():
         save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
     metrics = run_metrics(options, trainer, data, built.parameters, to_save.config, resumed_step, seconds, loss,
