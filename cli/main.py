@@ -249,6 +249,7 @@ def info(path: str, as_json: bool) -> None:
     """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
     step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights."""
     from hf_geonorm.inspection import describe
+    from hf_geonorm.loading import PICKLE_ADVICE
 
     data = describe(path)
     if as_json:
@@ -278,6 +279,10 @@ def info(path: str, as_json: bool) -> None:
         by = data.get("parameters_by_dtype")
         dtypes = f", {', '.join(f'{k}: {v:,}' for k, v in by.items())}" if by else ""
         click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']}{dtypes})")
+    if data["pickle_weights"]:
+        names = data["pickle_weights"]
+        what = f"{names[0]} is a pickle" if len(names) == 1 else f"{', '.join(names)} are pickles"
+        click.echo(f"weights:      {what}; {PICKLE_ADVICE}")
     if data["geonorm"]:
         click.echo(f"settings:     {_settings_line(data['settings'])}")
         if "step_sizes" in data:

@@ -1,6 +1,6 @@
-"""What a checkpoint folder holds (``hf-geonorm info``), how many parameters a config gives (``parameter_count``,
-also for ``hf-geonorm init``), and which architectures GeoNorm patches, and how (``hf-geonorm architectures``);
-read from headers and configs, loading no weights."""
+"""What a checkpoint folder holds (``hf-geonorm info``), whether a model fits this machine's memory
+(``check_fits_memory``, for ``hf-geonorm init``, with ``loading_sizes.parameter_count``), and which architectures
+GeoNorm patches, and how (``hf-geonorm architectures``); read from headers and configs, loading no weights."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import AutoModelForCausalLM
-
 from .errors import first_line
 from .files.safetensors_files import WeightPathError, saved_parameter_count
-from .loading import Source, check_supported, read_config_json, resolve_settings
+from .loading import PICKLE_ADVICE, Source, check_supported, pickle_weights, read_config_json, resolve_settings
+from .loading_sizes import check_sizes, parameter_count
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
 from .sharing.card_checks import check_remote_code
@@ -90,17 +88,25 @@ def describe_gguf(path: Path) -> dict[str, Any]:
 
 
 def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
-    """The facts of a checkpoint folder as a JSON-ready dict: type and family, sizes, positions, parameter count
-    (from the safetensors headers, else from the config), GeoNorm settings and step sizes, remote code, model card
-    and tokenizer. ``ValueError`` naming the file for a corrupt config, bad stored settings or damaged weights."""
+    """The facts of a checkpoint folder as a JSON-ready dict: type and family, sizes as loading builds them,
+    positions, parameter count (from the safetensors headers, else from the config), pickle weights (never loaded),
+    GeoNorm settings and step sizes, remote code, model card and tokenizer. ``ValueError`` naming the file for a
+    corrupt config, sizes loading would not build as stated (``loading_sizes.check_sizes``, as every command that
+    reads a model), bad stored settings or damaged weights."""
     path = Path(path)
     if not path.is_dir():
-        raise ValueError(f"{path}: no such folder")
+        if path.is_file():
+            raise ValueError(f"{path} is a file, not a checkpoint folder: give a checkpoint folder or a .gguf file")
+        raise ValueError(f"{path}: {'not a folder' if path.exists() else 'no such folder'}")
+    pickles = pickle_weights(path)
+    if pickles and not (path / "config.json").exists():
+        raise ValueError(f"{path} has no config.json, only pickle weights ({', '.join(pickles)}); {PICKLE_ADVICE}")
     config = read_config_json(path)
     model_type = config["model_type"]
     check_supported(model_type, str(path))
     family = family_for(model_type)
     source = Source(str(path), "folder", str(path), None, config, path)
+    built = check_sizes(config, source.config_label)
     num_layers = source.num_layers
     out: dict[str, Any] = {
         "path": str(path),
@@ -109,10 +115,9 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
         "geonorm": source.is_geonorm,
         "architectures": config.get("architectures"),
         "num_layers": num_layers,
-        "hidden_size": config.get("hidden_size", config.get("n_embd")),
-        "vocab_size": config.get("vocab_size"),
-        "positions": positions(config),
+        **built_sizes(built, config),
         "dtype": config.get("dtype", config.get("torch_dtype")),
+        "pickle_weights": pickles,
     }
     try:
         counted = saved_parameter_count(path)
@@ -127,7 +132,7 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
         config_class = family.config_class if source.is_geonorm else family.stock_config_class
         try:
             out["parameters"] = parameter_count(config_class.from_dict(config))
-            out["parameters_from"] = "config (no weights in the folder)"
+            out["parameters_from"] = "config (no safetensors weights in the folder)"
         except Exception:  # noqa: BLE001 - an unknown size is fine here
             out["parameters"] = None
     if source.is_geonorm:
@@ -148,48 +153,15 @@ def describe_folder(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
-# Configs deeper than this are counted from two builds of fewer layers (a layer's parameters, times the layers):
-# building 100,000 layers, even on the meta device, takes minutes and gigabytes.
-LAYERS_BUILT = 32
-
-
-def parameter_count(config: Any, check_forward: bool = False) -> int:
-    """Parameters of the model ``config`` describes (tied ones once), built on the meta device (no memory);
-    with ``check_forward`` a few tokens also run through it there, which finds sizes that do not fit together.
-    A config of more than ``LAYERS_BUILT`` layers is built with ``LAYERS_BUILT`` and half as many, and the
-    difference per layer extended to all of them."""
-    layers = getattr(config, "num_hidden_layers", None)
-    if not isinstance(layers, int) or layers <= LAYERS_BUILT:
-        return _built_count(config, check_forward)
-    few, more = LAYERS_BUILT // 2, LAYERS_BUILT
-    fewer_count = _built_count(_with_layers(config, few), False)
-    more_count = _built_count(_with_layers(config, more), check_forward)
-    return more_count + (layers - more) * (more_count - fewer_count) // (more - few)
-
-
-def _with_layers(config: Any, layers: int) -> Any:
-    """A copy of ``config`` with ``layers`` layers: its per-layer (and per-update) lists cut to match."""
-    total = config.num_hidden_layers
-    values = config.to_dict()
-    for key, value in values.items():
-        if isinstance(value, list) and len(value) in (total, 2 * total):
-            values[key] = value[: layers * (len(value) // total)]
-    values["num_hidden_layers"] = layers
-    values.pop("model_type", None)
-    return type(config)(**values)
-
-
-def _built_count(config: Any, check_forward: bool) -> int:
-    with torch.device("meta"):
-        # eager experts: an MoE forward then raises NotImplementedError on meta (below) whatever kernel an earlier
-        # real MoE model in this process made transformers choose (grouped_mm on meta demands bfloat16)
-        model = AutoModelForCausalLM.from_config(config, experts_implementation="eager")
-        if check_forward:
-            try:
-                model(torch.ones((1, 4), dtype=torch.long))
-            except NotImplementedError:  # data-dependent ops (MoE routing) cannot run on meta: not checked
-                pass
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+def built_sizes(built: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """Hidden size, vocabulary and positions as loading builds them (``built``, the config object), where a size the
+    config leaves out is its class's default; as ``config`` states them where the class refused it (None)."""
+    if built is None:
+        return {"hidden_size": config.get("hidden_size", config.get("n_embd")), "vocab_size": config.get("vocab_size"),
+                "positions": positions(config)}  # fmt: skip
+    values = built.to_dict()
+    return {"hidden_size": values.get(built.attribute_map.get("hidden_size", "hidden_size")),
+            "vocab_size": values.get("vocab_size"), "positions": positions(values)}  # fmt: skip
 
 
 def machine_memory() -> int | None:

@@ -25,9 +25,11 @@ import torch
 from torch import nn
 
 from .errors import SettingsError, custom_code_error, first_line, needs_custom_code
-from .files.gguf_files import dequantize_gguf
+from .files.gguf_files import dequantize_gguf, gguf_config
 from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
+from .files.text_files import SPECIAL_FILES
 from .loading_info import check_loading_info, geonorm_keys
+from .loading_sizes import built_config, check_sizes, stated_layers
 from .modeling.blocks import check_layout_settings
 from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
@@ -36,6 +38,11 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"
 )  # fmt: skip
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+PICKLE_ADVICE = (
+    "hf-geonorm never loads pickles (unpickling can run any code in them): convert them to safetensors where you "
+    "trust them, by loading the model with transformers and saving it with save_pretrained (it writes "
+    "model.safetensors)"
+)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Sizes a model divides by or builds from (a head count of 0 is a ZeroDivisionError deep in the modelling code).
 POSITIVE_SIZES = (
@@ -89,11 +96,13 @@ class Source:
         return self.spec if self.kind == "hub" else Path(self.spec).name or self.spec
 
     @property
+    def config_label(self) -> str:
+        """How messages name the config: a folder's config.json, else the file or the Hub id."""
+        return str(self.path / "config.json") if self.kind == "folder" else self.spec
+
+    @property
     def num_layers(self) -> int:
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            if isinstance(self.config.get(key), int):
-                return self.config[key]
-        raise ValueError(f"{self.spec}: the config has no number of layers (num_hidden_layers); fix config.json")
+        return stated_layers(self.config, self.config_label)
 
     @property
     def weight_files(self) -> list[Path]:
@@ -125,10 +134,20 @@ def looks_like_path(spec: str) -> bool:
     )
 
 
+def pickle_weights(folder: Path) -> list[str]:
+    """The names of the pickle weight files in ``folder`` (``pytorch_model.bin``, ...), which are never loaded."""
+    return sorted({p.name for pattern in PICKLE_WEIGHTS for p in folder.glob(pattern)})
+
+
 def read_config_json(folder: str | os.PathLike) -> dict[str, Any]:
-    """The folder's ``config.json`` as a dict; a missing or corrupt file is a ``ValueError`` naming it."""
+    """The folder's ``config.json`` as a dict; a missing or corrupt file is a ``ValueError`` naming it, and so is
+    one that is not a regular file (never opened: a FIFO would wait for a writer)."""
     config_path = Path(folder) / "config.json"
     if not config_path.is_file():
+        if config_path.exists():
+            mode = config_path.stat().st_mode
+            kind = next((name for check, name in SPECIAL_FILES if check(mode)), "a special file")
+            raise ValueError(f"{config_path} is {kind}, not a regular file: a checkpoint's config.json is a JSON file")
         raise ValueError(f"{folder} has no config.json: not a transformers checkpoint folder")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -187,25 +206,10 @@ def _hub_config(spec: str) -> dict[str, Any]:
     return config.to_dict()
 
 
-def _gguf_config(path: Path) -> dict[str, Any]:
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            f"cannot read {path}: reading .gguf files needs the gguf package (pip install gguf, or hf-geonorm[gguf])"
-        ) from None
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, **NO_REMOTE_CODE)
-    except Exception as error:  # noqa: BLE001 - a corrupt or unsupported file, reported in one line
-        raise ValueError(f"cannot read {path} as a GGUF checkpoint: {first_line(error)}") from None
-    return config.to_dict()
-
-
 def open_source(spec: str | os.PathLike) -> Source:
     """Classify ``spec`` (a checkpoint folder, a ``.gguf`` file or a Hub id), read its config, and check that
-    GeoNorm supports its architecture. Loads no weights."""
+    GeoNorm supports its architecture and that its sizes are what loading builds (``loading_sizes.check_sizes``:
+    every command that reads a model refuses the same configs). Loads no weights."""
     spec = str(spec)
     path = Path(spec).expanduser()
     if path.is_file():
@@ -213,7 +217,7 @@ def open_source(spec: str | os.PathLike) -> Source:
             raise ValueError(
                 f"{spec} is a file but not a .gguf checkpoint; give a checkpoint folder, a .gguf file or a Hub id"
             )
-        source = Source(spec, "gguf", str(path.parent), path.name, _gguf_config(path), path)
+        source = Source(spec, "gguf", str(path.parent), path.name, gguf_config(path), path)
     elif path.is_dir():
         source = Source(spec, "folder", str(path), None, read_config_json(path), path)
         if source.config.get("auto_map") and not _supported(source.model_type):
@@ -224,6 +228,7 @@ def open_source(spec: str | os.PathLike) -> Source:
     else:
         source = Source(spec, "hub", spec, None, _hub_config(spec))
     check_supported(source.model_type, source.spec)
+    check_sizes(source.config, source.config_label)
     return source
 
 
@@ -239,12 +244,9 @@ def check_weight_files(source: Source) -> list[Path]:
     for a pickle-only folder, a folder without weights, a missing shard or a damaged file."""
     files = source.weight_files
     if not files:
-        pickles = sorted({p.name for pattern in PICKLE_WEIGHTS for p in source.path.glob(pattern)})
+        pickles = pickle_weights(source.path)
         if pickles:
-            raise ValueError(
-                f"{source.spec} holds pickle weights only ({', '.join(pickles)}); hf-geonorm loads safetensors, "
-                "never pickle files: save the model again with save_pretrained (it writes model.safetensors)"
-            )
+            raise ValueError(f"{source.spec} holds pickle weights only ({', '.join(pickles)}); {PICKLE_ADVICE}")
         raise ValueError(
             f"{source.spec} has a config.json but no weights (model.safetensors); give a folder with its weights"
         )
@@ -366,8 +368,7 @@ def resolve_settings(given: dict[str, Any] | None, source: Source) -> dict[str, 
         with contextlib.suppress(SettingsError):  # the model is built with all stored settings before conversion
             _check_for_source(_stored_settings(source), source)
     except ValueError as error:
-        where = source.path / "config.json" if source.kind == "folder" else source.spec
-        raise ValueError(f"{where}: {first_line(error)} (fix the file)") from None
+        raise ValueError(f"{source.config_label}: {first_line(error)} (fix the file)") from None
     try:
         return _check_for_source(GeoNormSettings(**{**stored, **given}).validate(source.num_layers), source).to_dict()
     except ValueError as error:
@@ -385,12 +386,9 @@ def _stored_settings(source: Source) -> GeoNormSettings:
 def _check_for_source(settings: GeoNormSettings, source: Source) -> GeoNormSettings:
     """``settings`` if the source's block variant can run them (``blocks.check_layout_settings``: per-update lists
     on parallel blocks, the first token where layers cannot find it), before any weights are loaded."""
-    family = family_for(source.model_type)
-    fields = {k: v for k, v in source.config.items() if k != "model_type"}
-    try:
-        config = family.stock_config_class.from_dict(fields)
-    except Exception:  # noqa: BLE001 - a config the stock class refuses is reported when the model loads
+    config = built_config(source.config)
+    if config is None:  # a config the stock class refuses is reported when the model loads
         return settings
-    layout = family.layout.for_config(config)
+    layout = family_for(source.model_type).layout.for_config(config)
     check_layout_settings(layout, config, settings, source.num_layers, source.stock_type)
     return settings

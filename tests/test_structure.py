@@ -11,9 +11,10 @@ from pathlib import Path
 
 from test_repository import PACKAGE, ROOT, absolute, imported_names
 
-# The top of the package: the patching, loading and conversion core, the errors every layer raises, and
-# ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has its folder.
-TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "conversion", "errors", "inspection"}
+# The top of the package: the patching, loading (with the sizes it checks before it builds) and conversion core,
+# the errors every layer raises, and ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has
+# its folder.
+TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "loading_sizes", "conversion", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
 # The training modules (by their path under training/), each after every module it imports: the model sizes, the
 # declaration and the rate rule, the transformers internals named, then the data as it flows (documents, a folder's

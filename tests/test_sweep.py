@@ -280,6 +280,20 @@ def test_a_sweep_refuses_a_non_empty_folder_without_a_journal(tmp_path):
     assert (output / "runs" / "pre-lr1e-3-seed0" / "model.safetensors").read_bytes() == b"weights"
 
 
+@pytest.mark.parametrize("journal_text", ["", "\n", '{"my": "own log"}\n'], ids=["empty", "blank", "foreign"])
+def test_a_journal_without_a_sweep_header_does_not_make_a_folder_a_sweep(tmp_path, corpus, journal_text):
+    """An empty runs.jsonl made a folder count as a sweep's, and the user's sweep.md beside it was overwritten."""
+    output = tmp_path / "mine"
+    output.mkdir()
+    (output / "runs.jsonl").write_text(journal_text)
+    (output / "sweep.md").write_text("my notes")
+    result = CliRunner().invoke(cli, sweep_args(corpus, output))
+    assert result.exit_code != 0, result.output
+    assert "holds no sweep journal" in result.output or "not the header of an hf-geonorm sweep journal" in result.output
+    assert (output / "sweep.md").read_text() == "my notes" and (output / "runs.jsonl").read_text() == journal_text
+    assert sorted(p.name for p in output.iterdir()) == ["runs.jsonl", "sweep.md"]
+
+
 def test_a_journal_line_cut_short_by_a_stop_is_dropped_its_run_retrained_and_the_file_repaired(
     tmp_path, corpus, shared_cache
 ):

@@ -7,14 +7,17 @@ from pathlib import Path
 import numpy as np
 
 
-def write_tiny_gguf(path: Path, skip: str | None = None, vocab=300, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2):
-    """Write the GGUF file ``path``, without the tensor named ``skip`` when given."""
+def write_tiny_gguf(path: Path, skip: str | None = None, vocab=300, hidden=32, ffn=64, layers=2, heads=4, kv_heads=2,
+                    stated: dict[str, int] | None = None):
+    """Write the GGUF file ``path``, without the tensor named ``skip`` when given. ``stated`` overrides what the
+    metadata says of the sizes (``block_count``, ``embedding_length``), not the tensors written."""
     import gguf
 
+    stated = {"block_count": layers, "embedding_length": hidden, **(stated or {})}
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(layers)
+    writer.add_block_count(stated["block_count"])
     writer.add_context_length(64)
-    writer.add_embedding_length(hidden)
+    writer.add_embedding_length(stated["embedding_length"])
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)

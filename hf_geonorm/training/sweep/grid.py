@@ -183,8 +183,9 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
 
 def refuse_foreign_folder(folder: Path, journal: Journal) -> None:
     """A sweep writes ``sweep.md``, ``sweep.png``, ``runs/`` and ``logs/`` into its folder: refuse a non-empty one
-    that holds no journal, whose files of those names would be replaced."""
-    if journal.path.exists():
+    that holds no journal, whose files of those names would be replaced. A journal is one with a sweep's header: an
+    empty ``runs.jsonl`` makes no folder a sweep's."""
+    if journal.header is not None:
         return
     held = sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK_NAME)
     if held:
