@@ -17,6 +17,8 @@ from ..loading_info import tensor_names
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from ..patching import family_for
 from .card_metadata import validate_card
+from .card_updates import is_geonorm_card
+from .model_card import written_as_is
 from .pickles import pickle_reason
 
 
@@ -100,7 +102,12 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
     else:
         card_problems = validate_card(readme)
         problems += [f"README.md: {p}" for p in card_problems]
-        if card_problems:
+        text = readme.read_text(encoding="utf-8", errors="replace")
+        if card_problems and is_geonorm_card(text):
+            force = "" if written_as_is(text) else " --force"
+            problems.append(f"correct README.md, or rewrite its metadata with hf-geonorm card {path}{force} (with "
+                            "--license, --base-model as they should be)")  # fmt: skip
+        elif card_problems:
             problems.append(f"README.md is not a GeoNorm card (another tool's?): write one with hf-geonorm card {path}")
     return problems
 
