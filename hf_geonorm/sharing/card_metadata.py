@@ -170,9 +170,10 @@ def base_model_option_problem(base_model: str, local_hint: str) -> str | None:
         return f"--base-model {base_model!r} is not a Hub model id but an address: give the id{hint}, {example}"
     if base_model.count("/") == 1 and _is_repo_id(base_model):
         return None
-    if Path(base_model).expanduser().exists():
-        return (f"--base-model {base_model!r} is a local folder, not a Hub model id: base_model names the model on "
-                f"the Hub this one derives from ({example}); {local_hint}")  # fmt: skip
+    local = Path(base_model).expanduser()
+    if local.exists():
+        return (f"--base-model {base_model!r} is a local {'folder' if local.is_dir() else 'file'}, not a Hub model id: "
+                f"base_model names the model on the Hub this one derives from ({example}); {local_hint}")  # fmt: skip
     if _is_repo_id(base_model):
         return f"--base-model {base_model!r}: give the Hub id with its owner, {example}"
     return f"--base-model {base_model!r} is not a Hub model id ({example}), and a local path is no base model"

@@ -284,7 +284,8 @@ def card_file_text(card: Any, path: Path) -> str:
     text = str(card).rstrip("\n") + "\n\n"  # the fingerprint on a line of its own, after a blank one
     problems = validate_card(text)
     if problems:
-        raise ValueError(f"{path}: the model card would not pass push's check: {'; '.join(problems)}")
+        raise ValueError(f"{path}: the model card would not pass push's check: {'; '.join(problems)} (give it other "
+                         f"facts: hf-geonorm card {path} --license, --base-model; or another CardInfo)")  # fmt: skip
     return f"{text}{FINGERPRINT_START} {hashlib.sha256(text.encode('utf-8')).hexdigest()} -->\n"
 
 
