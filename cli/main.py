@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from .card import card, check_card_options
 from .errors import GeoNormGroup, first_line
 from .library import library_module
 from .options import DTYPES, PRESET_NAMES, pop_settings, preview_settings_options, settings_options
@@ -132,8 +133,9 @@ def architectures(as_json: bool) -> None:
 @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
               help="Weight dtype of the output (auto: the source's; GGUF de-quantises to float32).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Replace an existing non-empty OUTPUT_DIR.")
-@click.option("--base-model", help="Hub id of the model this one derives from, for the model card.")
-@click.option("--license", "license_", help="License for the model card (default: the source's, when known).")
+@click.option("--base-model", help="Hub id (owner/name) of the model this one derives from, for the model card.")
+@click.option("--license", "license_",
+              help="License for the model card, a Hub license id (default: the source's, when known).")  # fmt: skip
 @click.option("--repo-id", help="Hub id the folder will be pushed to, used in the card's loading examples.")
 @click.option("--eval-text", type=click.Path(exists=True, dir_okay=False),
               help="Measure perplexity on this text before and after conversion (printed, and put in the "
@@ -165,6 +167,12 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
     """
     from hf_geonorm.conversion import ConversionOptions, convert_checkpoint
 
+    if license_ == "other":
+        raise click.UsageError(
+            "--license other needs a license name, which convert does not take: convert without --license, then "
+            f"hf-geonorm card {output_dir} --license other --license-name NAME"
+        )
+    check_card_options(license_, None, base_model, "the card names SOURCE, a local folder, by itself")
     options = ConversionOptions(
         dtype=dtype, force=force, base_model=base_model, license=license_, repo_id=repo_id, eval_text=eval_text,
         eval_tokens=eval_tokens, calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens,
@@ -309,37 +317,6 @@ def info(path: str, as_json: bool) -> None:
     click.echo(f"tokenizer:    {'yes' if data['tokenizer'] else 'no'}")
 
 
-# ---- card ----
-
-
-@cli.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
-@click.option("--base-model", help="Hub id of the model this one derives from.")
-@click.option("--license", "license_", help="The model's license (a Hub license id, e.g. apache-2.0).")
-@click.option("--source", help="Where the model came from (a folder, file or Hub id), for the card's first line.")
-@click.option("--from", "from_folder", type=click.Path(exists=True, file_okay=False),
-              help="The GeoNorm folder this one was trained from: its card's base model, license, language and "
-              "source carry over.")  # fmt: skip
-@click.option("--force", is_flag=True, help="Replace a README.md that neither hf-geonorm nor Trainer wrote.")
-def card(path: str, base_model: str | None, license_: str | None, source: str | None, from_folder: str | None,
-         force: bool) -> None:  # fmt: skip
-    """Write the GeoNorm model card (README.md and geonorm_card.json) of the GeoNorm folder PATH that another tool
-    saved: run_clm.py's Trainer writes its generic card, TRL's SFTTrainer none, and `hf-geonorm push` needs a
-    GeoNorm card. Facts already stored in PATH are kept; the options add to them. Each file is written whole."""
-    from hf_geonorm.sharing.model_card import CardInfo, inherited_card_info, write_card_for
-
-    facts = inherited_card_info(from_folder) if from_folder else CardInfo()
-    given = {"base_model": base_model, "license": license_, "source": source}
-    facts = CardInfo.from_dict({**facts.to_dict(), **{k: v for k, v in given.items() if v is not None}})
-    try:
-        readme = write_card_for(path, facts, force=force)
-    except FileExistsError as error:
-        raise click.ClickException(first_line(error)) from None
-    except OSError as error:
-        raise _cannot_write(path, error) from None
-    click.echo(f"wrote {readme} and {readme.with_name('geonorm_card.json')}")
-
-
 # ---- angles and perplexity ----
 
 
@@ -425,6 +402,7 @@ def perplexity(source: str, text_path: str, max_tokens: int, window: int | None,
                f"{report.tokenization})")  # fmt: skip
 
 
+cli.add_command(card)
 cli.add_command(train)
 cli.add_command(sweep)
 cli.add_command(push)

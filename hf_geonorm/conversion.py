@@ -25,8 +25,9 @@ from .files.output_lock import check_not_in_use, output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
+from .sharing.card_metadata import card_lineage, usable_lineage
 from .sharing.hub import save_shareable
-from .sharing.model_card import ALIASES_REFUSED, CardInfo, card_metadata_of
+from .sharing.model_card import CardInfo
 
 # The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
 MIN_CALIBRATION_TOKENS = 64
@@ -71,13 +72,12 @@ def _link_into(source_path: Path, output: Path) -> Path | None:
 
 
 def card_metadata(source: Source) -> dict[str, Any]:
-    """base_model, license and language for the model card, where the source tells them (its card, its GGUF
-    metadata, its Hub id)."""
-    found: dict[str, Any] = {}
+    """base_model, the license (with license_name and license_link) and language for the model card, where the
+    source tells them (its card, read by ``card_lineage`` as ``train --model`` reads one; its GGUF metadata; its
+    Hub id); what the Hub would refuse in a card is left out, with a warning."""
     if source.kind == "gguf":
-        return gguf_metadata(source.path)
-    if source.kind == "hub":
-        found["base_model"] = source.spec
+        return usable_lineage(gguf_metadata(source.path), str(source.path))
+    found: dict[str, Any] = {"base_model": source.spec} if source.kind == "hub" else {}
     try:
         if source.kind == "hub":
             from huggingface_hub import hf_hub_download
@@ -87,18 +87,9 @@ def card_metadata(source: Source) -> dict[str, Any]:
             readme = source.path / "README.md"
         else:
             return found
-        data = card_metadata_of(readme)
-    except Exception as error:  # noqa: BLE001 - the card is optional; one with YAML aliases is refused, and said so
-        if ALIASES_REFUSED in str(error):
-            warnings.warn(f"{error}; its card is not read", stacklevel=2)
+    except Exception:  # noqa: BLE001 - the card is optional
         return found
-    for key in ("license", "language"):
-        if data.get(key):
-            found[key] = data[key]
-    # a converted GeoNorm folder names its own base model; keep that lineage
-    if data.get("base_model") and "geonorm" in (data.get("tags") or []):
-        found["base_model"] = data["base_model"]
-    return found
+    return {**found, **card_lineage(readme)}
 
 
 def output_change_warning(source: Source, chosen: dict[str, Any]) -> str | None:
@@ -275,6 +266,8 @@ def convert_checkpoint(
         info = CardInfo(
             base_model=options.base_model or metadata.get("base_model"),
             license=options.license or metadata.get("license"),
+            license_name=None if options.license else metadata.get("license_name"),
+            license_link=None if options.license else metadata.get("license_link"),
             language=metadata.get("language"),
             source=src.spec if src.kind == "hub" else src.label,
             repo_id=options.repo_id,

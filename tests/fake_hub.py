@@ -31,13 +31,38 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".onnx", ".msgpack", ".model")
 LFS_MIN_SIZE = 10 * 1024 * 1024
+
+
+@contextmanager
+def served(monkeypatch: Any, no_login: Path) -> Iterator[FakeHub]:
+    """A running local Hub with huggingface_hub pointed at it (``monkeypatch``: pytest's): a valid token in
+    HF_TOKEN, online, no Xet, and no stored login (``no_login`` is a token file path that does not exist). Every
+    request it received must have been one it knows."""
+    from huggingface_hub import constants
+
+    with FakeHub() as server:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(no_login))
+        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
+        monkeypatch.setenv("HF_TOKEN", server.token)
+        yield server
+        assert not server.unhandled, server.unhandled
 
 
 def git_blob_sha1(data: bytes) -> str:

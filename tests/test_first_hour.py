@@ -20,8 +20,9 @@ from huggingface_hub import ModelCard
 
 import hf_geonorm
 from hf_geonorm.sharing.card_checks import check_shareable
+from hf_geonorm.sharing.card_updates import TRAINER_CARD_MARK
 from hf_geonorm.sharing.hub import save_shareable
-from hf_geonorm.sharing.model_card import TRAINER_CARD_MARK, CardInfo
+from hf_geonorm.sharing.model_card import CardInfo
 from hf_geonorm.training.data.prepare import evaluation_size
 from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions
 

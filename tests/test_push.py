@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import fails
-from fake_hub import FakeHub
+from fake_hub import FakeHub, served
 from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model
@@ -40,19 +40,8 @@ SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """A running local Hub; huggingface_hub pointed at it with a valid token, online; no stored login, no Xet."""
-    with FakeHub() as server:
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-        monkeypatch.setattr(constants, "ENDPOINT", server.url)
-        template = server.url + "/{repo_id}/resolve/{revision}/{filename}"
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-login" / "token"))
-        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-        monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
-        monkeypatch.setenv("HF_TOKEN", server.token)
+    with served(monkeypatch, tmp_path / "no-login" / "token") as server:
         yield server
-        assert not server.unhandled, server.unhandled
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,9 @@ from ..loading_info import tensor_names
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
 from ..patching import family_for
 from .card_metadata import validate_card
+from .card_updates import is_geonorm_card
+from .model_card import written_as_is
+from .pickles import pickle_reason
 
 
 def auto_map_for(model_type: str) -> dict[str, str]:
@@ -99,7 +102,12 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
     else:
         card_problems = validate_card(readme)
         problems += [f"README.md: {p}" for p in card_problems]
-        if card_problems:
+        text = readme.read_text(encoding="utf-8", errors="replace")
+        if card_problems and is_geonorm_card(text):
+            force = "" if written_as_is(text) else " --force"
+            problems.append(f"correct README.md, or rewrite its metadata with hf-geonorm card {path}{force} (with "
+                            "--license, --base-model as they should be)")  # fmt: skip
+        elif card_problems:
             problems.append(f"README.md is not a GeoNorm card (another tool's?): write one with hf-geonorm card {path}")
     return problems
 
@@ -128,36 +136,16 @@ def _weight_problems(path: Path) -> list[str]:
     return problems
 
 
-# Files that hold pickles: loading one can run any code, so hf-geonorm never loads them and never pushes them.
-PICKLE_SUFFIXES = (".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
-SNIFFED_SUFFIXES = (".bin", "")  # checked by their first bytes: a pickle, or torch.save's zip of one
-
-
-def is_pickle(file: Path) -> bool:
-    """Whether ``file`` is a pickle: by its suffix, or for ``.bin`` and files without a suffix by its first bytes
-    (a pickle's protocol opcode, or the zip archive ``torch.save`` writes)."""
-    suffix = file.suffix.lower()
-    if suffix in PICKLE_SUFFIXES:
-        return True
-    if suffix not in SNIFFED_SUFFIXES:
-        return False
-    try:
-        with open(file, "rb") as f:
-            start = f.read(4)
-    except OSError:
-        return False
-    return (len(start) >= 2 and start[0] == 0x80 and 2 <= start[1] <= 5) or start == b"PK\x03\x04"
-
-
 def _unsafe_files(path: Path) -> list[str]:
     """Pickle files push would upload, and a tokenizer that asks for custom code (an ``auto_map`` in its
     ``tokenizer_config.json``): both would run code on the machine of whoever loads them."""
     problems = []
-    pickles = [name for name in shareable_files(path) if is_pickle(path / name)]
+    reasons = {name: pickle_reason(path / name) for name in shareable_files(path)}
+    pickles = [name + (f" ({why})" if why else "") for name, why in reasons.items() if why is not None]
     if pickles:
         problems.append(
             f"{', '.join(pickles)}: pickle file(s), which can run code when loaded; hf-geonorm never loads or pushes "
-            "them: remove them (the weights are in safetensors files)"
+            "them: remove them (the weights are in safetensors files; arrays of numbers can be saved without objects)"
         )
     tokenizer_config = path / "tokenizer_config.json"
     try:

@@ -3,15 +3,19 @@ facts (``CardInfo``), which are stored as data beside it in ``geonorm_card.json`
 
 A card is always rendered from data, never read back from Markdown: ``write_model_card(path)`` without new
 facts re-renders from ``geonorm_card.json``. The card links the method specification that the model's
-``save_pretrained`` copies beside the code (``remote_code.METHOD_SPEC``).
+``save_pretrained`` copies beside the code (``remote_code.METHOD_SPEC``). Every card written passes ``push``'s
+metadata check, and ends in a comment with the sha256 of the text above it: a README.md that still matches is
+one hf-geonorm wrote and nobody edited since (``written_as_is``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -23,6 +27,13 @@ from ..modeling.geometry import step_sizes, updates_per_layer
 from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from ..modeling.settings import GeoNormSettings
 from ..patching import family_for
+from .card_metadata import (
+    HEAD_PIPELINE_TAGS,
+    card_lineage,
+    card_metadata_of,  # noqa: F401 - inspection reads a card's metadata through this module
+    usable_lineage,
+    validate_card,
+)
 
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
@@ -49,12 +60,15 @@ class CardInfo:
     measured on) and ``sublayers`` (its per-sublayer rows: ``layer``, ``sublayer``, ``angle``).
     ``repo_id`` is used in the loading snippets (the Hub id the folder will be pushed to, when known; otherwise
     the placeholder ``CARD_REPO_PLACEHOLDER``, which ``hub.push_folder`` replaces by the repository it pushes to).
-    ``num_parameters`` defaults to the count in the folder's safetensors headers.
+    ``num_parameters`` defaults to the count in the folder's safetensors headers. ``license`` is a Hub license
+    identifier; ``other`` needs ``license_name`` (and may have ``license_link``, a URL or a file of the folder).
     """
 
     model_name: str | None = None
     base_model: str | None = None
     license: str | None = None
+    license_name: str | None = None
+    license_link: str | None = None
     language: str | list[str] | None = None
     source: str | None = None
     repo_id: str | None = None
@@ -162,14 +176,6 @@ def _angles_for_card(angles: dict[str, Any] | None) -> dict[str, Any] | None:
             "sublayers": rows}  # fmt: skip
 
 
-# The Hub task of each GeoNorm head, by its Auto class (the keys of GeoNormFamily.head_classes).
-HEAD_PIPELINE_TAGS = {
-    "AutoModelForSequenceClassification": "text-classification",
-    "AutoModelForTokenClassification": "token-classification",
-    "AutoModelForQuestionAnswering": "question-answering",
-}
-
-
 def head_of(config: Any, family: Any) -> tuple[str, str]:
     """The card's ``pipeline_tag`` and the Auto class its loading examples use: those of the family's head named
     in ``config.architectures``, or the causal LM's."""
@@ -210,6 +216,8 @@ def render_model_card(
         tags=tags,
         base_model=info.base_model,
         license=info.license,
+        license_name=info.license_name,
+        license_link=info.license_link,
         language=info.language,
     )
     name = info.model_name or (
@@ -255,14 +263,56 @@ def write_model_card(path: str | os.PathLike, card_info: CardInfo | None = None)
 
     ``card_info`` is stored as ``path/geonorm_card.json``; without it, the facts stored there are used (none: a
     card with no base model, license or evaluation). A Trainer checkpoint, say, gets its card this way, and a
-    card gets new evaluation numbers by passing the stored facts with more lines.
+    card gets new evaluation numbers by passing the stored facts with more lines. ``ValueError``, before anything
+    is written, for facts push would refuse (a license the Hub does not know, a base model that is no Hub id).
     """
     path = Path(path)
-    card = folder_card(path, card_info or load_card_info(path) or CardInfo())
+    text = card_file_text(folder_card(path, card_info or load_card_info(path) or CardInfo()), path)
     if card_info is not None:
         save_card_info(path, card_info)
-    card.save(path / "README.md")
+    replace_text(path / "README.md", text)
     return path / "README.md"
+
+
+FINGERPRINT_START = "<!-- hf-geonorm card, sha256 of the text above:"
+_FINGERPRINT = re.compile(re.escape(FINGERPRINT_START) + r" ([0-9a-f]{64}) -->\n\Z")
+
+
+def card_file_text(card: Any, path: Path) -> str:
+    """The README.md of the folder ``path`` holding ``card``, ending in its fingerprint; ``ValueError`` naming
+    what push's check (``validate_card``) would refuse in it."""
+    text = str(card).rstrip("\n") + "\n\n"  # the fingerprint on a line of its own, after a blank one
+    problems = validate_card(text)
+    if problems:
+        raise ValueError(f"{path}: the model card would not pass push's check: {'; '.join(problems)} (give it other "
+                         f"facts: hf-geonorm card {path} --license, --base-model; or another CardInfo)")  # fmt: skip
+    return f"{text}{FINGERPRINT_START} {hashlib.sha256(text.encode('utf-8')).hexdigest()} -->\n"
+
+
+def written_as_is(text: str) -> bool:
+    """Whether the card ``text`` is exactly what hf-geonorm wrote: it ends in a fingerprint of the text above it."""
+    match = _FINGERPRINT.search(text)
+    return match is not None and hashlib.sha256(text[: match.start()].encode("utf-8")).hexdigest() == match.group(1)
+
+
+def replace_text(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole: into a temporary file beside it, then renamed over it; with the
+    permissions ``target`` had, or those of a new file (mkstemp's would make it private)."""
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = 0o666 & ~mask
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def folder_card(path: Path, info: CardInfo) -> Any:
@@ -285,98 +335,17 @@ def folder_card(path: Path, info: CardInfo) -> Any:
 
 
 # What a model made from a folder keeps of that folder's card: where it came from and under which terms.
-LINEAGE = ("base_model", "license", "language", "source")
-# The comment transformers' Trainer puts in the card it writes (run_clm.py and the like): a machine's card, which
-# `hf-geonorm card` may replace without --force.
-TRAINER_CARD_MARK = "This model card has been generated automatically according to the information the Trainer had"
+LINEAGE = ("base_model", "license", "license_name", "license_link", "language", "source")
 
 
 def inherited_card_info(folder: str | os.PathLike) -> CardInfo:
     """The lineage a model made from ``folder`` carries (``LINEAGE``): the folder's GeoNorm card facts, else what
-    its README front matter says (a stock checkpoint's license, language and base model); empty when neither."""
+    its README front matter says, read as ``convert`` reads a source's card (``card_metadata.card_lineage``: a
+    stock checkpoint's license, language and base model); empty when neither. Facts push would refuse are left
+    out, and a card that cannot be read is not read, each with a warning."""
     path = Path(folder)
     stored = load_card_info(path)
     if stored is not None:
-        return CardInfo(**{key: getattr(stored, key) for key in LINEAGE})
+        return CardInfo(**usable_lineage({key: getattr(stored, key) for key in LINEAGE}, str(path / CARD_DATA)))
     readme = path / "README.md"
-    if not readme.is_file():
-        return CardInfo()
-    try:
-        data = card_metadata_of(readme)
-    except Exception:  # noqa: BLE001 - a card another tool wrote may not parse (or uses YAML aliases): lineage unknown
-        return CardInfo()
-    base = data.get("base_model")
-    return CardInfo(base_model=base if isinstance(base, str) else None, license=data.get("license"),
-                    language=data.get("language"))  # fmt: skip
-
-
-def replaceable_card(readme: Path) -> bool:
-    """Whether ``hf-geonorm card`` may write over ``readme`` without --force: it is missing, a GeoNorm card, or the
-    generic card Trainer writes; anything else may be the user's own text."""
-    if not readme.is_file():
-        return True
-    text = readme.read_text(encoding="utf-8", errors="replace")
-    return TRAINER_CARD_MARK in text or bool(re.search(r"^\s*-\s*geonorm\s*$", text, flags=re.M))
-
-
-def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False) -> Path:
-    """Write a GeoNorm card into a folder another tool saved (its README.md is Trainer's card, or there is none):
-    ``facts`` over those stored in the folder, each file written whole (a temporary file renamed over it).
-    ``FileExistsError`` when README.md is another text and ``force`` is not given."""
-    path = Path(path)
-    readme = path / "README.md"
-    if not force and not replaceable_card(readme):
-        raise FileExistsError(
-            f"{readme} is not a card hf-geonorm or Trainer wrote (it may be yours): pass --force to replace it"
-        )
-    stored = load_card_info(path) or CardInfo()
-    given = {key: value for key, value in facts.to_dict().items() if value not in (None, [], {})}
-    info = CardInfo.from_dict({**stored.to_dict(), **given})
-    card = folder_card(path, info)
-    replace_text(path / CARD_DATA, json.dumps(info.to_dict(), indent=2, sort_keys=True) + "\n")
-    replace_text(readme, str(card))
-    return readme
-
-
-def replace_text(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` whole: into a temporary file beside it, then renamed over it."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-ALIASES_REFUSED = (
-    "the metadata uses YAML aliases (*name), which a model card does not need and which can expand without end "
-    "(a 'billion laughs'); write the values out"
-)
-
-
-def metadata_has_aliases(text: str) -> bool:
-    """Whether the YAML metadata block of the card ``text`` uses aliases: read as a stream of events, which costs
-    the length of the text, before anything builds the values (nested aliases grow exponentially when built)."""
-    import yaml
-    from huggingface_hub.repocard import REGEX_YAML_BLOCK
-
-    match = REGEX_YAML_BLOCK.search(text)
-    if not match:
-        return False
-    try:
-        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(match.group(2), Loader=yaml.SafeLoader))
-    except yaml.YAMLError:
-        return False  # reported by whatever parses it next
-
-
-def card_metadata_of(readme: str | Path) -> dict[str, Any]:
-    """The metadata of the card file ``readme`` (a local README.md, or one downloaded from the Hub): ``ValueError``
-    when it uses YAML aliases, before anything builds them."""
-    from huggingface_hub import ModelCard
-
-    text = Path(readme).read_text(encoding="utf-8")
-    if metadata_has_aliases(text):
-        raise ValueError(f"{readme}: {ALIASES_REFUSED}")
-    return ModelCard(text).data.to_dict()
+    return CardInfo(**card_lineage(readme)) if readme.is_file() else CardInfo()
