@@ -7,12 +7,14 @@ architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
   and fits its own ``c``.
 - Each cell is also predicted by the rule fit without it (leave one out): the ratio of prediction to measurement
   says how far the rule can be trusted between and beyond the cells.
-- Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at.
+- Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at:
+  the reason ``train`` uses the rule only inside the widths and depths its cells span.
 
 A best rate at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and
-left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``, and the rules with the widths
-and depths they were measured at to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its
-default learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``); trains nothing:
+left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``, and the rules, the measured
+cells and GPT-3's published rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its
+default learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``; ``benchmarks/default_rates.py`` tables it
+at the presets); trains nothing:
 
     python benchmarks/rate_rule.py [--results benchmarks/results/sweeps]
 """
@@ -36,7 +38,14 @@ LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rul
 SHAPES = {"h_styles": ("gpt2", 4, 128), "g_width_64": ("gpt2", 4, 64), "g_width_256": ("gpt2", 4, 256),
           "g_depth_2": ("gpt2", 2, 128), "g_depth_8": ("gpt2", 8, 128), "g_llama_64": ("llama", 4, 64),
           "g_llama_128": ("llama", 4, 128), "g_llama_256": ("llama", 4, 256)}  # fmt: skip
-GPT3_125M = {"layers": 12, "width": 768, "lr": 6e-4}  # GPT-3's 125M model (Brown et al., 2020, table 2.1)
+# GPT-3's models: their shapes and peak learning rates (Brown et al. 2020, table 2.1), the rates train follows by size
+# beyond the measured cells
+GPT3_SOURCE = "GPT-3's peak rates (Brown et al. 2020, table 2.1)"
+GPT3 = [{"name": name, "layers": layers, "width": width, "lr": lr} for name, layers, width, lr in (
+    ("125M", 12, 768, 6.0e-4), ("350M", 24, 1024, 3.0e-4), ("760M", 24, 1536, 2.5e-4), ("1.3B", 24, 2048, 2.0e-4),
+    ("2.7B", 32, 2560, 1.6e-4), ("6.7B", 32, 4096, 1.2e-4), ("13B", 40, 5140, 1.0e-4), ("175B", 96, 12288, 0.6e-4),
+)]  # fmt: skip
+GPT3_125M = GPT3[0]
 
 
 def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -47,10 +56,12 @@ def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
         path = sweeps / phase / "runs.jsonl"
         if not path.is_file():
             continue
-        runs = [r for r in read_journal(path)[1] if r["alpha"] is None and r["seed"] == 0]
-        edge = at_edge(runs)
+        header, entries = read_journal(path)
+        runs = [r for r in entries if r["alpha"] is None and r["seed"] == 0]
+        edge, steps = at_edge(runs), header["train_options"]["max_steps"]
         for style, lr in best_rates(runs).items():
-            cell = {"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width, "lr": lr}
+            cell = {"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width, "lr": lr,
+                    "steps": steps}
             (edges if style in edge else cells).append(cell)
     return cells, edges
 
@@ -114,16 +125,13 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
 
 
 def library_rule(record: dict[str, Any]) -> dict[str, Any]:
-    """What ``train`` reads: each architecture's rules and the widths and depths its cells span (a rule used
-    outside them is an extrapolation, and ``train``'s log says so)."""
-    spans = {}
-    for arch in record["rules"]:
-        own = [c for c in record["cells"] if c["arch"] == arch]
-        spans[arch] = {"widths": sorted({c["width"] for c in own}), "depths": sorted({c["layers"] for c in own})}
+    """What ``train`` reads: each architecture's rules, the cells they were fit over (each the default at its own
+    shape; the widths and depths a style's cells span are where its rule holds) and GPT-3's rates (beyond them)."""
     return {"written_by": "benchmarks/rate_rule.py (from benchmarks/results/sweeps: phases h and g)",
             "rules": {arch: {style: {k: rule[k] for k in ("c", "a", "b", "borrowed")} for style, rule in styles.items()}
                       for arch, styles in record["rules"].items()},
-            "measured": spans}  # fmt: skip
+            "cells": record["cells"],
+            "published": {"source": GPT3_SOURCE, "models": GPT3}}  # fmt: skip
 
 
 def page(record: dict[str, Any]) -> str:
@@ -150,7 +158,9 @@ def page(record: dict[str, Any]) -> str:
     if "gpt3_125m" in record:
         check = record["gpt3_125m"]
         lines += ["", f"Pre-Norm's rule at GPT-3's 125M shape (12 x 768): {check['pre_rule']:.2e}, against the "
-                  f"{check['lr']:g} GPT-3 trained it at ({check['ratio']:.2f}x)."]  # fmt: skip
+                  f"{check['lr']:g} GPT-3 trained it at ({check['ratio']:.2f}x). So `train` uses a measured cell's "
+                  "rate at its own shape and the rule only between cells; beyond them, GPT-3's rates by size "
+                  "([default_rates.md](default_rates.md))."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

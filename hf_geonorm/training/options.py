@@ -36,7 +36,7 @@ MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-
 
 # A --model folder with trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on
 # SmolLM2-135M (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that
-# measurement used; a model trained from scratch at the rate rule's rate (``rate_rule``).
+# measurement used; a model trained from scratch at the measured or published rate for its shape (``rate_rule``).
 FINE_TUNING_LR = 1e-4
 PRETRAINING_WEIGHT_DECAY, FINE_TUNING_WEIGHT_DECAY = 0.1, 0.0
 WARMUP_SHARE = 10  # the default warm-up: a tenth of --max-steps (30 of the default 300)
@@ -178,8 +178,9 @@ def _stream_arguments(options: TrainOptions) -> dict[str, Any]:
 
 
 def _lr_default_text() -> str:
-    return (f"from scratch, the measured rule's rate for the model's width, depth, architecture and norm style "
-            f"(the log says which); a --model with trained weights {FINE_TUNING_LR:g}")
+    return (f"from scratch, the measured rate for the model's width, depth, architecture and norm style, or beyond "
+            f"the measured shapes GPT-3's by size (the log says which); a --model with trained weights "
+            f"{FINE_TUNING_LR:g}")
 
 
 @dataclass

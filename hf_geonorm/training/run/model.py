@@ -40,7 +40,7 @@ from ..options import (
     TrainOptions,
 )
 from ..presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
-from ..rate_rule import pretraining_rate
+from ..rate_rule import DefaultRate, pretraining_rate
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
@@ -288,15 +288,21 @@ def write_scratch_config(
 def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions, list[str]]:
     """``options`` with the defaults that depend on the model resolved, and a log line for each saying why: a
     ``--model`` folder with trained weights is fine-tuned at ``FINE_TUNING_LR`` with ``FINE_TUNING_WEIGHT_DECAY``; a
-    model trained from scratch gets the rate rule's rate for its architecture, norm style, width and depth
-    (``pretraining_rate``) and ``PRETRAINING_WEIGHT_DECAY``. The warm-up is a ``WARMUP_SHARE``th of the steps, so
-    that a short fine-tune reaches its peak rate."""
+    model trained from scratch gets the rate for its architecture, norm style, width and depth
+    (``pretraining_rate``: the log names its source, and says to sweep first where no cell measured the model) and
+    ``PRETRAINING_WEIGHT_DECAY``. The warm-up is a ``WARMUP_SHARE``th of the steps, so that a short fine-tune
+    reaches its peak rate."""
     changes: dict[str, Any] = {}
     lines = []
     fine_tuning = options.model is not None and has_trained_weights(options.model)
     if options.lr is None:
-        changes["lr"], why = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
-        lines.append(f"learning rate {changes['lr']:g}, the default for {why}; --lr sets another")
+        chosen = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
+        changes["lr"] = chosen.lr
+        advice = "" if fine_tuning else "; `hf-geonorm sweep` measures it on your data"
+        if chosen.needs_sweep:
+            advice = ("; no cell measured this shape and style: run `hf-geonorm sweep` first (its default grid spans "
+                      "1/8 to 8 times this rate)")  # fmt: skip
+        lines.append(f"learning rate {chosen.lr:g}, the default for {chosen.why}{advice}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
         purpose = "to fine-tune trained weights" if fine_tuning else "from scratch"
@@ -308,15 +314,15 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
     return replace(options, **changes), lines
 
 
-def default_rate(model: str | None, config: Any, style: str) -> tuple[float, str]:
-    """The peak rate ``train`` gives a model of ``config`` in norm ``style`` when ``--lr`` is not given, and why:
-    ``FINE_TUNING_LR`` for a ``model`` folder (``--model``) with trained weights, else the rate rule's
-    (``pretraining_rate``)."""
+def default_rate(model: str | None, config: Any, style: str) -> DefaultRate:
+    """The peak rate ``train`` gives a model of ``config`` in norm ``style`` when ``--lr`` is not given, where it
+    comes from and why: ``FINE_TUNING_LR`` for a ``model`` folder (``--model``) with trained weights, else
+    ``pretraining_rate``'s."""
     if model is not None and has_trained_weights(model):
-        return FINE_TUNING_LR, f"{model} holds trained weights: fine-tuning"
-    lr, rule = pretraining_rate(config.model_type.removeprefix("geonorm_"), style, config.hidden_size,
-                                config.num_hidden_layers)  # fmt: skip
-    return lr, f"training from scratch: {rule}; `hf-geonorm sweep` measures it on your data"
+        return DefaultRate(FINE_TUNING_LR, "fine-tuning", f"{model} holds trained weights: fine-tuning")
+    chosen = pretraining_rate(config.model_type.removeprefix("geonorm_"), style, config.hidden_size,
+                              config.num_hidden_layers)  # fmt: skip
+    return replace(chosen, why=f"training from scratch, {chosen.why}")
 
 
 def planned_config(options: TrainOptions) -> PretrainedConfig:

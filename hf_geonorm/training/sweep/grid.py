@@ -48,7 +48,7 @@ from .journal import (
     repair,
     start_journal,
 )
-from .options import SweepOptions
+from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
 from .report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
@@ -105,15 +105,16 @@ def plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> list[Run]:
 
 def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str, tuple[float, ...]]:
     """Each style's rates: ``--lrs`` or ``--lr-range`` for every style, else each style's default rate (``train``'s
-    for this model: the rate rule's, or the fine-tuning rate) times 1/4 to 4, logged with where it comes from."""
+    for this model: ``default_rate``) times 1/4 to 4, or 1/8 to 8 where no cell measured it, logged with where it
+    comes from."""
     if sweep.lrs is not None or sweep.lr_range is not None:
         return dict.fromkeys(sweep.styles, sweep.rates())
     config, grids = planned_config(train), {}
     for style in sweep.styles:
-        centre, why = default_rate(train.model, config, style)
-        grids[style] = sweep.rates(centre)
-        log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre)}, the default for "
-            f"{why}; --lrs or --lr-range sets others")  # fmt: skip
+        centre = default_rate(train.model, config, style)
+        grids[style] = sweep.rates(centre.lr, UNMEASURED_GRID_STEPS if centre.needs_sweep else DEFAULT_GRID_STEPS)
+        log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre.lr)}, the default "
+            f"for {centre.why}; --lrs or --lr-range sets others")  # fmt: skip
     return grids
 
 

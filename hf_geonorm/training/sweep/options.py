@@ -14,7 +14,8 @@ from ..options import MAX_SEED, OptionError, TrainOptions, option, refuse_out_of
 
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
 EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
-DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the rate rule's rate (rule/4 to rule x 4)
+DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the default rate (rate/4 to rate x 4)
+UNMEASURED_GRID_STEPS = 3  # ... around a rate no cell measured (GPT-3's, or extrapolated): rate/8 to rate x 8
 
 
 def _grid_text() -> str:
@@ -42,7 +43,7 @@ class SweepOptions:
         replaces="norm_style"))  # fmt: skip
     lrs: tuple[float, ...] | None = field(default=None, metadata=option(
         "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
-        default_text=f"each style's default rate (train's, from the rate rule) {_grid_text()}"))  # fmt: skip
+        default_text=f"each style's default rate (train's) {_grid_text()}; /8 to x8 around one no cell measured"))
     lr_range: tuple[float, float] | None = field(default=None, metadata=option(
         "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
     seeds: tuple[int, ...] = field(default=(0,), metadata=option(
@@ -60,15 +61,15 @@ class SweepOptions:
         f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
         maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
 
-    def rates(self, centre: float = 1e-3) -> tuple[float, ...]:
+    def rates(self, centre: float = 1e-3, steps: int = DEFAULT_GRID_STEPS) -> tuple[float, ...]:
         """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH), else ``centre``
-        (the style's default rate) times 1/4 to 4, a factor 2 apart."""
+        (the style's default rate) times 2^-steps to 2^steps, a factor 2 apart."""
         if self.lrs is not None and self.lr_range is not None:
             raise OptionError("give --lrs or --lr-range, not both")
         if self.lrs is not None:
             return tuple(self.lrs)
         if self.lr_range is None:
-            return tuple(centre * 2.0**step for step in range(-DEFAULT_GRID_STEPS, DEFAULT_GRID_STEPS + 1))
+            return tuple(centre * 2.0**step for step in range(-steps, steps + 1))
         low, high = self.lr_range
         if not (0 < low <= high and math.isfinite(high)):
             raise OptionError(f"--lr-range LOW HIGH needs finite 0 < LOW <= HIGH; got {low:g} {high:g}")
