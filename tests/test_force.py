@@ -117,6 +117,15 @@ def test_force_replaces_an_earlier_output_that_holds_nothing_else(stock, tmp_pat
     assert contents(out) == before
 
 
+def test_an_output_whose_card_hf_geonorm_rewrote_is_still_its_output(stock, tmp_path):
+    out = tmp_path / "out"
+    assert invoke("convert", stock, out).exit_code == 0
+    result = invoke("card", out, "--license", "mit")  # the card re-rendered by hf-geonorm, not edited by hand
+    assert result.exit_code == 0, result.output
+    result = invoke("init", "gpt2", out, "--preset", "tiny", "--force")
+    assert result.exit_code == 0, result.output
+
+
 def test_earlier_outputs_without_the_marker_are_recognised_by_what_they_hold(stock, tmp_path):
     out = tmp_path / "out"
     assert invoke("convert", stock, out).exit_code == 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files.ownership import ownership_problem, read_marker, record_paths
 from .card_metadata import ALIASES_REFUSED, LICENSE_FIELDS, metadata_has_aliases, validate_card
 from .model_card import (
     CARD_DATA,
@@ -80,8 +81,11 @@ def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False
     info = CardInfo.from_dict({**stored, **given})
     card = folder_card(path, info)
     text = with_metadata(readme, own, body, card.data.to_dict()) if users_readme else card_file_text(card, path)
+    marker = read_marker(path) if not users_readme and ownership_problem(path) is None else None
     replace_text(path / CARD_DATA, json.dumps(info.to_dict(), indent=2, sort_keys=True) + "\n")
     replace_text(readme, text)
+    if marker is not None:  # an output of hf-geonorm stays one: the card it holds is again as hf-geonorm wrote it
+        record_paths(path, marker["command"], readme, path / CARD_DATA)
     return WrittenCard(readme, users_readme)
 
 
