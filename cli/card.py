@@ -37,6 +37,8 @@ def card(path: str, base_model: str | None, license_: str | None, license_name: 
     """Write the GeoNorm model card (README.md and geonorm_card.json) of the GeoNorm folder PATH that another tool
     saved: run_clm.py's Trainer writes its generic card, TRL's SFTTrainer none, and `hf-geonorm push` needs a
     GeoNorm card. Facts already stored in PATH are kept; the options add to them. Each file is written whole.
+    Its Training section says what the other tool left: trainer_state.json (PATH's, else its newest checkpoint's) is
+    read; training_args.bin, a pickle, is never loaded; where neither is there, the training is called unknown.
 
     A README.md that hf-geonorm did not write as it is (you edited it, or another tool wrote it) is never replaced:
     without --force the command stops, and with it only the README's metadata changes, its text is kept."""

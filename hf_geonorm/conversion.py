@@ -20,12 +20,12 @@ from typing import Any
 from .analysis.calibration import bridge_costs, calibrate
 from .analysis.evaluation import check_finite, perplexity, text_windows
 from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
-from .files.gguf_files import gguf_metadata
 from .files.output_lock import check_not_in_use, output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
 from .patching import apply_geonorm
 from .sharing.card_metadata import card_lineage, usable_lineage
+from .sharing.gguf_lineage import gguf_lineage
 from .sharing.hub import save_shareable
 from .sharing.model_card import CardInfo
 
@@ -73,10 +73,11 @@ def _link_into(source_path: Path, output: Path) -> Path | None:
 
 def card_metadata(source: Source) -> dict[str, Any]:
     """base_model, the license (with license_name and license_link) and language for the model card, where the
-    source tells them (its card, read by ``card_lineage`` as ``train --model`` reads one; its GGUF metadata; its
-    Hub id); what the Hub would refuse in a card is left out, with a warning."""
+    source tells them (its card, read by ``card_lineage`` as ``train --model`` reads one; its GGUF metadata, with
+    the model's name and tensor types: ``gguf_lineage``; its Hub id); what the Hub would refuse in a card is left
+    out, with a warning."""
     if source.kind == "gguf":
-        return usable_lineage(gguf_metadata(source.path), str(source.path))
+        return usable_lineage(gguf_lineage(source.path), str(source.path))
     found: dict[str, Any] = {"base_model": source.spec} if source.kind == "hub" else {}
     try:
         if source.kind == "hub":
@@ -270,6 +271,8 @@ def convert_checkpoint(
             license_link=None if options.license else metadata.get("license_link"),
             language=metadata.get("language"),
             source=src.spec if src.kind == "hub" else src.label,
+            source_model=metadata.get("source_model"),
+            source_tensor_types=metadata.get("source_tensor_types"),
             repo_id=options.repo_id,
             evaluation=evaluation,
         )

@@ -101,12 +101,12 @@ def parameter_count(config: Any, check_forward: bool = False) -> int:
     if not isinstance(layers, int) or layers <= LAYERS_BUILT:
         return _built_count(config, check_forward)
     few, more = LAYERS_BUILT // 2, LAYERS_BUILT
-    fewer_count = _built_count(_with_layers(config, few), False)
-    more_count = _built_count(_with_layers(config, more), check_forward)
+    fewer_count = _built_count(with_layers(config, few), False)
+    more_count = _built_count(with_layers(config, more), check_forward)
     return more_count + (layers - more) * (more_count - fewer_count) // (more - few)
 
 
-def _with_layers(config: Any, layers: int) -> Any:
+def with_layers(config: Any, layers: int) -> Any:
     """A copy of ``config`` with ``layers`` layers: its per-layer (and per-update) lists cut to match."""
     total = config.num_hidden_layers
     values = config.to_dict()

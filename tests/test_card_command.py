@@ -248,3 +248,74 @@ def test_train_warns_as_convert_does_when_the_source_card_uses_yaml_aliases(tmp_
     trained = invoke("train", "--model", source, "--data", data_file, *SMALL, "--output", tmp_path / "run")
     assert trained.exit_code == 0, trained.output
     assert [line for line in trained.output.splitlines() if "YAML aliases" in line] == warning
+
+
+# ---- the training another tool did ----
+
+
+class WritesWhenUnpickled:
+    """Unpickled, it creates the file it names: a training_args.bin that shows whether anything loaded it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def trl_output(converted: Path, target: Path) -> Path:
+    """A folder laid out as TRL's SFTTrainer leaves ``output_dir`` after ``trainer.save_model()``: the model as
+    ``save_pretrained`` writes it, ``training_args.bin`` (a pickle) beside it, and the checkpoint of the last step
+    with its ``trainer_state.json``; no card."""
+    import pickle
+
+    from transformers import AutoModelForCausalLM, TrainerState
+
+    import hf_geonorm  # noqa: F401  (the GeoNorm classes)
+
+    model = AutoModelForCausalLM.from_pretrained(converted)
+    model.save_pretrained(target)
+    model.save_pretrained(target / "checkpoint-2")
+    history = [
+        {"loss": 5.5, "learning_rate": 0.01, "grad_norm": 1.0, "epoch": 0.5, "step": 1},
+        {"eval_loss": 5.25, "epoch": 0.5, "step": 1},
+        {"loss": 5.0, "learning_rate": 0.005, "grad_norm": 0.9, "epoch": 1.0, "step": 2},
+        {"train_runtime": 1.5, "train_loss": 5.25, "epoch": 1.0, "step": 2},
+    ]
+    state = TrainerState(epoch=1.0, global_step=2, max_steps=2, num_train_epochs=1, train_batch_size=2,
+                         log_history=history)
+    state.save_to_json(str(target / "checkpoint-2" / "trainer_state.json"))
+    for folder in (target, target / "checkpoint-2"):
+        (folder / "training_args.bin").write_bytes(pickle.dumps(WritesWhenUnpickled(target.parent / "UNPICKLED")))
+    return target
+
+
+def test_card_from_reads_the_training_a_trl_output_records_without_unpickling(converted, tmp_path):
+    folder = trl_output(converted, tmp_path / "sft")
+    succeeds("card", folder, "--from", converted)
+    assert not (tmp_path / "UNPICKLED").exists()  # training_args.bin was never loaded
+    stored = json.loads((folder / "geonorm_card.json").read_text())
+    training = stored["training"]
+    assert training is not None and stored["license_name"] == "tiny-model-license"  # and --from's lineage
+    assert training["steps"] == "2 of 2" and training["recorded in"] == "checkpoint-2/trainer_state.json"
+    assert training["training loss"] == "5.5 at step 1, 5 at step 2 (logged)"
+    assert training["validation loss"] == "5.25 at step 1"
+    assert training["peak learning rate"] == "0.01 (the highest logged)"
+    assert "training_args.bin" in training["not read"] and "pickle" in training["not read"]
+    text = " ".join((folder / "README.md").read_text().split())
+    assert "## Training" in text and "another tool" in text and "- steps: 2 of 2" in text
+    assert check_shareable(folder) == []
+
+
+def test_card_says_plainly_when_nothing_records_how_a_model_was_trained(converted, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import hf_geonorm  # noqa: F401  (the GeoNorm classes)
+
+    AutoModelForCausalLM.from_pretrained(converted).save_pretrained(tmp_path / "saved")
+    succeeds("card", tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "geonorm_card.json").read_text())["training"] is None
+    text = " ".join((tmp_path / "saved" / "README.md").read_text().split())
+    assert "## Training" in text and "is unknown" in text and "trainer_state.json" in text
+    # a folder hf-geonorm wrote and did not train (a conversion) says nothing of training
+    assert "## Training" not in (converted / "README.md").read_text()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from .model_card import (
     replace_text,
     written_as_is,
 )
+from .trainer_records import NOT_RECORDED, TRAINED_ELSEWHERE, trainer_training
 
 # The comment transformers' Trainer puts in the card it writes (run_clm.py and the like), and asks whoever edits the
 # card to remove: a machine's card no one has completed yet, which `hf-geonorm card` replaces without --force.
@@ -78,7 +79,7 @@ def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False
     given = {key: value for key, value in facts.to_dict().items() if value not in (None, [], {})}
     if facts.license is not None:
         given.update({key: getattr(facts, key) for key in LICENSE_FIELDS})
-    info = CardInfo.from_dict({**stored, **given})
+    info = other_tools_training(path, CardInfo.from_dict({**stored, **given}))
     card = folder_card(path, info)
     text = with_metadata(readme, own, body, card.data.to_dict()) if users_readme else card_file_text(card, path)
     marker = read_marker(path) if not users_readme and ownership_problem(path) is None else None
@@ -87,6 +88,19 @@ def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False
     if marker is not None:  # an output of hf-geonorm stays one: the card it holds is again as hf-geonorm wrote it
         record_paths(path, marker["command"], readme, path / CARD_DATA)
     return WrittenCard(readme, users_readme)
+
+
+def other_tools_training(path: Path, info: CardInfo) -> CardInfo:
+    """``info`` with the training another tool recorded in the folder ``path`` (``trainer_records``): read again
+    each time where it came from there, never in place of what ``hf-geonorm train`` recorded; where nothing records
+    it, a folder without stored card facts (hf-geonorm never wrote this one's) says that it is unknown, while one
+    hf-geonorm wrote without training (a conversion) says nothing of training."""
+    if info.training is not None and info.trained_with not in (TRAINED_ELSEWHERE, NOT_RECORDED):
+        return info
+    facts, trained_with = trainer_training(path)
+    if facts is None and info.trained_with is None and (path / CARD_DATA).is_file():
+        return info
+    return replace(info, training=facts, trained_with=trained_with)
 
 
 def _whose(readme: Path) -> str:

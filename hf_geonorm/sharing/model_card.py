@@ -34,6 +34,8 @@ from .card_metadata import (
     usable_lineage,
     validate_card,
 )
+from .gguf_lineage import is_quantised
+from .model_facts import bridge_words, lora_targets, style_tags, tensor_types_text
 
 CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
@@ -62,6 +64,10 @@ class CardInfo:
     the placeholder ``CARD_REPO_PLACEHOLDER``, which ``hub.push_folder`` replaces by the repository it pushes to).
     ``num_parameters`` defaults to the count in the folder's safetensors headers. ``license`` is a Hub license
     identifier; ``other`` needs ``license_name`` (and may have ``license_link``, a URL or a file of the folder).
+    ``source_model`` is the model's name as its source states it where that is no Hub id (a GGUF file's
+    ``general.name``), and ``source_tensor_types`` the number of the source's tensors of each type (a GGUF file's
+    ``Q4_1``, ``F32``, ...: the weights were de-quantised from them). ``trained_with`` says who trained the model
+    where ``hf-geonorm train`` did not, and what ``training`` was read from (or that nothing says how it was trained).
     """
 
     model_name: str | None = None
@@ -71,9 +77,12 @@ class CardInfo:
     license_link: str | None = None
     language: str | list[str] | None = None
     source: str | None = None
+    source_model: str | None = None
+    source_tensor_types: dict[str, int] | None = None
     repo_id: str | None = None
     evaluation: list[str] = field(default_factory=list)
     training: dict[str, Any] | None = None
+    trained_with: str | None = None
     angles: dict[str, Any] | None = None
     tags: list[str] = field(default_factory=list)
     num_parameters: int | None = None
@@ -208,7 +217,7 @@ def render_model_card(
             layer = f"{i // per + 1}" + ("" if per == 1 else (" attention", " feed-forward")[i % per])
             steps.append({"layer": layer, "a": a, "max_rotation": max_rotation(a, max_angle, settings.geo_clamp)})
     pipeline_tag, auto_class = head_of(config, family)
-    tags = ["geonorm", family.stock_type, family.model_type, f"norm-style-{settings.norm_style}"]
+    tags = ["geonorm", family.stock_type, family.model_type, *style_tags(settings)]
     tags += [t for t in info.tags if t not in tags]
     data = ModelCardData(
         library_name="transformers",
@@ -220,9 +229,11 @@ def render_model_card(
         license_link=info.license_link,
         language=info.language,
     )
+    computes = bridge_words(settings)
     name = info.model_name or (
-        f"{info.base_model.split('/')[-1]}-GeoNorm" if info.base_model else f"GeoNorm {family.stock_type}"
-    )
+        f"{info.base_model.split('/')[-1]}-GeoNorm" if info.base_model else
+        f"{info.source_model} GeoNorm" if info.source_model else f"GeoNorm {family.stock_type}"
+    ) + (f" {computes}" if computes else "")  # fmt: skip
     card = ModelCard.from_template(
         data,
         template_str=card_template(),
@@ -231,6 +242,10 @@ def render_model_card(
         model_type=family.model_type,
         base_model=info.base_model,
         source=info.source,
+        source_model=info.source_model,
+        source_tensors=tensor_types_text(info.source_tensor_types) if info.source_tensor_types else None,
+        dequantised=any(is_quantised(kind) for kind in info.source_tensor_types or {}),
+        dtype=str(getattr(config, "dtype", None) or "float32").removeprefix("torch."),
         tool_version=_version(),
         num_layers=num_layers,
         hidden_size=getattr(config, "hidden_size", "?"),
@@ -242,6 +257,7 @@ def render_model_card(
         per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,
         training=info.training,
+        trained_with=info.trained_with,
         angles=_angles_for_card(info.angles),
         repo_id=info.repo_id or CARD_REPO_PLACEHOLDER,
         has_tokenizer=has_tokenizer,
@@ -249,7 +265,7 @@ def render_model_card(
         positions=next((getattr(config, key) for key in ("n_positions", "max_position_embeddings")
                         if isinstance(getattr(config, key, None), int)), None),  # fmt: skip
         learned_positions=family.stock_type in LEARNED_POSITION_TYPES,
-        lora_targets=list(family.layout.lora_targets),
+        lora_targets=lora_targets(config, family),
         conv1d=family.layout.conv1d,
         remote_code_files=remote_code or [p.name for p in remote_code_files()],
         method_spec=METHOD_SPEC,
@@ -335,7 +351,8 @@ def folder_card(path: Path, info: CardInfo) -> Any:
 
 
 # What a model made from a folder keeps of that folder's card: where it came from and under which terms.
-LINEAGE = ("base_model", "license", "license_name", "license_link", "language", "source")
+LINEAGE = ("base_model", "license", "license_name", "license_link", "language", "source", "source_model",
+           "source_tensor_types")  # fmt: skip
 
 
 def inherited_card_info(folder: str | os.PathLike) -> CardInfo:
