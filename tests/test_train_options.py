@@ -165,20 +165,25 @@ def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(
     assert rates and max(rates) == pytest.approx(FINE_TUNING_LR)
     assert metrics["log_history"][0]["step"] == 0 and "eval_loss" in metrics["log_history"][0]  # where it started
     card = json.loads((second / "final" / "geonorm_card.json").read_text())["training"]
-    assert card["peak learning rate"].startswith(f"{FINE_TUNING_LR:g} reached of --lr {FINE_TUNING_LR:g}")
+    assert card["peak learning rate"].startswith(f"{FINE_TUNING_LR:g} reached of {FINE_TUNING_LR:g}")
+    assert card["learning rate source"] == "fine-tuning: the default for a --model with trained weights (no --lr given)"
+    assert metrics["learning_rate"]["source"] == "fine-tuning"
     assert card["weight decay"] == "0" and card["steps"] == "4"
     assert card["final validation loss"].startswith(f"{metrics['final_eval_loss']:.4f}")
     assert "## Training" in (second / "final" / "README.md").read_text()
 
 
 def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
+    from hf_geonorm.training.run.model import rate_choice
     from hf_geonorm.training.run.optim import peak_reached
     from hf_geonorm.training.run.outputs import training_facts
 
     options = TrainOptions(lr=1e-3, warmup_steps=30, max_steps=300, weight_decay=0.0)
     peak = peak_reached(options.lr, 20, options.warmup_steps, options.max_steps, options.min_lr_ratio)
-    facts = training_facts(options, "d", 20, peak, 1.0, 1.0)  # stopped at step 20 of a 30-step warm-up: 20/30
-    assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of --lr 0.001")
+    rate = rate_choice(options.lr, None, None)  # --lr given: the model does not matter
+    facts = training_facts(options, "d", 20, peak, 1.0, 1.0, rate)  # stopped at step 20 of a 30-step warm-up: 20/30
+    assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of 0.001")
+    assert facts["learning rate source"] == "given by --lr"
 
 
 def test_the_declaration_modules_import_only_the_standard_library():

@@ -23,6 +23,8 @@ PUBLISHED = "published recipe"
 EXTRAPOLATED = "extrapolation"
 FALLBACK = "fallback (unmeasured)"
 UNMEASURED = (PUBLISHED, EXTRAPOLATED, FALLBACK)  # no cell measured this shape and style: sweep before trusting it
+FINE_TUNING = "fine-tuning"  # a --model with trained weights: train's fine-tuning default, not this rule's
+RATE_GIVEN = "given by --lr"  # no default at all: the run's own
 MEASURED_FAMILY = "gpt2"  # an architecture no cell measured takes its cells
 
 

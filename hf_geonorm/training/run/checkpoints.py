@@ -376,3 +376,21 @@ def remove_leftovers(output: Path) -> list[str]:
 
 def is_leftover(entry: Path) -> bool:
     return LEFTOVER.fullmatch(entry.name) is not None
+
+
+def kept_checkpoints(output: Path, remove: bool) -> str:
+    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
+    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
+    found = [path for _, path in checkpoints(output)]
+    if not found:
+        return "no checkpoints kept"
+    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
+    names = ", ".join(path.name for path in found)
+    if remove:
+        for path in found:
+            remove_tree(path)
+        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
+    return (
+        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
+        "--save-final-only removes them at the end of a run"
+    )

@@ -40,9 +40,10 @@ from ..options import (
     TrainOptions,
 )
 from ..presets import DEFAULT_VOCAB, fit_token_ids, preset_positions, preset_sizes
-from ..rate_rule import DefaultRate, pretraining_rate
+from ..rate_rule import FINE_TUNING, RATE_GIVEN, DefaultRate, pretraining_rate
 
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+FROM_SCRATCH = "training from scratch, "
 
 
 def padded_vocab(tokens: int) -> int:
@@ -319,10 +320,22 @@ def default_rate(model: str | None, config: Any, style: str) -> DefaultRate:
     comes from and why: ``FINE_TUNING_LR`` for a ``model`` folder (``--model``) with trained weights, else
     ``pretraining_rate``'s."""
     if model is not None and has_trained_weights(model):
-        return DefaultRate(FINE_TUNING_LR, "fine-tuning", f"{model} holds trained weights: fine-tuning")
+        return DefaultRate(FINE_TUNING_LR, FINE_TUNING, f"{model} holds trained weights: fine-tuning")
     chosen = pretraining_rate(config.model_type.removeprefix("geonorm_"), style, config.hidden_size,
                               config.num_hidden_layers)  # fmt: skip
-    return replace(chosen, why=f"training from scratch, {chosen.why}")
+    return replace(chosen, why=FROM_SCRATCH + chosen.why)
+
+
+def rate_choice(lr: float | None, model: str | None, config: Any) -> DefaultRate:
+    """Where the run's peak learning rate comes from, for its card and ``metrics.json``: ``--lr`` where given
+    (``lr``), else ``default_rate``'s source for the ``--model`` (``model``) of ``config``, with a ``why`` that names
+    no folder of this machine (the card is shared)."""
+    if lr is not None:
+        return DefaultRate(lr, RATE_GIVEN, RATE_GIVEN)
+    chosen = default_rate(model, config, getattr(config, "norm_style", "pre"))
+    if chosen.source == FINE_TUNING:
+        return replace(chosen, why=f"{FINE_TUNING}: the default for a --model with trained weights")
+    return replace(chosen, why=chosen.why.removeprefix(FROM_SCRATCH))  # pretraining_rate's own account
 
 
 def planned_config(options: TrainOptions) -> PretrainedConfig:

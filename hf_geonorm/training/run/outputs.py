@@ -43,10 +43,13 @@ from ...files.atomic import atomic_directory, check_output_name, remove_tree
 from ...files.output_lock import output_lock
 from ...files.ownership import adopt_earlier_output, check_replaceable, is_own_name, only_bookkeeping_left, record_paths
 from ...files.signals import terminate_raises
+from ...modeling.settings import GeoNormSettings
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info
+from ...sharing.model_facts import bridge_words
 from ..options import TrainOptions
-from .checkpoints import CHECKPOINT, checkpoints, disk_full_named, is_leftover, remove_leftovers, resume_checkpoint
+from ..rate_rule import RATE_GIVEN, DefaultRate
+from .checkpoints import CHECKPOINT, disk_full_named, is_leftover, kept_checkpoints, remove_leftovers, resume_checkpoint
 
 
 def strict_json(value: Any) -> str:
@@ -94,7 +97,8 @@ def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = N
         ax.set_title(title, fontsize=9)
     ax.legend()
     fig.tight_layout()
-    replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    metadata = {"Title": title} if title else {}  # in the file too (a PNG text chunk), for what reads it
+    replace_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, metadata=metadata))
 
 
 def check_output_path(
@@ -242,18 +246,20 @@ def last_evaluation(state: TrainerState) -> dict[str, float] | None:
 
 
 def training_facts(
-    options: TrainOptions, data: str, steps: int, peak: float, val_loss: float, test_loss: float
+    options: TrainOptions, data: str, steps: int, peak: float, val_loss: float, test_loss: float, rate: DefaultRate
 ) -> dict:
     """What the model card says of the run, as Trainer's card lists its hyperparameters and results; ``peak``: the
-    highest learning rate its ``steps`` had (``optim.peak_reached``)."""
+    highest learning rate its ``steps`` had (``optim.peak_reached``), of the rate ``rate`` says the source of
+    (``model.rate_choice``: ``--lr``, or the default's)."""
     per_step = options.batch_size * options.gradient_accumulation_steps * options.seq_len
     reached = float(f"{peak:.3g}")  # as the card says it
     return {
         "data": data,
         "steps": f"{steps:,}",
         "tokens per step": f"{per_step:,} (x processes)",
-        "peak learning rate": f"{reached:g} reached of --lr {options.lr:g} (AdamW, warm-up {options.warmup_steps} "
+        "peak learning rate": f"{reached:g} reached of {options.lr:g} (AdamW, warm-up {options.warmup_steps} "
         f"steps, cosine to {options.min_lr_ratio:g} of it at step {options.max_steps})",
+        "learning rate source": rate.why if rate.source == RATE_GIVEN else f"{rate.why} (no --lr given)",
         "weight decay": f"{options.weight_decay:g}",
         "seed": options.seed,
         "final validation loss": f"{val_loss:.4f} (perplexity {perplexity(val_loss):.2f})",
@@ -261,10 +267,17 @@ def training_facts(
     }
 
 
-def curve_title(config: Any, parameters: int, options: TrainOptions, data: str) -> str:
-    """The loss curve's title: the model, its style, the learning rate and the data."""
-    style = getattr(config, "norm_style", "?")
-    return f"{config.model_type} {parameters / 1e6:.2f}M, {style}, lr {options.lr:g}\n{data}"
+def curve_title(config: Any, parameters: int, lr: float, bridge_anneal: int | None, data: str) -> str:
+    """The loss curve's title: the model, what it computed (its style; a ``geo`` model at bridge 0 computes exact
+    Pre-Norm, and says so; ``bridge_anneal``: its bridge moved to 1 over that many steps), the rate and the data."""
+    settings = GeoNormSettings.from_object(config)
+    size = f"{config.model_type} {parameters / 1e6:.2f}M"
+    if bridge_anneal:
+        return f"{size}, lr {lr:g}\ngeo, its bridge annealed to 1 over {bridge_anneal} steps\n{data}"
+    words = bridge_words(settings)
+    if words is not None:
+        return f"{size}, lr {lr:g}\ngeo {words}\n{data}"
+    return f"{size}, {settings.norm_style}, lr {lr:g}\n{data}"
 
 
 def machine_load() -> dict[str, Any]:
@@ -379,21 +392,3 @@ def publish_results(
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
     log(kept_checkpoints(output, save_final_only))
-
-
-def kept_checkpoints(output: Path, remove: bool) -> str:
-    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
-    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
-    found = [path for _, path in checkpoints(output)]
-    if not found:
-        return "no checkpoints kept"
-    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
-    names = ", ".join(path.name for path in found)
-    if remove:
-        for path in found:
-            remove_tree(path)
-        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
-    return (
-        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
-        "--save-final-only removes them at the end of a run"
-    )

@@ -2,11 +2,12 @@
 
 Every checkpoint holds ``hf_geonorm_run.json``: the data's key (its content, ``corpus``), the tokenizer's hash, the
 number of processes and every option that shapes what trains (``SHAPING``), with the GeoNorm settings the model was
-built with. A resumed run must match it: another data, tokenizer or shaping option would continue the optimizer
-state and the data order of one run on the inputs of another, so it is refused in one line naming each change. The
-options that only say how often to evaluate, save and log, or where to report (``FREE``) may change, and the change is
-logged. A longer ``--max-steps`` is allowed where the schedule allows it: where every step already trained had the
-learning rate the longer run gives it (the checkpoint is within the warm-up, or ``--min-lr-ratio`` is 1, no decay).
+built with and where its learning rate came from (``learning_rate_facts``: read by ``hf-geonorm info``). A resumed
+run must match it: another data, tokenizer or shaping option would continue the optimizer state and the data order of
+one run on the inputs of another, so it is refused in one line naming each change. The options that only say how
+often to evaluate, save and log, or where to report (``FREE``) may change, and the change is logged. A longer
+``--max-steps`` is allowed where the schedule allows it: where every step already trained had the learning rate the
+longer run gives it (the checkpoint is within the warm-up, or ``--min-lr-ratio`` is 1, no decay).
 The checkpoint's own training state is checked against its record before (``checkpoint_state``); a checkpoint an
 earlier hf-geonorm wrote without a record has its saved learning-rate schedule checked against this run's.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import TrainOptions
+from ..rate_rule import DefaultRate
 from .checkpoint_state import Schedule, schedule_problem
 
 RECORD_NAME = "hf_geonorm_run.json"
@@ -38,10 +40,16 @@ def _option(name: str) -> str:
 
 
 def run_record(
-    options: TrainOptions, data: tuple[str, str], tokenizer_hash: str, settings: dict[str, Any], processes: int
+    options: TrainOptions,
+    data: tuple[str, str],
+    tokenizer_hash: str,
+    settings: dict[str, Any],
+    processes: int,
+    learning_rate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of a run: ``data`` is the corpus's label and key; ``options`` as the run uses them (its learning
-    rate chosen)."""
+    rate chosen), and where that rate came from (``learning_rate``: ``hf-geonorm info`` says it of an unfinished
+    run; not compared on resume: ``--lr`` is)."""
     return {
         "format": RECORD_FORMAT,
         "data": {"label": data[0], "key": data[1]},
@@ -51,7 +59,14 @@ def run_record(
         "options": {name: getattr(options, name) for name in SHAPING},
         "free": {name: getattr(options, name) for name in FREE},
         "settings": settings,
+        "learning_rate": learning_rate,
     }
+
+
+def learning_rate_facts(rate: DefaultRate) -> dict[str, Any]:
+    """The run's peak rate and where it came from (``model.rate_choice``), as the record and ``metrics.json`` hold
+    it."""
+    return {"value": rate.lr, "source": rate.source, "why": rate.why}
 
 
 def write_record(folder: Path, record: dict[str, Any]) -> None:

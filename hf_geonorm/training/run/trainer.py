@@ -27,9 +27,10 @@ from ...files.signals import raise_if_signalled
 from ...patching import family_for
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
 from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
+from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
-from .model import build_model, check_positions, what_it_computes, with_learning_rate
+from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
 from .optim import decayed_parameter_names, make_scheduler, peak_reached
 from .outputs import (
     RunProgress,
@@ -47,7 +48,7 @@ from .outputs import (
     save_final_model,
     training_facts,
 )
-from .record import check_same_run, run_record
+from .record import check_same_run, learning_rate_facts, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -175,7 +176,8 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     built, options = model_to_train(options, source.tokenizer, source.tokenizer_from_model, checkpoint, main, log)
     held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
     data_key = (source.corpus.label, source.corpus.fingerprint)
-    record = run_record(held_out, data_key, source.tokenizer_hash, built.settings, world_size())
+    record = run_record(held_out, data_key, source.tokenizer_hash, built.settings, world_size(),
+                        learning_rate_facts(built.rate))  # fmt: skip
     if checkpoint is not None:  # before the data is tokenized: a changed run is refused at once
         check_same_run(checkpoint, record, resumed_step, data_log)
     data = training_data(source, request, data_log)
@@ -225,13 +227,12 @@ def save_results(
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     steps = trainer.state.global_step
     peak = peak_reached(options.lr, steps, options.warmup_steps, options.max_steps, options.min_lr_ratio)
-    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss))
+    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss, built.rate))
     if trainer.is_world_process_zero():
         save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
-    metrics = run_metrics(options, trainer, data, built.parameters, to_save.config, resumed_step, seconds, loss,
-                          test_loss)  # fmt: skip
+    metrics = run_metrics(options, trainer, data, built, to_save.config, resumed_step, seconds, loss, test_loss)
     if trainer.is_world_process_zero():
-        title = curve_title(to_save.config, built.parameters, options, data.label)
+        title = curve_title(to_save.config, built.parameters, options.lr, options.bridge_anneal, data.label)
         publish_results(output, metrics, title, options.save_final_only, published, log)
     return metrics
 
@@ -240,12 +241,14 @@ def save_results(
 class ModelToTrain:
     """The model step's model (with its LoRA adapters when the run trains them), the GeoNorm settings it was built
     with (before LoRA and the bridge anneal: what the run's record holds), its KV-cache default (Trainer turns the
-    cache off for training; the saved model keeps the model's) and its parameter count."""
+    cache off for training; the saved model keeps the model's), its parameter count and where its peak learning rate
+    comes from (``model.rate_choice``)."""
 
     model: torch.nn.Module
     settings: dict[str, Any]
     use_cache: bool | None
     parameters: int
+    rate: DefaultRate
 
 
 def model_to_train(
@@ -269,10 +272,11 @@ def model_to_train(
             check_resumable_adapters(model, checkpoint)
     parameters = sum(p.numel() for p in model.parameters())
     log(f"model: {type(model).__name__}, {parameters / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
+    rate = rate_choice(options.lr, options.model, model.config)  # before the default is set: --lr given or not
     options, defaults = with_learning_rate(options, model.config)
     for line in defaults if main else ():
         log(line)
-    return ModelToTrain(model, settings, use_cache, parameters), options
+    return ModelToTrain(model, settings, use_cache, parameters, rate), options
 
 
 def checked_trainer(
@@ -355,15 +359,15 @@ def run_metrics(
     options: TrainOptions,
     trainer: CheckedTrainer,
     data: TrainingData,
-    parameters: int,
+    built: ModelToTrain,
     config: Any,
     resumed_step: int,
     seconds: float,
     loss: float,
     test_loss: float,
 ) -> dict[str, Any]:
-    """What ``metrics.json`` holds of the run: its losses, steps, time and throughput, the model (``parameters``,
-    its saved ``config``), the data and the options that applied."""
+    """What ``metrics.json`` holds of the run: its losses, steps, time and throughput, the model (``built``'s
+    parameters, its saved ``config``), the data, the options that applied and where the learning rate came from."""
     training_seconds = seconds - trainer.evaluation_seconds  # the evaluations inside train() left out
     steps_run = trainer.state.global_step - resumed_step
     blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
@@ -384,11 +388,12 @@ def run_metrics(
         # says more about the others' load (below)
         "tokens_per_second": tokens / training_seconds if steps_run else 0.0,
         "machine": machine_load(),
-        "parameters": parameters,
+        "parameters": built.parameters,
         "model_type": config.model_type,
         "settings": config.geonorm_settings().to_dict(),
         "data": data.label,
         "data_facts": data.facts,
         "options": options_used(options, data.tokenizer_from_model, len(data.tokenizer)),
+        "learning_rate": learning_rate_facts(built.rate),
         "log_history": trainer.state.log_history,
     }
