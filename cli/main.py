@@ -18,6 +18,8 @@ import click
 
 from .card import card, check_card_options
 from .errors import GeoNormGroup, first_line
+from .info import info
+from .info import settings_line as _settings_line
 from .library import library_module
 from .options import DTYPES, PRESET_NAMES, pop_settings, preview_settings_options, settings_options
 from .push import push
@@ -61,10 +63,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _progress(line: str) -> None:
     click.echo(line, err=True)
-
-
-def _settings_line(settings: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in settings.items())
 
 
 def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> str:
@@ -239,84 +237,6 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
     click.echo(f"step sizes: {_step_summary(result.settings, layers)}")
 
 
-# ---- info ----
-
-
-def _positions_line(data: dict[str, Any]) -> str:
-    positions = data.get("positions")
-    if positions is None:
-        return "not stated in the config"
-    return (f"{positions:,} (the longest prompt plus generated tokens; hf-geonorm init --max-length sets it, and "
-            "train --arch gives its preset's, or --seq-len when longer)")  # fmt: skip
-
-
-@cli.command()
-@click.argument("path", type=click.Path(exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def info(path: str, as_json: bool) -> None:
-    """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
-    step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights."""
-    from hf_geonorm.inspection import describe
-    from hf_geonorm.loading import PICKLE_ADVICE
-
-    data = describe(path)
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return
-    if data.get("kind") == "gguf":
-        click.echo(f"path:         {data['path']} (GGUF)\nmodel type:   {data['model_type']} (stock Pre-Norm; "
-                   f"convert it with hf-geonorm convert {path} OUTPUT_DIR)")  # fmt: skip
-        click.echo(f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary "
-                   f"{data['vocab_size']}")  # fmt: skip
-        click.echo(f"positions:    {_positions_line(data)}")
-        if data["parameters"] is not None:
-            click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']})")
-        facts = ", ".join(f"{k} {v}" for k, v in data["metadata"].items())
-        click.echo(f"metadata:     {facts or 'no license, base model or language'}")
-        return
-    if data["geonorm"]:
-        family = f"GeoNorm, stock family {data['family']}"
-    else:
-        family = "stock Pre-Norm; convert it with hf-geonorm convert"
-    click.echo(f"path:         {data['path']}\nmodel type:   {data['model_type']} ({family})")
-    click.echo(
-        f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary {data['vocab_size']}"
-    )
-    click.echo(f"positions:    {_positions_line(data)}")
-    if data.get("parameters") is not None:
-        by = data.get("parameters_by_dtype")
-        dtypes = f", {', '.join(f'{k}: {v:,}' for k, v in by.items())}" if by else ""
-        click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']}{dtypes})")
-    if data["pickle_weights"]:
-        names = data["pickle_weights"]
-        what = f"{names[0]} is a pickle" if len(names) == 1 else f"{', '.join(names)} are pickles"
-        click.echo(f"weights:      {what}; {PICKLE_ADVICE}")
-    if data["geonorm"]:
-        click.echo(f"settings:     {_settings_line(data['settings'])}")
-        if "step_sizes" in data:
-            steps = list(enumerate(data["step_sizes"], start=1))
-            shown = steps if len(steps) <= 16 else [*steps[:8], None, steps[-1]]  # a deep config: its first and last
-            click.echo("step sizes:   " + ", ".join("..." if s is None else f"{s[0]}: {s[1]:.4g}" for s in shown))
-    rc = data["remote_code"]
-    if rc["complete"]:
-        click.echo(f"remote code:  yes ({', '.join(rc['files'])}; auto_map {', '.join(rc['auto_map'])})")
-    elif rc["auto_map"]:
-        click.echo(f"remote code:  BROKEN (auto_map points at missing {', '.join(rc['missing'])})")
-    else:
-        click.echo("remote code:  no (loads only where hf-geonorm is installed and imported)")
-    card = data["model_card"]
-    write_one = f"write one with hf-geonorm card {path}"
-    if card is None:
-        click.echo(f"model card:   no{f' ({write_one})' if data['geonorm'] else ''}")
-    elif "error" in card:
-        click.echo(f"model card:   README.md (metadata unreadable: {card['error']})")
-    elif data["geonorm"] and "geonorm" not in (card.get("tags") or []):
-        click.echo(f"model card:   README.md, not a GeoNorm card (another tool's; push refuses it): {write_one}")
-    else:
-        click.echo(f"model card:   yes ({', '.join(f'{k} {v}' for k, v in card.items() if k != 'file' and v)})")
-    click.echo(f"tokenizer:    {'yes' if data['tokenizer'] else 'no'}")
-
-
 # ---- angles and perplexity ----
 
 
@@ -403,6 +323,7 @@ def perplexity(source: str, text_path: str, max_tokens: int, window: int | None,
 
 
 cli.add_command(card)
+cli.add_command(info)
 cli.add_command(train)
 cli.add_command(sweep)
 cli.add_command(push)

@@ -30,37 +30,29 @@ def positions(config: dict[str, Any]) -> int | None:
     return next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
 
 
-def run_folder_model(path: Path) -> Path | None:
-    """The model of a ``hf-geonorm train`` (or Trainer) output folder: its ``final/``, else its newest checkpoint;
-    None when ``path`` is not such a folder."""
-    if (path / "final" / "config.json").is_file():
-        return path / "final"
-    numbered = [(int(p.name.split("-")[1]), p) for p in path.glob("checkpoint-*")
-                if p.name.split("-")[1].isdigit() and (p / "config.json").is_file()]  # fmt: skip
-    return max(numbered)[1] if numbered else None
-
-
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """``describe_folder`` for a checkpoint folder, ``describe_gguf`` for a ``.gguf`` file; a training run's output
-    folder is refused with the folder of its model named."""
+    """``describe_folder`` for a checkpoint folder, ``describe_gguf`` for a ``.gguf`` file, and for the output folder
+    of a run or a sweep (no model of its own) its summary: ``training.run.summary.describe_run``,
+    ``training.sweep.summary.describe_sweep``."""
+    from .training.run.summary import describe_run, is_run_folder
+    from .training.sweep.summary import describe_sweep, is_sweep_folder
+
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return describe_gguf(path)
-    if path.is_dir() and not (path / "config.json").is_file():
-        model = run_folder_model(path)
-        if model is not None:
-            raise ValueError(
-                f"{path} is a training run's output folder (no config.json of its own); its model is in {model}: "
-                f"hf-geonorm info {model}"
-            )
+    if path.is_dir() and is_sweep_folder(path):
+        return describe_sweep(path)
+    if path.is_dir() and is_run_folder(path):
+        return describe_run(path)
     return describe_folder(path)
 
 
 def describe_gguf(path: Path) -> dict[str, Any]:
     """The facts of a ``.gguf`` checkpoint (read from its metadata, as ``convert`` reads it): type, sizes,
-    positions, parameters (the tensors' element counts) and the license and base model it names."""
-    from .files.gguf_files import gguf_metadata
+    positions, parameters (the tensors' element counts), the license, base model and model name it states and its
+    tensors' types (``sharing.gguf_lineage``)."""
     from .loading import open_source
+    from .sharing.gguf_lineage import gguf_lineage
 
     source = open_source(path)
     config = source.config
@@ -83,7 +75,7 @@ def describe_gguf(path: Path) -> dict[str, Any]:
         out["parameters_from"] = "GGUF tensors"
     except Exception:  # noqa: BLE001 - an unknown size is fine here
         pass
-    out["metadata"] = gguf_metadata(path)
+    out["metadata"] = gguf_lineage(path)
     return out
 
 

@@ -206,9 +206,10 @@ def test_info_and_the_card_state_the_positions_and_generate_beyond_them_names_th
 # ---- 6. info on a run folder and on a GGUF file ----
 
 
-def test_info_on_a_run_folder_points_to_its_model(short_run):
+def test_info_on_a_run_folder_summarises_it_and_points_to_its_model(short_run):
     out = short_run[0]
-    assert f"hf-geonorm info {out / 'final'}" in fails("info", out)
+    output = succeeds("info", out)
+    assert f"hf-geonorm info {out / 'final'}" in output and "steps:" in output
 
 
 def test_info_reads_a_gguf_file(tmp_path):

@@ -97,3 +97,92 @@ def test_info_names_pickle_weights_and_how_to_convert_them(tmp_path):
     (folder / "config.json").unlink()
     message = fails("info", folder)
     assert "has no config.json" in message and "pytorch_model.bin" in message and "pickle" in message, message
+
+
+# ---- the output folders of train and sweep ----
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory, data_file) -> Path:
+    """One step of `train` without --lr: the default model at its default rate."""
+    from conftest import train_in
+
+    root = tmp_path_factory.mktemp("runs")
+    result = train_in(root, data_file)
+    assert result.exit_code == 0, result.output
+    return root / "run"
+
+
+def test_info_summarises_a_finished_run(run_folder):
+    from conftest import ONE_STEP
+
+    from hf_geonorm.training.rate_rule import RATE_RULE
+
+    metrics = json.loads((run_folder / "metrics.json").read_text())
+    cell = next(c for c in json.loads(RATE_RULE.read_text())["cells"]
+                if (c["arch"], c["style"], c["layers"], c["width"]) == ("gpt2", "geo", 4, 128))  # fmt: skip
+    per_step = int(ONE_STEP[ONE_STEP.index("--batch-size") + 1]) * int(ONE_STEP[ONE_STEP.index("--seq-len") + 1])
+    data = info_json(run_folder)
+    assert data["kind"] == "run" and data["finished"] and data["model"] == str(run_folder / "final")
+    assert (data["steps"], data["max_steps"], data["tokens"]) == (1, 1, per_step)
+    assert data["learning_rate"]["value"] == cell["lr"] and data["learning_rate"]["source"] == "measured cell"
+    assert data["validation_loss"] == metrics["final_eval_loss"] and data["test_loss"] == metrics["final_test_loss"]
+    result = invoke("info", run_folder)
+    assert result.exit_code == 0, result.output
+    lines = " ".join(result.output.split())
+    assert f"model: {run_folder / 'final'}" in lines and f"hf-geonorm info {run_folder / 'final'}" in lines
+    assert f"steps: 1 of 1, {per_step:,} tokens" in lines
+    assert f"learning rate: {cell['lr']:g} (measured cell" in lines
+    assert f"validation loss {metrics['final_eval_loss']:.4f}" in lines
+
+
+def test_info_summarises_an_unfinished_run_from_its_newest_checkpoint(run_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "stopped"
+    shutil.copytree(run_folder, folder)
+    for name in ("final", "metrics.json", "loss_curve.png"):  # as a run stopped after its checkpoint leaves it
+        target = folder / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    state = json.loads((folder / "checkpoint-1" / "trainer_state.json").read_text())
+    eval_loss = [entry["eval_loss"] for entry in state["log_history"] if "eval_loss" in entry][-1]
+    data = info_json(folder)
+    assert data["kind"] == "run" and not data["finished"] and data["model"] == str(folder / "checkpoint-1")
+    assert (data["steps"], data["max_steps"], data["validation_loss"]) == (1, 1, eval_loss)
+    assert data["learning_rate"]["source"] == "measured cell"
+    output = " ".join(invoke("info", folder).output.split())
+    assert "unfinished" in output and "--resume" in output and f"validation loss {eval_loss:.4f}" in output
+
+
+def test_info_summarises_a_sweep_folder_from_its_journal(tmp_path):
+    """A sweep's folder (the study's h_styles sweep, as it wrote it): its arms, each arm's chosen rate, the
+    margin between the arms on test, and where its report is; the choice computed here from the journal's lines."""
+    import shutil
+    import statistics
+
+    source = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweeps" / "h_styles"
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    for name in ("runs.jsonl", "sweep.md"):
+        shutil.copy(source / name, folder / name)
+    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()[1:]]
+    chosen, test_at_best = {}, {}
+    for style in dict.fromkeys(run["style"] for run in runs):
+        own = [run for run in runs if run["style"] == style]
+        rates = sorted({run["lr"] for run in own})
+        common = set.intersection(*({run["seed"] for run in own if run["lr"] == lr} for lr in rates))
+        mean_val = {lr: statistics.fmean(run["val_loss"] for run in own if run["lr"] == lr and run["seed"] in common)
+                    for lr in rates}  # fmt: skip
+        chosen[style] = min(rates, key=lambda lr: (mean_val[lr], lr))
+        test_at_best[style] = statistics.fmean(run["test_loss"] for run in own if run["lr"] == chosen[style])
+    first, second = sorted(test_at_best, key=test_at_best.get)[:2]
+    data = info_json(folder)
+    assert data["kind"] == "sweep" and data["runs"] == len(runs) and data["report"] == str(folder / "sweep.md")
+    assert {arm["arm"]: arm["best_rate"] for arm in data["arms"]} == chosen
+    assert (data["choice"]["arm"], data["choice"]["runner_up"]) == (first, second)
+    assert data["choice"]["margin"] == pytest.approx(test_at_best[second] - test_at_best[first])
+    result = invoke("info", folder)
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert f"report: {folder / 'sweep.md'}" in output and f"{first} is lowest on test" in output
+    assert f"by {test_at_best[second] - test_at_best[first]:.4f} below {second}" in output

@@ -19,13 +19,14 @@ TRAINING = PACKAGE / "training"
 # The training modules (by their path under training/), each after every module it imports: the model sizes, the
 # declaration and the rate rule, the transformers internals named, then the data as it flows (documents, a folder's
 # files, tokenizer, token batches, blocks, made ready for Trainer), the run's record and its checkpoints, the model and
-# what trains it, the run's outputs, the run, and the sweep over runs.
+# what trains it, the run's outputs, the run and what `info` reads of it, and the sweep over runs (and what `info`
+# reads of it).
 FLOW = (
     "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
     "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
-    "run.trainer",
-    "sweep.options", "sweep.report", "sweep.journal", "sweep.grid",
+    "run.trainer", "run.summary",
+    "sweep.options", "sweep.report", "sweep.journal", "sweep.grid", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
 # Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:

@@ -1,0 +1,160 @@
+"""``hf-geonorm info``: what a checkpoint folder or ``.gguf`` file holds, and the summary of a ``train`` or
+``sweep`` output folder (hf_geonorm.inspection.describe)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+
+def settings_line(settings: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def _positions_line(data: dict[str, Any]) -> str:
+    positions = data.get("positions")
+    if positions is None:
+        return "not stated in the config"
+    return (f"{positions:,} (the longest prompt plus generated tokens; hf-geonorm init --max-length sets it, and "
+            "train --arch gives its preset's, or --seq-len when longer)")  # fmt: skip
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def info(path: str, as_json: bool) -> None:
+    """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
+    step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights.
+
+    On the output folder of `train` it summarises the run (its model, steps, tokens, learning rate and where it came
+    from, losses; an unfinished run from its newest checkpoint), and on that of `sweep` the sweep (its arms, each
+    arm's best rate, the arm lowest on test and by how much, and where the report is)."""
+    from hf_geonorm.inspection import describe
+
+    data = describe(path)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    {"gguf": _gguf, "run": _run, "sweep": _sweep}.get(data.get("kind", ""), _folder)(path, data)
+
+
+def _gguf(path: str, data: dict[str, Any]) -> None:
+    click.echo(f"path:         {data['path']} (GGUF)\nmodel type:   {data['model_type']} (stock Pre-Norm; "
+               f"convert it with hf-geonorm convert {path} OUTPUT_DIR)")  # fmt: skip
+    click.echo(f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary "
+               f"{data['vocab_size']}")  # fmt: skip
+    click.echo(f"positions:    {_positions_line(data)}")
+    if data["parameters"] is not None:
+        click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']})")
+    metadata = dict(data["metadata"])
+    types = metadata.pop("source_tensor_types", None)
+    if "source_model" in metadata:
+        click.echo(f"model name:   {metadata.pop('source_model')} (as the file names it)")
+    facts = ", ".join(f"{k} {v}" for k, v in metadata.items())
+    click.echo(f"metadata:     {facts or 'no license, base model or language'}")
+    if types:
+        click.echo(f"tensors:      {', '.join(f'{kind} {count}' for kind, count in types.items())} (convert "
+                   "de-quantises them to float32)")  # fmt: skip
+
+
+def _folder(path: str, data: dict[str, Any]) -> None:
+    from hf_geonorm.loading import PICKLE_ADVICE
+
+    if data["geonorm"]:
+        family = f"GeoNorm, stock family {data['family']}"
+    else:
+        family = "stock Pre-Norm; convert it with hf-geonorm convert"
+    click.echo(f"path:         {data['path']}\nmodel type:   {data['model_type']} ({family})")
+    click.echo(
+        f"size:         {data['num_layers']} layers, hidden size {data['hidden_size']}, vocabulary {data['vocab_size']}"
+    )
+    click.echo(f"positions:    {_positions_line(data)}")
+    if data.get("parameters") is not None:
+        by = data.get("parameters_by_dtype")
+        dtypes = f", {', '.join(f'{k}: {v:,}' for k, v in by.items())}" if by else ""
+        click.echo(f"parameters:   {data['parameters']:,} ({data['parameters_from']}{dtypes})")
+    if data["pickle_weights"]:
+        names = data["pickle_weights"]
+        what = f"{names[0]} is a pickle" if len(names) == 1 else f"{', '.join(names)} are pickles"
+        click.echo(f"weights:      {what}; {PICKLE_ADVICE}")
+    if data["geonorm"]:
+        click.echo(f"settings:     {settings_line(data['settings'])}")
+        if "step_sizes" in data:
+            steps = list(enumerate(data["step_sizes"], start=1))
+            shown = steps if len(steps) <= 16 else [*steps[:8], None, steps[-1]]  # a deep config: its first and last
+            click.echo("step sizes:   " + ", ".join("..." if s is None else f"{s[0]}: {s[1]:.4g}" for s in shown))
+    rc = data["remote_code"]
+    if rc["complete"]:
+        click.echo(f"remote code:  yes ({', '.join(rc['files'])}; auto_map {', '.join(rc['auto_map'])})")
+    elif rc["auto_map"]:
+        click.echo(f"remote code:  BROKEN (auto_map points at missing {', '.join(rc['missing'])})")
+    else:
+        click.echo("remote code:  no (loads only where hf-geonorm is installed and imported)")
+    card = data["model_card"]
+    write_one = f"write one with hf-geonorm card {path}"
+    if card is None:
+        click.echo(f"model card:   no{f' ({write_one})' if data['geonorm'] else ''}")
+    elif "error" in card:
+        click.echo(f"model card:   README.md (metadata unreadable: {card['error']})")
+    elif data["geonorm"] and "geonorm" not in (card.get("tags") or []):
+        click.echo(f"model card:   README.md, not a GeoNorm card (another tool's; push refuses it): {write_one}")
+    else:
+        click.echo(f"model card:   yes ({', '.join(f'{k} {v}' for k, v in card.items() if k != 'file' and v)})")
+    click.echo(f"tokenizer:    {'yes' if data['tokenizer'] else 'no'}")
+
+
+def _run(path: str, data: dict[str, Any]) -> None:
+    if data["finished"]:
+        state = "finished"
+    else:
+        state = f"unfinished: `hf-geonorm train` with its options and --output {path} --resume continues it"
+    click.echo(f"path:         {data['path']} (a `train` output folder; {state})")
+    model = data["model"]
+    if model is None:
+        click.echo("model:        none yet (no checkpoint was written)")
+    else:
+        size = f"; {data['model_type']}, {data['parameters']:,} parameters" if data.get("parameters") else ""
+        click.echo(f"model:        {model} (hf-geonorm info {model} describes it{size})")
+    if data.get("steps") is not None:
+        tokens = f", {data['tokens']:,} tokens ({data['tokens_per_step']:,} a step)" if data.get("tokens") else ""
+        click.echo(f"steps:        {data['steps']:,} of {data['max_steps']:,}{tokens}")
+    rate = data.get("learning_rate")
+    if rate is not None:
+        click.echo(f"learning rate: {rate['value']:g} ({rate['why']})")
+    losses = []
+    if data.get("validation_loss") is not None:
+        at = " (final)" if data["finished"] else f" at step {data['validation_step']}"
+        losses.append(f"validation loss {data['validation_loss']:.4f}{at}")
+    if data.get("test_loss") is not None:
+        losses.append(f"test loss {data['test_loss']:.4f}")
+    if data.get("training_loss") is not None:
+        losses.append(f"training loss {data['training_loss']:.4f} (the last logged)")
+    click.echo(f"losses:       {'; '.join(losses) or 'none logged yet'}")
+    written = [name for name in ("metrics", "loss_curve") if data.get(name)]
+    files = [data[name] for name in written] + [f"{name}/" for name in data["checkpoints"]]
+    click.echo(f"files:        {', '.join(files) or 'none'}")
+
+
+def _sweep(path: str, data: dict[str, Any]) -> None:
+    click.echo(f"path:         {data['path']} (a `sweep` output folder: {data['runs']} finished runs in "
+               f"{data['journal']})")  # fmt: skip
+    if not data["arms"]:
+        click.echo("arms:         none yet (no run has finished)")
+    for number, arm in enumerate(data["arms"]):
+        losses = "every run at it diverged" if arm["validation_loss"] is None else (
+            f"validation loss {arm['validation_loss']:.4f}, test loss {arm['test_loss']:.4f}")  # fmt: skip
+        label = "arms:         " if number == 0 else " " * 14
+        click.echo(f"{label}{arm['arm']}: best rate {arm['best_rate']:g} of the {len(arm['rates'])} rates run "
+                   f"(chosen on validation; {arm['seeds_at_best']} seed(s) there): {losses}")  # fmt: skip
+    choice = data["choice"]
+    if choice is None:
+        click.echo("choice:       none (no arm trained)")
+    elif choice["runner_up"] is None:
+        click.echo(f"choice:       {choice['arm']}, the only arm that trained")
+    else:
+        click.echo(f"choice:       {choice['arm']} is lowest on test, by {choice['margin']:.4f} below "
+                   f"{choice['runner_up']} (each arm at its own best rate)")  # fmt: skip
+    report = data["report"] or f"not written yet (hf-geonorm sweep writes it into {path} after each run)"
+    click.echo(f"report:       {report}")
