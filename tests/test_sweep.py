@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sysconfig
 from dataclasses import replace
 from pathlib import Path
@@ -585,3 +586,13 @@ def test_extend_says_why_no_rate_was_added_when_the_next_one_leaves_the_numbers(
     best = sweep_module.rate_text(rates[losses.index(min(losses))])
     assert f"pre: best rate {best} is at the edge of its grid, but {why}: no rate added" in result.output
     assert (output / "runs.jsonl").read_text() == before
+
+
+def test_a_sweep_inside_its_data_folder_is_refused_before_it_writes(tmp_path, corpus):
+    data = tmp_path / "corp"
+    data.mkdir()
+    shutil.copy(corpus, data / "text.txt")
+    before = sorted(p.name for p in data.iterdir())
+    result = CliRunner().invoke(cli, sweep_args(data, data / "sweep"))
+    assert result.exit_code != 0 and "is inside the --data folder" in result.output, result.output
+    assert sorted(p.name for p in data.iterdir()) == before  # no journal, no logs, no runs

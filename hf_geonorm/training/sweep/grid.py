@@ -30,6 +30,7 @@ from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
 from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
 from ...files.signals import raise_if_signalled
+from ..data.prepare import check_output_apart
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
@@ -173,6 +174,7 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
             raise OptionError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
+    check_output_apart(train.data, folder, sweep.output)  # before the sweep writes anything
     with output_lock(folder, "sweep"):  # one sweep per folder, and no other run in its logs/ or runs/
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
