@@ -49,7 +49,8 @@ from .journal import (
     start_journal,
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
-from .report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
+from .report import write_report
+from .table import alpha_text, arm_name, best_rates, rate_text, run_name
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
 SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
@@ -357,6 +358,8 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         **entry, "settings": metrics["settings"], "steps": metrics["steps"], "tokens": metrics["tokens"],
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
         "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
+        "warmup_steps": metrics["options"]["warmup_steps"], "evaluated_blocks": metrics["evaluated_blocks"],
+        "training_seconds": metrics["training_seconds"], "evaluation_seconds": metrics["evaluation_seconds"],
     }  # fmt: skip
 
 
