@@ -25,7 +25,7 @@ FLOW = (
     "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer",
-    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal",
+    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",
     "sweep.grid",
 )  # fmt: skip
 MAX_ENTRIES = 2

@@ -259,6 +259,12 @@ def test_the_readme_sweep_says_its_runs_are_early_training(readme_sweep):
     assert "20 steps" in note and "docs/training.md" in note
 
 
+def test_the_readme_sweep_logs_a_time_estimate_after_each_run_but_the_last(readme_sweep):
+    _, log = readme_sweep
+    assert log.count("time estimate:") == 3 and "for the 1 run(s) left" in log
+    assert log.index("data prepared") < log.index("run 1/4")
+
+
 def test_where_every_rate_ran_seeds_the_plateau_takes_welchs_standard_error_of_each_pair(tmp_path):
     """Three seeds at every rate: a rate is on the plateau when its gap to the best is within Welch's standard error
     of the two rates' means, and the nearest rate outside it gets Welch's p."""
