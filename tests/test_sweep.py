@@ -398,6 +398,9 @@ def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> 
         ([user_run(2e-3, lr="2e-3")], "line 2: lr '2e-3' is not a positive finite number"),
         ([user_run(2e-3, seed=True)], "line 2: seed True is not a whole number"),
         ([user_run(2e-3, test_loss=None)], "not two finite losses, nor a diverged run's two nulls"),
+        ([user_run(2e-3, warmup_steps="six")], "line 2: warmup_steps 'six' is not a whole number >= 0"),
+        ([user_run(2e-3, evaluated_blocks={"validation": 8})], "line 2: evaluated_blocks {'validation': 8} is not"),
+        ([user_run(2e-3, training_seconds=-1.0)], "line 2: training_seconds -1.0 is not a finite number of seconds"),
     ],
 )
 def test_journal_lines_that_do_not_hold_a_run_of_this_sweep_are_refused_by_line(tmp_path, corpus, lines, message):
