@@ -16,20 +16,20 @@ best rates on the test split (``report``).
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
 from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
 from ...files.signals import raise_if_signalled
+from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
@@ -357,7 +357,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         resume=False,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed}
-    with _run_log(logs / f"{run.name}.log") as log_file:
+    with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
         except NonFiniteError as error:
@@ -375,22 +375,6 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         "warmup_steps": metrics["options"]["warmup_steps"], "evaluated_blocks": metrics["evaluated_blocks"],
         "training_seconds": metrics["training_seconds"], "evaluation_seconds": metrics["evaluation_seconds"],
     }  # fmt: skip
-
-
-def _run_log(path: Path) -> TextIO:
-    """The run's log ``path``, opened for writing anew, never through a symbolic link (which would overwrite the
-    file it points to)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    except OSError as error:
-        if error.errno == errno.ELOOP and path.is_symlink():
-            raise ValueError(
-                f"{path} is a symbolic link (to {os.readlink(path)}): the sweep writes each run's log there itself, "
-                "never through a link, which would overwrite the file it points to; remove the link and run the "
-                "sweep again"
-            ) from None
-        raise
-    return open(fd, "w", encoding="utf-8")
 
 
 def _remove_checkpoints(output: Path) -> None:
