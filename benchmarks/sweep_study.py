@@ -22,13 +22,17 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
   tokens for validation and as many for test). ``h_styles``: the paper's table, all five norm styles tuned as phase
   a tuned two (``phase_h``). ``f_length_1200`` and ``f_length_2400``: train's default model at 4x and 8x phase h's
   300 steps, warm-up a tenth of the run (``phase_f``). ``g_*``: width and depth apart, and LLaMA (``phase_g``).
+- ``i_gpt2_w10``, ``i_gpt2_w30``, ``i_llama_w10``, ``i_llama_w30``: the paper's table again, on both shapes, with
+  the warm-up tuned as the rate is (a tenth and three tenths of the run, the same for every style), after the
+  Post-Norm/DeepNorm diagnosis (``postnorm_diagnosis.py``) and on the split that holds out whole files
+  (``phase_i``). Phase h stays as it was measured.
 - ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
   resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
 Every arm of a phase gets the same grid rule and the same seeds. The runs are 300 steps x 16 x 128 tokens (the
 issue asked 300-400; 300 fits the machine). Resumable: run it again and only missing runs train.
 
-    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e,h,f,g]
+    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e,h,f,g,i]
 """
 
 from __future__ import annotations
@@ -261,16 +265,49 @@ def phase_g(results: Path, cache: str) -> None:
         seeded(folder, train, best, SEEDS if name.startswith(("width", "llama")) else (0,))
 
 
+# phase i: the paper's table with every style trained as its literature trains it (warm-up tuned, not fixed)
+I_SHAPES = ("gpt2", "llama")
+I_WARMUP_SHARES = (0.1, 0.3)  # of the run: the same two for every style (one style with more knobs is unfair)
+# each style's grid is centred where phase h and the history ablation put it, four rates a factor 2 apart
+I_CENTRES = {"pre": 2e-3, "geo": 8e-3, "sandwich": 4e-3, "post": 1e-3, "deepnorm": 1e-3}
+
+
+def phase_i(results: Path, cache: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """The paper's table on GPT-2 and LLaMA 4 x 128, 300 steps on the study corpus: every style on one grid rule,
+    rate x warm-up share (``I_WARMUP_SHARES``; one sweep folder per share, ``i_ARCH_wNN``), the rates four a factor
+    2 apart around ``I_CENTRES`` and extended at an edge (twice at most), chosen on seed 0's validation over both
+    shares; then seeds 0-2 at each style's best cell. Returns style -> (rate, share) per shape."""
+    chosen: dict[str, dict[str, tuple[float, float]]] = {}
+    for arch in I_SHAPES:
+        best: dict[str, tuple[float, float]] = {}
+        for style, centre in I_CENTRES.items():
+            cells = []
+            for share in I_WARMUP_SHARES:
+                folder = results / f"i_{arch}_w{round(share * 100):02d}"
+                train = study_options(cache, arch=arch, warmup_steps=round(STEPS * share))
+                rate = tuned(folder, train, style, [centre / 2, centre, centre * 2, centre * 4], extend=2)
+                cells.append((_val_at(folder, style, rate), rate, share))
+            _, rate, share = min(cells)
+            best[style] = (rate, share)
+        for style, (rate, share) in best.items():
+            folder = results / f"i_{arch}_w{round(share * 100):02d}"
+            seeded(folder, study_options(cache, arch=arch, warmup_steps=round(STEPS * share)), {style: rate})
+        chosen[arch] = best
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--phases", default="a,b,c,d,e",
-                        help="a comma list of a-h, r (the reproduction check), f1200 or f2400 (one length of f)")
+                        help="a comma list of a-i, r (the reproduction check), f1200 or f2400 (one length of f)")
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
     phases = args.phases.split(",")
     if "h" in phases:
         phase_h(args.results, args.data_cache)
+    if "i" in phases:
+        phase_i(args.results, args.data_cache)
     for phase in phases:
         if phase.startswith("f"):
             lengths = LENGTHS if phase == "f" else (int(phase[1:]),)

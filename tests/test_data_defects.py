@@ -261,7 +261,7 @@ def test_a_wrong_but_valid_meta_json_is_rebuilt(tmp_path, data_file):
     again = train_in(tmp_path, data_file, name="again")
     assert again.exit_code == 0, again.output
     assert f"the cached data {entry} does not verify, so it is rebuilt" in again.output
-    assert f"({meta['val_blocks']} blocks evaluated)" in again.output
+    assert f"({meta['val_blocks']} blocks held out)" in again.output
     other = tmp_path / "other.txt"
     other.write_text(data_file.read_text() + "\n\nmore\n")
     assert train_in(tmp_path, other, name="other").exit_code == 0

@@ -187,3 +187,29 @@ def test_a_ctrl_c_python_swallows_between_runs_stops_the_sweep_before_the_next(t
     quiet_stop(status, text, signal.SIGINT)
     assert "run 2/3" not in text, text
     assert journal_runs(output) == ["pre-lr1e-3-seed0"]
+
+
+@pytest.mark.parametrize(("sig", "command"), [(signal.SIGINT, "convert"), (signal.SIGTERM, "init")])
+def test_a_signal_python_swallows_while_an_output_is_written_stops_before_it_moves(tmp_path, sig, command):
+    """``convert`` and ``init``: the signal lands while the output is written into its temporary folder; nothing is
+    moved into place, and the temporary folder is removed."""
+    from tiny_models import tiny_model
+
+    from hf_geonorm import conversion
+    from hf_geonorm.training.run import model as model_module
+
+    tiny_model("gpt2").save_pretrained(tmp_path / "stock")
+    out = tmp_path / "out"
+    args = ["convert", tmp_path / "stock", out] if command == "convert" else ["init", "gpt2", out, "--preset", "tiny"]
+
+    def prepare() -> None:
+        if command == "convert":
+            land_once(conversion, "save_shareable", sig, "weakref")
+        else:
+            land_once(model_module, "save_config_with_remote_code", sig, "__del__")
+
+    status, output = signalled_job(args, tmp_path, prepare)
+    last = quiet_stop(status, output, sig)
+    word = "interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)"
+    assert last == f"Error: {word}; no partial output is left", output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stock"]  # no output, no temporary folder

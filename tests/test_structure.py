@@ -26,7 +26,8 @@ FLOW = (
     "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
-    "sweep.options", "sweep.report", "sweep.journal", "sweep.grid", "sweep.summary",
+    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",
+    "sweep.grid", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
 # Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sysconfig
 from dataclasses import replace
 from pathlib import Path
@@ -397,6 +398,9 @@ def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> 
         ([user_run(2e-3, lr="2e-3")], "line 2: lr '2e-3' is not a positive finite number"),
         ([user_run(2e-3, seed=True)], "line 2: seed True is not a whole number"),
         ([user_run(2e-3, test_loss=None)], "not two finite losses, nor a diverged run's two nulls"),
+        ([user_run(2e-3, warmup_steps="six")], "line 2: warmup_steps 'six' is not a whole number >= 0"),
+        ([user_run(2e-3, evaluated_blocks={"validation": 8})], "line 2: evaluated_blocks {'validation': 8} is not"),
+        ([user_run(2e-3, training_seconds=-1.0)], "line 2: training_seconds -1.0 is not a finite number of seconds"),
     ],
 )
 def test_journal_lines_that_do_not_hold_a_run_of_this_sweep_are_refused_by_line(tmp_path, corpus, lines, message):
@@ -585,3 +589,13 @@ def test_extend_says_why_no_rate_was_added_when_the_next_one_leaves_the_numbers(
     best = sweep_module.rate_text(rates[losses.index(min(losses))])
     assert f"pre: best rate {best} is at the edge of its grid, but {why}: no rate added" in result.output
     assert (output / "runs.jsonl").read_text() == before
+
+
+def test_a_sweep_inside_its_data_folder_is_refused_before_it_writes(tmp_path, corpus):
+    data = tmp_path / "corp"
+    data.mkdir()
+    shutil.copy(corpus, data / "text.txt")
+    before = sorted(p.name for p in data.iterdir())
+    result = CliRunner().invoke(cli, sweep_args(data, data / "sweep"))
+    assert result.exit_code != 0 and "is inside the --data folder" in result.output, result.output
+    assert sorted(p.name for p in data.iterdir()) == before  # no journal, no logs, no runs

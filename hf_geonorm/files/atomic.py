@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .ownership import LOCK_NAME, MARKER_NAME, check_replaceable, mark_folder, ownership_problem, protected_reason
-from .signals import signals_held, terminate_raises
+from .signals import raise_if_signalled, signals_held, signals_stop_the_job
 
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
@@ -273,10 +273,9 @@ def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = 
 
 
 def check_target(output_dir: str | os.PathLike, force: bool = False, option: str = "OUTPUT_DIR") -> Path:
-    """The absolute path of ``output_dir``; ``ValueError`` for a name ``check_output_name`` refuses,
-    ``FileExistsError`` for a file or (without ``force``) a non-empty folder, ``ownership.NotAnOutput`` (with
-    ``force``) for one that is not an earlier output holding nothing else. ``atomic_directory`` checks this when it
-    starts (callers may check earlier, to fail fast)."""
+    """The absolute path of ``output_dir``; ``ValueError`` for a name ``check_output_name`` refuses, ``FileExistsError``
+    for a file or (without ``force``) a non-empty folder, ``ownership.NotAnOutput`` (with ``force``) for one that is
+    not an earlier output holding nothing else. ``atomic_directory`` checks this first (callers may, to fail fast)."""
     output = check_output_name(output_dir, force, option)
     if os.path.lexists(output) and not output.is_dir():
         raise FileExistsError(f"{output_dir} exists and is not a folder")
@@ -373,13 +372,14 @@ def atomic_directory(
     if replaces:
         check_no_run_inside(output)
     created = _missing_ancestors(output)
-    with terminate_raises():
+    with signals_stop_the_job():
         tmp = None
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{_temporary_stem(output)}.partial-{os.getpid()}-", dir=output.parent))
             os.chmod(tmp, 0o777 & ~_umask())
             yield tmp
+            raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed while the block wrote: nothing moves
             if command is not None:
                 mark_folder(tmp, command)
             with signals_held():

@@ -5,6 +5,7 @@ makes it UTF-8 text), bytes that are not UTF-8 are replaced with a warning."""
 from __future__ import annotations
 
 import codecs
+import errno
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import first_line
 
@@ -140,3 +141,18 @@ def json_or_problem(path: Path) -> tuple[Any, str | None]:
         return None, f"{path} is missing"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return None, f"{path} is not valid JSON ({first_line(error)})"
+
+
+def new_text_file(path: Path, why: str) -> TextIO:
+    """``path`` opened for writing anew, never through a symbolic link (which would overwrite the file it points
+    to): ``ValueError`` naming the link, with ``why`` the file is written here."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP and path.is_symlink():
+            raise ValueError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): {why}, never through a link, which would "
+                "overwrite the file it points to; remove the link and run the command again"
+            ) from None
+        raise
+    return open(fd, "w", encoding="utf-8")

@@ -12,7 +12,6 @@ are checked one by one, each the same way.
 from __future__ import annotations
 
 import ast
-import copyreg
 import pickletools
 import re
 import struct
@@ -136,7 +135,7 @@ def _zip_reason(stream: IO[bytes], depth: int) -> str | None:
 
 def unpickles(stream: IO[bytes]) -> bool:
     """Whether ``pickle.load`` would take ``stream`` for a pickle: it reaches an opcode that imports (a module
-    name, not text, for GLOBAL and INST; two strings for STACK_GLOBAL; a registered extension code), or a STOP that
+    name, not text, for GLOBAL and INST; two strings for STACK_GLOBAL; an extension code), or a STOP that
     ends a well-formed pickle,
     or ``MAX_OPCODES`` opcodes that all decode and fit on the stack. Read by ``pickletools``, never unpickled."""
     stack: list[tuple[str, Any]] = []  # (the kind pickletools names, the value for strings)
@@ -149,7 +148,7 @@ def unpickles(stream: IO[bytes]) -> bool:
             if name in ("GLOBAL", "INST"):
                 return all(_DOTTED_NAME.match(part) for part in arg.split(" ")) and arg.count(" ") == 1
             if name in EXTENSIONS:
-                return arg in copyreg._inverted_registry  # noqa: SLF001 - the registry the unpickler reads
+                return True  # an import by extension code: taken for a pickle, whatever this process registered
             popped = _pop(stack, opcode)
             if popped is None:
                 return False  # the unpickler stops here: its stack holds too little

@@ -189,7 +189,7 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
         held_out, held, tokens = streaming_holdout(corpus, tokenizer, length, request.held_out_blocks)
         log(f"data: {corpus.label}, streamed: tokenized and packed as training reads it, so how many tokens it holds "
             f"is unknown in advance; validation and test: {len(held)} documents, {tokens['val']:,} and "
-            f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks evaluated); "
+            f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks held out); "
             f"{steps}")  # fmt: skip
         train = streaming_blocks(corpus, tokenizer, length, held, request.seed)
         facts = data_facts(corpus, tokenizer, None, {s: (None, tokens[s], len(held_out[s])) for s in ("val", "test")})
@@ -219,8 +219,8 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
     log(f"data: {corpus.label}: {meta['documents']:,} documents, {meta['tokens']:,} tokens (an end-of-text token "
         f"after each document); {how}")  # fmt: skip
     log(f"validation: {meta['val_documents']:,} documents, {meta['val_tokens']:,} tokens ({meta['val_blocks']} blocks "
-        f"evaluated); test: {meta['test_documents']:,} documents, {meta['test_tokens']:,} tokens "
-        f"({meta['test_blocks']} blocks evaluated at the end); training on {train_tokens:,} tokens "
+        f"held out); test: {meta['test_documents']:,} documents, {meta['test_tokens']:,} tokens "
+        f"({meta['test_blocks']} blocks held out, evaluated at the end); training on {train_tokens:,} tokens "
         f"({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")  # fmt: skip
     val_cut, test_cut = meta["val_cut_tokens"], meta["test_cut_tokens"]
     if val_cut or test_cut:

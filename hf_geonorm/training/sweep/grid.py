@@ -16,24 +16,26 @@ best rates on the test split (``report``).
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
 from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
 from ...files.signals import raise_if_signalled
+from ...files.text_files import new_text_file
+from ..data.prepare import check_output_apart
 from ..options import OptionError, TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training
+from .estimate import TimeEstimate
 from .journal import (
     JOURNAL,
     Journal,
@@ -49,7 +51,8 @@ from .journal import (
     start_journal,
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
-from .report import alpha_text, arm_name, best_rates, rate_text, run_name, write_report
+from .report import write_report
+from .table import alpha_text, arm_name, best_rates, rate_text, run_name
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
 SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
@@ -173,6 +176,7 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
             raise OptionError(f"the sweep sets {setting} of each run: give {option}, not {single}")
     train = replace(train, lr=1e-3).validate()  # the rate each run sets: checked with a stand-in
     folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
+    check_output_apart(train.data, folder, sweep.output)  # before the sweep writes anything
     with output_lock(folder, "sweep"):  # one sweep per folder, and no other run in its logs/ or runs/
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
@@ -207,18 +211,26 @@ class _Sweep:
         self.done = {entry_key(entry) for entry in self.entries}
         self.trained = 0
         self.visited: set[tuple] = set()  # the runs of this sweep's protocol, trained now or before
+        self.batch: list[Run] = []  # the runs train_runs is training
+        self.estimate = TimeEstimate(train.max_steps)
         self.total = self.planned()
 
     def planned(self) -> int:
-        """The runs left to train as far as they are known now: the grid's, and the confirmation runs at each
-        arm's best rate (as chosen now; an arm whose grid has not run: one per confirmation seed)."""
-        grid = [run for run in plan(self.sweep, self.grids) if run.key() not in self.done]
-        confirm = 0
+        """How many runs are left to train as far as it is known now (``left``)."""
+        return len(self.left())
+
+    def left(self) -> list[str]:
+        """The style of each run left to train as far as it is known now: the batch training (an extension's
+        included), the grid's, and the confirmation runs at each arm's best rate (as chosen now; an arm whose grid
+        has not run: one per confirmation seed)."""
+        known = {run.key(): run.style for run in [*self.batch, *plan(self.sweep, self.grids)]
+                 if run.key() not in self.done}  # fmt: skip
+        confirm = []
         for style, alpha in arms(self.sweep):
             best = choice(self.entries, style, alpha, list(self.grids[style]), self.sweep.seeds)
-            seeds = self.sweep.confirm_seeds or ()
-            confirm += len([s for s in seeds if best is None or (style, alpha, best, s) not in self.done])
-        return len(grid) + confirm
+            keys = [(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()]
+            confirm += [style for key in keys if best is None or (key not in self.done and key not in known)]
+        return [*known.values(), *confirm]
 
     def run(self) -> list[dict[str, Any]]:
         sweep = self.sweep
@@ -278,6 +290,7 @@ class _Sweep:
         self.train_runs([Run(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()], "confirmation")
 
     def train_runs(self, runs: list[Run], role: str) -> None:
+        self.batch = runs
         for run in runs:
             raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed (in the last run, in the report)
             self.visited.add(run.key())
@@ -299,13 +312,12 @@ class _Sweep:
             result = "diverged" if entry["val_loss"] is None else (
                 f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}"
             )  # fmt: skip
-            seconds = time.monotonic() - started
-            self.log(f"run {number}/{self.total}: {run.label}: {result} ({seconds:.0f} s)")
-            if number == 1 and self.total > 1:
-                self.log(f"time estimate: about {_duration(seconds * (self.total - 1))} for the {self.total - 1} "
-                         "run(s) left, at this run's pace")  # fmt: skip
+            self.log(f"run {number}/{self.total}: {run.label}: {result} ({time.monotonic() - started:.0f} s)")
             write_report(self.folder, self.entries, log=lambda _: None, header=self.journal.header)
             self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+            self.estimate.add(time.monotonic() - started, entry)  # all the sweep waited for: the report included
+            if (estimate := self.estimate.line(self.left())) is not None:
+                self.log(estimate)
 
     def record(self, *paths: Path) -> None:
         """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
@@ -313,10 +325,13 @@ class _Sweep:
 
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
-        new journal records them in its header)."""
-        from ..data.prepare import data_request, data_source
+        new journal records them in its header); then the data tokenized and cached, so that the first run reads
+        it as every other does and the time estimate measures runs alike."""
+        from ..data.prepare import data_request, data_source, training_data
 
-        source = data_source(data_request(self.train), lambda _: None)
+        started = time.monotonic()
+        request = data_request(self.train)
+        source = data_source(request, lambda _: None)
         data_key = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
         options = replace(self.train, lr=None)
         if self.journal.header is None:
@@ -324,10 +339,10 @@ class _Sweep:
             self.journal = load_journal(self.journal.path)
         else:
             check_data(self.journal, options, data_key)
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+        if not self.train.streaming:  # a stream is read by each run alike
+            training_data(source, request, lambda _: None)
+            self.log(f"data prepared in {time.monotonic() - started:.0f} s, before the first run: tokenized and "
+                     "cached, as every run reads it")  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
@@ -342,7 +357,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         resume=False,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed}
-    with _run_log(logs / f"{run.name}.log") as log_file:
+    with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
         except NonFiniteError as error:
@@ -357,23 +372,9 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         **entry, "settings": metrics["settings"], "steps": metrics["steps"], "tokens": metrics["tokens"],
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
         "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
+        "warmup_steps": metrics["options"]["warmup_steps"], "evaluated_blocks": metrics["evaluated_blocks"],
+        "training_seconds": metrics["training_seconds"], "evaluation_seconds": metrics["evaluation_seconds"],
     }  # fmt: skip
-
-
-def _run_log(path: Path) -> TextIO:
-    """The run's log ``path``, opened for writing anew, never through a symbolic link (which would overwrite the
-    file it points to)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    except OSError as error:
-        if error.errno == errno.ELOOP and path.is_symlink():
-            raise ValueError(
-                f"{path} is a symbolic link (to {os.readlink(path)}): the sweep writes each run's log there itself, "
-                "never through a link, which would overwrite the file it points to; remove the link and run the "
-                "sweep again"
-            ) from None
-        raise
-    return open(fd, "w", encoding="utf-8")
 
 
 def _remove_checkpoints(output: Path) -> None:

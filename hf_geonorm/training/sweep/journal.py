@@ -24,7 +24,7 @@ from typing import Any
 from ...modeling.settings import NORM_STYLES
 from ..options import MAX_SEED, TrainOptions
 from .options import outside_sweep_key
-from .report import run_name
+from .table import run_name
 
 JOURNAL = "runs.jsonl"
 JOURNAL_FORMAT = 1
@@ -32,6 +32,7 @@ NOT_IN_KEY = outside_sweep_key()  # left out of the journal's key, as TrainOptio
 # options naming files whose content the header's data fingerprints key: their spelling may change
 KEYED_BY_CONTENT = ("data", "tokenizer")
 RUN_FIELDS = ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss")
+SPLITS = ("validation", "test")  # a run's evaluated_blocks
 DATA_KEY = ("fingerprint", "tokenizer")  # the header's data_key: the data's and the tokenizer's fingerprints
 BOM = codecs.BOM_UTF8  # what an editor saving "UTF-8 with BOM" puts before the header: read past
 
@@ -174,6 +175,7 @@ def _checked_entry(path: Path, number: int, entry: Any, journal: Journal, seen: 
     if losses[0] is not None and steps != options["max_steps"]:
         raise _damaged(path, number, f"a run of {steps} steps in a sweep of --max-steps {options['max_steps']}")
     _check_data_facts(path, number, entry, journal)
+    _check_recorded(path, number, entry)
     key = entry_key(entry)
     if key in seen:
         raise _damaged(path, number, f"run {expected} again (first on line {seen[key]})")
@@ -194,6 +196,24 @@ def _check_settings(path: Path, number: int, entry: dict[str, Any], options: dic
                if settings.get(name) != value]  # fmt: skip
     if changed:
         raise _damaged(path, number, f"a run with other settings: {', '.join(changed)}")
+
+
+def _check_recorded(path: Path, number: int, entry: dict[str, Any]) -> None:
+    """What a run recorded of how it ran (absent from a journal of an earlier hf-geonorm), which the report states
+    and the time estimate reads: whole numbers of steps and blocks, finite seconds."""
+    warmup, blocks = entry.get("warmup_steps"), entry.get("evaluated_blocks")
+    if warmup is not None and not _is_count(warmup):
+        raise _damaged(path, number, f"warmup_steps {warmup!r} is not a whole number >= 0")
+    if blocks is not None and not (isinstance(blocks, dict) and all(_is_count(blocks.get(s)) for s in SPLITS)):
+        raise _damaged(path, number, f"evaluated_blocks {blocks!r} is not a count of validation and test blocks")
+    for name in ("training_seconds", "evaluation_seconds"):
+        seconds = entry.get(name)
+        if seconds is not None and not (_is_number(seconds) and seconds >= 0):
+            raise _damaged(path, number, f"{name} {seconds!r} is not a finite number of seconds >= 0")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_data_facts(path: Path, number: int, entry: dict[str, Any], journal: Journal) -> None:

@@ -1,106 +1,27 @@
-"""The report of a sweep (``sweep.md``, ``sweep.png``), from its journal's runs: the loss at every rate per arm
-with the spread over seeds, each arm's best rate chosen on validation, and the arms compared at their own best
-rates on test. An arm is a norm style (with its geo_alpha when the sweep varies it)."""
+"""The report of a sweep (``sweep.md``, ``sweep.png``), a function of its journal: what the runs ran (the warm-up and
+the evaluation as they recorded them), the loss at every rate per arm with the spread over seeds and how many seeds,
+each arm's best rate chosen on validation, and the arms compared at their own best rates on test; how sure each
+comparison is, and whether the runs are early training (``evidence``). An arm is a norm style (with its geo_alpha
+when the sweep varies it)."""
 
 from __future__ import annotations
 
-import math
-import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .evidence import PLATEAU_TOLERANCE, early_training, margins_text, plateau_notes, seeds_named
+from .table import Cell, arm_name, at_edge, best_rates, cells, common_seeds, mean_spread, rate_text, trained
+
+# the table's names the benchmarks and the tests read from here, besides the report's own
+__all__ = ["arm_name", "at_edge", "best_rates", "cells", "mean_spread", "rate_text", "report_text", "write_report"]
 SPREAD = "sample standard deviation over seeds (n-1)"
-
-
-def rate_text(lr: float) -> str:
-    """A learning rate as people write it, one digit before the point (4e-3, 1.6e-2; 16e-3 is written 1.6e-2),
-    with the fewest digits that read back as exactly this rate: two rates never share a text (1.0000001e-3 is not
-    1e-3), so run names built from it cannot collide."""
-    for digits in range(17):
-        mantissa, exponent = f"{lr:.{digits}e}".split("e")
-        if float(f"{mantissa}e{exponent}") == lr:
-            break
-    return f"{mantissa}e{int(exponent)}"
-
-
-def alpha_text(alpha: float) -> str:
-    """A geo_alpha as people write it (0.5, 1), with the fewest digits that read back as exactly this value."""
-    for digits in range(1, 18):
-        text = f"{alpha:.{digits}g}"
-        if float(text) == alpha:
-            return text
-    return repr(alpha)
-
-
-def run_name(style: str, alpha: float | None, lr: float, seed: int) -> str:
-    """A run's folder name under ``runs/``, one per cell of the grid: ``geo-alpha0.5-lr8e-3-seed0``."""
-    alpha_part = "" if alpha is None else f"-alpha{alpha_text(alpha)}"
-    return f"{style}{alpha_part}-lr{rate_text(lr)}-seed{seed}"
-
-
-@dataclass
-class Cell:
-    """The runs of one arm at one rate."""
-
-    val: list[float | None]  # one per seed; None: diverged
-    test: list[float | None]
-    seeds: list[int]
-
-
-def arm_name(entry: dict[str, Any]) -> str:
-    return entry["style"] + ("" if entry["alpha"] is None else f" alpha {alpha_text(entry['alpha'])}")
-
-
-def cells(runs: list[dict[str, Any]]) -> dict[str, dict[float, Cell]]:
-    """The runs grouped by arm, then by rate (rates in increasing order), in the order arms first appear."""
-    table: dict[str, dict[float, Cell]] = {}
-    for entry in runs:
-        cell = table.setdefault(arm_name(entry), {}).setdefault(entry["lr"], Cell([], [], []))
-        cell.val.append(entry["val_loss"])
-        cell.test.append(entry["test_loss"])
-        cell.seeds.append(entry["seed"])
-    return {arm: dict(sorted(rates.items())) for arm, rates in table.items()}
-
-
-def best_rates(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Each arm's best rate: the lowest mean validation loss (the lower rate on a tie) over the seeds that every
-    rate of the arm has run, so that a rate run with more seeds (the best, seeded once chosen) is compared on the
-    same seeds as the others; over all its seeds where no seed is common. A diverged run counts as infinite loss.
-    Test losses play no part in it."""
-    best = {}
-    for arm, rates in cells(runs).items():
-        common = set.intersection(*(set(cell.seeds) for cell in rates.values()))
-
-        def loss(lr: float, rates: dict[float, Cell] = rates, common: set[int] = common) -> tuple[float, float]:
-            cell = rates[lr]
-            kept = [v for v, seed in zip(cell.val, cell.seeds, strict=True) if not common or seed in common]
-            return (math.inf if None in kept else statistics.fmean(kept), lr)
-
-        best[arm] = min(rates, key=loss)
-    return best
-
-
-def at_edge(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """The arms whose best rate is the lowest or the highest of their grid: the best may lie beyond it."""
-    edges = {}
-    for arm, lr in best_rates(runs).items():
-        rates = list(cells(runs)[arm])
-        if len(rates) > 1 and lr == rates[0]:
-            edges[arm] = "lowest"
-        elif len(rates) > 1 and lr == rates[-1]:
-            edges[arm] = "highest"
-        elif len(rates) == 1:
-            edges[arm] = "only"
-    return edges
-
-
-def mean_spread(values: list[float | None]) -> tuple[float, float | None, int]:
-    """Mean, sample standard deviation (None for one value) and count of the finite values."""
-    finite = [v for v in values if v is not None]
-    if not finite:
-        return math.inf, None, 0
-    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else None, len(finite)
+PLATEAU = (
+    "An arm's plateau: its best rate and every rate whose mean validation loss, on the seeds all its rates ran, is "
+    "within one standard error of the difference from the best's (Welch's where both rates ran two or more of those "
+    "seeds; else the arm's seed spread, pooled over the rates that ran two or more seeds, x sqrt(1/n + 1/n_best)); "
+    f"where no rate ran two seeds, within a stated tolerance of {PLATEAU_TOLERANCE}. The choice among the rates of "
+    "a plateau is not resolved by these runs."
+)
 
 
 def _loss_text(values: list[float | None]) -> str:
@@ -112,9 +33,20 @@ def _loss_text(values: list[float | None]) -> str:
     return text + (f" (n={n})" if n > 1 or lost else "") + (f", {lost} diverged" if lost else "")
 
 
-def trained(rates: dict[float, Cell]) -> bool:
-    """Whether any run of an arm trained to the end (not every one diverged)."""
-    return any(v is not None for cell in rates.values() for v in cell.val)
+def cell_text(cell: Cell, common: set[int]) -> str:
+    """A cell of the validation table: the mean over its seeds ± their spread, how many seeds, and where it ran more
+    seeds than the arm's other rates, its loss on the seeds they share (what the choice compared)."""
+    mean, spread, n = mean_spread(cell.val)
+    if n == 0:
+        return "diverged"
+    text = f"{mean:.4f}" + ("" if spread is None else f" ± {spread:.4f}") + f" ({n} seed{'s' if n > 1 else ''}"
+    lost = len(cell.val) - n
+    text += f", {lost} diverged" if lost else ""
+    if common and set(cell.seeds) - common:
+        shared = cell.val_on(common)
+        on = "diverged" if None in shared else f"{mean_spread(shared)[0]:.4f}"
+        text += f"; {seeds_named(common)}: {on}"
+    return text + ")"
 
 
 def data_facts(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -144,9 +76,8 @@ def swept_text(runs: list[dict[str, Any]], header: dict[str, Any]) -> list[str]:
         f"- data: {data} (data fingerprint and tokenizer hash: {fingerprints}){available}",
         f"- model: {model}, settings {options.get('settings') or 'the library defaults'} (each arm sets its style)",
         f"- each run: {steps} steps x {per_step:,} tokens = {steps * per_step:,} tokens, warm-up "
-        f"{options.get('warmup_steps')} steps, precision {options.get('precision', 'fp32')}",
-        f"- evaluation: {options['eval_blocks']} blocks of {options['seq_len']} tokens for validation and as many "
-        f"for test{held}",
+        f"{warmup_text(runs, options)}, precision {options.get('precision', 'fp32')}",
+        f"- evaluation: {evaluation_text(runs, options, facts)}{held}",
         "- rates, as this report and the run folders write them (one digit before the point: 16e-3 is 1.6e-2): "
         + ", ".join(f"{rate_text(lr)} ({lr!r})" for lr in rates),
         f"- {seeds_text(runs)}",
@@ -170,40 +101,38 @@ def seeds_text(runs: list[dict[str, Any]]) -> str:
     return text
 
 
-def sureness_text(table: dict[str, dict[float, Cell]], best: dict[str, float]) -> list[str]:
-    """Whether each arm's choice is resolved: its two best rates against the seed spread (a plateau when they are
-    within it), or that one seed gives no spread to judge by."""
-    notes = []
-    for arm, rates in table.items():
-        if not trained(rates) or len(rates) < 2:
-            continue
-        common = set.intersection(*(set(cell.seeds) for cell in rates.values()))
+def recorded(runs: list[dict[str, Any]], name: str) -> list[Any]:
+    """The distinct values the runs that trained recorded under ``name`` (a journal of an earlier hf-geonorm has
+    none), in the order they first appear."""
+    values = [e[name] for e in runs if e.get("val_loss") is not None and e.get(name) is not None]
+    return [v for i, v in enumerate(values) if v not in values[:i]]
 
-        def mean(lr: float, rates: dict[float, Cell] = rates, common: set[int] = common) -> float:
-            cell = rates[lr]
-            kept = [v for v, seed in zip(cell.val, cell.seeds, strict=True) if not common or seed in common]
-            return math.inf if None in kept else statistics.fmean(kept)
 
-        ranked = sorted(rates, key=lambda lr: (mean(lr), lr))
-        first, second = ranked[0], ranked[1]
-        gap = mean(second) - mean(first)
-        spreads = [s for s in (mean_spread(rates[lr].val)[1] for lr in (first, second)) if s is not None]
-        pair = f"{rate_text(first)} and {rate_text(second)}"
-        on = f"on validation (seed {', '.join(map(str, sorted(common)))}, which both ran)" if common else (
-            "on validation")  # fmt: skip
-        if not math.isfinite(gap):
-            continue
-        if not spreads:
-            notes.append(f"{arm}: one seed only, so no seed spread tells whether its two best rates ({pair}, "
-                         f"{gap:.4f} apart {on}) differ; --confirm-seeds 1,2 measures it")  # fmt: skip
-        elif gap <= max(spreads):
-            notes.append(f"{arm}: a plateau: its two best rates ({pair}) are {gap:.4f} apart {on}, within "
-                         f"the seed spread {max(spreads):.4f}; either is as good, and the choice between them is not "
-                         "resolved")  # fmt: skip
-        else:
-            notes.append(f"{arm}: its two best rates ({pair}) are {gap:.4f} apart {on}, beyond the seed "
-                         f"spread {max(spreads):.4f}")  # fmt: skip
-    return notes
+def warmup_text(runs: list[dict[str, Any]], options: dict[str, Any]) -> str:
+    """The warm-up the runs used (recorded by each run: ``--warmup-steps``, or its default, a tenth of the steps)."""
+    used = recorded(runs, "warmup_steps")
+    if used:
+        return " or ".join(map(str, used)) + " steps"
+    if options.get("warmup_steps") is not None:
+        return f"{options['warmup_steps']} steps"
+    return "not recorded (runs of an earlier hf-geonorm; --warmup-steps was not given: a tenth of the steps)"
+
+
+def evaluation_text(runs: list[dict[str, Any]], options: dict[str, Any], facts: dict[str, Any]) -> str:
+    """The blocks each evaluation read (recorded by each run: ``--eval-blocks``, or the default for the run's
+    length), and of how many held out where that is more."""
+    length = options["seq_len"]
+    used = recorded(runs, "evaluated_blocks")
+    if not used:
+        if options.get("eval_blocks") is None:
+            return f"blocks of {length} tokens, how many not recorded (runs of an earlier hf-geonorm)"
+        return f"{options['eval_blocks']} blocks of {length} tokens for validation and as many for test"
+    text = " or ".join(f"{blocks['validation']} blocks of {length} tokens for validation and {blocks['test']} for "
+                       "test" for blocks in used)  # fmt: skip
+    held = (facts.get("val_blocks"), facts.get("test_blocks"))
+    if None not in held and any(held[0] > b["validation"] or held[1] > b["test"] for b in used):
+        text += f" (the first of the {held[0]} and {held[1]} blocks held out)"
+    return text
 
 
 MIN_VAL_DOCUMENTS = 100
@@ -234,9 +163,12 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
     lines = ["# Sweep", ""]
     if header is not None:
         lines += swept_text(runs, header)
+    lines += early_training(runs)
     lines += [
-        f"{len(runs)} runs. Validation loss (mean ± {SPREAD}; n: seeds) at each peak learning rate; "
-        "**bold**: the arm's best rate, chosen on validation (on the seeds all its rates ran).",
+        f"{len(runs)} runs. Validation loss at each peak learning rate: the mean over the seeds a cell ran ± their "
+        f"{SPREAD}, and how many seeds; **bold**: the arm's best rate, chosen on validation on the seeds all its "
+        "rates ran. A cell that ran more seeds than the others beside it (the best, seeded once chosen: "
+        "--confirm-seeds) is a mean of more seeds, so it also gives its loss on the seeds the choice compared.",
         "",
         "| arm | " + " | ".join(rate_text(lr) for lr in rates) + " |",
         "|---|" + "---|" * len(rates),
@@ -244,7 +176,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
     for arm, arm_rates in table.items():
         row = []
         for lr in rates:
-            text = _loss_text(arm_rates[lr].val) if lr in arm_rates else "–"
+            text = cell_text(arm_rates[lr], common_seeds(arm_rates)) if lr in arm_rates else "–"
             row.append(f"**{text}**" if lr == best[arm] and trained(arm_rates) else text)
         lines.append(f"| {arm} | " + " | ".join(row) + " |")
     lines += [
@@ -267,15 +199,12 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         lines.append(f"| {arm} | none: no rate trained | {len({s for c in table[arm].values() for s in c.seeds})} | "
                      "every run diverged | – |")  # fmt: skip
     if len(ranked) > 1:
-        first, second = (mean_spread(table[arm][best[arm]].test) for arm in ranked[:2])
-        spreads = [s for s in (first[1], second[1]) if s is not None]
-        versus = f"; the larger seed spread is {max(spreads):.4f}" if spreads else " (one seed each: no spread)"
-        lines += ["", f"{ranked[0]} is lowest on test, by {second[0] - first[0]:.4f} below {ranked[1]}{versus}."]
+        lines += ["", margins_text(table, best, ranked)]
     elif not ranked:
         lines += ["", "No rate trained: every run of every arm diverged, so nothing was chosen or compared."]
-    notes = sureness_text(table, best)
+    notes = plateau_notes(table, best)
     if notes:
-        lines += ["", "## How sure each choice is", "", *[f"- {note}" for note in notes]]
+        lines += ["", "## How sure each choice is", "", PLATEAU, "", *[f"- {note}" for note in notes]]
     warnings = [f"every run of {arm} diverged: no rate trained; try lower rates" for arm in failed]
     warnings += [
         f"the best rate of {arm} ({rate_text(best[arm])}) is the {where} rate of its grid: the best may lie "

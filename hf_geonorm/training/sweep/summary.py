@@ -1,5 +1,5 @@
 """What ``hf-geonorm info`` says of a sweep's output folder, read as the sweep reads it: the journal through
-``journal.read_journal`` (every line checked), each arm's choice through ``report.best_rates``; then the arms
+``journal.read_journal`` (every line checked), each arm's choice through ``table.best_rates``; then the arms
 compared at their own best rates on test (the margin between the lowest two), and where the report is."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .journal import JOURNAL, read_journal
-from .report import arm_name, best_rates
+from .table import arm_name, best_rates
 
 REPORT = "sweep.md"
 
