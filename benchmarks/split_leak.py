@@ -26,7 +26,7 @@ fly on the folder of files (the old rule's runs used one trained on the shards; 
 differ). ``--files N`` measures the first N files only (a deterministic subset, in the corpus's order).
 
 Writes ``split_leak.json`` and ``.md`` to ``--out`` (default benchmarks/results); every number in them is computed by
-this script. About 5 minutes on one core for the whole corpus.
+this script. About 10 minutes for the whole corpus on a busy 2-core machine (most of it the exact coverage).
 
     python benchmarks/split_leak.py [--files N] [--work DIR]
 """

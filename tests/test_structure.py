@@ -21,7 +21,8 @@ TRAINING = PACKAGE / "training"
 # what trains it, the run's outputs, the run, and the sweep over runs.
 FLOW = (
     "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
-    "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
+    "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.duplicates", "data.split",
+    "data.pipeline", "data.prepare",
     "run.record", "run.checkpoints", "run.model", "run.optim", "run.bridge", "run.outputs", "run.trainer",
     "sweep.options", "sweep.report", "sweep.journal", "sweep.grid",
 )  # fmt: skip
