@@ -32,8 +32,8 @@ def peak_mb(run: dict[str, Any]) -> float:
 def throughput_cause(one: dict[str, Any], raw: dict[str, Any]) -> str:
     """Where a one-process preparation's time went besides the tokenizer, and the tokenizer's own rate there."""
     meta, total = one["meta"], one["seconds"]
-    stages = {"hashing the files": one["resolve_seconds"], "reading the documents": meta["read_seconds"],
-              "packing and writing": meta["pack_seconds"]}  # fmt: skip
+    stages = {"hashing the files": one["resolve_seconds"], "the held-out split": meta.get("split_seconds", 0.0),
+              "reading the documents": meta["read_seconds"], "packing and writing": meta["pack_seconds"]}  # fmt: skip
     rest = total - sum(stages.values()) - meta["tokenize_seconds"]
     split = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in (*stages.items(), ("the rest", rest)))
     inside = one["tokens"] / meta["tokenize_seconds"]
@@ -87,8 +87,9 @@ def measurement_row(runs: dict[str, Any], shape: str, size: int) -> str:
         return f"| {SHAPE_NAMES[shape]}, {size} MB | not measured yet |" + " |" * 13
     raw, one, two, trained = got.values()
     meta = one["meta"]
-    split = " / ".join(f"{seconds:.1f}" for seconds in (one["resolve_seconds"], meta["read_seconds"],
-                                                          meta["tokenize_seconds"], meta["pack_seconds"]))  # fmt: skip
+    split = " / ".join(f"{seconds:.1f}" for seconds in (one["resolve_seconds"], meta.get("split_seconds", 0.0),
+                                                          meta["read_seconds"], meta["tokenize_seconds"],
+                                                          meta["pack_seconds"]))  # fmt: skip
     return (
         f"| {SHAPE_NAMES[shape]}, {size} MB | {meta['documents']:,} | {one['tokens'] / 1e6:,.1f} M | "
         f"{rate(raw['tokens_per_second'])} ({raw['chars'] / 1e6:.0f} MB) | {rate(raw['fast_tokens_per_second'])} | "
@@ -142,8 +143,9 @@ def markdown(payload: dict[str, Any]) -> str:
         "## Measurements",
         "",
         "| corpus | documents | tokens | raw | raw, no offsets | 1 process | 1 process / raw, no offsets | "
-        "2 processes | 1 process / raw, on CPU time | trained, 1 process | 1 process: seconds, split hash / read / "
-        "tokenize / pack | peak RSS, 1 process | 2 processes: process + largest worker | trained: peak RSS | cache |",
+        "2 processes | 1 process / raw, on CPU time | trained, 1 process | 1 process: seconds, hash / held-out split / "
+        "read / tokenize / pack | peak RSS, 1 process | 2 processes: process + largest worker | trained: peak RSS | "
+        "cache |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(measurement_row(payload["measurements"], shape, size) for size in args["sizes"] for shape in args["shapes"]),
         "",

@@ -5,7 +5,9 @@ It is the Python source of two packages every install of hf-geonorm has, at the 
 repeats another's exactly are taken once. The files are put in an order shuffled with a fixed seed and written,
 with a blank line between them, into text shards of about 4 MB, so that the documents ``train`` holds out for
 validation and test (one in 20 each, from the first) are a mix of both packages rather than the first of them in
-alphabetical order.
+alphabetical order. Each shard is longer than the evaluation, so ``train`` holds the shards out by pieces (not
+whole files), without the pieces training text holds anyway; ``benchmarks/split_leak.py`` measures what that
+leaves, and what a folder of the files would (the study's recorded runs predate that split).
 
 The script then prepares the data as every study run does (``train``'s own data step, at the study's sequence
 length and evaluation size), which tokenizes it into the cache the runs read, and writes what it took, its hash and
@@ -44,8 +46,9 @@ def package_files(name: str) -> tuple[str, list[Path]]:
     return version, sorted(p for p in root.rglob("*.py") if p.is_file())
 
 
-def build(out: Path) -> dict:
-    """Write the shards into ``out`` (replaced whole); what was taken."""
+def source_texts() -> tuple[dict[str, str], list[str], int]:
+    """The packages' versions, the text of each of their files (stripped; each content once, none empty) in the
+    corpus's shuffled order, and how many files were skipped."""
     taken, seen, versions, skipped = [], set(), {}, 0
     for name in PACKAGES:
         versions[name], files = package_files(name)
@@ -58,6 +61,12 @@ def build(out: Path) -> dict:
             seen.add(digest)
             taken.append(text)
     random.Random(SEED).shuffle(taken)
+    return versions, taken, skipped
+
+
+def build(out: Path) -> dict:
+    """Write the shards into ``out`` (replaced whole); what was taken."""
+    versions, taken, skipped = source_texts()
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

@@ -23,7 +23,8 @@ TRAINING = PACKAGE / "training"
 # reads of it).
 FLOW = (
     "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
-    "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.pipeline", "data.prepare",
+    "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.duplicates", "data.split",
+    "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
     "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",

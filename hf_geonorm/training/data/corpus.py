@@ -86,28 +86,36 @@ class Corpus:
 
     def all_documents(self) -> Iterator[str]:
         """Every document of every shard, in order."""
-        for shard in range(len(self.shards)):
-            yield from self.documents(shard)
+        for _, doc in self.numbered_documents():
+            yield doc
 
     def tokenizer_sample(self, chars: int) -> tuple[list[str], bool]:
         """The first training documents up to ``chars`` characters, and whether that is all of them. Every document
-        that validation or test may hold out (``may_be_held_out``) is left out, so that a tokenizer trained on the
-        sample learns nothing of the text the runs are judged on (a string frequent there only never becomes a
-        token). Which document is the test one in a corpus of fewer than ``VAL_EVERY`` depends on their count, so
-        the documents are counted up to ``VAL_EVERY`` even past the sample."""
+        that validation or test may hold out is left out (``may_be_held_out`` by its number, and every document of
+        a file that may be held out whole, ``held_out_files``: which way the data is held out depends on token
+        counts, so both are), so that a tokenizer trained on the sample learns nothing of the text the runs are
+        judged on (a string frequent there only never becomes a token). Which document is the test one in a corpus
+        of fewer than ``VAL_EVERY`` depends on their count, so the documents are counted up to ``VAL_EVERY`` even
+        past the sample."""
+        files = held_out_files(self)
         taken: list[tuple[int, str]] = []
         total, count, complete = 0, 0, True
-        for number, doc in enumerate(self.all_documents()):
+        for number, (shard, doc) in enumerate(self.numbered_documents()):
             count = number + 1
             if total >= chars:
                 complete = False
                 if count > VAL_EVERY:
                     break
                 continue
-            if number % VAL_EVERY not in (0, VAL_EVERY // 2):
+            if number % VAL_EVERY not in (0, VAL_EVERY // 2) and shard not in files:
                 taken.append((number, doc))
                 total += len(doc)
         return [doc for number, doc in taken if not may_be_held_out(number, count)], complete
+
+    def numbered_documents(self) -> Iterator[tuple[int, str]]:
+        """Every document of every shard, in order, with its shard's number."""
+        for shard in range(len(self.shards)):
+            yield from ((shard, doc) for doc in self.documents(shard))
 
 
 def resolve_corpus(data: str | None, column: str = "text", hub: HubSource | None = None) -> Corpus:
@@ -294,18 +302,43 @@ def _builder_hash(source: HubSource) -> str | None:
         return None
 
 
-# One document in VAL_EVERY (in corpus order) is held out for validation and as many for test (pipeline.py).
+# One unit in VAL_EVERY (in corpus order: a whole file of a folder, else a document) is held out for validation
+# and as many for test (``split``).
 VAL_EVERY = 20
+MIN_FILES = 3  # whole files are held out of a folder of at least this many text files (``split``)
+VAL, TEST = 1, 2
 
 
-def test_offset(documents: int) -> int:
-    """The first test document: the 10th, or the middle one of a corpus of fewer than ``VAL_EVERY`` documents."""
-    return min(VAL_EVERY // 2, documents // 2)
+def test_offset(units: int) -> int:
+    """The first test unit: the 10th, or the middle one of a corpus of fewer than ``VAL_EVERY`` units."""
+    return min(VAL_EVERY // 2, units // 2)
+
+
+def candidate_split(number: int, units: int) -> int:
+    """Which split unit ``number`` of ``units`` (files or documents) is a candidate of: ``VAL`` (every
+    ``VAL_EVERY``-th from the first), ``TEST`` (every ``VAL_EVERY``-th from ``test_offset``), else 0. ``units``
+    need only be known up to ``VAL_EVERY``."""
+    if number % VAL_EVERY == 0:
+        return VAL
+    return TEST if number % VAL_EVERY == test_offset(units) else 0
 
 
 def may_be_held_out(number: int, documents: int) -> bool:
-    """Whether document ``number`` of a corpus of ``documents`` may be a validation or test one, whatever the
-    tokenizer (how many of the candidates are taken depends on their token counts): every ``VAL_EVERY``-th from the
-    first and from the ``VAL_EVERY // 2``-th, and the test offset of a small corpus. ``documents`` need only be
-    known up to ``VAL_EVERY``: any larger count gives the same answer."""
+    """Whether document ``number`` of a corpus of ``documents`` may be a validation or test one when documents are
+    held out, whatever the tokenizer (how many of the candidates are taken depends on their token counts): every
+    ``VAL_EVERY``-th from the first and from the ``VAL_EVERY // 2``-th, and the test offset of a small corpus.
+    ``documents`` need only be known up to ``VAL_EVERY``: any larger count gives the same answer."""
     return number % VAL_EVERY in (0, VAL_EVERY // 2) or number == test_offset(documents)
+
+
+def by_files(corpus: Corpus) -> bool:
+    """Whether whole files are the units held out: a folder of at least ``MIN_FILES`` text files (or the standard
+    library's), none of them a table of rows."""
+    return len(corpus.shards) >= MIN_FILES and all(kind == "file" for kind, _ in corpus.shards)
+
+
+def held_out_files(corpus: Corpus) -> set[int]:
+    """The files (shard numbers) that may be held out whole: the candidates of ``candidate_split``, when the data
+    is held out by files."""
+    units = len(corpus.shards)
+    return {shard for shard in range(units) if candidate_split(shard, units)} if by_files(corpus) else set()

@@ -6,14 +6,12 @@ block length, and verified when read (``cache_checks``). Neither preparing nor t
 holds a few batches, and training reads the blocks memory-mapped. ``--streaming`` tokenizes and packs on the fly
 instead.
 
-Validation and test are held out by documents, disjoint from training and from each other: validation takes
-documents 0, 20, 40, ... (one in ``VAL_EVERY``, in corpus order) and test documents 10, 30, 50, ... (``test_offset``:
-the middle one of a corpus of fewer than 20), each until they hold ``--eval-blocks`` blocks' worth of tokens; the first
-blocks each packs into are evaluated (``evaluated_blocks``). A held-out document longer than all that (more tokens than
-``--eval-blocks`` blocks: a long JSON line, say) is cut: the tokens the evaluation still needs are held out, the rest
-of it trains, so no split holds out more than twice what it evaluates. Runs choose on validation and report on test
-(``hf-geonorm sweep``). The other documents, in order, pack into the training blocks (the last partial block is
-dropped).
+Validation and test are held out as ``split.held_out_plan`` decides, before any block is packed: whole files of a
+folder (documents of other data), every 20th from the first for validation and from the 10th for test, each until
+they hold ``--eval-blocks`` blocks' worth of tokens, without the pieces that training text holds anyway
+(near-duplicates); the first blocks each packs into are evaluated (``evaluated_blocks``). Runs choose on validation
+and report on test (``hf-geonorm sweep``). The other documents, in order, pack into the training blocks (the last
+partial block is dropped).
 """
 
 from __future__ import annotations
@@ -37,15 +35,18 @@ from torch.utils.data import Dataset
 
 from ...files.atomic import atomic_directory
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
-from .corpus import FORMAT, VAL_EVERY, Corpus, test_offset
+from .corpus import FORMAT, VAL_EVERY, Corpus
+from .split import DROPPED, SPLIT_NAMES, HeldOutPlan, held_out_plan
 from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches
 
 SPLITS = ("train", "val", "test")
 # Of the packed blocks only (the tokenizer's cache keeps its key): 2, held-out documents longer than the evaluation
-# are cut (``_HeldOut``) and meta.json records its key and counts, checked when read (``meta_problem``).
-BLOCKS_FORMAT = 2
-META_COUNTS = ("seq_len", "documents", "tokens", "val_documents", "val_tokens", "val_cut_tokens", "test_documents",
-               "test_tokens", "test_cut_tokens", "train_blocks", "val_blocks", "test_blocks")  # fmt: skip
+# are cut and meta.json records its key and counts, checked when read (``meta_problem``); 3, the held-out split of
+# ``split``: whole files of a folder, without near-duplicates of training text.
+BLOCKS_FORMAT = 3
+META_COUNTS = ("seq_len", "documents", "tokens", "val_documents", "val_tokens", "val_cut_tokens", "val_files",
+               "val_removed", "test_documents", "test_tokens", "test_cut_tokens", "test_files", "test_removed",
+               "dropped_documents", "dropped_tokens", "train_blocks", "val_blocks", "test_blocks")  # fmt: skip
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
@@ -63,36 +64,6 @@ def evaluated_blocks(count: int, limit: int) -> int:
     batch with repeated blocks, which would weigh them twice)."""
     count = min(count, limit)
     return count - count % 8 if count >= 8 else count
-
-
-class _HeldOut:
-    """Which documents are validation (1) and which test (2), decided as their token counts arrive in corpus order:
-    every ``VAL_EVERY``-th from the first (validation) and from the test offset (``test_offset``, known once
-    ``VAL_EVERY`` documents are read), each while the ones before hold fewer than ``budget`` tokens. A chosen
-    document longer than ``budget`` (more than the whole evaluation) is held out only as far as the evaluation
-    still needs; shorter ones are held out whole."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget, self.documents = budget, 0
-        self.before = {1: 0, 2: 0}  # the tokens of each split's candidates so far
-
-    def codes(self, lengths: np.ndarray, test_first: int) -> tuple[np.ndarray, np.ndarray]:
-        """0 (train), 1 (validation) or 2 (test) for each of the next documents, of ``lengths`` tokens, and how
-        many of each one's first tokens that split holds out (the rest trains)."""
-        number = np.arange(self.documents, self.documents + len(lengths))
-        codes = np.zeros(len(lengths), dtype=np.int8)
-        held = lengths.copy()
-        for code, first in ((1, 0), (2, test_first)):
-            candidates = np.flatnonzero(number % VAL_EVERY == first)
-            sizes = lengths[candidates]
-            before = self.before[code] + np.cumsum(sizes) - sizes
-            taken = (before < self.budget) & (codes[candidates] == 0)  # a test document is never a validation one
-            chosen = candidates[taken]
-            codes[chosen] = code
-            held[chosen] = np.where(sizes[taken] > self.budget, self.budget - before[taken], sizes[taken])
-            self.before[code] += int(sizes.sum())
-        self.documents += len(lengths)
-        return codes, held
 
 
 class _Packer:
@@ -252,56 +223,61 @@ def wait_for_entry(folder: Path, key: str, eval_blocks: int, poll: float = 0.5) 
 
 
 def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, Any]:
-    """Tokenize the corpus batch by batch and pack each batch's documents into the training, validation and test
-    blocks as it arrives: nothing of the corpus is held but a few batches. The first batches wait until
-    ``VAL_EVERY`` documents are read, which fixes the test offset (or the end of a smaller corpus)."""
-    held, seconds = _HeldOut(eval_blocks * seq_len), dict.fromkeys(("read", "tokenize", "pack"), 0.0)
+    """Decide what validation and test hold out (``split.held_out_plan``), then tokenize the corpus batch by batch
+    and pack each batch's documents into the training, validation and test blocks as it arrives: nothing of the
+    corpus is held but a few batches (and the held-out candidates)."""
+    seconds = dict.fromkeys(("split", "read", "tokenize", "pack"), 0.0)
+    with stage_clock(seconds, "split"):
+        plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks)
+    numbers = np.array(sorted(plan.held), dtype=np.int64)
+    plan_codes = np.array([plan.held[n][0] for n in numbers.tolist()], dtype=np.int8)
+    plan_kept = np.array([plan.held[n][1] for n in numbers.tolist()], dtype=np.int64)
     packers = [_Packer(tmp / f"{split}.arrow", seq_len) for split in SPLITS]
-    counts = np.zeros((len(SPLITS), 2), dtype=np.int64)  # per split: documents, tokens
-    cut = [0, 0, 0]  # per split: the tokens of its documents cut that train (``_HeldOut``)
+    counts = np.zeros((DROPPED + 1, 2), dtype=np.int64)  # per code (train, val, test, dropped): documents, tokens
+    cut = [0, 0, 0]  # per split: the tokens of its documents cut that train
+    first = 0
 
-    def pack(ids: np.ndarray, lengths: np.ndarray, test_first: int) -> None:
+    def pack(ids: np.ndarray, lengths: np.ndarray) -> None:
+        nonlocal first
         with stage_clock(seconds, "pack"):
-            codes, kept = held.codes(lengths, test_first)
+            number = np.arange(first, first + len(lengths))
+            first += len(lengths)
+            where = np.minimum(np.searchsorted(numbers, number), max(len(numbers) - 1, 0))
+            hit = np.flatnonzero(numbers[where] == number) if len(numbers) else np.empty(0, dtype=np.int64)
+            codes = np.zeros(len(lengths), dtype=np.int8)
+            codes[hit] = plan_codes[where[hit]]
             token_codes = np.repeat(codes, lengths)
             starts = np.cumsum(lengths) - lengths
-            for doc in np.flatnonzero(kept < lengths):  # a held-out document longer than the evaluation: cut
-                token_codes[starts[doc] + kept[doc] : starts[doc] + lengths[doc]] = 0
-                cut[codes[doc]] += int(lengths[doc] - kept[doc])
-            for code, packer in enumerate(packers):
-                packer.add(ids[token_codes == code])
+            for doc, kept in zip(hit.tolist(), plan_kept[where[hit]].tolist(), strict=True):
+                if codes[doc] != DROPPED and kept < lengths[doc]:  # a held-out document longer than the evaluation
+                    token_codes[starts[doc] + kept : starts[doc] + lengths[doc]] = 0
+                    cut[codes[doc]] += int(lengths[doc] - kept)
+            for code in range(DROPPED + 1):
+                if code < len(packers):
+                    packers[code].add(ids[token_codes == code])
                 counts[code] += (np.count_nonzero(codes == code), np.count_nonzero(token_codes == code))
 
-    waiting: list[tuple[np.ndarray, np.ndarray]] = []
     try:
-        for batch in encoded_batches(corpus, tokenizer, workers, seconds):
-            waiting.append(batch)
-            if held.documents + sum(len(lengths) for _, lengths in waiting) >= VAL_EVERY:
-                for ids, lengths in waiting:
-                    pack(ids, lengths, VAL_EVERY // 2)
-                waiting = []
-        documents = held.documents + sum(len(lengths) for _, lengths in waiting)
-        for ids, lengths in waiting:
-            pack(ids, lengths, test_offset(documents))
+        for ids, lengths in encoded_batches(corpus, tokenizer, workers, seconds):
+            pack(ids, lengths)
     finally:
         for packer in packers:
             packer.close()
-    if held.documents < 3:
-        raise ValueError(
-            f"the data holds {held.documents} document(s): validation and test hold out whole documents (one in "
-            f"{VAL_EVERY} each), so training needs at least three; give more text"
-        )
     blocks = dict(zip(SPLITS, (packer.blocks for packer in packers), strict=True))
     if min(blocks.values()) < 1:
         raise ValueError(
             f"the data gives {blocks['train']} training, {blocks['val']} validation and {blocks['test']} test blocks "
-            f"of --seq-len {seq_len} ({int(counts[:, 1].sum())} tokens); give more text or a shorter --seq-len"
+            f"of --seq-len {seq_len} ({int(counts[:3, 1].sum())} tokens); give more text or a shorter --seq-len"
         )
-    (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens) = counts.tolist()
+    (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens), dropped = counts.tolist()
     return {
-        "seq_len": seq_len, "documents": held.documents, "tokens": train_tokens + val_tokens + test_tokens,
+        "seq_len": seq_len, "documents": plan.documents, "tokens": int(counts[:, 1].sum()),
+        "held_out_by": "files" if plan.files else "documents", "why_not_files": plan.why_not_files,
         "val_documents": val_documents, "val_tokens": val_tokens, "val_cut_tokens": cut[1],
+        "val_files": plan.held_files[1], "val_removed": plan.removed[1], "val_duplicates_kept": plan.duplicates_kept[1],
         "test_documents": test_documents, "test_tokens": test_tokens, "test_cut_tokens": cut[2],
+        "test_files": plan.held_files[2], "test_removed": plan.removed[2],
+        "test_duplicates_kept": plan.duplicates_kept[2], "dropped_documents": dropped[0], "dropped_tokens": dropped[1],
         "train_blocks": blocks["train"], "val_blocks": evaluated_blocks(blocks["val"], eval_blocks),
         "test_blocks": evaluated_blocks(blocks["test"], eval_blocks),
         **{f"{stage}_seconds": value for stage, value in seconds.items()},
@@ -309,44 +285,28 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     }  # fmt: skip
 
 
-HeldOut = dict[tuple[int, int], int]  # (shard, document) -> how many of its first tokens are held out
+HeldOut = dict[tuple[int, int], int]  # (shard, document) -> how many of its first tokens do not train
 
 
 def streaming_holdout(
     corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
-) -> tuple[dict[str, TokenBlocks], HeldOut, dict[str, int]]:
-    """The validation and test blocks of a streamed corpus, by the rule of the cached ones (the same blocks for a
-    corpus of ``VAL_EVERY`` documents or more; a document longer than the evaluation cut), read from its first
-    documents; with the ``(shard, document)`` numbers they come from and the tokens of each held out, and each
-    split's tokens."""
-    budget, eos, held = eval_blocks * seq_len, end_of_text(tokenizer), {}
-    ids: dict[str, list[int]] = {"val": [], "test": []}
-    offset, number = VAL_EVERY // 2, 0
-    for shard in range(len(corpus.shards)):
-        for index, doc in enumerate(corpus.documents(shard)):
-            split = {0: "val", offset: "test"}.get(number % VAL_EVERY)
-            if split is not None and len(ids[split]) < budget:
-                tokens = tokenizer(doc, add_special_tokens=False)["input_ids"] + eos
-                kept = len(tokens) if len(tokens) <= budget else budget - len(ids[split])
-                ids[split].extend(tokens[:kept])
-                held[(shard, index)] = kept
-            number += 1
-            if min(map(len, ids.values())) >= budget:
-                break
-        else:
-            continue
-        break
+) -> tuple[dict[str, TokenBlocks], HeldOut, HeldOutPlan]:
+    """The validation and test blocks of a streamed corpus, by the plan of the cached ones (``split``: the same
+    blocks), with the ``(shard, document)`` numbers of the documents held out or removed and how many of each
+    one's first tokens do not train, and the plan."""
+    plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks)
+    held = {plan.key(number): kept for number, (_, kept) in plan.held.items()}
     blocks = {}
-    for split, tokens in ids.items():
+    for code, split in ((1, "val"), (2, "test")):
+        tokens = plan.split_ids(code)
         count = evaluated_blocks(len(tokens) // seq_len, eval_blocks)
         if count < 1:
             raise ValueError(
-                f"the data's {'validation' if split == 'val' else 'test'} documents give {len(tokens)} tokens, less "
-                f"than one block of --seq-len {seq_len} (streamed, the test documents are the 10th, 30th, ...); give "
-                "more text or a shorter --seq-len"
+                f"the data's {SPLIT_NAMES[code]} {'files' if plan.files else 'documents'} give {len(tokens)} tokens, "
+                f"less than one block of --seq-len {seq_len}; give more text or a shorter --seq-len"
             )
         blocks[split] = TokenBlocks(torch.tensor(tokens[: count * seq_len], dtype=torch.long).view(count, seq_len))
-    return blocks, held, {split: len(tokens) for split, tokens in ids.items()}
+    return blocks, held, plan
 
 
 def streaming_blocks(corpus: Corpus, tokenizer: Any, seq_len: int, held: HeldOut, seed: int) -> Any:

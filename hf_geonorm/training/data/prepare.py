@@ -16,6 +16,7 @@ from typing import Any
 from ..options import EVAL_BLOCKS, EVAL_SHARE, MIN_EVAL_BLOCKS, TrainOptions
 from .corpus import Corpus, HubSource, resolve_corpus
 from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout, tokenizer_digest
+from .split import DROPPED, HeldOutPlan
 from .tokenizer import training_tokenizer
 
 EPOCH_WARNING = 4
@@ -186,13 +187,14 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
                 f"--max-tokens caps the cached data; with --streaming, --max-steps bounds the tokens ({steps}): "
                 "drop --max-tokens"
             )
-        held_out, held, tokens = streaming_holdout(corpus, tokenizer, length, request.held_out_blocks)
+        held_out, held, plan = streaming_holdout(corpus, tokenizer, length, request.held_out_blocks)
+        splits = {name: _plan_counts(plan, code, len(held_out[name])) for code, name in ((1, "val"), (2, "test"))}
         log(f"data: {corpus.label}, streamed: tokenized and packed as training reads it, so how many tokens it holds "
-            f"is unknown in advance; validation and test: {len(held)} documents, {tokens['val']:,} and "
-            f"{tokens['test']:,} tokens ({len(held_out['val'])} and {len(held_out['test'])} blocks held out); "
-            f"{steps}")  # fmt: skip
+            f"is unknown in advance (the split read it once); {steps}")  # fmt: skip
+        dropped = [kept for code, kept in plan.held.values() if code == DROPPED]
+        _log_held_out(plan.files, plan.why_not_files, splits, (len(dropped), sum(dropped)), log)
         train = streaming_blocks(corpus, tokenizer, length, held, request.seed)
-        facts = data_facts(corpus, tokenizer, None, {s: (None, tokens[s], len(held_out[s])) for s in ("val", "test")})
+        facts = data_facts(corpus, tokenizer, None, {s: (None, c["tokens"], c["blocks"]) for s, c in splits.items()})
         return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model, facts)
     workers = min(request.workers, os.cpu_count() or 1)
     if workers < request.workers:
@@ -218,10 +220,11 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
     epochs = planned / train_tokens
     log(f"data: {corpus.label}: {meta['documents']:,} documents, {meta['tokens']:,} tokens (an end-of-text token "
         f"after each document); {how}")  # fmt: skip
-    log(f"validation: {meta['val_documents']:,} documents, {meta['val_tokens']:,} tokens ({meta['val_blocks']} blocks "
-        f"held out); test: {meta['test_documents']:,} documents, {meta['test_tokens']:,} tokens "
-        f"({meta['test_blocks']} blocks held out, evaluated at the end); training on {train_tokens:,} tokens "
-        f"({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")  # fmt: skip
+    counted = ("documents", "files", "tokens", "blocks", "removed", "duplicates_kept")
+    splits = {name: {what: meta[f"{name}_{what}"] for what in counted} for name in ("val", "test")}
+    _log_held_out(meta["held_out_by"] == "files", meta["why_not_files"], splits,
+                  (meta["dropped_documents"], meta["dropped_tokens"]), log)  # fmt: skip
+    log(f"training on {train_tokens:,} tokens ({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")
     val_cut, test_cut = meta["val_cut_tokens"], meta["test_cut_tokens"]
     if val_cut or test_cut:
         log(f"held-out documents longer than the evaluation (more than --eval-blocks {request.held_out_blocks} x "
@@ -249,3 +252,45 @@ def data_facts(
     for split, (documents, tokens, blocks) in held.items():
         facts |= {f"{split}_documents": documents, f"{split}_tokens": tokens, f"{split}_blocks": blocks}
     return facts
+
+
+def _plan_counts(plan: HeldOutPlan, code: int, blocks: int) -> dict[str, Any]:
+    """What a streamed run's log says of split ``code`` (``_log_held_out``), from its plan."""
+    documents = sum(c == code for c, _ in plan.held.values())
+    return {"documents": documents, "files": plan.held_files[code], "tokens": len(plan.split_ids(code)),
+            "blocks": blocks, "removed": plan.removed[code], "duplicates_kept": plan.duplicates_kept[code]}  # fmt: skip
+
+
+def _log_held_out(
+    files: bool, why_not_files: str | None, splits: dict[str, dict[str, Any]], dropped: tuple[int, int], log: Any
+) -> None:
+    """The log of what validation and test hold out (``split``): whole files and their pieces, or documents; the
+    pieces removed as near-duplicates of training text; and warnings where a folder is held out by pieces, or a
+    split keeps near-duplicates."""
+    if why_not_files:
+        warnings.warn(f"validation and test are held out by pieces of files, not whole files: {why_not_files}; a "
+                      "held-out piece may then come from a file whose other pieces train (near-duplicates of training "
+                      "text are still removed): give more files, or shorter ones", stacklevel=3)  # fmt: skip
+    parts = []
+    for name, label, when in (("val", "validation", ""), ("test", "test", " at the end")):
+        counts = splits[name]
+        what = (f"{counts['files']:,} file{'s' * (counts['files'] != 1)} ({counts['documents']:,} pieces)" if files
+                else f"{counts['documents']:,} documents")  # fmt: skip
+        parts.append(f"{label}: {what}, {counts['tokens']:,} tokens ({counts['blocks']} blocks evaluated{when})")
+        if counts["duplicates_kept"]:
+            warnings.warn(f"the {label} candidates are near-duplicates of training text (the data repeats itself), "
+                          f"and without them {label} would hold no block: they are held out anyway, so the {label} "
+                          "loss partly measures text the model trained on; give more varied text",
+                          stacklevel=3)  # fmt: skip
+    log("; ".join(parts) + ("; whole files, none of whose pieces train" if files else ""))
+    removed = splits["val"]["removed"] + splits["test"]["removed"]
+    if not files:
+        fate = "they train"
+    elif not dropped[0]:
+        fate = "they train: their files are not held out"
+    else:
+        fate = (f"{dropped[0]:,} of them ({dropped[1]:,} tokens), pieces of held-out files, neither train nor are "
+                "evaluated" + ("; the others train: their files are not held out" if dropped[0] < removed else ""))
+    log(f"removed as near-duplicates of training text: {splits['val']['removed']:,} validation and "
+        f"{splits['test']['removed']:,} test {'pieces' if files else 'documents'} (at least half of their word "
+        f"5-grams are in training, found by MinHash LSH); {fate}")  # fmt: skip

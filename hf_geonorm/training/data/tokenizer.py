@@ -37,7 +37,9 @@ STANDARD_TOKENIZER_FIX = (
     "of a transformers tokenizer writes)"
 )
 TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
-TOKENIZER_SAMPLE = "training documents only"  # keys the cache: tokenizers that also read held-out text are not reused
+# keys the cache: tokenizers that read held-out text (earlier versions read pieces of the files now held out whole)
+# are not reused
+TOKENIZER_SAMPLE = "training documents only, whole candidate files left out"
 
 
 def training_tokenizer(
