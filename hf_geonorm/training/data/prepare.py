@@ -272,11 +272,11 @@ def _log_held_out(
                       "held-out piece may then come from a file whose other pieces train (near-duplicates of training "
                       "text are still removed): give more files, or shorter ones", stacklevel=3)  # fmt: skip
     parts = []
-    for name, label, when in (("val", "validation", ""), ("test", "test", " at the end")):
+    for name, label, when in (("val", "validation", ""), ("test", "test", ", evaluated at the end")):
         counts = splits[name]
         what = (f"{counts['files']:,} file{'s' * (counts['files'] != 1)} ({counts['documents']:,} pieces)" if files
                 else f"{counts['documents']:,} documents")  # fmt: skip
-        parts.append(f"{label}: {what}, {counts['tokens']:,} tokens ({counts['blocks']} blocks evaluated{when})")
+        parts.append(f"{label}: {what}, {counts['tokens']:,} tokens ({counts['blocks']} blocks held out{when})")
         if counts["duplicates_kept"]:
             warnings.warn(f"the {label} candidates are near-duplicates of training text (the data repeats itself), "
                           f"and without them {label} would hold no block: they are held out anyway, so the {label} "
