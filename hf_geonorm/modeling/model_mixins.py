@@ -33,6 +33,18 @@ SETTING_NAMES = GeoNormSettings.names()
 STRUCTURAL_SETTINGS = ("norm_style", "geo_learnable_step")
 
 
+# Settings added after GeoNorm configs were first saved, with the value that computes what such a config computed
+# then: a saved GeoNorm config (one with a norm_style) that lacks one reads as that value, not the current default.
+SAVED_BEFORE_ADDED = {"post_embedding_norm": False}
+
+
+def settings_as_saved(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """``config_dict`` with the ``SAVED_BEFORE_ADDED`` values of the settings a saved GeoNorm config lacks."""
+    if "norm_style" not in config_dict:  # a stock config: it takes the defaults
+        return config_dict
+    return {**SAVED_BEFORE_ADDED, **config_dict}
+
+
 class GeoNormConfigMixin:
     """Adds the GeoNorm settings to a stock config. The config is where a model's settings live: its residual
     modules read them at every forward, so an assignment changes the model at once; every assignment is
@@ -75,6 +87,7 @@ class GeoNormConfigMixin:
                 f"{cls.__name__} reads {cls.geonorm_stock_type!r} or {cls.model_type!r} checkpoints, but this one "
                 f"is {found!r}. Use the GeoNorm config of its own family: hf_geonorm.config_class_for({found!r})."
             )
+        config_dict = settings_as_saved(config_dict)
         return {**config_dict, "model_type": cls.model_type} if found is not None else config_dict
 
     @classmethod
