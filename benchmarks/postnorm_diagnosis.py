@@ -17,10 +17,12 @@ The baselines' two parts that the library no longer computes are put back inside
 former init (``legacy_deepnorm_init``: beta times the stock init, the code before DeepNet's) and the sqrt(d)
 scaling of the embeddings (``scaled_embeddings``). Everything else is the library's, at its settings.
 
-Budget (2 shared CPU cores, one training process under ``nice``): the shape is GPT-2 4 layers x width 64 (2 heads),
-not the study's width 128, 300 steps of 16 x 128 tokens, warm-up 30 steps, weight decay 0.1, seed 0, each cell at
-rates 1e-3 and 4e-3; the data is the Python standard library's source (``train``'s default corpus: the study corpus
-of ``study_corpus.py`` is 100 MB to tokenize), validation and test 64 blocks each. The script computes the unigram
+Budget (2 CPU cores shared with other work, one training process under ``nice``): shrunk from the study's run (GPT-2
+4 x 128, 300 steps of 16 x 128 tokens, a tokenizer of 2048 tokens) to 4 layers x width 64 (2 heads), 200 steps of
+8 x 128 tokens and a tokenizer of 512 tokens, so that the whole diagnosis fits about 75 minutes; warm-up 20 steps
+(the study's tenth), weight decay 0.1, seed 0, each cell at rates 1e-3 and 4e-3; the data is the Python standard
+library's source (``train``'s default corpus: the study corpus of ``study_corpus.py`` is 100 MB to tokenize),
+validation and test 32 blocks each. The script computes the unigram
 cross-entropy of the validation and test blocks itself (training-split token frequencies, add-one smoothed) as the
 level a model that ignores the context reaches; and, from each final model, how much of the state after the first
 block all tokens share (``shared``: |mean over tokens| / mean |state|; 1 is every token in the same state).
@@ -57,7 +59,8 @@ from hf_geonorm.training.run.trainer import run_training
 
 RESULTS = Path(__file__).parent / "results"
 JOURNAL, TABLE = RESULTS / "postnorm_diagnosis.jsonl", RESULTS / "postnorm_diagnosis.md"
-LAYERS, WIDTH, STEPS, WARMUP = 4, 64, 300, 30
+LAYERS, WIDTH, STEPS, WARMUP, LONG_WARMUP = 4, 64, 200, 20, 60
+BATCH, SEQ_LEN, VOCAB, EVAL_BLOCKS = 8, 128, 512, 32
 RATES = (1e-3, 4e-3)
 SHARED_BLOCKS = 8  # validation blocks the final model's first-block state is measured on
 
@@ -78,20 +81,22 @@ class Cell:
 
 
 OFF = {"post_embedding_norm": False}
+LONG = f"(b) warm-up {LONG_WARMUP} steps (30%)"
+# in the order they train: the baselines and the causes first, so that a run stopped early has answered those
 CELLS = (
-    Cell("gpt2 pre", "gpt2", "pre", "reference: Pre-Norm"),
     Cell("gpt2 post", "gpt2", "post", "baseline (as in phase h)", OFF),
     Cell("gpt2 deepnorm", "gpt2", "deepnorm", "baseline (as in phase h)", OFF, legacy_init=True),
-    Cell("gpt2 post warm-up 30%", "gpt2", "post", "(b) warm-up 90 steps", OFF, warmup=90),
-    Cell("gpt2 deepnorm warm-up 30%", "gpt2", "deepnorm", "(b) warm-up 90 steps", OFF, warmup=90, legacy_init=True),
     Cell("gpt2 post embedding norm", "gpt2", "post", "(a) embeddings to RMS 1"),
-    Cell("gpt2 post embeddings x sqrt(d)", "gpt2", "post", "(a) embeddings x sqrt(d)", OFF, scale_embeddings=True),
     Cell("gpt2 deepnorm embedding norm", "gpt2", "deepnorm", "(a) embeddings to RMS 1", legacy_init=True),
+    Cell("gpt2 post warm-up 30%", "gpt2", "post", LONG, OFF, warmup=LONG_WARMUP),
+    Cell("gpt2 deepnorm warm-up 30%", "gpt2", "deepnorm", LONG, OFF, warmup=LONG_WARMUP, legacy_init=True),
     Cell("gpt2 deepnorm xavier", "gpt2", "deepnorm", "(c) DeepNet's Xavier init", OFF),
     Cell("gpt2 deepnorm xavier + embedding norm", "gpt2", "deepnorm", "(a) + (c): the library's default now"),
     Cell("llama post", "llama", "post", "control: LLaMA, as in phase h", OFF),
-    Cell("llama deepnorm", "llama", "deepnorm", "control: LLaMA, as in phase h", OFF, legacy_init=True),
     Cell("llama post embedding norm", "llama", "post", "control + (a)"),
+    Cell("gpt2 post embeddings x sqrt(d)", "gpt2", "post", "(a) embeddings x sqrt(d)", OFF, scale_embeddings=True),
+    Cell("llama deepnorm", "llama", "deepnorm", "control: LLaMA, as in phase h", OFF, legacy_init=True),
+    Cell("gpt2 pre", "gpt2", "pre", "reference: Pre-Norm"),
 )
 
 
@@ -134,9 +139,9 @@ def options(cell: Cell, lr: float, output: str, data: str | None, cache: str | N
              "max_position_embeddings": 128}  # fmt: skip
     extra = {"data_cache": cache} if cache else {}
     return TrainOptions(arch=cell.arch, preset=shape, settings={"norm_style": cell.style, **cell.settings}, data=data,
-                        max_steps=STEPS, warmup_steps=cell.warmup, lr=lr, weight_decay=0.1, batch_size=16,
-                        seq_len=128, eval_every=STEPS, eval_blocks=64, logging_steps=50, seed=0, output=output,
-                        save_final_only=True, **extra)  # fmt: skip
+                        vocab_size=VOCAB, max_steps=STEPS, warmup_steps=cell.warmup, lr=lr, weight_decay=0.1,
+                        batch_size=BATCH, seq_len=SEQ_LEN, eval_every=STEPS, eval_blocks=EVAL_BLOCKS, logging_steps=50,
+                        seed=0, output=output, save_final_only=True, **extra)  # fmt: skip
 
 
 def unigram_reference(data: str | None, cache: str | None) -> dict[str, float]:
@@ -223,9 +228,10 @@ def table(runs: dict[str, dict[str, Any]], reference: dict[str, float], rates: t
         "# Post-Norm and DeepNorm on GPT-2: the causes of the collapse, one at a time",
         "",
         f"Written by `benchmarks/postnorm_diagnosis.py` (its docstring has the protocol): GPT-2 and LLaMA {LAYERS} "
-        f"layers x width {WIDTH}, {STEPS} steps of 16 x 128 tokens of the Python standard library's source, "
-        f"weight decay 0.1, warm-up {WARMUP} steps unless the cell says, seed 0; one process on 2 shared CPU cores. "
-        "Shrunk from the study's width 128 to fit about 75 minutes.",
+        f"layers x width {WIDTH}, {STEPS} steps of {BATCH} x {SEQ_LEN} tokens of the Python standard library's "
+        f"source (a tokenizer of {VOCAB} tokens, {EVAL_BLOCKS} validation and {EVAL_BLOCKS} test blocks), weight "
+        f"decay 0.1, warm-up {WARMUP} steps unless the cell says, seed 0; one process on 2 shared CPU cores. Shrunk "
+        "from the study's run (4 x 128, 300 steps of 16 x 128 tokens, 2048 tokens) to fit about 75 minutes.",
         "",
         f"**Unigram reference** (computed by the script): the test blocks' cross-entropy under the training split's "
         f"token frequencies is **{unigram:.3f}** (validation {reference['val_unigram_cross_entropy']:.3f}; the "
@@ -246,7 +252,8 @@ def table(runs: dict[str, dict[str, Any]], reference: dict[str, float], rates: t
                      + f" | {best['test_loss'] - unigram:+.3f} | {best['shared_after_block_1']:.2f} |")  # fmt: skip
     lines += [
         "",
-        "Shared after block 1: |mean over tokens| / mean |state| of the first block's output on 8 validation blocks, "
+        f"Shared after block 1: |mean over tokens| / mean |state| of the first block's output on {SHARED_BLOCKS} "
+        "validation blocks, "
         "from the final model (1: every token leaves the first block in the same state, so nothing later can tell "
         "the tokens apart). Validation losses are in the journal, `postnorm_diagnosis.jsonl` (one line per run).",
         "",
