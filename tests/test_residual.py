@@ -160,18 +160,11 @@ def test_geo_bridge_zero_is_prenorm(kind, radius, learnable):
     assert (expected - h0).abs().max() > 1.0  # the stack does move the state
 
 
-def post_entry(h0: torch.Tensor, embedding_norm: bool) -> torch.Tensor:
-    """What the first block of post and deepnorm reads: each token at RMS 1 (norm sqrt(D)) with
-    ``post_embedding_norm``, else the embeddings as they are."""
-    return h0 * math.sqrt(D) / _nrm(h0) if embedding_norm else h0
-
-
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-@pytest.mark.parametrize("embedding_norm", [True, False])
-def test_post(kind, embedding_norm):
+def test_post(kind):
     stack, h0 = Stack(kind, 3), embeddings()
-    res = residuals(stack, GeoNormSettings(norm_style="post", post_embedding_norm=embedding_norm))
-    h = post_entry(h0, embedding_norm)
+    res = residuals(stack, GeoNormSettings(norm_style="post"))
+    h = h0
     for i in range(2 * T):
         h = stack.norms[i](h + stack.subs[i](h))
     torch.testing.assert_close(run_module(stack, res, h0), h, rtol=0, atol=1e-12)
@@ -224,33 +217,25 @@ def test_identity_norm_like(kind):
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-@pytest.mark.parametrize("embedding_norm", [True, False])
-def test_deepnorm(kind, embedding_norm):
+def test_deepnorm(kind):
     stack, h0 = Stack(kind, 7), embeddings()
-    res = residuals(stack, GeoNormSettings(norm_style="deepnorm", post_embedding_norm=embedding_norm))
+    res = residuals(stack, GeoNormSettings(norm_style="deepnorm"))
     alpha = (2 * T) ** 0.25
-    h = post_entry(h0, embedding_norm)
+    h = h0
     for i in range(2 * T):
         h = stack.norms[i](alpha * h + stack.subs[i](h))
     torch.testing.assert_close(run_module(stack, res, h0), h, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("style", ["pre", "post", "sandwich", "deepnorm", "geo"])
-@pytest.mark.parametrize("embedding_norm", [True, False])
-def test_sublayer_input_and_enter(style, embedding_norm):
-    """Only post and deepnorm read the state itself, and only they normalise the embeddings (when asked)."""
+def test_sublayer_input_and_enter(style):
     stack, x = Stack("rms", 8), embeddings()
-    settings = GeoNormSettings(norm_style=style, geo_radius="sqrt_d", geo_bridge=0.5,
-                               post_embedding_norm=embedding_norm)  # fmt: skip
-    r = residuals(stack, settings)[0]
+    r = residuals(stack, GeoNormSettings(norm_style=style, geo_radius="sqrt_d", geo_bridge=0.5))[0]
     expected_in = x if style in ("post", "deepnorm") else stack.norms[0](x)
     assert torch.equal(r.sublayer_input(x, stack.norms[0]), expected_in)
     entered = r.enter(x)
     if style == "geo":  # h (sqrt(d)/|h|)^lam
         torch.testing.assert_close(entered, x * (math.sqrt(D) / _nrm(x)) ** 0.5, rtol=0, atol=1e-12)
-    elif style in ("post", "deepnorm"):
-        torch.testing.assert_close(entered, post_entry(x, embedding_norm), rtol=0, atol=1e-12)
-        assert not embedding_norm or torch.allclose(entered.pow(2).mean(-1), torch.ones(2, 5, dtype=x.dtype))
     else:
         assert torch.equal(entered, x)
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .deepnet_init import deepnet_init_
+from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
@@ -342,7 +342,8 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     (re-applying GeoNorm keeps trained sandwich norms and learnable steps).
 
     ``fresh_init`` marks a model built from a config, not converted from trained weights: it draws the DeepNet
-    init of ``norm_style='deepnorm'`` (``deepnet_init``) and draws the padding row of ``geo`` (``_free_padding_row``).
+    init of ``norm_style='deepnorm'``, zeroes the learned position table of ``post`` and ``deepnorm``
+    (``fresh_init``) and draws the padding row of ``geo`` (``_free_padding_row``).
     """
     settings = GeoNormSettings.from_object(config)
     layout = check_patch(base_model, config, layout, settings)
@@ -382,3 +383,5 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
             deepnet_init_(layer, layout, num_layers, config)
     if settings.norm_style == "geo":
         _free_padding_row(base_model, fresh_init)
+    if fresh_init and settings.norm_style in ("post", "deepnorm") and settings.post_zero_positions:
+        zero_positions_(base_model)

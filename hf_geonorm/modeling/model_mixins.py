@@ -16,7 +16,7 @@ from transformers import AutoModel
 
 from .blocks import patch_base_model
 from .checkpoint_layout import guarded_conversions
-from .layouts import BlockLayout
+from .layouts import LEARNED_POSITIONS, BlockLayout
 from .remote_code import write_remote_code
 from .residual import GeoNormResidual, settings_in_use
 from .settings import GeoNormSettings
@@ -31,18 +31,6 @@ SETTING_DEFAULTS = GeoNormSettings().to_dict()
 SETTING_NAMES = GeoNormSettings.names()
 # Settings that decide which modules and parameters a model has: fixed once a model reads the config.
 STRUCTURAL_SETTINGS = ("norm_style", "geo_learnable_step")
-
-
-# Settings added after GeoNorm configs were first saved, with the value that computes what such a config computed
-# then: a saved GeoNorm config (one with a norm_style) that lacks one reads as that value, not the current default.
-SAVED_BEFORE_ADDED = {"post_embedding_norm": False}
-
-
-def settings_as_saved(config_dict: dict[str, Any]) -> dict[str, Any]:
-    """``config_dict`` with the ``SAVED_BEFORE_ADDED`` values of the settings a saved GeoNorm config lacks."""
-    if "norm_style" not in config_dict:  # a stock config: it takes the defaults
-        return config_dict
-    return {**SAVED_BEFORE_ADDED, **config_dict}
 
 
 class GeoNormConfigMixin:
@@ -87,7 +75,6 @@ class GeoNormConfigMixin:
                 f"{cls.__name__} reads {cls.geonorm_stock_type!r} or {cls.model_type!r} checkpoints, but this one "
                 f"is {found!r}. Use the GeoNorm config of its own family: hf_geonorm.config_class_for({found!r})."
             )
-        config_dict = settings_as_saved(config_dict)
         return {**config_dict, "model_type": cls.model_type} if found is not None else config_dict
 
     @classmethod
@@ -155,9 +142,6 @@ class GeoNormPreTrainedMixin:
                 module.step_bias.fill_(0.0)
             return
         super()._init_weights(module)
-
-
-LEARNED_POSITIONS = ("wpe", "embed_positions")  # the learned position tables of the GPT-2-shaped families
 
 
 class PositionLimit(ValueError):

@@ -171,12 +171,7 @@ class GeoNormResidual(nn.Module):
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """What the first block reads: the state put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or each
-        token's embedding normalised to RMS 1 (``post`` and ``deepnorm`` with ``post_embedding_norm``: their first
-        sublayer reads the state itself, and raw embeddings of std 0.02 are soon outweighed by the sublayer's
-        token-independent output; docs/training.md, "Post-Norm on GPT-2")."""
-        if self.norm_style in ("post", "deepnorm"):
-            return entry_rescale(x, "sqrt_d") if self.config.post_embedding_norm else x
+        """Put the state on its sphere before the first block (``geo`` with ``geo_radius='sqrt_d'``)."""
         if self.norm_style != "geo":
             return x
         return entry_rescale(x, self.config.geo_radius, self.bridge)

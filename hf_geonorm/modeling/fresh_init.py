@@ -1,11 +1,20 @@
-"""DeepNet's from-scratch initialization for ``norm_style='deepnorm'`` (docs/method.md, "The family").
+"""What a model of the post-normalising styles built from a config starts with, beyond the stock init
+(docs/method.md, "The family"): DeepNet's init for ``deepnorm`` (``deepnet_init_``), and a learned position table at
+zero for ``post`` and ``deepnorm`` (``zero_positions_``). Weights converted from a trained model never pass here.
 
 DeepNet (Wang et al., 2022, decoder-only formulas) draws every projection of a block from Xavier (Glorot) normal,
 ``N(0, gain^2 * 2 / (fan_in + fan_out))``, with gain ``beta = (8T)^(-1/4)`` on the feed-forward, value and output
 projections and gain 1 on the query and key projections, for T decoder layers. The stock model's own init is
 replaced, not scaled: GPT-2 and LLaMA draw N(0, 0.02) whatever the width, and beta times that starts the
 attention output about ten times smaller than DeepNet's at width 128. Biases stay as the stock init leaves them
-(zero). Imports only torch and flat siblings (remote code).
+(zero).
+
+A learned position table (GPT-2's ``wpe``) starts at zero for ``post`` and ``deepnorm`` with
+``post_zero_positions``: the stock N(0, 0.02) table is as large as the token embeddings, and a post-norm keeps
+that random, position-only part of every state at its share through all blocks, where Pre-Norm's growing residual
+stream dilutes it (docs/training.md, "Post-Norm on GPT-2", has the measurements).
+
+Imports only torch and flat siblings (remote code).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layouts import DEEPNORM_SCALED, BlockLayout
+from .layouts import DEEPNORM_SCALED, LEARNED_POSITIONS, BlockLayout
 
 
 def deepnet_beta(num_layers: int) -> float:
@@ -60,3 +69,12 @@ def deepnet_init_(layer: nn.Module, layout: BlockLayout, num_layers: int, config
             xavier_normal_(param, beta if DEEPNORM_SCALED.search(name) else 1.0, matrix_fans(param))
     if values is not None:
         xavier_normal_(values, beta, hidden + values.numel() // hidden)
+
+
+@torch.no_grad()
+def zero_positions_(base_model: nn.Module) -> None:
+    """Set the learned position table of ``base_model`` (``layouts.LEARNED_POSITIONS``), where it has one, to zero."""
+    for name in LEARNED_POSITIONS:
+        table = getattr(base_model, name, None)
+        if isinstance(table, nn.Embedding) and not table.weight.is_meta:
+            table.weight.zero_()
