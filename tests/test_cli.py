@@ -147,6 +147,7 @@ def test_option_help_states_the_library_defaults():
     angle = defaults.geo_max_angle
     expected = {
         "norm_style": defaults.norm_style,
+        "post_zero_positions": "on" if defaults.post_zero_positions else "off",
         "geo_decay": defaults.geo_decay,
         "geo_alpha": f"{defaults.geo_alpha:g}",
         "geo_max_angle": "none" if angle is None else f"pi/{math.pi / angle:g}",

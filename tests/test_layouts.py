@@ -8,7 +8,6 @@ tests/tiny_models.py; the properties every case shares are in tests/test_models.
 - the Falcon variants whose stock block does not work are refused with a clear error;
 - ``LLAMA_LAYOUT_TYPES`` is exactly the LLaMA-identical causal LMs of the installed transformers
   (benchmarks/scan_layouts.py finds them);
-- DeepNet's from-scratch init scales the values inside fused q/k/v projections.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import CASES, NO_HEAD_DIM, layers_of, stock_model, tiny_config, tiny_model, token_ids
+from tiny_models import CASES, NO_HEAD_DIM, stock_model, tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm.modeling.layouts import LAYOUTS, LLAMA, LLAMA_LAYOUT_TYPES
@@ -134,46 +133,3 @@ def test_llama_layout_types_match_the_installed_transformers():
             LLAMA.attn_norm,
             LLAMA.mlp_norm,
         )
-
-
-FUSED_QKV = {  # a registered case, and config overrides
-    "gpt_neox-sequential": ("gpt_neox-sequential", {}),
-    "persimmon": ("persimmon", {}),
-    "codegen": ("codegen", {}),
-    "falcon-sequential": ("falcon-sequential", {}),  # multi-query
-    "falcon-new": ("falcon-new", {}),
-    "falcon-mha": ("falcon-sequential", {"multi_query": False}),
-    "gpt_bigcode": ("gpt_bigcode", {}),  # multi-query
-    "gpt_bigcode-mha": ("gpt_bigcode", {"multi_query": False}),
-}
-
-
-@pytest.mark.parametrize("variant", list(FUSED_QKV))
-def test_deepnorm_from_scratch_scales_the_values_inside_fused_qkv_projections(variant):
-    """DeepNet scales the value and output projections by beta = (8T)^(-1/4) and leaves queries and keys alone,
-    so with biases zeroed the same attention input gives the same attention pattern and beta^2 times the
-    stock output. Checked through each family's own attention forward, whatever its q/k/v packing."""
-    case, overrides = FUSED_QKV[variant]
-    model_type = CASES[case].model_type
-    family = hf_geonorm.family_for(model_type)
-    config = tiny_config(case, **overrides)
-    stock = tiny_model(case, **overrides)
-    torch.manual_seed(0)
-    deep = family.causal_class(family.config_class(**config.to_dict(), norm_style="deepnorm")).eval()
-    for model in (stock, deep):
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("bias"):
-                    param.zero_()
-    attn_name = LAYOUTS[model_type].attn
-    stock_attn, deep_attn = getattr(layers_of(stock)[0], attn_name), getattr(layers_of(deep)[0], attn_name)
-    seen = {}
-    hook = stock_attn.register_forward_pre_hook(lambda m, a, kw: seen.update(args=a, kwargs=kw), with_kwargs=True)
-    with torch.no_grad():
-        stock(token_ids(), use_cache=False)
-        hook.remove()
-        expected = stock_attn(*seen["args"], **seen["kwargs"])[0]
-        got = deep_attn(*seen["args"], **seen["kwargs"])[0]
-    beta = (8 * len(layers_of(stock))) ** -0.25
-    assert expected.abs().max() > 1e-3
-    torch.testing.assert_close(got, beta**2 * expected, rtol=1e-4, atol=1e-6)

@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 from reference import PI4, geodesic_step, geonorm_logits, plain_logits, reference_logits
-from tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_config, tiny_model, token_ids
+from tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_model, token_ids
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Trainer, TrainingArguments
 from transformers.pytorch_utils import Conv1D
 
@@ -440,22 +440,6 @@ def test_learnable_step_and_sandwich_add_only_their_parameters(tmp_path):
         assert layer.geonorm_mlp_residual.step_scale.item() == 1.0
         assert layer.geonorm_mlp_residual.step_bias.item() == 0.0
     torch.testing.assert_close(logits(loaded), logits(hf_geonorm.convert(stock)))
-
-
-def test_deepnorm_from_scratch_scales_value_output_and_ffn_weights():
-    config = tiny_config("llama")
-    torch.manual_seed(3)
-    stock = AutoModelForCausalLM.from_config(config)
-    torch.manual_seed(3)
-    deep = hf_geonorm.GeoNormLlamaForCausalLM(hf_geonorm.GeoNormLlamaConfig(**config.to_dict(), norm_style="deepnorm"))
-    beta = (8 * 3) ** -0.25
-    s, d = stock.model.layers[1], deep.model.layers[1]
-    for name in ("self_attn.v_proj", "self_attn.o_proj", "mlp.down_proj", "mlp.up_proj"):
-        torch.testing.assert_close(d.get_submodule(name).weight, beta * s.get_submodule(name).weight)
-    torch.testing.assert_close(d.self_attn.q_proj.weight, s.self_attn.q_proj.weight)
-    # converting trained weights leaves them as they are
-    converted = hf_geonorm.convert(stock, norm_style="deepnorm")
-    assert torch.equal(converted.model.layers[1].self_attn.v_proj.weight, s.self_attn.v_proj.weight)
 
 
 def test_the_step_schedule_is_computed_once_per_model_and_again_after_an_assignment(monkeypatch):

@@ -226,6 +226,7 @@ def test_the_readme_settings_table_states_the_library_defaults():
     angle = defaults.geo_max_angle
     expected = {
         "norm_style": defaults.norm_style,
+        "post_zero_positions": str(defaults.post_zero_positions),
         "geo_alpha": f"{defaults.geo_alpha:g}",
         "geo_decay": defaults.geo_decay,
         "geo_max_angle": "None" if angle is None else f"pi/{math.pi / angle:g}",

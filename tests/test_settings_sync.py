@@ -211,23 +211,3 @@ def test_converted_and_pre_models_keep_their_embedding_weights():
     pre_config = hf_geonorm.config_class_for("llama")(**stock.config.to_dict(), norm_style="pre")
     pre = AutoModelForCausalLM.from_config(pre_config)
     assert embedding_of(pre).padding_idx == 2 and torch.count_nonzero(embedding_of(pre).weight[2]) == 0
-
-
-def test_deepnorm_from_scratch_scales_the_values_in_phi3s_fused_projection():
-    """Phi-3's qkv_proj rows are [all q | all k | all v]: DeepNet scales the v rows by (8T)^(-1/4), not q or k."""
-    config = tiny_config("phi3")
-    torch.manual_seed(0)
-    stock = AutoModelForCausalLM.from_config(config)
-    torch.manual_seed(0)
-    deep = AutoModelForCausalLM.from_config(
-        hf_geonorm.config_class_for("phi3")(**config.to_dict(), norm_style="deepnorm")
-    )
-    beta = (8 * config.num_hidden_layers) ** -0.25
-    head_dim = config.hidden_size // config.num_attention_heads
-    qk_rows = (config.num_attention_heads + config.num_key_value_heads) * head_dim
-    for stock_layer, deep_layer in zip(stock.model.layers, deep.model.layers, strict=True):
-        expected = stock_layer.self_attn.qkv_proj.weight.detach()
-        got = deep_layer.self_attn.qkv_proj.weight.detach()
-        assert got.shape[0] == qk_rows + config.num_key_value_heads * head_dim
-        torch.testing.assert_close(got[:qk_rows], expected[:qk_rows], rtol=0, atol=0)
-        torch.testing.assert_close(got[qk_rows:], beta * expected[qk_rows:])

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layouts import DEEPNORM_SCALED, BlockLayout
+from .fresh_init import deepnet_init_, zero_positions_
+from .layouts import BlockLayout
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
 
@@ -224,20 +225,6 @@ def geonorm_layer_class(stock_layer_class: type, layout: BlockLayout) -> type:
     return _LAYER_CLASSES[key]
 
 
-def _deepnorm_scale_(layer: nn.Module, layout: BlockLayout, beta: float, config: Any) -> None:
-    """DeepNet's from-scratch init: FFN, value and output projections scaled by beta = (8T)^(-1/4)."""
-    with torch.no_grad():
-        for name, param in getattr(layer, layout.mlp).named_parameters():
-            if name.endswith("weight") and param.dim() >= 2:
-                param.mul_(beta)
-        attn = getattr(layer, layout.attn)
-        for name, param in attn.named_parameters():
-            if DEEPNORM_SCALED.search(name):
-                param.mul_(beta)
-        if layout.fused_values is not None:
-            layout.fused_values(attn, config).mul_(beta)
-
-
 def _register_output_capture(base_model: nn.Module) -> None:
     """transformers keys ``output_hidden_states`` capture on the model's class name, registered in
     ``__init__``; a class swapped in afterwards must be registered too."""
@@ -354,8 +341,9 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     their settings from ``config``. Residual modules already there are kept where they fit the settings
     (re-applying GeoNorm keeps trained sandwich norms and learnable steps).
 
-    ``fresh_init`` marks a model built from a config, not converted from trained weights: it applies the DeepNet
-    init scaling of ``norm_style='deepnorm'`` and draws the padding row of ``geo`` (``_free_padding_row``).
+    ``fresh_init`` marks a model built from a config, not converted from trained weights: it draws the DeepNet
+    init of ``norm_style='deepnorm'``, zeroes the learned position table of ``post`` and ``deepnorm``
+    (``fresh_init``) and draws the padding row of ``geo`` (``_free_padding_row``).
     """
     settings = GeoNormSettings.from_object(config)
     layout = check_patch(base_model, config, layout, settings)
@@ -392,6 +380,8 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
             residual.train(layer.training)
             setattr(layer, f"geonorm_{part}_residual", residual)
         if fresh_init and settings.norm_style == "deepnorm":
-            _deepnorm_scale_(layer, layout, (8.0 * num_layers) ** -0.25, config)
+            deepnet_init_(layer, layout, num_layers, config)
     if settings.norm_style == "geo":
         _free_padding_row(base_model, fresh_init)
+    if fresh_init and settings.norm_style in ("post", "deepnorm") and settings.post_zero_positions:
+        zero_positions_(base_model)

@@ -156,6 +156,7 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     config_name, base_name, causal_name = family.class_names[:3]
     annotations = {
         "norm_style": str,
+        "post_zero_positions": bool,
         "geo_alpha": float | list[float],
         "geo_decay": str,
         "geo_max_angle": float | None,

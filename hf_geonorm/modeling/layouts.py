@@ -29,6 +29,8 @@ DEEPNORM_SCALED = re.compile(r"(^|\.)(v_proj|o_proj|out_proj|dense|c_proj|wo|wv|
 
 FusedValues = Callable[[nn.Module, Any], torch.Tensor]
 
+LEARNED_POSITIONS = ("wpe", "embed_positions")  # the base model's learned position table (GPT-2-shaped families)
+
 
 @dataclass(frozen=True)
 class BlockLayout:

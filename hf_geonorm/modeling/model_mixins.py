@@ -16,7 +16,7 @@ from transformers import AutoModel
 
 from .blocks import patch_base_model
 from .checkpoint_layout import guarded_conversions
-from .layouts import BlockLayout
+from .layouts import LEARNED_POSITIONS, BlockLayout
 from .remote_code import write_remote_code
 from .residual import GeoNormResidual, settings_in_use
 from .settings import GeoNormSettings
@@ -142,9 +142,6 @@ class GeoNormPreTrainedMixin:
                 module.step_bias.fill_(0.0)
             return
         super()._init_weights(module)
-
-
-LEARNED_POSITIONS = ("wpe", "embed_positions")  # the learned position tables of the GPT-2-shaped families
 
 
 class PositionLimit(ValueError):

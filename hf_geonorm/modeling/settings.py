@@ -95,6 +95,9 @@ class GeoNormSettings:
     norm_style: str = field(default="geo", metadata=setting_option(
         "--norm-style", "Residual update of every block: geo (GeoNorm), pre (stock Pre-Norm), post, sandwich, "
         "deepnorm.", choices=NORM_STYLES))  # fmt: skip
+    post_zero_positions: bool = field(default=True, metadata=setting_option(
+        "--post-zero-positions", "post and deepnorm built from a config: a learned position table (GPT-2's) starts at "
+        "zero, not at random (other styles, and trained weights, are left alone).", flag=True))  # fmt: skip
     geo_alpha: float | list[float] = field(default=0.5, metadata=setting_option(
         "--alpha", "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used "
         "as given).", per_layer=True, minimum=0, metavar="FLOAT|LIST"))  # fmt: skip
@@ -155,7 +158,7 @@ class GeoNormSettings:
             if isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 < m <= math.pi):
                 raise ValueError(f"geo_max_angle must be None or a number of radians in (0, pi]; got {m!r}")
             self.geo_max_angle = float(m)
-        for flag in ("geo_learnable_step", "geo_first_token_prenorm"):
+        for flag in ("post_zero_positions", "geo_learnable_step", "geo_first_token_prenorm"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False; got {getattr(self, flag)!r}")
         b = self.geo_bridge
