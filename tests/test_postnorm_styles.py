@@ -4,9 +4,7 @@
   beta = (8T)^(-1/4) on the feed-forward, value and output projections and 1 on queries and keys (formula written
   out here; GPT-2's fused, transposed ``c_attn`` split by hand), also inside every fused q/k/v projection;
 - ``post_zero_positions``: ``post`` and ``deepnorm`` built from a config start a learned position table (GPT-2's)
-  at zero; other styles and converted weights keep theirs;
-- a tiny GPT-2 at ``norm_style="post"`` trained by ``hf-geonorm train`` learns more than the unigram distribution
-  of its data (it used to end at the unigram cross-entropy: docs/training.md, "Post-Norm on GPT-2").
+  at zero (why: docs/training.md, "Post-Norm on GPT-2"); other styles and converted weights keep theirs.
 """
 
 from __future__ import annotations

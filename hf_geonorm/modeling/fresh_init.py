@@ -63,7 +63,7 @@ def deepnet_init_(layer: nn.Module, layout: BlockLayout, num_layers: int, config
     for name, param in attn.named_parameters():
         if not name.endswith("weight") or param.dim() < 2:
             continue
-        if values is not None and values._base is param:
+        if values is not None and values.untyped_storage().data_ptr() == param.untyped_storage().data_ptr():
             xavier_normal_(param, 1.0, 2 * hidden)
         else:
             xavier_normal_(param, beta if DEEPNORM_SCALED.search(name) else 1.0, matrix_fans(param))
