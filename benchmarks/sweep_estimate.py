@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sysconfig
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,21 +31,13 @@ from hf_geonorm.training.sweep.grid import read_journal, run_sweep
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm.training.sweep.report import rate_text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_cost import FILES, corpus  # noqa: E402  (the same corpus: the largest standard-library modules)
+
 RESULTS = Path(__file__).parent / "results"
-FILES = 40  # the largest standard-library modules: the data prepared before the first run
 STYLES, RATES, SEEDS, CONFIRM = ("pre", "geo", "sandwich"), (2e-3, 8e-3), (0,), (1,)
 OPTIONS = dict(preset="tiny", vocab_size=1024, seq_len=64, batch_size=4, max_steps=60, eval_every=30)
 TARGET = 1.5
-
-
-def corpus(folder: Path) -> Path:
-    """The ``FILES`` largest top-level modules of the standard library, copied as text files."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    modules = sorted(stdlib.glob("*.py"), key=lambda path: (-path.stat().st_size, path.name))[:FILES]
-    folder.mkdir(parents=True, exist_ok=True)
-    for module in modules:
-        (folder / f"{module.stem}.txt").write_text(module.read_text(encoding="utf-8"), encoding="utf-8")
-    return folder
 
 
 def timed_sweep(work: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[float, str]]]:

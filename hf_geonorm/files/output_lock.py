@@ -18,7 +18,6 @@ names (hard links).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .atomic import LOCK_NAME, OutputInUse, holder_text, lock_holder, read_holder
+from .text_files import open_no_follow
 
 _HELD_HERE: set[tuple[int, int]] = set()  # (device, inode) of the lock files this process holds
 
@@ -50,16 +50,8 @@ def _same_file(fd: int, path: Path) -> bool:
 def _open_lock_file(path: Path) -> int:
     """``path`` opened for reading and writing (created when missing), never through a symbolic link, and only
     when it is a regular file of one name: the lock record is written into it."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as error:
-        if error.errno == errno.ELOOP and path.is_symlink():
-            raise ValueError(
-                f"{path} is a symbolic link (to {os.readlink(path)}), not hf-geonorm's lock file: the lock record "
-                "is never written through a link, which would overwrite the file it points to; remove the link and "
-                "start again"
-            ) from None
-        raise
+    why = "the lock record is written into hf-geonorm's own lock file"
+    fd = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, why)
     found = os.fstat(fd)
     if not stat.S_ISREG(found.st_mode) or found.st_nlink > 1:
         os.close(fd)

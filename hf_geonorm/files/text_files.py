@@ -143,11 +143,11 @@ def json_or_problem(path: Path) -> tuple[Any, str | None]:
         return None, f"{path} is not valid JSON ({first_line(error)})"
 
 
-def new_text_file(path: Path, why: str) -> TextIO:
-    """``path`` opened for writing anew, never through a symbolic link (which would overwrite the file it points
-    to): ``ValueError`` naming the link, with ``why`` the file is written here."""
+def open_no_follow(path: Path, flags: int, why: str) -> int:
+    """``os.open(path, flags)`` (mode 0o644 where it creates), never through a symbolic link, which would overwrite
+    the file it points to: ``ValueError`` naming the link, with ``why`` the file is written here."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
     except OSError as error:
         if error.errno == errno.ELOOP and path.is_symlink():
             raise ValueError(
@@ -155,4 +155,8 @@ def new_text_file(path: Path, why: str) -> TextIO:
                 "overwrite the file it points to; remove the link and run the command again"
             ) from None
         raise
-    return open(fd, "w", encoding="utf-8")
+
+
+def new_text_file(path: Path, why: str) -> TextIO:
+    """``path`` opened for writing anew, never through a symbolic link (``open_no_follow``)."""
+    return open(open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, why), "w", encoding="utf-8")
