@@ -334,15 +334,18 @@ def table(runs: dict[str, dict[str, Any]], references: dict[str, dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="small,study", help="a comma list of small, study")
+    parser.add_argument("--shapes", default="small,study", help="the shapes to train, a comma list of small, study "
+                        "(the table shows every shape's journaled runs)")
     parser.add_argument("--data", default=None, help="the corpus (default: the standard library's source)")
     parser.add_argument("--data-cache", default=None)
     parser.add_argument("--commit-every", type=int, default=4, help="commit the journal every N runs (0: never)")
     args = parser.parse_args()
-    runs, trained, references = read_journal(), 0, {}
-    for shape in (SHAPES[name] for name in args.shapes.split(",")):
-        references[shape.name], probe = evaluation_data(shape, args.data, args.data_cache)
+    runs, trained, references, probes = read_journal(), 0, {}, {}
+    for shape in SHAPES.values():  # every shape's table, also of the shapes not trained this time
+        references[shape.name], probes[shape.name] = evaluation_data(shape, args.data, args.data_cache)
         print(f"{shape.name}: unigram reference {references[shape.name]}", flush=True)
+    for shape in (SHAPES[name] for name in args.shapes.split(",")):
+        probe = probes[shape.name]
         for cell in (c for c in CELLS if shape.name in c.shapes):
             for lr in shape.rates:
                 if run_name(shape, cell, lr) in runs:
