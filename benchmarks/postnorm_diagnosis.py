@@ -22,7 +22,7 @@ zero (``cell_parts``). The rest is the library's, at its settings.
 Two shapes. ``small`` (every cell, at rates 1e-3 and 2e-3): GPT-2 and LLaMA 4 layers x width 64 (2 heads), 200 steps
 of 8 x 128 tokens, a tokenizer of 512 tokens, 32 validation and 32 test blocks: shrunk from the study's run so that
 the diagnosis fits about 75 minutes on 2 CPU cores shared with other work (one training process, under ``nice``).
-``study`` (the baselines, the fixes and their combinations, at 5e-4 and 1e-3): the study's model and run, GPT-2
+``study`` (the baselines, the fixes and their combinations, at 5e-4, 1e-3 and 2e-3): the study's model and run, GPT-2
 4 x 128, 300 steps of 16 x 128 tokens, a tokenizer of 2048 tokens, 64 evaluation blocks. Both: warm-up a tenth of
 the run unless a cell says, weight decay 0.1, seed 0, the Python standard library's source (``train``'s default
 corpus; the study corpus of ``study_corpus.py`` is 100 MB to tokenize here).
@@ -95,7 +95,7 @@ class Shape:
 
 SHAPES = {
     "small": Shape("small", 4, 64, 200, 8, 512, 32, (1e-3, 2e-3)),
-    "study": Shape("study", 4, 128, 300, 16, None, 64, (5e-4, 1e-3)),
+    "study": Shape("study", 4, 128, 300, 16, None, 64, (5e-4, 1e-3, 2e-3)),
 }
 
 
@@ -334,15 +334,18 @@ def table(runs: dict[str, dict[str, Any]], references: dict[str, dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="small,study", help="a comma list of small, study")
+    parser.add_argument("--shapes", default="small,study", help="the shapes to train, a comma list of small, study "
+                        "(the table shows every shape's journaled runs)")
     parser.add_argument("--data", default=None, help="the corpus (default: the standard library's source)")
     parser.add_argument("--data-cache", default=None)
     parser.add_argument("--commit-every", type=int, default=4, help="commit the journal every N runs (0: never)")
     args = parser.parse_args()
-    runs, trained, references = read_journal(), 0, {}
-    for shape in (SHAPES[name] for name in args.shapes.split(",")):
-        references[shape.name], probe = evaluation_data(shape, args.data, args.data_cache)
+    runs, trained, references, probes = read_journal(), 0, {}, {}
+    for shape in SHAPES.values():  # every shape's table, also of the shapes not trained this time
+        references[shape.name], probes[shape.name] = evaluation_data(shape, args.data, args.data_cache)
         print(f"{shape.name}: unigram reference {references[shape.name]}", flush=True)
+    for shape in (SHAPES[name] for name in args.shapes.split(",")):
+        probe = probes[shape.name]
         for cell in (c for c in CELLS if shape.name in c.shapes):
             for lr in shape.rates:
                 if run_name(shape, cell, lr) in runs:

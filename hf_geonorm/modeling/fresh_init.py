@@ -5,9 +5,9 @@ zero for ``post`` and ``deepnorm`` (``zero_positions_``). Weights converted from
 DeepNet (Wang et al., 2022, decoder-only formulas) draws every projection of a block from Xavier (Glorot) normal,
 ``N(0, gain^2 * 2 / (fan_in + fan_out))``, with gain ``beta = (8T)^(-1/4)`` on the feed-forward, value and output
 projections and gain 1 on the query and key projections, for T decoder layers. The stock model's own init is
-replaced, not scaled: GPT-2 and LLaMA draw N(0, 0.02) whatever the width, and beta times that starts the
-attention output about ten times smaller than DeepNet's at width 128. Biases stay as the stock init leaves them
-(zero).
+replaced, not scaled: GPT-2 and LLaMA draw N(0, 0.02) whatever the width, and beta times that gave GPT-2's
+attention output projection at width 128 a std of 0.003 where DeepNet's formula gives 0.037. Biases stay as the stock
+init leaves them (zero).
 
 A learned position table (GPT-2's ``wpe``) starts at zero for ``post`` and ``deepnorm`` with
 ``post_zero_positions``: the stock N(0, 0.02) table is as large as the token embeddings, and a post-norm keeps

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ...modeling.settings import GeoNormSettings
 from ..options import TrainOptions
 from ..rate_rule import DefaultRate
 from .checkpoint_state import Schedule, schedule_problem
@@ -126,9 +127,11 @@ def check_same_run(checkpoint: Path, now: dict[str, Any], step: int, log: Any) -
     for name in SHAPING:
         if before["options"].get(name) != now["options"][name]:
             changes.append(f"{_option(name)} {before['options'].get(name)} then, {now['options'][name]} now")
+    defaults = GeoNormSettings().to_dict()  # a setting the record lacks was added since: the run had its default
     for name in sorted(set(before["settings"]) | set(now["settings"])):
-        if before["settings"].get(name) != now["settings"].get(name):
-            changes.append(f"{name} {before['settings'].get(name)!r} then, {now['settings'].get(name)!r} now")
+        then = before["settings"].get(name, defaults.get(name))
+        if then != now["settings"].get(name):
+            changes.append(f"{name} {then!r} then, {now['settings'].get(name)!r} now")
     old, new = before["max_steps"], now["max_steps"]
     if new != old and not (new > old and _schedule_kept(before, step)):
         changes.append(
