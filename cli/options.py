@@ -24,7 +24,8 @@ NO_CLAMP = "none"
 
 
 # The declarations of the commands' options, by name: the library module of each, read from its file.
-DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options"}
+DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options",
+                "EngineOptions": "training/sweep/engine_options"}
 
 
 def declarations() -> ModuleType:

@@ -15,27 +15,32 @@ from .train import run_checked
 
 
 @click.command()
-@declared_options("SweepOptions", "TrainOptions", command="sweep")
+@declared_options("SweepOptions", "EngineOptions", "TrainOptions", command="sweep")
 def sweep(**kwargs: Any) -> None:
     """Is GeoNorm better than Pre-Norm on this data, and at which learning rate?
 
-    Trains every style (and --alphas for geo) at every rate and seed, one run after the other, as `hf-geonorm
-    train` would; appends each finished run to OUTPUT/runs.jsonl (the same command again trains only the runs
-    that are missing) and writes OUTPUT/sweep.md and sweep.png: the loss against the rate per style, each style's
-    best rate chosen on validation, and the styles compared at their own best rates on test. --extend adds rates
-    beyond an edge while a style's best rate is there; --confirm-seeds runs more seeds at each best rate only.
+    Trains every style (and --alphas for geo) at every rate and seed, one run after the other (or --workers at
+    once, or on every machine sharing a --storage), as `hf-geonorm train` would; appends each finished run to
+    OUTPUT/runs.jsonl (the same command again trains only the runs that are missing) and writes OUTPUT/sweep.md and
+    sweep.png: the loss against the rate per style, each style's best rate chosen on validation, and the styles
+    compared at their own best rates on test. --extend adds rates beyond an edge while a style's best rate is
+    there; --confirm-seeds runs more seeds at each best rate only.
     """
     settings = pop_settings(kwargs)
     sweep_names = {spec.name for spec in dataclasses.fields(declaration("SweepOptions"))}
     sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
+    engine_names = {spec.name for spec in dataclasses.fields(declaration("EngineOptions"))}
+    engine_values = given({name: kwargs.pop(name) for name in engine_names})
     from hf_geonorm.files.signals import Terminated
     from hf_geonorm.training.options import TrainOptions
-    from hf_geonorm.training.sweep.grid import run_sweep
+    from hf_geonorm.training.sweep.engine import sweep_on
+    from hf_geonorm.training.sweep.engine_options import EngineOptions
     from hf_geonorm.training.sweep.options import SweepOptions
 
     options = SweepOptions(**sweep_values)
     try:
-        run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
+        train = TrainOptions(settings=settings, **given(kwargs))
+        run_checked(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo))
     except (KeyboardInterrupt, Terminated) as stop:
         terminated = isinstance(stop, Terminated)
         stopped = click.ClickException(

@@ -28,7 +28,8 @@ FLOW = (
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
     "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",
-    "sweep.grid", "sweep.summary",
+    "sweep.preparation", "sweep.grid", "sweep.protocol", "sweep.engine_options", "sweep.workers", "sweep.storage",
+    "sweep.engine", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
 # Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:

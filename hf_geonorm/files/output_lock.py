@@ -157,6 +157,11 @@ def check_not_in_use(folder: str | os.PathLike, option: str = "--output") -> Non
     _refuse_runs_around(given, real, option)
 
 
+
+def share_parents_lock(folder: Path) -> None:
+    """In a worker process of the run holding ``folder``'s lock (a sweep's workers): write inside that folder as its
+    holder does, the lock counted as held here too."""
+    _HELD_HERE.add(_identity(os.lstat(folder / LOCK_NAME)))
 @contextlib.contextmanager
 def output_lock(folder: str | os.PathLike, command: str, option: str = "--output") -> Iterator[None]:
     """Hold ``folder``'s lock for the block (``OutputInUse`` naming the holder when another run has it, or a folder

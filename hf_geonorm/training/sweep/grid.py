@@ -51,6 +51,7 @@ from .journal import (
     start_journal,
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
+from .preparation import prepared_data_key
 from .report import write_report
 from .table import alpha_text, arm_name, best_rates, rate_text, run_name
 
@@ -163,11 +164,45 @@ def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]
     return beyond, why_not
 
 
-def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
+def extension_step(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
+                   rates: list[float]) -> tuple[list[float], list[str]]:  # fmt: skip
+    """The rates ``--extend`` adds to the arm's grid now (``beyond_edge``), and the lines that say which or why
+    none: an arm whose every run diverged has no best rate to extend from (the lowest would pass for one)."""
+    arm = arm_name({"style": style, "alpha": alpha})
+    best = choice(entries, style, alpha, rates, seeds)
+    if best is None:
+        return [], []
+    if not any(e["val_loss"] is not None for e in entries if (e["style"], e["alpha"]) == (style, alpha)
+               and e["lr"] in rates and e["seed"] in seeds):  # fmt: skip
+        return [], [f"{arm}: every run diverged (no rate trained): the grid is not extended; give lower --lrs"]
+    beyond, why_not = beyond_edge(rates, best)
+    edge, notes = f"{arm}: best rate {rate_text(best)} is at the edge of its grid", []
+    if why_not:
+        notes.append(f"{edge}, but {'; '.join(why_not)}: " + ("no rate added" if not beyond else "not on that side"))
+    if beyond:
+        notes.append(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
+    return beyond, notes
+
+
+def confirmation_rate(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
+                      rates: list[float]) -> tuple[float | None, str]:  # fmt: skip
+    """The rate ``--confirm-seeds`` runs at: the arm's best, chosen on ``seeds``; None, and the line that says so,
+    where every rate diverged."""
+    best = choice(entries, style, alpha, rates, seeds)
+    trained = [e for e in entries if (e["style"], e["alpha"], e["lr"]) == (style, alpha, best)
+               and e["seed"] in seeds and e["val_loss"] is not None]  # fmt: skip
+    if best is None or not trained:
+        arm = arm_name({"style": style, "alpha": alpha})
+        return None, f"{arm}: no rate trained (every run diverged): no confirmation runs"
+    return best, ""
+
+
+def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print, runner: Any = None) -> list[dict[str, Any]]:
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
     its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
     return the journal's runs. A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the
-    caller records them (``signals.signals_stop_the_job``: the command line)."""
+    caller records them (``signals.signals_stop_the_job``: the command line). ``runner``: what trains the runs in the
+    locked folder (``engine.ParallelSweep``, bound to its options), one after the other here by default."""
     sweep.validate()
     if train.lr is not None:
         raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
@@ -183,7 +218,7 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
         repair(journal, log)
         check_options(journal, replace(train, lr=None))
         adopt_earlier_output(folder, "sweep")
-        return _Sweep(sweep, train, folder, journal, log).run()
+        return (runner or _Sweep)(sweep, train, folder, journal, log).run()
 
 
 def refuse_foreign_folder(folder: Path, journal: Journal) -> None:
@@ -260,32 +295,16 @@ class _Sweep:
         return self.entries
 
     def extension(self, style: str, alpha: float | None, rates: list[float]) -> list[float]:
-        """The rates ``--extend`` adds to the arm's grid now (``beyond_edge``), and the line that says which or why
-        none: an arm whose every run diverged has no best rate to extend from (the lowest would pass for one)."""
-        arm = arm_name({"style": style, "alpha": alpha})
-        best = choice(self.entries, style, alpha, rates, self.sweep.seeds)
-        if best is None:
-            return []
-        if not any(e["val_loss"] is not None for e in self.entries if (e["style"], e["alpha"]) == (style, alpha)
-                   and e["lr"] in rates and e["seed"] in self.sweep.seeds):  # fmt: skip
-            self.log(f"{arm}: every run diverged (no rate trained): the grid is not extended; give lower --lrs")
-            return []
-        beyond, why_not = beyond_edge(rates, best)
-        edge = f"{arm}: best rate {rate_text(best)} is at the edge of its grid"
-        if why_not:
-            self.log(f"{edge}, but {'; '.join(why_not)}: " + ("no rate added" if not beyond else "not on that side"))
-        if beyond:
-            self.log(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
+        beyond, notes = extension_step(self.entries, self.sweep.seeds, style, alpha, rates)
+        for note in notes:
+            self.log(note)
         return beyond
 
     def confirm(self, style: str, alpha: float | None, rates: list[float]) -> None:
         """``--confirm-seeds`` at the arm's best rate, chosen on ``--seeds``; none where every rate diverged."""
-        best = choice(self.entries, style, alpha, rates, self.sweep.seeds)
-        trained = [e for e in self.entries if (e["style"], e["alpha"], e["lr"]) == (style, alpha, best)
-                   and e["seed"] in self.sweep.seeds and e["val_loss"] is not None]  # fmt: skip
-        if best is None or not trained:
-            self.log(f"{arm_name({'style': style, 'alpha': alpha})}: no rate trained (every run diverged): no "
-                     "confirmation runs")  # fmt: skip
+        best, note = confirmation_rate(self.entries, self.sweep.seeds, style, alpha, rates)
+        if best is None:
+            self.log(note)
             return
         self.train_runs([Run(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()], "confirmation")
 
@@ -325,24 +344,14 @@ class _Sweep:
 
     def check_data(self) -> None:
         """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
-        new journal records them in its header); then the data tokenized and cached, so that the first run reads
-        it as every other does and the time estimate measures runs alike."""
-        from ..data.prepare import data_request, data_source, training_data
-
-        started = time.monotonic()
-        request = data_request(self.train)
-        source = data_source(request, lambda _: None)
-        data_key = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
+        new journal records them in its header); the data cached first (``prepared_data_key``)."""
+        data_key = prepared_data_key(self.train, self.log)
         options = replace(self.train, lr=None)
         if self.journal.header is None:
             start_journal(self.journal.path, options, data_key)
             self.journal = load_journal(self.journal.path)
         else:
             check_data(self.journal, options, data_key)
-        if not self.train.streaming:  # a stream is read by each run alike
-            training_data(source, request, lambda _: None)
-            self.log(f"data prepared in {time.monotonic() - started:.0f} s, before the first run: tokenized and "
-                     "cached, as every run reads it")  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:

@@ -1,0 +1,260 @@
+"""A sweep that trains several runs at once (``sweep --workers N``, ``--devices``, ``--storage``): the study's protocol
+(``protocol.walk``) over a board of runs, this machine's journal (``LocalBoard``) or a study shared by many machines
+(``storage.StudyBoard``), each run trained by a worker process (``workers``) as soon as one is free and the protocol
+needs it: the grids first, an extension or a confirmation once the results it depends on are in.
+
+The runs, the choice and the numbers are a serial sweep's: the same protocol decides them from the same results,
+and each run trains as ``grid._train`` trains it, seeded alike. Runs end in another order than one after the other,
+so the journal is written again in the serial sweep's order when the sweep ends (``serial_order``) and the report is
+written from that order: it is the serial sweep's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from ...files.ownership import record_paths
+from ...files.signals import raise_if_signalled
+from ..options import TrainOptions
+from .engine_options import EngineOptions
+from .estimate import TimeEstimate, duration
+from .grid import style_grids
+from .journal import Journal, JournalError, append, check_data, check_options, journal_key, load_journal, start_journal
+from .options import SweepOptions
+from .preparation import prepared_data_key
+from .protocol import Task, Walk, serial_order, walk
+from .report import write_report
+from .workers import Pool, Worker, worker_slots
+
+PROGRESS_SECONDS = 30.0  # how often the workers' progress is logged while runs train
+POLL_SECONDS = 2.0  # how often a machine with nothing to take looks again (the runs others train may decide more)
+
+
+class LocalBoard:
+    """The runs of a sweep on this machine alone: its journal, and the runs its workers train."""
+
+    def __init__(self, journal: Journal, sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> None:
+        self.journal, self.sweep, self.grids = journal, sweep, grids
+        self.running: set[tuple] = set()
+
+    def entries(self) -> list[dict[str, Any]]:
+        return self.journal.entries
+
+    def walk(self) -> Walk:
+        return walk(self.sweep, self.grids, self.journal.entries)
+
+    def take(self) -> Task | None:
+        return next((task for task in self.walk().due if task.run.key() not in self.running), None)
+
+    def started(self, task: Task) -> None:
+        self.running.add(task.run.key())
+
+    def finish(self, task: Task, entry: dict[str, Any]) -> bool:
+        append(self.journal.path, entry)
+        self.journal.entries.append(entry)
+        self.running.discard(task.run.key())
+        return True
+
+    def release(self, task: Task) -> None:
+        self.running.discard(task.run.key())
+
+    def beat(self) -> None:
+        """A journal on this machine needs no heartbeat."""
+
+
+class ParallelSweep:
+    """One call of ``run_sweep`` on worker processes (``grid.run_sweep``'s ``runner``): the same folder, lock and
+    journal checks as a serial sweep's."""
+
+    def __init__(self, engine: EngineOptions, sweep: SweepOptions, train: TrainOptions, folder: Path,
+                 journal: Journal, log: Any) -> None:  # fmt: skip
+        self.engine, self.sweep, self.train, self.folder, self.journal, self.log = (engine, sweep, train, folder,
+                                                                                   journal, log)  # fmt: skip
+        self.kept = len(journal.entries)  # the runs a serial sweep would also find there first
+        self.grids = style_grids(sweep, train, log)
+        self.estimate = TimeEstimate(train.max_steps)
+        self.said: set[str] = set()
+        self.started = self.trained = 0
+        self.board: Any = None
+
+    def run(self) -> list[dict[str, Any]]:
+        self.board = self.open_board()
+        if not self.board.walk().finished or self.engine.storage is not None:
+            self.check_data()
+        slots = worker_slots(self.engine.workers, self.engine.devices)
+        pending = self.board.walk()
+        if not pending.finished:
+            self.log(f"to train: {len(pending.due)} run(s) the protocol needs now, on {len(slots)} worker(s): "
+                     + "; ".join(f"worker {slot.number} on {slot.where}" for slot in slots))  # fmt: skip
+            with Pool(slots, self.train, self.folder) as pool:
+                try:
+                    self.loop(pool)
+                finally:
+                    for worker in pool.busy():
+                        self.board.release(worker.task)
+        final = self.board.walk()
+        self.say(final)
+        entries = self.ordered(final.reached)
+        if not self.trained:
+            self.log(f"all {len(final.reached)} runs of the sweep are in {self.where()}")
+        self.write_journal(entries)
+        write_report(self.folder, entries, log=self.log, header=self.journal.header)
+        record_paths(self.folder, "sweep", self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        return entries
+
+    def open_board(self) -> Any:
+        if self.engine.storage is None:
+            return LocalBoard(self.journal, self.sweep, self.grids)
+        from .storage import StudyBoard
+
+        board = StudyBoard(self.engine.storage, self.engine.study, self.engine.takeover_after, self.log)
+        board.sweep, board.grids = self.sweep, self.grids
+        return board
+
+    def where(self) -> str:
+        return self.board.where if self.engine.storage is not None else str(self.journal.path)
+
+    def check_data(self) -> None:
+        """Before a run trains: the data's and the tokenizer's fingerprints (the data cached on the way), compared
+        with the journal's header or the study's, or recorded where there is none yet."""
+        data_key = prepared_data_key(self.train, self.log)
+        options = replace(self.train, lr=None)
+        if self.journal.header is None:
+            start_journal(self.journal.path, options, data_key)
+            self.journal = load_journal(self.journal.path)
+            if isinstance(self.board, LocalBoard):
+                self.board.journal = self.journal
+        else:
+            check_data(self.journal, options, data_key)
+        if self.engine.storage is not None:
+            header = {"format": self.journal.header["format"], "train_options": journal_key(options),
+                      "data_key": data_key}  # fmt: skip
+            grid = {**{k: v for k, v in asdict(self.sweep).items() if k != "output"},
+                    "grids": {style: list(rates) for style, rates in self.grids.items()}}  # fmt: skip
+            self.board.join(json.loads(json.dumps(header)), json.loads(json.dumps(grid)),
+                            lambda study: (check_options(study, options), check_data(study, options, data_key)))
+            self.refuse_runs_the_study_lacks()
+
+    def refuse_runs_the_study_lacks(self) -> None:
+        """This folder's journal mirrors the study's runs: one that holds others (a sweep run here alone) would lose
+        them when it is written again."""
+        shared = {entry["run"] for entry in self.board.entries()}
+        own = [entry["run"] for entry in self.journal.entries if entry["run"] not in shared]
+        if own:
+            raise JournalError(f"{self.journal.path} holds {len(own)} run(s) that {self.board.where} lacks ("
+                               f"{', '.join(own[:3])}{', ...' if len(own) > 3 else ''}): this folder's journal is "
+                               "written from the study; give another --output")  # fmt: skip
+
+    def loop(self, pool: Pool) -> None:
+        """Hand each free worker the next run the protocol needs, until no run is left or training."""
+        shown, looked = time.monotonic(), 0.0
+        while True:
+            raise_if_signalled()
+            if time.monotonic() - looked >= POLL_SECONDS:  # a step report alone changes nothing to take
+                for worker in pool.free():
+                    task = self.board.take()
+                    if task is None:
+                        break
+                    self.start(pool, worker, task)
+                looked = time.monotonic()
+            if not pool.busy():
+                if self.board.walk().finished or self.engine.storage is None:
+                    return
+                time.sleep(POLL_SECONDS)  # the others' runs decide what comes next
+            for event in pool.wait(timeout=POLL_SECONDS if self.engine.storage else PROGRESS_SECONDS):
+                if event.entry is None:
+                    self.board.release(event.task)
+                    stopped = "was stopped" if event.stop else f"failed: {event.error}"
+                    raise JournalError(f"{event.task.run.label} on worker {event.worker.slot.number} {stopped}; the "
+                                       f"finished runs are in {self.where()}: the same command again trains the runs "
+                                       "that are missing")  # fmt: skip
+                self.ended(event.task, event.entry, event.seconds)
+                self.time_left(pool)
+                looked = 0.0
+            self.board.beat()
+            if time.monotonic() - shown >= PROGRESS_SECONDS:
+                self.progress(pool)
+                shown = time.monotonic()
+
+    def start(self, pool: Pool, worker: Worker, task: Task) -> None:
+        if isinstance(self.board, LocalBoard):
+            self.board.started(task)
+        self.started += 1
+        self.log(f"run {self.started}: {task.run.label} ({task.role}) on worker {worker.slot.number}")
+        pool.start(worker, task)
+
+    def ended(self, task: Task, entry: dict[str, Any], seconds: float) -> None:
+        if not self.board.finish(task, entry):
+            return
+        self.trained += 1
+        record_paths(self.folder, "sweep", *(path for path in (self.folder / "logs" / f"{task.run.name}.log",
+                                                               self.folder / "runs" / task.run.name) if path.exists()))
+        result = "diverged" if entry["val_loss"] is None else (
+            f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}")  # fmt: skip
+        self.log(f"run {task.run.label}: {result} ({seconds:.0f} s)")
+        self.estimate.add(seconds, entry)
+        self.say(self.board.walk())
+
+    def say(self, found: Walk) -> None:
+        """The protocol's decisions, each once, as the serial sweep logs them."""
+        for note in found.notes:
+            if note not in self.said:
+                self.said.add(note)
+                self.log(note)
+
+    def progress(self, pool: Pool) -> None:
+        """A line per worker (its run and step) and the time the sweep has left."""
+        for worker in pool.workers:
+            step = f", step {worker.step[0]}/{worker.step[1]}" if worker.step else ", starting"
+            doing = f"{worker.task.run.label}{step}" if worker.task else "free (waiting for a run the protocol needs)"
+            self.log(f"worker {worker.slot.number} ({worker.slot.where}): {doing}")
+        self.time_left(pool)
+
+    def time_left(self, pool: Pool) -> None:
+        """The time the runs known to be left should take on the workers: those waiting at a whole run's time
+        (``TimeEstimate``, measured on the runs so far), those training at the part of it their steps have left."""
+        busy = pool.busy()
+        queued = [task for task in self.board.walk().due if task.run.key() not in {w.task.run.key() for w in busy}]
+        if not self.estimate.measured or not (queued or busy):
+            return
+        seconds = sum(self.estimate.run_seconds(task.run.style) for task in queued)
+        for worker in busy:
+            done = worker.step[0] / worker.step[1] if worker.step else 0.0
+            seconds += (1 - done) * self.estimate.run_seconds(worker.task.run.style)
+        self.log(f"time estimate: about {duration(seconds / len(pool.workers))} for the {len(queued) + len(busy)} "
+                 f"run(s) known to be left on {len(pool.workers)} worker(s) (extensions and confirmation runs not yet "
+                 "decided come on top)")  # fmt: skip
+
+    def ordered(self, reached: list[tuple]) -> list[dict[str, Any]]:
+        """The runs in the serial sweep's order: those the journal held before, then the others as the protocol
+        reaches them (``serial_order``)."""
+        entries = self.board.entries()
+        if self.engine.storage is not None:
+            return serial_order(entries, reached)
+        return entries[: self.kept] + serial_order(entries[self.kept :], reached)
+
+    def write_journal(self, entries: list[dict[str, Any]]) -> None:
+        """This folder's journal, in the serial sweep's order (with ``--storage``: the study's runs), written in one
+        step."""
+        from ..run.outputs import replace_file
+
+        if self.journal.header is None or entries == self.journal.entries:
+            return
+        lines = [json.dumps(line, allow_nan=False) + "\n" for line in [self.journal.header, *entries]]
+        replace_file(self.journal.path, lambda tmp: tmp.write_text("".join(lines), encoding="utf-8"))
+        self.journal = load_journal(self.journal.path)
+
+
+def sweep_on(engine: EngineOptions, sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
+    """``grid.run_sweep``, its runs trained as ``engine`` says: one after the other in this process unless it asks for
+    workers, devices or a storage."""
+    from functools import partial
+
+    from .grid import run_sweep
+
+    engine.validate()
+    return run_sweep(sweep, train, log, runner=partial(ParallelSweep, engine) if engine.parallel else None)

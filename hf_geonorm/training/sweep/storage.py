@@ -1,0 +1,209 @@
+"""A sweep shared by many machines (``sweep --storage postgresql://...``): the runs of one sweep are the trials of an
+Optuna study in a PostgreSQL database, and every machine running the same command takes the next run the protocol
+needs (``protocol.walk``) that no machine has finished or is training.
+
+- The study holds the sweep's header (the train options, the data's and the tokenizer's fingerprints) and its grid;
+  a machine with other options, data or grid is refused before it trains, with the difference named.
+- Taking a run is one step under a PostgreSQL advisory lock (the protocol read, the run's trial created RUNNING), so
+  no two machines take the same run; a finished run is its trial COMPLETE with its journal entry, written in one
+  step, so a run's half-written output is never read.
+- A machine beats a heartbeat for each run it trains (Optuna's, timed by the database's clock); a run whose
+  heartbeat is older than ``--takeover-after`` seconds is failed (its machine died) and taken by the next machine
+  that looks; a result that comes back for a run taken over is dropped, so no run counts twice.
+- The database may go away between two steps (a restart): each step is retried until it is back, for as long as
+  ``--takeover-after`` at least.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+import zlib
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+from ..options import OptionError
+from .journal import Journal, JournalError
+from .protocol import Task, Walk, walk
+
+RETRY_SECONDS = 2.0  # how often an unreachable database is tried again
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise OptionError("--storage needs Optuna and a PostgreSQL driver: pip install 'hf-geonorm[distributed]'"
+                          ) from None  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def shown_url(url: str) -> str:
+    """The storage's URL with its password hidden, as messages name it."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class StudyBoard:
+    """The runs of a sweep in a shared study: what ``engine`` asks of a board (``take``, ``finish``, ``release``,
+    ``entries``, ``walk``, ``beat``)."""
+
+    def __init__(self, url: str, study: str, takeover_after: float, log: Callable[[str], None]) -> None:
+        if not url.startswith(("postgresql://", "postgresql+")):
+            raise OptionError(f"--storage takes a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE); got "
+                              f"{url.split(':', 1)[0]}:...")  # fmt: skip
+        optuna = _optuna()
+        import sqlalchemy
+        from sqlalchemy.pool import NullPool
+
+        self.optuna, self.log, self.name = optuna, log, study
+        self.where = f"study {study!r} in {shown_url(url)}"
+        self.takeover_after, self.beat_every = takeover_after, max(1.0, takeover_after / 5)
+        self.lock_key = zlib.crc32(f"hf-geonorm sweep {study}".encode())
+        self.lock_engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.mine: dict[tuple, int] = {}  # the runs this machine trains: their trials
+        self.beaten = 0.0
+        self.sweep: Any = None
+        self.grids: dict[str, tuple[float, ...]] = {}
+        self.storage = self.retrying("open", lambda: optuna.storages.RDBStorage(
+            url, heartbeat_interval=int(self.beat_every), grace_period=int(takeover_after),
+            engine_kwargs={"pool_pre_ping": True}))  # fmt: skip
+        self.study = self.retrying("open", lambda: optuna.create_study(
+            study_name=study, storage=self.storage, direction="minimize", load_if_exists=True))  # fmt: skip
+        self.study_id = self.storage.get_study_id_from_name(study)
+
+    def retrying(self, what: str, step: Callable[[], Any]) -> Any:
+        """``step``, tried again while the database cannot be reached (a restart), ``--takeover-after`` seconds at
+        least; then a one-line error."""
+        from sqlalchemy.exc import DBAPIError
+
+        deadline, said = time.monotonic() + max(self.takeover_after, 30.0), False
+        while True:
+            try:
+                return step()
+            except (DBAPIError, self.optuna.exceptions.StorageInternalError) as error:
+                if time.monotonic() > deadline:
+                    raise JournalError(f"{self.where} cannot be reached ({what}): {str(error).splitlines()[0]}; the "
+                                       "runs finished are kept there: run the sweep again once it is back") from None
+                if not said:
+                    self.log(f"{self.where} cannot be reached ({what}); trying again every {RETRY_SECONDS:g} s")
+                    said = True
+                time.sleep(RETRY_SECONDS)
+
+    @contextmanager
+    def locked(self) -> Any:
+        """The study's advisory lock: one machine at a time reads the protocol and takes a run."""
+        import sqlalchemy
+
+        with self.lock_engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": self.lock_key})
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self.lock_key})
+
+    def join(self, header: dict[str, Any], grid: dict[str, Any], check: Callable[[Journal], None]) -> None:
+        """Record the sweep's header and grid in a new study; compare them with a study's that has them
+        (``check``: the journal's checks of options and data), before this machine trains anything."""
+
+        def step() -> tuple[dict[str, Any], dict[str, Any]]:
+            with self.locked():
+                attrs = self.storage.get_study_user_attrs(self.study_id)
+                if "header" not in attrs:
+                    self.storage.set_study_user_attr(self.study_id, "grid", grid)
+                    self.storage.set_study_user_attr(self.study_id, "header", header)
+                    return header, grid
+                return attrs["header"], attrs.get("grid")
+
+        stored, stored_grid = self.retrying("join", step)
+        check(Journal(self.where, header=stored))  # type: ignore[arg-type]  # messages name the study
+        changed = [f"{name} {stored_grid.get(name)!r} there, {grid.get(name)!r} here" for name in sorted(grid)
+                   if stored_grid.get(name) != grid.get(name)]  # fmt: skip
+        if changed:
+            raise JournalError(f"{self.where} holds a sweep of another grid ({'; '.join(changed)}): every machine of "
+                               "a sweep runs the same grid; give the options it was started with, or another --study")
+
+    def trials(self, *states: Any) -> list[Any]:
+        return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states or None)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The finished runs: each COMPLETE trial's entry, the first of a run's should two exist."""
+        found: dict[str, dict[str, Any]] = {}
+        complete = self.optuna.trial.TrialState.COMPLETE
+        for trial in sorted(self.retrying("read", lambda: self.trials(complete)), key=lambda t: t.number):
+            entry = trial.user_attrs.get("entry")
+            if entry is not None and entry["run"] not in found:
+                found[entry["run"]] = entry
+        return list(found.values())
+
+    def walk(self) -> Walk:
+        return walk(self.sweep, self.grids, self.entries())
+
+    def take(self) -> Task | None:
+        """The next run the protocol needs that no machine has finished or is training, its trial created RUNNING
+        with a first heartbeat; None when every such run is taken (or waits on a result not in yet)."""
+        optuna = self.optuna
+        state = optuna.trial.TrialState
+
+        def step() -> Task | None:
+            with self.locked():
+                optuna.storages.fail_stale_trials(self.study)  # machines silent for --takeover-after: their runs
+                running = {tuple(t.user_attrs["key"]) for t in self.trials(state.RUNNING) if "key" in t.user_attrs}
+                for task in self.walk().due:
+                    key = task.run.key()
+                    if key in running:
+                        continue
+                    trial = optuna.trial.create_trial(state=state.RUNNING, user_attrs={
+                        "key": list(key), "run": task.run.name, "role": task.role, "worker": self.worker})  # fmt: skip
+                    trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
+                    self.storage.record_heartbeat(trial_id)
+                    self.mine[key] = trial_id
+                    return task
+                return None
+
+        return self.retrying("take a run", step)
+
+    def beat(self) -> None:
+        """A heartbeat for each run this machine trains, every fifth of ``--takeover-after``."""
+        if time.monotonic() - self.beaten < self.beat_every:
+            return
+        self.beaten = time.monotonic()
+        for trial_id in list(self.mine.values()):
+            self.retrying("heartbeat", lambda trial_id=trial_id: self.storage.record_heartbeat(trial_id))
+
+    def finish(self, task: Task, entry: dict[str, Any]) -> bool:
+        """The run's entry and its trial COMPLETE; False (and the result dropped) where another machine took the run
+        over meanwhile (this one was silent past ``--takeover-after``)."""
+        trial_id = self.mine.pop(task.run.key())
+        state = self.optuna.trial.TrialState
+        loss = math.inf if entry["val_loss"] is None else entry["val_loss"]
+
+        def step() -> None:
+            self.storage.set_trial_user_attr(trial_id, "entry", json.loads(json.dumps(entry, allow_nan=False)))
+            self.storage.set_trial_state_values(trial_id, state.COMPLETE, values=[loss])
+
+        try:
+            self.retrying("record a run", step)
+        except self.optuna.exceptions.UpdateFinishedTrialError:
+            self.log(f"{task.run.label}: taken over by another machine while this one was silent past "
+                     "--takeover-after; this result is dropped (the other machine's counts)")  # fmt: skip
+            return False
+        return True
+
+    def release(self, task: Task) -> None:
+        """A run this machine stopped: its trial FAIL, so that the next machine that looks takes it."""
+        trial_id = self.mine.pop(task.run.key(), None)
+        if trial_id is None:
+            return
+        state = self.optuna.trial.TrialState
+        try:
+            self.retrying("release a run", lambda: self.storage.set_trial_state_values(trial_id, state.FAIL))
+        except self.optuna.exceptions.UpdateFinishedTrialError:
+            pass  # already failed as stale

@@ -1,0 +1,230 @@
+"""The worker processes of a sweep that trains several runs at once (``sweep --workers N``, ``--devices``): one
+process per worker, started once, so that importing torch and transformers is paid once per worker and not per run;
+each trains the runs it is handed one after the other, as ``grid._train`` trains a serial sweep's, on its own
+accelerator (``CUDA_VISIBLE_DEVICES``: the run sees that one device alone) or, without one, on its own share of the
+CPU cores (``torch.set_num_threads``).
+
+A worker reports its run's step as it trains (read from the progress bar and the step lines ``run_training``
+writes), its journal entry when the run ends, or the first line of what stopped it. A worker that dies (killed, out
+of memory) is reported as such: its run left no entry, so it trains again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from ...errors import first_line
+from ..options import OptionError, TrainOptions
+from .protocol import Task
+
+STEP = re.compile(r"(?:^|\r|\n)\s*(?:step )?(\d+)/(\d+)(?: \[|:)")  # the bar's "3/300 [" or a line's "step 3/300:"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a worker trains: an accelerator's index (None: the CPU) and its share of the CPU cores."""
+
+    number: int
+    device: str | None
+    threads: int
+
+    @property
+    def where(self) -> str:
+        return f"cuda:{self.device}" if self.device is not None else f"CPU, {self.threads} thread(s)"
+
+
+def visible_accelerators() -> list[str]:
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def worker_slots(workers: int | None, devices: str | None) -> list[Slot]:
+    """The workers ``--workers`` and ``--devices`` ask for: one per device named (``auto``: every visible
+    accelerator; none visible: the CPU), or ``--workers`` of them spread over the devices in turn; on the CPU each
+    gets an equal share of the cores this process may use."""
+    visible = visible_accelerators()
+    if devices is None or devices == "auto":
+        named = visible
+    else:
+        named = [part.strip() for part in devices.split(",")]
+        unknown = [name for name in named if name not in visible]
+        if unknown:
+            seen = f"the visible ones are {', '.join(visible)}" if visible else "none is visible (no CUDA device)"
+            raise OptionError(f"--devices names {', '.join(unknown)}, not a visible accelerator: {seen}; give their "
+                              "indexes, or auto")  # fmt: skip
+    count = workers or max(1, len(named))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // count)
+    return [Slot(number + 1, named[number % len(named)] if named else None, threads) for number in range(count)]
+
+
+@dataclass
+class Worker:
+    """A worker process, the pipe to it, and the task it trains (None: free)."""
+
+    slot: Slot
+    process: Any
+    pipe: Connection
+    task: Task | None = None
+    started: float = 0.0
+    step: tuple[int, int] | None = None
+    ended: bool = False
+
+
+@dataclass
+class Event:
+    """What a worker reported: its run's entry (``entry``), or why it stopped (``error``, ``stop``: a signal)."""
+
+    worker: Worker
+    task: Task
+    entry: dict[str, Any] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    stop: bool = False
+
+
+@dataclass
+class Pool:
+    """The worker processes of this machine."""
+
+    slots: list[Slot]
+    train: TrainOptions
+    folder: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    def __enter__(self) -> Pool:
+        context = multiprocessing.get_context("spawn")  # not fork: the parent holds torch's threads
+        for slot in self.slots:
+            parent, child = context.Pipe()
+            process = context.Process(target=_serve, args=(slot, self.train, self.folder, child), daemon=True,
+                                      name=f"hf-geonorm sweep worker {slot.number}")  # fmt: skip
+            process.start()
+            child.close()
+            self.workers.append(Worker(slot, process, parent))
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        """Stop every worker: a run still training is stopped (SIGTERM: its checkpoints are removed) and trains
+        again from its start when the sweep runs again."""
+        for worker in self.workers:
+            if worker.process.is_alive():
+                if worker.task is None:
+                    _send(worker, None)
+                else:
+                    os.kill(worker.process.pid, signal.SIGTERM)
+        for worker in self.workers:
+            worker.process.join(timeout=60)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+    def free(self) -> list[Worker]:
+        return [worker for worker in self.workers if worker.task is None and not worker.ended]
+
+    def busy(self) -> list[Worker]:
+        return [worker for worker in self.workers if worker.task is not None]
+
+    def start(self, worker: Worker, task: Task) -> None:
+        worker.task, worker.started, worker.step = task, time.monotonic(), None
+        _send(worker, task)
+
+    def wait(self, timeout: float) -> list[Event]:
+        """The runs that ended within ``timeout`` seconds (their workers are free again); the steps of the others."""
+        events = []
+        for pipe in wait([worker.pipe for worker in self.busy()], timeout):
+            worker = next(worker for worker in self.workers if worker.pipe is pipe)
+            try:
+                kind, *payload = pipe.recv()
+            except (EOFError, OSError):
+                worker.process.join(timeout=10)
+                code = worker.process.exitcode
+                why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                kind, payload = "error", [f"worker {worker.slot.number} ({worker.slot.where}) died ({why})"]
+                worker.ended = True
+            if kind == "step":
+                worker.step = tuple(payload)
+                continue
+            task, worker.task = worker.task, None
+            assert task is not None
+            if kind == "done":
+                events.append(Event(worker, task, entry=payload[0], seconds=payload[1]))
+            else:
+                events.append(Event(worker, task, error=payload[0], stop=kind == "stop"))
+                worker.ended = True
+        return events
+
+
+def _send(worker: Worker, task: Task | None) -> None:
+    try:
+        worker.pipe.send(task)
+    except (BrokenPipeError, OSError):
+        pass  # the worker is gone: its end is read from the pipe
+
+
+class _ProgressStream:
+    """A worker's stdout and stderr: the progress bar and the step lines become step reports to the sweep (several
+    bars on one terminal would garble it); other text (a warning) goes on to the terminal."""
+
+    def __init__(self, pipe: Connection, passed: Any) -> None:
+        self.pipe, self.passed, self.last = pipe, passed, None
+
+    def write(self, text: str) -> int:
+        if "evaluating" in text:
+            return len(text)
+        matches = STEP.findall(text)
+        if matches:
+            step = tuple(map(int, matches[-1]))
+            if step != self.last:
+                self.last = step
+                self.pipe.send(("step", *step))
+        elif text.strip() and "\r" not in text:
+            self.passed.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.passed.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _serve(slot: Slot, train: TrainOptions, folder: Path, pipe: Connection) -> None:
+    """A worker process: train each run handed over (``grid._train``) until told to stop (None)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = slot.device if slot.device is not None else ""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops its workers
+
+    def terminated(signum: int, _: Any) -> None:
+        from ...files.signals import Terminated
+
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    import torch
+
+    from ...files.output_lock import share_parents_lock
+    from .grid import _train
+
+    share_parents_lock(folder)
+    torch.set_num_threads(slot.threads)
+    sys.stdout = sys.stderr = _ProgressStream(pipe, sys.__stderr__)  # type: ignore[assignment]
+    while (task := pipe.recv()) is not None:
+        started = time.monotonic()
+        try:
+            entry = {**_train(task.run, train, folder), "role": task.role}
+        except BaseException as error:  # noqa: BLE001 - reported to the sweep, which stops
+            from ...files.signals import Terminated
+
+            pipe.send(("stop" if isinstance(error, (KeyboardInterrupt, Terminated)) else "error",
+                       first_line(error, limit=600)))  # fmt: skip
+            return
+        pipe.send(("done", entry, time.monotonic() - started))

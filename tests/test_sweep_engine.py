@@ -1,0 +1,113 @@
+"""`hf-geonorm sweep --workers N` (hf_geonorm.training.sweep.engine): the study's protocol walked over whatever runs
+have ended (``protocol.walk``) takes the serial sweep's steps in any order of completion, and a sweep trained by two
+worker processes writes the serial sweep's journal, report and plot: the same runs, choice and numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
+from test_sweep import TINY, corpus  # noqa: F401 - the module's corpus fixture
+
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.sweep import grid as grid_module
+from hf_geonorm.training.sweep import workers as workers_module
+from hf_geonorm.training.sweep.journal import entry_key
+from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm.training.sweep.protocol import serial_order, walk
+
+# each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
+# of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches
+BEST = {"pre": 8e-3, "geo": 1.25e-4}
+TIMINGS = ("train_seconds", "training_seconds", "evaluation_seconds")
+
+
+def made_up_loss(style: str, lr: float, seed: int) -> float:
+    return 3.0 + 0.1 * math.log2(lr / BEST[style]) ** 2 + 0.01 * seed
+
+
+def made_up_entry(run: grid_module.Run, role: str) -> dict:
+    loss = made_up_loss(run.style, run.lr, run.seed)
+    return {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed, "val_loss": loss,
+            "test_loss": loss + 0.05, "role": role}  # fmt: skip
+
+
+def test_the_protocol_walked_in_any_order_of_completion_takes_the_serial_sweeps_steps(tmp_path, corpus, monkeypatch):  # noqa: F811
+    """The serial sweep (``grid._Sweep``, its training replaced by the made-up losses) against the protocol walked
+    with up to three runs at once, finished in a random order, several times: the same runs in the same roles, and
+    ``serial_order`` puts them in the serial journal's order."""
+    monkeypatch.setattr(grid_module, "_train", lambda run, train, folder: made_up_entry(run, "")
+                        | {"settings": {**train.settings, "norm_style": run.style}})  # fmt: skip
+    args = ["--styles", "pre,geo", "--lrs", "1e-3,2e-3", "--seeds", "0,1", "--extend", "2", "--confirm-seeds", "2,3"]
+    result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), "--data", str(corpus), *TINY,
+                                      *args])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    serial = [json.loads(line) for line in (tmp_path / "serial" / "runs.jsonl").read_text().splitlines()[1:]]
+    assert {e["role"] for e in serial} == {"grid", "extension", "confirmation"}
+    assert {e["lr"] for e in serial if e["role"] == "confirmation"} == {8e-3, 2.5e-4}  # two steps beyond each edge
+
+    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0, 1), extend=2, confirm_seeds=(2, 3))
+    grids = grid_module.style_grids(sweep, TrainOptions(), lambda _: None)
+    for order in range(5):
+        shuffled, entries, running = random.Random(order), [], []
+        while True:
+            found = walk(sweep, grids, entries)
+            startable = [task for task in found.due if task not in running]
+            running += startable[: 3 - len(running)]
+            if not running:
+                break
+            task = running.pop(shuffled.randrange(len(running)))
+            entries.append(made_up_entry(task.run, task.role))
+        assert sorted(map(entry_key, entries)) == sorted(map(entry_key, serial))
+        assert {entry["run"]: entry["role"] for entry in entries} == {entry["run"]: entry["role"] for entry in serial}
+        assert [e["run"] for e in serial_order(entries, found.reached)] == [e["run"] for e in serial]
+
+
+def without_timings(output: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (output / "runs.jsonl").read_text().splitlines()]
+    for entry in lines[1:]:
+        for name in TIMINGS:
+            entry.pop(name)
+        entry["model"] = str(Path(entry["model"]).relative_to(output))
+    return lines
+
+
+def test_two_workers_write_the_serial_sweeps_journal_report_and_plot(tmp_path, corpus, monkeypatch):  # noqa: F811
+    """A grid of two styles and its confirmation runs (which start once the grid's results are in), trained by a
+    serial sweep and by `--workers 2`: every line of the journal but its timings, sweep.md and sweep.png are the
+    same. Each worker trains on one thread, as this test process does, so the numbers are the same to the bit."""
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1})  # two cores: a thread per worker
+    args = ["--styles", "pre,geo", "--lrs", "2e-5", "--seeds", "0", "--confirm-seeds", "1", "--data", str(corpus),
+            "--data-cache", str(tmp_path / "cache"), *TINY]  # fmt: skip
+    serial = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), *args])
+    assert serial.exit_code == 0, serial.output
+    parallel = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "parallel"), "--workers", "2", *args])
+    assert parallel.exit_code == 0, parallel.output
+    assert "on 2 worker(s): worker 1 on CPU, 1 thread(s); worker 2 on CPU, 1 thread(s)" in parallel.output
+    assert "(confirmation) on worker" in parallel.output
+    assert without_timings(tmp_path / "parallel") == without_timings(tmp_path / "serial")
+    for name in ("sweep.md", "sweep.png"):
+        assert (tmp_path / "parallel" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes(), name
+    again = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "parallel"), "--workers", "2", *args])
+    assert again.exit_code == 0 and "all 4 runs of the sweep are in" in again.output, again.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "--workers must be a whole number in [1, 256]"),
+        (["--devices", "7"], "--devices names 7, not a visible accelerator"),
+        (["--devices", " "], "--devices is empty"),
+        (["--storage", "sqlite:///x.db"], "--storage takes a PostgreSQL URL"),
+    ],
+)
+def test_bad_engine_options_are_one_line_errors(tmp_path, corpus, args, message):  # noqa: F811
+    result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "s"), "--lrs", "1e-3", "--data",
+                                      str(corpus), *TINY, *args])  # fmt: skip
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output
