@@ -23,7 +23,17 @@ from ..options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
 from .grid import style_grids
-from .journal import Journal, JournalError, append, check_data, check_options, journal_key, load_journal, start_journal
+from .journal import (
+    JOURNAL_FORMAT,
+    Journal,
+    JournalError,
+    append,
+    check_data,
+    check_options,
+    journal_key,
+    load_journal,
+    start_journal,
+)
 from .options import SweepOptions
 from .preparation import prepared_data_key
 from .protocol import Task, Walk, serial_order, walk
@@ -123,6 +133,12 @@ class ParallelSweep:
         with the journal's header or the study's, or recorded where there is none yet."""
         data_key = prepared_data_key(self.train, self.log)
         options = replace(self.train, lr=None)
+        if self.engine.storage is not None:  # before this folder's journal is started: a refusal leaves it as it was
+            header = {"format": JOURNAL_FORMAT, "train_options": journal_key(options), "data_key": data_key}
+            grid = {**{k: v for k, v in asdict(self.sweep).items() if k != "output"},
+                    "grids": {style: list(rates) for style, rates in self.grids.items()}}  # fmt: skip
+            self.board.join(json.loads(json.dumps(header)), json.loads(json.dumps(grid)),
+                            lambda study: (check_options(study, options), check_data(study, options, data_key)))
         if self.journal.header is None:
             start_journal(self.journal.path, options, data_key)
             self.journal = load_journal(self.journal.path)
@@ -131,12 +147,6 @@ class ParallelSweep:
         else:
             check_data(self.journal, options, data_key)
         if self.engine.storage is not None:
-            header = {"format": self.journal.header["format"], "train_options": journal_key(options),
-                      "data_key": data_key}  # fmt: skip
-            grid = {**{k: v for k, v in asdict(self.sweep).items() if k != "output"},
-                    "grids": {style: list(rates) for style, rates in self.grids.items()}}  # fmt: skip
-            self.board.join(json.loads(json.dumps(header)), json.loads(json.dumps(grid)),
-                            lambda study: (check_options(study, options), check_data(study, options, data_key)))
             self.refuse_runs_the_study_lacks()
 
     def refuse_runs_the_study_lacks(self) -> None:

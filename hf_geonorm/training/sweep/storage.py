@@ -39,7 +39,10 @@ def _optuna() -> Any:
     except ImportError:
         raise OptionError("--storage needs Optuna and a PostgreSQL driver: pip install 'hf-geonorm[distributed]'"
                           ) from None  # fmt: skip
+    import warnings
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # the heartbeat's
     return optuna
 
 
@@ -123,7 +126,10 @@ class StudyBoard:
                 return attrs["header"], attrs.get("grid")
 
         stored, stored_grid = self.retrying("join", step)
-        check(Journal(self.where, header=stored))  # type: ignore[arg-type]  # messages name the study
+        try:
+            check(Journal(self.where, header=stored))  # type: ignore[arg-type]  # messages name the study
+        except JournalError as error:
+            raise JournalError(f"{error} (with --storage: or another --study)") from None
         changed = [f"{name} {stored_grid.get(name)!r} there, {grid.get(name)!r} here" for name in sorted(grid)
                    if stored_grid.get(name) != grid.get(name)]  # fmt: skip
         if changed:

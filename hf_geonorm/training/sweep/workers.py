@@ -50,8 +50,8 @@ def visible_accelerators() -> list[str]:
 
 def worker_slots(workers: int | None, devices: str | None) -> list[Slot]:
     """The workers ``--workers`` and ``--devices`` ask for: one per device named (``auto``: every visible
-    accelerator; none visible: the CPU), or ``--workers`` of them spread over the devices in turn; on the CPU each
-    gets an equal share of the cores this process may use."""
+    accelerator; none visible: the CPU), or ``--workers`` of them spread over the devices in turn; each gets an
+    equal share of the cores this process may use (at most ``OMP_NUM_THREADS`` threads where that is set)."""
     visible = visible_accelerators()
     if devices is None or devices == "auto":
         named = visible
@@ -65,6 +65,8 @@ def worker_slots(workers: int | None, devices: str | None) -> list[Slot]:
     count = workers or max(1, len(named))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = max(1, cores // count)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the user's own limit, as torch reads it
+        threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
     return [Slot(number + 1, named[number % len(named)] if named else None, threads) for number in range(count)]
 
 
