@@ -111,3 +111,20 @@ def test_bad_engine_options_are_one_line_errors(tmp_path, corpus, args, message)
                                       str(corpus), *TINY, *args])  # fmt: skip
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_workers_spread_over_the_devices_named_each_seeing_its_own(monkeypatch):
+    """--devices auto: a worker per visible accelerator, --workers spread over them in turn, each worker's
+    CUDA_VISIBLE_DEVICES the physical device its index names where the variable already narrowed them; on the CPU
+    the cores are shared out, at most OMP_NUM_THREADS each."""
+    monkeypatch.setattr(workers_module, "visible_accelerators", lambda: ["0", "1"])
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: set(range(12)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [(s.device, s.threads) for s in workers_module.worker_slots(None, "auto")] == [("0", 6), ("1", 6)]
+    assert [s.device for s in workers_module.worker_slots(3, None)] == ["0", "1", "0"]
+    assert [s.device for s in workers_module.worker_slots(None, "1")] == ["1"]
+    assert workers_module.device_id("1", "4,6") == "6" and workers_module.device_id("1", None) == "1"
+    monkeypatch.setattr(workers_module, "visible_accelerators", lambda: [])
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert [(s.device, s.threads) for s in workers_module.worker_slots(4, None)] == [(None, 2)] * 4
+    assert workers_module.device_id(None, "4,6") == ""

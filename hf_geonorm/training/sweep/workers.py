@@ -106,11 +106,19 @@ class Pool:
 
     def __enter__(self) -> Pool:
         context = multiprocessing.get_context("spawn")  # not fork: the parent holds torch's threads
+        given = os.environ.get("CUDA_VISIBLE_DEVICES")
         for slot in self.slots:
             parent, child = context.Pipe()
             process = context.Process(target=_serve, args=(slot, self.train, self.folder, child), daemon=True,
                                       name=f"hf-geonorm sweep worker {slot.number}")  # fmt: skip
-            process.start()
+            # the worker sees its device alone from its start (torch may count devices as it is imported)
+            os.environ["CUDA_VISIBLE_DEVICES"] = device_id(slot.device, given)
+            try:
+                process.start()
+            finally:
+                os.environ.pop("CUDA_VISIBLE_DEVICES")
+                if given is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = given
             child.close()
             self.workers.append(Worker(slot, process, parent))
         return self
@@ -200,9 +208,17 @@ class _ProgressStream:
         return False
 
 
+def device_id(device: str | None, given: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a worker on ``device`` (an index among the devices this process sees, which
+    ``given``, the variable as the user set it, may already narrow); empty for a worker on the CPU."""
+    if device is None:
+        return ""
+    listed = [part.strip() for part in given.split(",")] if given else []
+    return listed[int(device)] if int(device) < len(listed) else device
+
+
 def _serve(slot: Slot, train: TrainOptions, folder: Path, pipe: Connection) -> None:
     """A worker process: train each run handed over (``grid._train``) until told to stop (None)."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = slot.device if slot.device is not None else ""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops its workers
 
     def terminated(signum: int, _: Any) -> None:
