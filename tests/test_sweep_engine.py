@@ -128,3 +128,23 @@ def test_workers_spread_over_the_devices_named_each_seeing_its_own(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert [(s.device, s.threads) for s in workers_module.worker_slots(4, None)] == [(None, 2)] * 4
     assert workers_module.device_id(None, "4,6") == ""
+
+
+def test_runs_that_decide_others_start_first():
+    """Two workers, runs of equal length, two arms of two rates and a confirmation seed: the grids' four runs
+    first, then both confirmation runs at once, three rounds; in the serial order the first arm's confirmation run
+    would take a worker before the second arm's grid, and the second arm's confirmation run would end alone in a
+    fourth round."""
+    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0,), confirm_seeds=(1,))
+    grids = grid_module.style_grids(sweep, TrainOptions(), lambda _: None)
+    entries: list[dict] = []
+    rounds = []
+    while not walk(sweep, grids, entries).finished:
+        started: list = []
+        for _ in range(2):
+            task = walk(sweep, grids, entries).next_due({task.run.key() for task in started})
+            if task is not None:
+                started.append(task)
+        rounds.append([task.role for task in started])
+        entries += [made_up_entry(task.run, task.role) for task in started]
+    assert rounds == [["grid", "grid"], ["grid", "grid"], ["confirmation", "confirmation"]]

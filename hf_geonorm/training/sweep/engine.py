@@ -58,7 +58,7 @@ class LocalBoard:
         return walk(self.sweep, self.grids, self.journal.entries)
 
     def take(self) -> Task | None:
-        return next((task for task in self.walk().due if task.run.key() not in self.running), None)
+        return self.walk().next_due(self.running)
 
     def started(self, task: Task) -> None:
         self.running.add(task.run.key())
@@ -121,9 +121,8 @@ class ParallelSweep:
             return LocalBoard(self.journal, self.sweep, self.grids)
         from .storage import StudyBoard
 
-        board = StudyBoard(self.engine.storage, self.engine.study, self.engine.takeover_after, self.log)
-        board.sweep, board.grids = self.sweep, self.grids
-        return board
+        return StudyBoard(self.engine.storage, self.engine.study, self.engine.takeover_after, self.sweep, self.grids,
+                          self.log)  # fmt: skip
 
     def where(self) -> str:
         return self.board.where if self.engine.storage is not None else str(self.journal.path)

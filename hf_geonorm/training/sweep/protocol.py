@@ -21,10 +21,12 @@ from .options import SweepOptions
 
 @dataclass(frozen=True)
 class Task:
-    """A run the protocol needs, and its role in it (``grid``, ``extension``, ``confirmation``)."""
+    """A run the protocol needs, its role in it (``grid``, ``extension``, ``confirmation``) and its stage: 0 for the
+    grid, N for the N-th extension, one more for the confirmation runs."""
 
     run: Run
     role: str
+    stage: int = 0
 
 
 @dataclass
@@ -41,9 +43,16 @@ class Walk:
     def finished(self) -> bool:
         return not self.due
 
-    def add(self, runs: list[Run], role: str, done: set[tuple]) -> bool:
+    def next_due(self, taken: set[tuple]) -> Task | None:
+        """The run to start next among the due ones not ``taken`` (being trained): the earliest stage first (a grid's
+        run may decide more runs after it, a confirmation run decides none: started first, the runs that wait on
+        results start sooner), then in the serial sweep's order."""
+        free = [task for task in self.due if task.run.key() not in taken]
+        return min(free, key=lambda task: task.stage) if free else None
+
+    def add(self, runs: list[Run], role: str, done: set[tuple], stage: int = 0) -> bool:
         """Reach ``runs``; whether any is missing (then the arm's next step waits on it)."""
-        missing = [Task(run, role) for run in runs if run.key() not in done]
+        missing = [Task(run, role, stage) for run in runs if run.key() not in done]
         self.reached += [run.key() for run in runs]
         self.due += missing
         return bool(missing)
@@ -59,14 +68,14 @@ def walk(sweep: SweepOptions, grids: dict[str, tuple[float, ...]], entries: list
         if found.add([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid", done):
             continue
         waiting = False
-        for _ in range(sweep.extend):
+        for stage in range(1, sweep.extend + 1):
             beyond, notes = extension_step(entries, sweep.seeds, style, alpha, rates)
             found.notes += notes
             if not beyond:
                 break
             rates.extend(beyond)
             waiting = found.add([Run(style, alpha, lr, seed) for lr in beyond for seed in sweep.seeds], "extension",
-                                done)  # fmt: skip
+                                done, stage)  # fmt: skip
             if waiting:
                 break
         if waiting or not sweep.confirm_seeds:
@@ -75,7 +84,8 @@ def walk(sweep: SweepOptions, grids: dict[str, tuple[float, ...]], entries: list
         if best is None:
             found.notes.append(note)
             continue
-        found.add([Run(style, alpha, best, seed) for seed in sweep.confirm_seeds], "confirmation", done)
+        found.add([Run(style, alpha, best, seed) for seed in sweep.confirm_seeds], "confirmation", done,
+                  sweep.extend + 1)  # fmt: skip
     return found
 
 

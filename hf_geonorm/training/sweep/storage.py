@@ -21,13 +21,16 @@ import math
 import os
 import socket
 import time
+import uuid
 import zlib
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..options import OptionError
+from .grid import Run
 from .journal import Journal, JournalError
+from .options import SweepOptions
 from .protocol import Task, Walk, walk
 
 RETRY_SECONDS = 2.0  # how often an unreachable database is tried again
@@ -57,7 +60,8 @@ class StudyBoard:
     """The runs of a sweep in a shared study: what ``engine`` asks of a board (``take``, ``finish``, ``release``,
     ``entries``, ``walk``, ``beat``)."""
 
-    def __init__(self, url: str, study: str, takeover_after: float, log: Callable[[str], None]) -> None:
+    def __init__(self, url: str, study: str, takeover_after: float, sweep: SweepOptions,
+                 grids: dict[str, tuple[float, ...]], log: Callable[[str], None]) -> None:  # fmt: skip
         if not url.startswith(("postgresql://", "postgresql+")):
             raise OptionError(f"--storage takes a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE); got "
                               f"{url.split(':', 1)[0]}:...")  # fmt: skip
@@ -65,7 +69,7 @@ class StudyBoard:
         import sqlalchemy
         from sqlalchemy.pool import NullPool
 
-        self.optuna, self.log, self.name = optuna, log, study
+        self.optuna, self.log = optuna, log
         self.where = f"study {study!r} in {shown_url(url)}"
         self.takeover_after, self.beat_every = takeover_after, max(1.0, takeover_after / 5)
         self.lock_key = zlib.crc32(f"hf-geonorm sweep {study}".encode())
@@ -73,8 +77,7 @@ class StudyBoard:
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.mine: dict[tuple, int] = {}  # the runs this machine trains: their trials
         self.beaten = 0.0
-        self.sweep: Any = None
-        self.grids: dict[str, tuple[float, ...]] = {}
+        self.sweep, self.grids = sweep, grids
         self.storage = self.retrying("open", lambda: optuna.storages.RDBStorage(
             url, heartbeat_interval=int(self.beat_every), grace_period=int(takeover_after),
             engine_kwargs={"pool_pre_ping": True}))  # fmt: skip
@@ -104,13 +107,15 @@ class StudyBoard:
     def locked(self) -> Any:
         """The study's advisory lock: one machine at a time reads the protocol and takes a run."""
         import sqlalchemy
+        from sqlalchemy.exc import DBAPIError
 
         with self.lock_engine.connect() as connection:
             connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": self.lock_key})
             try:
                 yield
             finally:
-                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self.lock_key})
+                with suppress(DBAPIError):  # a connection lost (a restart) has released its lock already
+                    connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self.lock_key})
 
     def join(self, header: dict[str, Any], grid: dict[str, Any], check: Callable[[Journal], None]) -> None:
         """Record the sweep's header and grid in a new study; compare them with a study's that has them
@@ -158,21 +163,29 @@ class StudyBoard:
         optuna = self.optuna
         state = optuna.trial.TrialState
 
+        token = uuid.uuid4().hex  # names this attempt's trial, should a lost connection make it try again
+
         def step() -> Task | None:
             with self.locked():
                 optuna.storages.fail_stale_trials(self.study)  # machines silent for --takeover-after: their runs
-                running = {tuple(t.user_attrs["key"]) for t in self.trials(state.RUNNING) if "key" in t.user_attrs}
-                for task in self.walk().due:
-                    key = task.run.key()
-                    if key in running:
-                        continue
-                    trial = optuna.trial.create_trial(state=state.RUNNING, user_attrs={
-                        "key": list(key), "run": task.run.name, "role": task.role, "worker": self.worker})  # fmt: skip
-                    trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
-                    self.storage.record_heartbeat(trial_id)
-                    self.mine[key] = trial_id
-                    return task
-                return None
+                running = self.trials(state.RUNNING)
+                made = [t for t in running if t.user_attrs.get("take") == token]  # before the connection was lost
+                if made:
+                    key = tuple(made[0].user_attrs["key"])
+                    self.mine[key] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id,
+                                                                                          made[0].number)  # fmt: skip
+                    self.storage.record_heartbeat(self.mine[key])
+                    return Task(Run(*key), made[0].user_attrs["role"])
+                task = self.walk().next_due({tuple(t.user_attrs["key"]) for t in running if "key" in t.user_attrs})
+                if task is None:
+                    return None
+                key = task.run.key()
+                attrs = {"key": list(key), "run": task.run.name, "role": task.role, "worker": self.worker,
+                         "take": token}  # fmt: skip
+                trial = optuna.trial.create_trial(state=state.RUNNING, user_attrs=attrs)
+                self.mine[key] = self.storage.create_new_trial(self.study_id, template_trial=trial)
+                self.storage.record_heartbeat(self.mine[key])
+                return task
 
         return self.retrying("take a run", step)
 
@@ -198,6 +211,8 @@ class StudyBoard:
         try:
             self.retrying("record a run", step)
         except self.optuna.exceptions.UpdateFinishedTrialError:
+            if self.storage.get_trial(trial_id).state == state.COMPLETE:
+                return True  # recorded, the answer lost with the connection
             self.log(f"{task.run.label}: taken over by another machine while this one was silent past "
                      "--takeover-after; this result is dropped (the other machine's counts)")  # fmt: skip
             return False
