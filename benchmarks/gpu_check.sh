@@ -6,10 +6,11 @@
 #      model widths, strided rows, a float32 state with a bf16 update), a tiny model's training step with the
 #      fused update on and off, and (in a child process) the same kernels through Triton's interpreter;
 #   2. benchmarks/overhead.py --device cuda, eager: every style, GeoNorm with the fused kernel on and off;
-#   3. the same compiled (stock, pre, geo, geo_unfused), with whatever time is left.
+#   3. the same compiled (stock, pre, geo, geo_unfused), with whatever time is left;
+#   4. benchmarks/sweep_workers.py --gpu: a small sweep on one accelerator against all of them, if time is left.
 # Usage: bash benchmarks/gpu_check.sh OUT_DIR      (needs torch with CUDA, triton, and this package installed)
 # Writes to OUT_DIR: env.txt, kernel_check.txt, pytest_fused.txt, pytest_fused.xml, overhead_cuda.{json,md},
-# overhead_cuda_compiled.{json,md}, summary.txt. Each stage has its own time limit; the benchmark writes its
+# overhead_cuda_compiled.{json,md}, sweep_workers_cuda.{json,md,txt}, summary.txt. Each stage has its own time limit; the benchmark writes its
 # files after each architecture, so a stage cut short keeps what it measured.
 set -uo pipefail
 
@@ -80,11 +81,21 @@ else
     compiled_rc=skipped
 fi
 
+echo "== 4. sweep on one accelerator against all of them (limit $(left)s)"
+if [ "$(left)" -gt 60 ]; then
+    timeout "$(left)" "$python" benchmarks/sweep_workers.py --gpu --out "$out" > "$out/sweep_workers_cuda.txt" 2>&1
+    sweep_rc=$?
+    tail -n 12 "$out/sweep_workers_cuda.txt"
+else
+    sweep_rc=skipped
+fi
+
 {
     echo "kernel check rc=$check_rc (0 = the kernel agrees with the torch twin in every case)"
     echo "tests rc=$tests_rc (0 = all passed)"
     grep -E "passed|failed|error" "$out/pytest_fused.txt" | tail -n 1
     echo "eager benchmark rc=$eager_rc, compiled benchmark rc=$compiled_rc (124 = cut at its time limit)"
+    echo "sweep one device against all rc=$sweep_rc"
     echo "seconds: $((SECONDS - start))"
 } | tee "$out/summary.txt"
 [ "$check_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ]

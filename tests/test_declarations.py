@@ -19,10 +19,12 @@ from hf_geonorm.modeling import settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer as trainer_module
+from hf_geonorm.training.sweep import engine as engine_module
 from hf_geonorm.training.sweep import grid as sweep_module
+from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
 
-COMMANDS = {TrainOptions: "train", SweepOptions: "sweep"}
+COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
 ROOT = Path(__file__).parent.parent
 SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
 
@@ -118,7 +120,8 @@ LIMITS = declared_limits()
 def test_the_walk_covers_the_limits_that_drifted_and_each_kind_of_limit():
     walked = {(declaration.__name__, name) for declaration, name, _ in LIMITS}
     assert {("TrainOptions", "seq_len"), ("TrainOptions", "vocab_size"), ("TrainOptions", "lr"),
-            ("TrainOptions", "adam_beta2"), ("TrainOptions", "bridge_order"), ("SweepOptions", "extend")} <= walked
+            ("TrainOptions", "adam_beta2"), ("TrainOptions", "bridge_order"), ("SweepOptions", "extend"),
+            ("EngineOptions", "workers")} <= walked
 
 
 def api_refusal(declaration: type, values: dict) -> str:
@@ -131,7 +134,8 @@ def api_refusal(declaration: type, values: dict) -> str:
 def cli_output(command: str, args: list[str], tmp_path, monkeypatch) -> click.testing.Result:
     """``hf-geonorm COMMAND ARGS`` with nothing trained: the library's entry points validate and stop."""
     monkeypatch.setattr(trainer_module, "run_training", lambda options, log: options.validate())
-    monkeypatch.setattr(sweep_module, "run_sweep", lambda sweep, train, log: (sweep.validate(), train.validate()))
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda sweep, train, log, runner: (sweep.validate(),
+                                                                                      train.validate()))  # fmt: skip
     return CliRunner().invoke(cli, [command, "--output", str(tmp_path / "out"), *args])
 
 
@@ -207,6 +211,8 @@ def test_every_option_sweep_offers_is_accepted(tmp_path, monkeypatch):
             return []
 
     monkeypatch.setattr(sweep_module, "_Sweep", NothingTrained)
+    monkeypatch.setattr(engine_module, "ParallelSweep", NothingTrained)
+    monkeypatch.setattr(EngineOptions, "validate", lambda self: self)
     refused = {}
     for number, option in enumerate(offered):
         args = [option, *sample_value(params[option], tmp_path / f"folder-{number}")]

@@ -21,7 +21,9 @@ from hf_geonorm.training import rate_rule
 from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
 from hf_geonorm.training.run import trainer as trainer_module
 from hf_geonorm.training.run.model import with_learning_rate
+from hf_geonorm.training.sweep import engine_options as engine_declared
 from hf_geonorm.training.sweep import options as sweep_declared
+from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
 
 ROOT = Path(__file__).parent.parent
@@ -43,7 +45,7 @@ def expected_help(spec: dataclasses.Field) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("command", "declarations"), [("train", [TrainOptions]), ("sweep", [SweepOptions, TrainOptions])]
+    ("command", "declarations"), [("train", [TrainOptions]), ("sweep", [SweepOptions, EngineOptions, TrainOptions])]
 )
 def test_every_option_help_is_its_declared_field(command, declarations):
     params = {opt: param for param in cli.commands[command].params for opt in param.opts}
@@ -190,7 +192,7 @@ def test_the_declaration_modules_import_only_the_standard_library():
     """The declarations and the library modules they import at load time, followed down their relative imports, as
     the CLI reads them for ``--help`` (``cli/library.py``): the standard library and each other only."""
     seen: set[Path] = set()
-    todo = [Path(declared.__file__), Path(sweep_declared.__file__)]
+    todo = [Path(declared.__file__), Path(sweep_declared.__file__), Path(engine_declared.__file__)]
     while todo:
         path = todo.pop()
         if path in seen:
@@ -205,4 +207,5 @@ def test_the_declaration_modules_import_only_the_standard_library():
                 assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
     package = Path(declared.__file__).parents[1]
     assert {path.relative_to(package).as_posix() for path in seen} == {
-        "training/options.py", "training/presets.py", "training/sweep/options.py", "modeling/settings.py"}
+        "training/options.py", "training/presets.py", "training/sweep/options.py", "training/sweep/engine_options.py",
+        "modeling/settings.py"}
