@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +154,45 @@ def test_runs_that_decide_others_start_first():
         rounds.append([task.role for task in started])
         entries += [made_up_entry(task.run, task.role) for task in started]
     assert rounds == [["grid", "grid"], ["grid", "grid"], ["confirmation", "confirmation"]]
+
+
+def test_storage_without_optuna_says_what_to_install(tmp_path, corpus, monkeypatch):  # noqa: F811
+    """Optuna is an optional extra: a --storage without it is a one-line error naming the extra, before any
+    data is read or folder written."""
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: importing it raises ImportError
+    result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "s"), "--lrs", "1e-3", "--data", str(corpus),
+                                      *TINY, "--storage", "postgresql://u@127.0.0.1:1/db"])  # fmt: skip
+    assert result.exit_code != 0 and "pip install 'hf-geonorm[distributed]'" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "s" / "runs.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_workers_leaves_no_checkpoint_and_the_same_command_finishes(tmp_path, corpus):  # noqa: F811
+    """SIGTERM to a `--workers 2` sweep while its runs train: exit 143 with the one-line message, every worker
+    process gone, no checkpoint or half-written run folder left; the same command again trains the missing runs."""
+    args = [sys.executable, "-m", "hf_geonorm_cli.main", "sweep", "--output", str(tmp_path / "s"), "--workers", "2",
+            "--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--data", str(corpus), *TINY, "--max-steps", "400",
+            "--eval-every", "100"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    sweep = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(sweep.stdout), daemon=True)
+    reader.start()
+    logs = tmp_path / "s" / "logs"
+    while not (logs.is_dir() and len(list(logs.glob("*.log"))) == 2):  # both workers have started a run
+        assert sweep.poll() is None, "".join(lines)
+        time.sleep(0.1)
+    workers = [int(pid) for pid in Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()]
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=300) == 143
+    reader.join(timeout=10)
+    assert "Error: terminated (SIGTERM): the finished runs are in" in "".join(lines)
+    assert workers and not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                            and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]  # fmt: skip
+    assert not list((tmp_path / "s").rglob("checkpoint-*"))
+    finished = {json.loads(line)["run"] for line in (tmp_path / "s" / "runs.jsonl").read_text().splitlines()[1:]}
+    runs = tmp_path / "s" / "runs"
+    assert ({path.name for path in runs.iterdir()} if runs.is_dir() else set()) == finished  # no half-written run
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len((tmp_path / "s" / "runs.jsonl").read_text().splitlines()) == 5
