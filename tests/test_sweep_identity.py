@@ -277,3 +277,37 @@ def test_check_record_and_check_same_sweep_validate_records_from_any_store(real_
     moved = {**identity, "fingerprints": {**identity["fingerprints"], "data": "0" * 64}}
     with pytest.raises(RecordError, match="the header: fingerprints.data: expected '"):
         check_same_sweep(header, moved)
+
+
+def test_a_run_whose_record_shows_other_data_is_not_appended(tmp_path, corpus, cache, real_journal, monkeypatch):
+    """The data changed between the check before the run and the run's own read of it: the run's record names
+    other data, and the journal is left as it was."""
+    template = json.loads(real_journal[1])
+    other = {**template["data"], "fingerprint": "0" * 64}
+    monkeypatch.setattr(sweep_module, "_train", lambda run, train, folder: at_rate(template, run.lr, data=other))
+    output = tmp_path / "sweep"
+    path = write_journal(output, real_journal)
+    before = path.read_bytes()
+    refused(sweep(output, corpus, cache, "--styles", "pre", "--lrs", "2e-3,4e-3"),
+            "run pre lr 4e-3 seed 0 is not recorded", f"data.fingerprint: expected '{template['data']['fingerprint']}'")
+    assert path.read_bytes() == before
+
+
+def test_a_diverged_run_is_recorded_with_its_identity_and_resumes(tmp_path, corpus, cache, real_journal, monkeypatch):
+    """A run whose loss stops being finite: its line has null losses, steps and tokens, its reason, and the
+    settings its model was built with; the next sweep reads it as a run of the sweep."""
+    from hf_geonorm.errors import NonFiniteError
+
+    def diverges(options, log):
+        raise NonFiniteError("the training loss is nan at step 1")
+
+    monkeypatch.setattr(sweep_module, "run_training", diverges)
+    output = tmp_path / "sweep"
+    write_journal(output, real_journal)
+    result = sweep(output, corpus, cache, "--styles", "pre", "--lrs", "2e-3,4e-3")
+    assert result.exit_code == 0, result.output
+    line = json.loads(journal_of(output)[2])
+    assert (line["val_loss"], line["steps"], line["tokens"]) == (None, None, None)
+    assert "nan at step 1" in line["diverged"] and line["settings"] == json.loads(real_journal[1])["settings"]
+    again = sweep(output, corpus, cache, "--styles", "pre", "--lrs", "2e-3,4e-3")
+    assert again.exit_code == 0 and "all 2 runs of the sweep are in" in again.output, again.output

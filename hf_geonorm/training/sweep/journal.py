@@ -40,7 +40,6 @@ from .record import (
     sweep_identity,
 )
 
-__all__ = ["journal_key", "option_defaults"]  # re-exported: their home is record
 JOURNAL = "runs.jsonl"
 JOURNAL_FORMAT = FORMAT
 LEGACY_FORMAT = 1  # read, never appended to
