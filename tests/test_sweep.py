@@ -26,6 +26,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.grid import journal_key, open_journal
 from hf_geonorm.training.sweep.journal import check_options, header_options, load_journal
 from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm.training.sweep.record import sweep_header
 from hf_geonorm.training.sweep.report import at_edge, best_rates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -205,12 +206,15 @@ def test_the_default_grid_of_a_fine_tune_centres_on_the_fine_tuning_rate(tmp_pat
 
 
 def test_a_journal_started_before_an_option_existed_resumes_at_that_options_default(tmp_path):
-    """A header written by an earlier hf-geonorm lacks the options added since; its runs ran as their defaults do."""
+    """A header written by an earlier hf-geonorm lacks the options added since; its runs ran as their defaults do
+    (a header of either format)."""
     options = TrainOptions(data="corpus.txt", seq_len=32)
-    header = {name: value for name, value in json.loads(json.dumps(journal_key(options))).items()
-              if name not in ("text_column", "data_split")}  # fmt: skip
-    (tmp_path / "runs.jsonl").write_text(json.dumps({"format": 1, "train_options": header}) + "\n")
-    assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
+    key = {name: value for name, value in json.loads(json.dumps(journal_key(options))).items()
+           if name not in ("text_column", "data_split")}  # fmt: skip
+    identity = {"train_options": key, "settings": {}, "fingerprints": {"data": "d", "tokenizer": "t", "model": None}}
+    for header in ({"format": 1, "train_options": key}, sweep_header(identity, {})):
+        (tmp_path / "runs.jsonl").write_text(json.dumps(header) + "\n")
+        assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
     with pytest.raises(ValueError, match="text_column 'text' there, 'body' now"):
         open_journal(tmp_path, replace(options, text_column="body"))
 

@@ -239,7 +239,7 @@ def test_a_rerun_without_extend_finishes_the_sweep_as_it_began(tmp_path, corpus,
     assert trained == ["pre-lr4e-5-seed1"]
 
 
-def test_the_sweep_recorded_with_its_complete_identity_resumes_from_any_working_folder(real_journal):
+def test_each_line_carries_the_options_and_fingerprints_of_its_run(real_journal):
     """Each line carries the options that shaped it and the fingerprints of its data, tokenizer and model."""
     header, run = json.loads(real_journal[0]), json.loads(real_journal[1])
     assert run["train_options"]["seq_len"] == 32 and run["train_options"]["batch_size"] == 4

@@ -3,9 +3,11 @@
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
 finished run is appended to ``DIR/runs.jsonl`` at once (``journal``), so a sweep stopped part way is resumed
-by running the same command again: only the missing runs train. The journal's first line holds the options every
-run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
-rather than mixed in (the grid itself may grow: more rates, seeds or styles).
+by running the same command again: only the missing runs train. The journal's first line holds the sweep's identity
+(the options every run shares, their settings, the fingerprints of the data, the tokenizer and the model: ``record``)
+and the sweep options it began with, which a rerun that leaves them out takes; every line carries its run's identity.
+A sweep with other options, data or model is refused rather than mixed in (the grid itself may grow: more rates,
+seeds or styles), and the fingerprints are measured again before every run (``identity``).
 
 The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--extend``: while the arm's best rate is
 at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
