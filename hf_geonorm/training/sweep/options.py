@@ -147,9 +147,7 @@ class SweepOptions:
 
 
 def _option_text(value: Any) -> str:
-    """An option's value as the command line writes it: a comma list, a pair, a number."""
+    """An option's value as the command line writes it: a comma list (every digit of a rate kept), a number."""
     if value is None:
         return "none"
-    if isinstance(value, tuple):
-        return ",".join(f"{item:g}" if isinstance(item, float) else str(item) for item in value)
-    return str(value)
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
