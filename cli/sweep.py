@@ -35,7 +35,8 @@ def sweep(**kwargs: Any) -> None:
 
     options = SweepOptions(**sweep_values)
     try:
-        run_checked(lambda: run_sweep(options, TrainOptions(settings=settings, **given(kwargs)), log=click.echo))
+        train = TrainOptions(settings=settings, **given(kwargs))
+        run_checked(lambda: run_sweep(options, train, log=click.echo, given=set(sweep_values)))
     except (KeyboardInterrupt, Terminated) as stop:
         terminated = isinstance(stop, Terminated)
         stopped = click.ClickException(

@@ -27,7 +27,8 @@ FLOW = (
     "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
-    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",
+    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.record", "sweep.journal",
+    "sweep.identity", "sweep.estimate",
     "sweep.grid", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2

@@ -3,9 +3,11 @@
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
 finished run is appended to ``DIR/runs.jsonl`` at once (``journal``), so a sweep stopped part way is resumed
-by running the same command again: only the missing runs train. The journal's first line holds the options every
-run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
-rather than mixed in (the grid itself may grow: more rates, seeds or styles).
+by running the same command again: only the missing runs train. The journal's first line holds the sweep's identity
+(the options every run shares, their settings, the fingerprints of the data, the tokenizer and the model: ``record``)
+and the sweep options it began with, which a rerun that leaves them out takes; every line carries its run's identity.
+A sweep with other options, data or model is refused rather than mixed in (the grid itself may grow: more rates,
+seeds or styles), and the fingerprints are measured again before every run (``identity``).
 
 The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--extend``: while the arm's best rate is
 at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
@@ -20,6 +22,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,19 +39,19 @@ from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training
 from .estimate import TimeEstimate
+from .identity import checked_identity, checked_line
 from .journal import (
     JOURNAL,
     Journal,
     JournalError,
     append,
-    check_data,
     check_options,
     entry_key,
     journal_key,
     load_journal,
     read_journal,
+    refuse_link,
     repair,
-    start_journal,
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
 from .report import write_report
@@ -163,11 +166,14 @@ def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]
     return beyond, why_not
 
 
-def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
+def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
+              given: Collection[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
     its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
-    return the journal's runs. A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the
-    caller records them (``signals.signals_stop_the_job``: the command line)."""
+    return the journal's runs. ``given``: the sweep options the command line gave; each other one is the journal's
+    (the plan the sweep began with), so that a rerun with fewer options finishes the same sweep (None: all given).
+    A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the caller records them
+    (``signals.signals_stop_the_job``: the command line)."""
     sweep.validate()
     if train.lr is not None:
         raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
@@ -178,10 +184,22 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print) -> lis
     folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
     check_output_apart(train.data, folder, sweep.output)  # before the sweep writes anything
     with output_lock(folder, "sweep"):  # one sweep per folder, and no other run in its logs/ or runs/
+        refuse_link(folder / JOURNAL)
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
+        if journal.legacy:
+            raise JournalError(
+                f"{journal.path} is the journal of an earlier hf-geonorm (format 1), whose lines record neither the "
+                "options that shaped each run nor the content of its model, so they cannot be checked against this "
+                "sweep: `hf-geonorm info` and the report read it; give another --output to sweep again"
+            )
         repair(journal, log)
         check_options(journal, replace(train, lr=None))
+        if journal.header is not None and given is not None:
+            sweep, taken = sweep.as_begun(journal.header["sweep_options"], given)
+            sweep.validate()
+            if taken:
+                log(f"the sweep resumes as it began ({journal.path}, line 1): {', '.join(taken)}")
         adopt_earlier_output(folder, "sweep")
         return _Sweep(sweep, train, folder, journal, log).run()
 
@@ -213,6 +231,7 @@ class _Sweep:
         self.visited: set[tuple] = set()  # the runs of this sweep's protocol, trained now or before
         self.batch: list[Run] = []  # the runs train_runs is training
         self.estimate = TimeEstimate(train.max_steps)
+        self.identity: dict[str, Any] = {}  # the sweep's, as measured before the latest run (check_identity)
         self.total = self.planned()
 
     def planned(self) -> int:
@@ -296,15 +315,17 @@ class _Sweep:
             self.visited.add(run.key())
             if run.key() in self.done:
                 continue
-            if self.trained == 0:
-                self.check_data()
+            self.check_identity()
             number = self.trained + 1
             self.log(f"run {number}/{self.total}: {run.label} ({role})")
             started = time.monotonic()
             try:
                 entry = {**_train(run, self.train, self.folder), "role": role}
+                if entry["val_loss"] is None:  # diverged: the settings its model was built with
+                    entry["settings"] = run.settings(self.identity["settings"])
             finally:  # what the run wrote, also when it stopped part way
                 self.record(self.folder / "logs" / f"{run.name}.log", self.folder / "runs" / run.name)
+            entry = checked_line(self.journal, run.label, entry, self.identity)
             append(self.journal.path, entry)
             self.entries.append(entry)
             self.done.add(run.key())
@@ -323,26 +344,10 @@ class _Sweep:
         """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
         record_paths(self.folder, "sweep", *(path for path in paths if os.path.lexists(path)))
 
-    def check_data(self) -> None:
-        """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
-        new journal records them in its header); then the data tokenized and cached, so that the first run reads
-        it as every other does and the time estimate measures runs alike."""
-        from ..data.prepare import data_request, data_source, training_data
-
-        started = time.monotonic()
-        request = data_request(self.train)
-        source = data_source(request, lambda _: None)
-        data_key = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
-        options = replace(self.train, lr=None)
-        if self.journal.header is None:
-            start_journal(self.journal.path, options, data_key)
-            self.journal = load_journal(self.journal.path)
-        else:
-            check_data(self.journal, options, data_key)
-        if not self.train.streaming:  # a stream is read by each run alike
-            training_data(source, request, lambda _: None)
-            self.log(f"data prepared in {time.monotonic() - started:.0f} s, before the first run: tokenized and "
-                     "cached, as every run reads it")  # fmt: skip
+    def check_identity(self) -> None:
+        """Before each run: the sweep's identity measured again and compared with the journal's (``identity``)."""
+        self.journal, self.identity = checked_identity(self.journal, self.train, self.sweep.plan(), self.trained == 0,
+                                                       self.log)  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
@@ -356,14 +361,16 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         train, output=str(output), lr=run.lr, seed=run.seed, settings=run.settings(train.settings), force=True,
         resume=False,
     )  # fmt: skip
-    entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed}
+    entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed,
+                             "train_options": journal_key(train)}  # fmt: skip
     with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
         except NonFiniteError as error:
             print(first_line(error, limit=600), file=log_file)
             return {**entry, "settings": options.settings, "steps": None, "tokens": None, "val_loss": None,
-                    "test_loss": None, "train_seconds": 0.0, "diverged": first_line(error, limit=600)}  # fmt: skip
+                    "test_loss": None, "train_seconds": 0.0, "data": None,
+                    "diverged": first_line(error, limit=600)}  # fmt: skip
         except BaseException:  # Ctrl-C, SIGTERM, an error: this run trains again from its start
             _remove_checkpoints(output)
             raise

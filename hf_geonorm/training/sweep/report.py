@@ -58,7 +58,9 @@ def swept_text(runs: list[dict[str, Any]], header: dict[str, Any]) -> list[str]:
     """What was swept: the data and its fingerprints, the model, the steps and tokens, the evaluation, the rates
     (as the report and the run names write them) and the seeds."""
     options, facts = header["train_options"], data_facts(runs) or {}
-    key = header.get("data_key") or {n: facts.get(n) for n in ("fingerprint", "tokenizer")}
+    marks = header.get("fingerprints")  # format 2; a format-1 header's data_key, else the runs' facts
+    key = ({"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]} if isinstance(marks, dict)
+           else header.get("data_key") or {n: facts.get(n) for n in ("fingerprint", "tokenizer")})  # fmt: skip
     data = options.get("data") or "the Python standard library's source"
     fingerprints = ", ".join(f"{n} {key[n][:16]}" for n in ("fingerprint", "tokenizer") if key.get(n)) or (
         "not recorded (a journal of an earlier hf-geonorm)")  # fmt: skip
