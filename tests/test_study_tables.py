@@ -113,3 +113,24 @@ def test_study_md_is_what_the_script_writes_from_the_journals(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["sweep_study_tables.py", "--results", str(tmp_path)])
     module.main()
     assert (tmp_path / "study.md").read_text(encoding="utf-8") == STUDY
+
+
+def test_each_finished_phases_report_is_what_the_sweeps_report_writer_writes_from_its_journal():
+    """A sweep.md written by an earlier hf-geonorm said what that version said (a margin against the larger seed
+    spread, "the arm's best rate" in bold beside single-seed cells); benchmarks/sweep_reports.py writes every finished
+    phase's report again from its journal, and this checks that none is stale."""
+    from hf_geonorm.training.sweep.grid import read_journal
+    from hf_geonorm.training.sweep.report import report_text
+
+    spec = importlib.util.spec_from_file_location("bench_sweep_reports", ROOT / "benchmarks" / "sweep_reports.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stale = []
+    for phase in module.FINISHED:
+        header, runs = read_journal(SWEEPS / phase / "runs.jsonl")
+        if report_text(runs, header)[0] != (SWEEPS / phase / "sweep.md").read_text(encoding="utf-8"):
+            stale.append(phase)
+    assert not stale, f"run `python benchmarks/sweep_reports.py` to write these again: {stale}"
+    running = "i_"  # phase i's own sweep writes its reports as it runs
+    phases = {p.parent.name for p in SWEEPS.glob("*/runs.jsonl") if not p.parent.name.startswith(running)}
+    assert phases == set(module.FINISHED)
