@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -103,6 +105,39 @@ def test_rate_rule_recovers_a_known_rule_and_borrows_what_the_cells_cannot_fix(m
     loo = [row for row in record["leave_one_out"] if row["style"] != "post"]
     assert loo and all(row["ratio"] == pytest.approx(1.0, rel=1e-6) for row in loo)
     assert record["gpt3_125m"]["pre_rule"] == pytest.approx(0.5 * 768**-1.0 * 12**-0.5)
+
+
+def test_rate_rule_says_how_many_cells_each_rule_fits_and_which_fit_by_construction(monkeypatch):
+    """A rule over cells that all measured one rate (a constant), or over one cell, fits them and "predicts" each left
+    out by construction: the page says so rather than count them as predictions, and for a rule whose cells vary it
+    counts the cells within 10% of the rule, fit with them and fit without each (least squares written out here)."""
+    bench = load(BENCHMARKS / "rate_rule.py", monkeypatch)
+    llama = {64: 8e-3, 128: 2e-3, 256: 2e-3}  # varies, and the one-width-exponent rule misses it
+    cells = [{"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width,
+              "lr": (2e-3 if style == "pre" else 1.024 / width) if arch == "gpt2" else llama[width]}
+             for phase, (arch, layers, width) in bench.SHAPES.items() for style in ("pre", "geo")
+             if arch == "gpt2" or style == "pre"]  # fmt: skip
+    cells.append({"phase": "h_styles", "arch": "gpt2", "style": "post", "layers": 4, "width": 128, "lr": 2.5e-4})
+    page = bench.page(bench.report(cells, []))
+    accounts = {line.split(":")[0]: line for line in page.splitlines() if line.startswith("- ")}
+    assert "a constant" in accounts["- gpt2 pre"] and "by construction" in accounts["- gpt2 pre"]
+    assert "5 cells" in accounts["- gpt2 pre"]
+    assert "one cell" in accounts["- gpt2 post"] and "by construction" in accounts["- gpt2 post"]
+    assert "by construction" not in accounts["- gpt2 geo"] and "5 of 5 within 10%" in accounts["- gpt2 geo"]
+
+    def line_fit(widths: list[int]) -> tuple[float, float]:  # log lr = log c + a log width (depth borrowed: 0)
+        x, y = np.log(widths), np.log([llama[w] for w in widths])
+        a = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+        return math.exp(y.mean() - a * x.mean()), a
+
+    def near(width: int, rule: tuple[float, float]) -> bool:
+        return 1 / 1.1 <= rule[0] * width ** rule[1] / llama[width] <= 1.1
+
+    inside = sum(near(w, line_fit(list(llama))) for w in llama)
+    left_out = sum(near(w, line_fit([o for o in llama if o != w])) for w in llama)
+    assert f"{inside} of 3 within 10% of the rule fit over them" in accounts["- llama pre"]
+    assert f"{left_out} of 3 within 10% when left out of the fit" in accounts["- llama pre"]
+    assert "exactly" not in page
 
 
 def test_paper_table_chooses_on_seed_0_validation_over_rates_and_warm_up_shares(monkeypatch):

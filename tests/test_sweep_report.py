@@ -175,6 +175,19 @@ def test_each_cell_says_how_many_seeds_it_averages(hand_report):
     assert f"{PRE_VAL[1e-3]:.4f} (1 seed)" in row and row.count("(1 seed)") == 4
 
 
+def test_the_bold_cell_is_the_rate_chosen_on_seed_0_and_the_means_of_more_seeds_are_named(hand_report):
+    """The bold pre cell, a three-seed mean, stood beside single-seed cells under the legend "the arm's best rate",
+    as if unequal cells were compared as equals: the legend says the bold rate is the one chosen on seed 0's
+    validation (the seed every rate ran) and names the cells that average more seeds than the choice compared."""
+    [legend] = [part for part in hand_report.split("\n\n") if part.startswith("14 runs.")]
+    assert "best" not in legend
+    assert "**bold**: the rate chosen for each arm, the lowest mean validation loss on seed 0" in legend
+    assert "Means over more seeds than that: pre 4e-3 (3 seeds), geo 8e-3 (3 seeds)" in legend
+    assert "every other cell ran seed 0 only" in legend
+    assert "| arm | rate chosen | seeds | validation loss | test loss |" in hand_report
+    assert "best rate" not in section(hand_report, "The arms at their chosen rates, on test")
+
+
 def test_a_short_run_is_said_to_be_early_training(hand_report):
     note = section(hand_report, "Early training")
     assert "384 tokens" in note and "4,915,200" in note and "docs/training.md" in note
