@@ -60,7 +60,36 @@ def measured_ratios() -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["arch"], r["layers"] * r["width"] ** 2, r["width"]))
 
 
+def rule_crossings() -> tuple[list[str], dict[str, float]]:
+    """Where each family's fitted GeoNorm rule would meet Pre-Norm's, were the two rules taken beyond the widths their
+    cells span (``train`` does not take them there): the measured ratio says nothing beyond those widths. The lines,
+    and the width where GeoNorm's rule falls below Pre-Norm's, by family."""
+    table = json.loads(RATE_RULE.read_text(encoding="utf-8"))
+    lines, below = [], {}
+    for arch, rules in table["rules"].items():
+        if not {"pre", "geo"} <= set(rules):
+            continue
+        pre, geo = rules["pre"], rules["geo"]
+        own = [c for c in table["cells"] if c["arch"] == arch]
+        widths, depths = sorted({c["width"] for c in own}), [c["layers"] for c in own]
+        depth = max(set(depths), key=depths.count)  # the depth the width cells share
+        ratio = geo["c"] / pre["c"] * depth ** (geo["b"] - pre["b"])  # GeoNorm's rule over Pre-Norm's at width 1
+        slope = geo["a"] - pre["a"]
+        rules_text = (f"GeoNorm's {geo['c']:.4g} x width^{round(geo['a'], 2) + 0.0:.2f} against Pre-Norm's "
+                      f"{pre['c']:.4g} x width^{round(pre['a'], 2) + 0.0:.2f}, at depth {depth}")  # fmt: skip
+        if abs(slope) < 1e-6:
+            where = f"they never meet: GeoNorm's is {ratio:.3g} times Pre-Norm's at every width"
+        else:
+            side = "below it beyond" if slope < 0 else "above it beyond"
+            where = f"GeoNorm's meets Pre-Norm's at width {ratio ** (-1 / slope):.0f} and is {side}"
+            if slope < 0:
+                below[arch] = ratio ** (-1 / slope)
+        lines.append(f"- {arch}: {rules_text}, measured at widths {widths[0]}-{widths[-1]}: taken beyond them, {where}")
+    return lines, below
+
+
 def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
+    pre = {(r["preset"], r["arch"]): r["lr"] for r in rates if r["style"] == "pre"}
     lines = [
         "# Default learning rates",
         "",
@@ -89,6 +118,23 @@ def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
     for row in ratios:
         lines.append(f"| {row['arch']} {row['layers']} x {row['width']} | {row['phase']} | {row['steps']} | "
                      f"{rate_text(row['pre'])} | {rate_text(row['geo'])} | {row['ratio']:g} |")  # fmt: skip
+    extrapolated = [r for r in rates if r["style"] == "geo" and r["source"] == "extrapolation"]
+    held = sorted({f"{r['lr'] / pre[(r['preset'], r['arch'])]:g}" for r in extrapolated})
+    crossings, below = rule_crossings()
+    against = [arch for arch, width in below.items() if any(r["arch"] == arch and r["width"] >= width
+                                                             for r in extrapolated)]  # fmt: skip
+    contradicted = (
+        ""
+        if not against
+        else (
+            f"; there {' and '.join(against)}'s fitted rules, taken that far, would put GeoNorm's rate below Pre-Norm's"
+        )
+    )
+    lines += ["", "The ratio is measured at these cells only (300 steps). The fitted rules, which `train` uses only "
+              "inside the widths their cells span:", "", *crossings, "",
+              "Beyond those widths neither rule is used: Pre-Norm gets the published recipe and GeoNorm the "
+              f"*extrapolation*, {' or '.join(held)} times it (the largest cell's ratio, held at every larger width, "
+              f"which no wider cell measures){contradicted}. Sweep both there."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,9 @@ architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
   measured at one shape only (post, sandwich, deepnorm: phase h) borrows Pre-Norm's exponents for its architecture
   and fits its own ``c``.
 - Each cell is also predicted by the rule fit without it (leave one out): the ratio of prediction to measurement
-  says how far the rule can be trusted between and beyond the cells.
+  says how far the rule can be trusted between and beyond the cells. Each rule's account counts its cells within
+  10% of it, fit with them and without each; a rule over one cell, or over cells that all measured one rate (a
+  constant), fits them and each left out by construction, and is said to, not counted as a prediction.
 - Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at:
   the reason ``train`` uses the rule only inside the widths and depths its cells span.
 
@@ -114,6 +116,39 @@ def leave_one_out(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+NEAR = 1.1  # a rule "fits" a cell where it gives the cell's rate within this factor either way
+
+
+def near(ratio: float) -> bool:
+    return 1 / NEAR <= ratio <= NEAR
+
+
+def account(arch: str, style: str, rule: dict[str, Any], cells: list[dict[str, Any]],
+            held_out: list[dict[str, Any]]) -> str:  # fmt: skip
+    """What a rule is and how many of its cells it fits: a rule over one cell, or a constant over cells that all
+    measured one rate, fits them (and each left out) by construction, and says so."""
+    own = [c for c in cells if (c["arch"], c["style"]) == (arch, style)]
+    widths, depths = sorted({c["width"] for c in own}), sorted({c["layers"] for c in own})
+    span = ", ".join(f"{noun} {values[0]}" if len(values) == 1 else f"{noun}s {values[0]}-{values[-1]}"
+                     for noun, values in (("width", widths), ("depth", depths)))  # fmt: skip
+    if len(own) == 1:
+        cell = own[0]
+        return (f"- {arch} {style}: one cell ({cell['layers']} x {cell['width']}, {rate_text(cell['lr'])}): the rule "
+                f"is that rate, with the exponents {', '.join(rule['borrowed'])} borrowed; it fits its one cell by "
+                "construction and predicts no other")  # fmt: skip
+    if len({c["lr"] for c in own}) == 1:
+        return (f"- {arch} {style}: a constant {rate_text(own[0]['lr'])}: its {len(own)} cells ({span}) all measured "
+                "that rate, so it fits each of them, and each left out, by construction: the best rate did not move "
+                "over these shapes, which says nothing of how it moves beyond them")  # fmt: skip
+    inside = sum(near(rate(rule, c["width"], c["layers"]) / c["lr"]) for c in own)
+    out = [row for row in held_out if (row["arch"], row["style"]) == (arch, style)]
+    ratios = ", ".join(f"{row['ratio']:.2f}" for row in out)
+    return (f"- {arch} {style}: {rule['c']:.4g} x width^{rule['a']:.3f} x depth^{rule['b']:.3f} over {len(own)} cells "
+            f"({span}): {inside} of {len(own)} within 10% of the rule fit over them; "
+            f"{sum(near(row['ratio']) for row in out)} of {len(out)} within 10% when left out of the fit (predicted "
+            f"over measured: {ratios})")  # fmt: skip
+
+
 def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
     rules = fit_rules(cells)
     held_out = leave_one_out(cells)
@@ -148,6 +183,9 @@ def page(record: dict[str, Any]) -> str:
         for style, rule in styles.items():
             lines.append(f"| {arch} | {style} | {rule['c']:.4g} | {rule['a']:+.3f} | {rule['b']:+.3f} | "
                          f"{', '.join(rule['borrowed']) or '–'} |")  # fmt: skip
+    lines += ["", "What each rule is, and how many of its cells it fits:", ""]
+    lines += [account(arch, style, rule, record["cells"], record["leave_one_out"])
+              for arch, styles in record["rules"].items() for style, rule in styles.items()]  # fmt: skip
     lines += ["", "| cell | style | measured | predicted without it | ratio |", "|---|---|---|---|---|"]
     for row in record["leave_one_out"]:
         lines.append(f"| {row['arch']} {row['layers']} x {row['width']} | {row['style']} | {rate_text(row['lr'])} | "

@@ -7,13 +7,17 @@ with a blank line between them, into text shards of about 4 MB, so that the docu
 validation and test (one in 20 each, from the first) are a mix of both packages rather than the first of them in
 alphabetical order. Each shard is longer than the evaluation, so ``train`` holds the shards out by pieces (not
 whole files), without the pieces training text holds anyway; ``benchmarks/split_leak.py`` measures what that
-leaves, and what a folder of the files would (the study's recorded runs predate that split).
+leaves, and what a folder of the files would (phases a-h predate that split).
+
+``--layout files`` writes the same files in the same order as a folder of text files, one per source file
+(``00000.txt``, ...), into ``corpora/study_files``, recorded in ``results/study_corpus_files.json``: ``train`` then
+holds out whole files, without near-duplicates (phase i and after). The shards' record stays as phases a-h used it.
 
 The script then prepares the data as every study run does (``train``'s own data step, at the study's sequence
 length and evaluation size), which tokenizes it into the cache the runs read, and writes what it took, its hash and
 its size in tokens (training, validation, test) to ``benchmarks/results/study_corpus.json``.
 
-    python benchmarks/study_corpus.py [--out DIR] [--data-cache DIR]
+    python benchmarks/study_corpus.py [--layout shards|files] [--out DIR] [--data-cache DIR]
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import random
 import shutil
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "study_corpus.json"
-DEFAULT_OUT = Path(__file__).parent / "results" / "sweeps" / "corpora" / "study"  # ignored by git
+RESULTS = Path(__file__).parent / "results"
+CORPORA = RESULTS / "sweeps" / "corpora"  # ignored by git
+# layout: (folder under CORPORA, record under RESULTS)
+LAYOUTS = {"shards": ("study", "study_corpus.json"), "files": ("study_files", "study_corpus_files.json")}
 PACKAGES = {"torch": "2.13.0", "transformers": "5.24"}  # the versions the README's install and pyproject pin
 SHARD_BYTES = 4_000_000
 SEED = 0
@@ -64,33 +70,39 @@ def source_texts() -> tuple[dict[str, str], list[str], int]:
     return versions, taken, skipped
 
 
-def build(out: Path) -> dict:
-    """Write the shards into ``out`` (replaced whole); what was taken."""
-    versions, taken, skipped = source_texts()
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    corpus_hash, shard, size, shards = hashlib.sha256(), [], 0, 0
-
-    def flush() -> None:
-        nonlocal shard, size, shards
-        data = ("\n\n\n".join(shard) + "\n").encode()
-        (partial / f"shard-{shards:03d}.txt").write_bytes(data)
-        corpus_hash.update(data)
-        shard, size, shards = [], 0, shards + 1
-
+def layout_files(taken: list[str], layout: str) -> list[tuple[str, bytes]]:
+    """The corpus's text files (name, content) in ``layout``: shards of about ``SHARD_BYTES`` with a blank line
+    between source files, or one text file per source file."""
+    if layout == "files":
+        return [(f"{number:05d}.txt", (text + "\n").encode()) for number, text in enumerate(taken)]
+    groups, shard, size = [], [], 0
     for text in taken:
         shard.append(text)
         size += len(text.encode())
         if size >= SHARD_BYTES:
-            flush()
-    if shard:
-        flush()
+            groups.append(shard)
+            shard, size = [], 0
+    groups += [shard] if shard else []
+    return [(f"shard-{n:03d}.txt", ("\n\n\n".join(group) + "\n").encode()) for n, group in enumerate(groups)]
+
+
+def build(out: Path, layout: str) -> dict:
+    """Write the corpus's text files in ``layout`` into ``out`` (replaced whole); what was taken."""
+    versions, taken, skipped = source_texts()
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    corpus_hash, written = hashlib.sha256(), layout_files(taken, layout)
+    for name, data in written:
+        (partial / name).write_bytes(data)
+        corpus_hash.update(data)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
+    between = "a blank line between them" if layout == "shards" else "one text file each"
     return {"packages": versions, "files": len(taken), "duplicate_or_empty_files_skipped": skipped,
-            "shards": shards, "bytes": sum(p.stat().st_size for p in out.iterdir()), "sha256": corpus_hash.hexdigest(),
-            "order": f"files shuffled with random.Random({SEED}), a blank line between them"}  # fmt: skip
+            "shards" if layout == "shards" else "text_files": len(written),
+            "bytes": sum(len(data) for _, data in written), "sha256": corpus_hash.hexdigest(),
+            "order": f"files shuffled with random.Random({SEED}), {between}"}  # fmt: skip
 
 
 def token_counts(out: Path, cache: str) -> dict:
@@ -108,13 +120,15 @@ def token_counts(out: Path, cache: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="shards")
+    parser.add_argument("--out", type=Path, default=None, help="default: the layout's folder under " + str(CORPORA))
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
     args = parser.parse_args()
-    out = args.out.absolute()
-    record = {"folder": os.path.relpath(out, Path(__file__).parent.parent), **build(out)}
+    folder, record_name = LAYOUTS[args.layout]
+    out = (args.out or CORPORA / folder).absolute()
+    record = {"folder": os.path.relpath(out, Path(__file__).parent.parent), **build(out, args.layout)}
     record["tokens"] = token_counts(out, args.data_cache)
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    (RESULTS / record_name).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(record, indent=1))
 
 

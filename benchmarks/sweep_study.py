@@ -60,7 +60,8 @@ SEEDS = (0, 1, 2)
 ARMS = ("pre", "geo")
 STYLES = ("pre", "geo", "post", "sandwich", "deepnorm")
 REPOSITORY = Path(__file__).parent.parent
-STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"
+STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"  # shards: phases h, f, g
+STUDY_FILES = Path(__file__).parent / "results" / "study_corpus_files.json"  # a folder of files: phase i
 LENGTHS = (1200, 2400)  # phase f beyond phase h's 300 steps: 8x in all
 LENGTH_SEEDS = {1200: SEEDS, 2400: (0, 1)}  # two seeds at the longest length, for both arms alike (the budget)
 # phase g: (name, architecture, layers, width)
@@ -209,19 +210,20 @@ def reproduction(results: Path, cache: str, phase_a_best: dict[str, float]) -> N
     log(f"reproduction of {earlier['run']}: {record}")
 
 
-def study_options(cache: str, steps: int = STEPS, **changes: object) -> TrainOptions:
-    """A run of the study corpus (``benchmarks/study_corpus.py``; its folder must be built): ``steps`` steps of
-    16 x 128 tokens, warm-up a tenth of them, evaluated at the end on the corpus's evaluation blocks. Refused when
-    the run would see more tokens than the corpus's training split holds (no token is trained on twice)."""
-    corpus = json.loads(STUDY_CORPUS.read_text(encoding="utf-8"))
-    folder = (REPOSITORY / corpus["folder"]).resolve()
+def study_options(cache: str, steps: int = STEPS, corpus: Path = STUDY_CORPUS, **changes: object) -> TrainOptions:
+    """A run of the study corpus (``benchmarks/study_corpus.py``, recorded in ``corpus``; its folder must be built):
+    ``steps`` steps of 16 x 128 tokens, warm-up a tenth of them, evaluated at the end on the corpus's evaluation
+    blocks. Refused when the run would see more tokens than the corpus's training split holds (no token is trained
+    on twice)."""
+    record = json.loads(corpus.read_text(encoding="utf-8"))
+    folder = (REPOSITORY / record["folder"]).resolve()
     if not folder.is_dir():
         raise SystemExit(f"{folder} does not exist: build the study corpus first (python benchmarks/study_corpus.py)")
-    tokens, available = steps * 16 * 128, corpus["tokens"]["train_tokens"]
+    tokens, available = steps * 16 * 128, record["tokens"]["train_tokens"]
     if tokens > available:
         raise SystemExit(f"{steps} steps train on {tokens:,} tokens, more than the corpus's {available:,}")
     base = {**BASE, "max_steps": steps, "warmup_steps": steps * WARMUP // STEPS, "eval_every": steps,
-            "eval_blocks": corpus["tokens"]["eval_blocks"]}  # fmt: skip
+            "eval_blocks": record["tokens"]["eval_blocks"]}  # fmt: skip
     return TrainOptions(data=str(folder), data_cache=cache, **{"arch": "gpt2", **base, **changes})
 
 
@@ -267,31 +269,58 @@ def phase_g(results: Path, cache: str) -> None:
 
 # phase i: the paper's table with every style trained as its literature trains it (warm-up tuned, not fixed)
 I_SHAPES = ("gpt2", "llama")
-I_WARMUP_SHARES = (0.1, 0.3)  # of the run: the same two for every style (one style with more knobs is unfair)
-# each style's grid is centred where phase h and the history ablation put it, four rates a factor 2 apart
-I_CENTRES = {"pre": 2e-3, "geo": 8e-3, "sandwich": 4e-3, "post": 1e-3, "deepnorm": 1e-3}
+# warm-up shares of the run, the same for every style (one style with more knobs is unfair tuning): the grid starts
+# at the middle two and takes one more step of the ladder while a style's best share is at an edge
+I_WARMUP_LADDER = (0.0, 0.1, 0.3, 0.5)
+I_WARMUP_START = (0.1, 0.3)
+# each style's grid: four rates a factor 2 apart from half its centre, centred where phase h and the history
+# ablation put it; Post-Norm and DeepNorm where postnorm_diagnosis.py's study-shape cells found them best (2e-3, its
+# highest rate tried, with the position table at zero; phase h's rates were those of runs that never learned)
+I_CENTRES = {"pre": 2e-3, "geo": 8e-3, "sandwich": 4e-3, "post": 2e-3, "deepnorm": 2e-3}
+
+
+def phase_i_folder(results: Path, arch: str, share: float) -> Path:
+    return results / f"i_{arch}_w{round(share * 100):02d}"
+
+
+def phase_i_options(cache: str, arch: str, share: float) -> TrainOptions:
+    return study_options(cache, corpus=STUDY_FILES, arch=arch, warmup_steps=round(STEPS * share))
 
 
 def phase_i(results: Path, cache: str) -> dict[str, dict[str, tuple[float, float]]]:
-    """The paper's table on GPT-2 and LLaMA 4 x 128, 300 steps on the study corpus: every style on one grid rule,
-    rate x warm-up share (``I_WARMUP_SHARES``; one sweep folder per share, ``i_ARCH_wNN``), the rates four a factor
-    2 apart around ``I_CENTRES`` and extended at an edge (twice at most), chosen on seed 0's validation over both
-    shares; then seeds 0-2 at each style's best cell. Returns style -> (rate, share) per shape."""
+    """The paper's table on GPT-2 and LLaMA 4 x 128, 300 steps on the study corpus as a folder of files (whole
+    files held out, near-duplicates removed): every style on one grid rule, rate x warm-up share (one sweep folder
+    per share, ``i_ARCH_wNN``). At each share the rates start four a factor 2 apart around ``I_CENTRES`` and are
+    extended at an edge (twice at most); the shares start at ``I_WARMUP_START`` and take the next share of
+    ``I_WARMUP_LADDER`` while the best is at an edge (its rates tuned the same way, from the best share's grid).
+    Chosen on seed 0's validation over every cell; then seeds 0-2 at each style's best cell. GPT-2's styles first,
+    then LLaMA's. Returns style -> (rate, share) per shape."""
     chosen: dict[str, dict[str, tuple[float, float]]] = {}
     for arch in I_SHAPES:
         best: dict[str, tuple[float, float]] = {}
         for style, centre in I_CENTRES.items():
-            cells = []
-            for share in I_WARMUP_SHARES:
-                folder = results / f"i_{arch}_w{round(share * 100):02d}"
-                train = study_options(cache, arch=arch, warmup_steps=round(STEPS * share))
-                rate = tuned(folder, train, style, [centre / 2, centre, centre * 2, centre * 4], extend=2)
-                cells.append((_val_at(folder, style, rate), rate, share))
-            _, rate, share = min(cells)
-            best[style] = (rate, share)
+            rates = [centre / 2, centre, centre * 2, centre * 4]
+            cells: dict[float, tuple[float, float]] = {}  # share -> (val loss at its best rate, that rate)
+            shares = list(I_WARMUP_START)
+            while True:
+                for share in shares:
+                    if share not in cells:
+                        folder = phase_i_folder(results, arch, share)
+                        rate = tuned(folder, phase_i_options(cache, arch, share), style, rates, extend=2)
+                        cells[share] = (_val_at(folder, style, rate), rate)
+                share = min(cells, key=lambda s: cells[s])
+                step = I_WARMUP_LADDER.index(share)
+                low, high = I_WARMUP_LADDER.index(min(shares)), I_WARMUP_LADDER.index(max(shares))
+                if step == low and low > 0:
+                    shares.append(I_WARMUP_LADDER[low - 1])
+                elif step == high and high < len(I_WARMUP_LADDER) - 1:
+                    shares.append(I_WARMUP_LADDER[high + 1])
+                else:
+                    break
+                rates = [cells[share][1] / 2, cells[share][1], cells[share][1] * 2]
+            best[style] = (cells[share][1], share)
         for style, (rate, share) in best.items():
-            folder = results / f"i_{arch}_w{round(share * 100):02d}"
-            seeded(folder, study_options(cache, arch=arch, warmup_steps=round(STEPS * share)), {style: rate})
+            seeded(phase_i_folder(results, arch, share), phase_i_options(cache, arch, share), {style: rate})
         chosen[arch] = best
     return chosen
 

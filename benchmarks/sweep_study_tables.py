@@ -3,10 +3,12 @@ journals (``runs.jsonl``, written by ``hf-geonorm sweep``'s library function in 
 
 - Every phase with both arms: each arm at its own best rate (chosen on that phase's validation; on ``b_gcide`` the
   rates chosen on fortunes, since the dictionary's validation chooses nothing), test loss over its seeds, and
-  GeoNorm's difference against the larger seed spread.
-- The best rates by shape (phase a's 4 layers x width 128 against phase c's 24 x 64): the data for a rate rule.
+  GeoNorm's difference ± its standard error with Welch's two-sided p (``hf_geonorm.training.sweep.welch``).
+- GeoNorm's best rate over Pre-Norm's in each of those phases.
 - Alpha and rate together (phase d): validation loss per alpha at each rate, each alpha's best rate.
 - Alpha 0.5 against alpha 1, seeded (phase e): on the standard library, on the held-out dictionary, and at depth.
+- On the study corpus: the five styles (phase h), the length (phase f) and the shapes (phase g), each margin the
+  same way; and that these phases held out by the split rule before, with its leak (``split_leak.json``).
 
 A phase still running is shown with the seeds it has. Run it at any time; it trains nothing:
 
@@ -19,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from study_margins import MARGIN, arm_at, arm_test_loss, margin, margin_cells, old_split_note, runs_of
 
 from hf_geonorm.training.sweep.grid import read_journal
 from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread, rate_text
@@ -34,20 +38,10 @@ PHASES = {
 }
 
 
-def runs_of(folder: Path) -> list[dict[str, Any]]:
-    return read_journal(folder / "runs.jsonl")[1] if (folder / "runs.jsonl").is_file() else []
-
-
 def chosen_rates(results: Path, phase: str) -> dict[str, float]:
     """The rates each arm of ``phase`` is reported at: its own validation's best, or fortunes' for the dictionary."""
     source = "b_fortunes" if phase == "b_gcide" else phase
     return best_rates([r for r in runs_of(results / source) if r["alpha"] is None])
-
-
-def in_spreads(difference: float, *arms: dict[str, Any]) -> float | None:
-    """``difference`` in units of the larger seed spread of ``arms`` (None where no arm has more than one seed)."""
-    spreads = [arm["test_spread"] for arm in arms if arm["test_spread"] is not None]
-    return abs(difference) / max(spreads) if spreads else None
 
 
 def compare(results: Path, phase: str) -> dict[str, Any] | None:
@@ -58,12 +52,9 @@ def compare(results: Path, phase: str) -> dict[str, Any] | None:
         return None
     row: dict[str, Any] = {"phase": phase, "what": PHASES[phase]}
     for style in ("pre", "geo"):
-        cell = table[style][rates[style]]
-        mean, spread, n = mean_spread(cell.test)
-        row[style] = {"lr": rates[style], "test_mean": mean, "test_spread": spread, "seeds": n,
-                      "diverged": len(cell.test) - n}  # fmt: skip
+        row[style] = arm_at(table[style][rates[style]], rates[style])
     row["geo_minus_pre"] = row["geo"]["test_mean"] - row["pre"]["test_mean"]
-    row["in_spreads"] = in_spreads(row["geo_minus_pre"], row["pre"], row["geo"])
+    row["welch"] = margin(row["geo"], row["pre"])
     return row
 
 
@@ -89,31 +80,22 @@ ALPHA_CHECKS = {
 
 def alpha_check(results: Path, phase: str) -> dict[str, Any] | None:
     """Phase e on one shape or corpus: each alpha at its best rate (chosen on validation), test loss over its seeds;
-    alpha 1 minus alpha 0.5 and that difference in units of the larger seed spread."""
+    alpha 1 minus alpha 0.5 ± its standard error, and Welch's p."""
     runs = runs_of(results / phase)
     table, best = cells(runs), best_rates(runs)
     if not {"geo alpha 0.5", "geo alpha 1"} <= set(table):
         return None
     row: dict[str, Any] = {"phase": phase, "what": ALPHA_CHECKS[phase]}
     for arm in ("geo alpha 0.5", "geo alpha 1"):
-        mean, spread, n = mean_spread(table[arm][best[arm]].test)
         by_rate = {rate_text(lr): mean_spread(cell.val)[0] for lr, cell in table[arm].items()}
-        row[arm] = {"lr": best[arm], "test_mean": mean, "test_spread": spread, "seeds": n, "val_by_rate": by_rate}
+        row[arm] = {**arm_at(table[arm][best[arm]], best[arm]), "val_by_rate": by_rate}
     row["one_minus_half"] = row["geo alpha 1"]["test_mean"] - row["geo alpha 0.5"]["test_mean"]
-    row["in_spreads"] = in_spreads(row["one_minus_half"], row["geo alpha 0.5"], row["geo alpha 1"])
+    row["welch"] = margin(row["geo alpha 1"], row["geo alpha 0.5"])
     return row
 
 
-def arm_test_loss(arm: dict[str, Any]) -> str:
-    """An arm's test loss: mean ± spread (n=seeds)."""
-    spread = "" if arm["test_spread"] is None else f" ± {arm['test_spread']:.3f}"
-    return f"{arm['test_mean']:.3f}{spread} (n={arm['seeds']})"
-
-
-def phase_cells(row: dict[str, Any]) -> tuple[str, str]:
-    """A row's first cell (the phase, linked to its report) and last (the difference in seed spreads)."""
-    spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
-    return f"[{row['phase']}]({row['phase']}/sweep.md)", spreads
+def phase_link(row: dict[str, Any]) -> str:
+    return f"[{row['phase']}]({row['phase']}/sweep.md)"
 
 
 def page(
@@ -124,19 +106,17 @@ def page(
         "",
         "Written by `benchmarks/sweep_study_tables.py` from the phases' journals. Each arm at its own best rate "
         "(chosen on validation, seed 0, six or three rates a factor 2 apart), test loss as mean ± sample standard "
-        "deviation over seeds; 300 steps x 16 x 128 tokens. Negative: GeoNorm lower. 'spreads': the difference in "
-        "units of the larger seed spread.",
+        f"deviation over seeds; 300 steps x 16 x 128 tokens. Negative: GeoNorm lower. {MARGIN} {old_split_note()}",
         "",
         "| phase | model and data | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm "
-        "| spreads |",
+        "| Welch's p |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         pre, geo = row["pre"], row["geo"]
-        phase, spreads = phase_cells(row)
         lines.append(
-            f"| {phase} | {row['what']} | {rate_text(pre['lr'])} | {arm_test_loss(pre)} | {rate_text(geo['lr'])} | "
-            f"{arm_test_loss(geo)} | {row['geo_minus_pre']:+.3f} | {spreads} |"
+            f"| {phase_link(row)} | {row['what']} | {rate_text(pre['lr'])} | {arm_test_loss(pre)} | "
+            f"{rate_text(geo['lr'])} | {arm_test_loss(geo)} | {margin_cells(row['geo_minus_pre'], row['welch'])} |"
         )
     ratios = [f"{row['phase']}: {row['geo']['lr'] / row['pre']['lr']:g}x" for row in rows]
     lines += ["", "GeoNorm's best rate over Pre-Norm's: " + ", ".join(ratios) + "."]
@@ -166,15 +146,15 @@ def page(
             "validation among half, once and twice phase c's, the grid extended while the best is at an edge). "
             "Negative: alpha 1 lower.",
             "",
-            "| phase | shape and data | alpha 0.5: rate, test | alpha 1: rate, test | alpha 1 − alpha 0.5 | spreads |",
+            "| phase | shape and data | alpha 0.5: rate, test | alpha 1: rate, test | alpha 1 − alpha 0.5 | "
+            "Welch's p |",
             "|---|---|---|---|---|---|",
         ]
         for row in checks:
             half, one = row["geo alpha 0.5"], row["geo alpha 1"]
-            phase, spreads = phase_cells(row)
             lines.append(
-                f"| {phase} | {row['what']} | {rate_text(half['lr'])}: {arm_test_loss(half)} | {rate_text(one['lr'])}: "
-                f"{arm_test_loss(one)} | {row['one_minus_half']:+.3f} | {spreads} |"
+                f"| {phase_link(row)} | {row['what']} | {rate_text(half['lr'])}: {arm_test_loss(half)} | "
+                f"{rate_text(one['lr'])}: {arm_test_loss(one)} | {margin_cells(row['one_minus_half'], row['welch'])} |"
             )
         for row in checks:
             if max(len(row[arm]["val_by_rate"]) for arm in ("geo alpha 0.5", "geo alpha 1")) > 1:
@@ -208,16 +188,13 @@ def arm_at_best(runs: list[dict[str, Any]], style: str) -> dict[str, Any] | None
     if style not in table:
         return None
     lr = best_rates([r for r in runs if r["alpha"] is None and r["style"] == style])[style]
-    cell = table[style][lr]
-    mean, spread, n = mean_spread(cell.test)
     diverged = all(v is None for c in table[style].values() for v in c.val)
     rates = [rate_text(r) for r in table[style]]
-    return {"lr": lr, "test_mean": mean, "test_spread": spread, "seeds": n, "rates": rates,
-            "every_rate_diverged": diverged}  # fmt: skip
+    return {**arm_at(table[style][lr], lr), "rates": rates, "every_rate_diverged": diverged}
 
 
 def styles_table(results: Path) -> dict[str, Any] | None:
-    """Phase h: each of the five styles at its best rate, and its difference from Pre-Norm in seed spreads."""
+    """Phase h: each of the five styles at its best rate, and its difference from Pre-Norm ± its standard error."""
     runs = runs_of(results / "h_styles")
     arms = {style: arm for style in STYLE_NAMES if (arm := arm_at_best(runs, style)) is not None}
     if "pre" not in arms:
@@ -225,7 +202,7 @@ def styles_table(results: Path) -> dict[str, Any] | None:
     for arm in arms.values():
         if arm["test_mean"] is not None and arms["pre"]["test_mean"] is not None:
             arm["minus_pre"] = arm["test_mean"] - arms["pre"]["test_mean"]
-            arm["in_spreads"] = in_spreads(arm["minus_pre"], arm, arms["pre"])
+            arm["welch"] = margin(arm, arms["pre"])
     return arms
 
 
@@ -237,18 +214,10 @@ def length_rows(results: Path) -> list[dict[str, Any]]:
         arms = {style: arm_at_best(runs, style) for style in ("pre", "geo")}
         if None in arms.values() or None in (arms["pre"]["test_mean"], arms["geo"]["test_mean"]):
             continue
-        margin = arms["geo"]["test_mean"] - arms["pre"]["test_mean"]
         rows.append({"steps": steps, "tokens": steps * TOKENS_PER_STEP, "phase": phase, **arms,
-                     "geo_minus_pre": margin, "in_spreads": in_spreads(margin, arms["pre"], arms["geo"]),
-                     "margin_spread": _difference_spread(arms["pre"], arms["geo"])})  # fmt: skip
+                     "geo_minus_pre": arms["geo"]["test_mean"] - arms["pre"]["test_mean"],
+                     "welch": margin(arms["geo"], arms["pre"])})  # fmt: skip
     return rows
-
-
-def _difference_spread(pre: dict[str, Any], geo: dict[str, Any]) -> float | None:
-    """The standard error of a difference of two means over seeds (None with one seed on either side)."""
-    if pre["test_spread"] is None or geo["test_spread"] is None:
-        return None
-    return (pre["test_spread"] ** 2 / pre["seeds"] + geo["test_spread"] ** 2 / geo["seeds"]) ** 0.5
 
 
 def length_plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -260,7 +229,7 @@ def length_plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(6, 4))
     tokens = [row["tokens"] / 1e6 for row in rows]
-    errors = [row["margin_spread"] or 0.0 for row in rows]
+    errors = [0.0 if row["welch"] is None else row["welch"]["standard_error"] for row in rows]
     axis.errorbar(tokens, [row["geo_minus_pre"] for row in rows], yerr=errors, marker="o", capsize=4)
     axis.axhline(0.0, color="grey", linewidth=0.8)
     axis.set_xscale("log")
@@ -285,7 +254,8 @@ def shape_rows(results: Path) -> list[dict[str, Any]]:
         runs = runs_of(results / phase)
         arms = {style: arm_at_best(runs, style) for style in ("pre", "geo")}
         if None not in arms.values():
-            rows.append({"phase": phase, "what": what, **arms})
+            rows.append({"phase": phase, "what": what, **arms, "welch": margin(arms["geo"], arms["pre"]),
+                         "geo_minus_pre": arms["geo"]["test_mean"] - arms["pre"]["test_mean"]})  # fmt: skip
     return rows
 
 
@@ -323,19 +293,25 @@ def study_page(styles: dict[str, Any] | None, lengths: list[dict[str, Any]], sha
             f"tokens (the tokenizer, trained on the fly, read training documents only); validation "
             f"{tokens['val_documents']} documents, {tokens['val_tokens']:,} tokens; test {tokens['test_documents']} "
             f"documents, {tokens['test_tokens']:,} tokens ({tokens['val_blocks']} blocks of 128 each). The longest run "
-            f"trains on {max(LENGTH_PHASES) * TOKENS_PER_STEP:,} tokens: no token is trained on twice. Warm-up is a "
-            "tenth of each run; only the peak rate is tuned (warm-up, clipping, decay and weight decay are the same "
-            "for every arm).",
+            f"trains on {max(LENGTH_PHASES) * TOKENS_PER_STEP:,} tokens, less than one epoch. "
+            f"{old_split_note(short=True)} Warm-up is a tenth of each run; only the peak rate is tuned (warm-up, "
+            "clipping, decay and weight decay are the same for every arm).",
         ]
     if styles:
         lines += [
             "",
-            "## The five norm styles ([h_styles](h_styles/sweep.md), GPT-2 4 x 128, 300 steps)",
+            "## The five norm styles: phase h, before the Post-Norm fix ([h_styles](h_styles/sweep.md), GPT-2 4 x 128, "
+            "300 steps)",
             "",
-            "Each style tuned as phase a tuned two: six rates a factor 2 apart from 1e-3, the grid extended at an "
-            "edge, chosen on seed 0's validation, then seeds 0-2 at the best. Negative: lower than Pre-Norm.",
+            "Post-Norm and DeepNorm did not train: at every rate they stayed near the unigram loss, held there by "
+            "GPT-2's random position table and, at this width, the short warm-up (the diagnosis: docs/training.md, "
+            '"Post-Norm on GPT-2"); these two arms ran before the library\'s fix and have not run since. Warm-up '
+            "fixed at a tenth of the run for every style, which is known to be unfair to Post-LN. Only the peak rate "
+            "was chosen: six rates a factor 2 apart from 1e-3, the grid extended at an edge, chosen on seed 0's "
+            "validation, then seeds 0-2 at the rate chosen. Negative: lower than Pre-Norm; ± and Welch's p as at the "
+            "top of the page.",
             "",
-            "| style | rates swept | best rate | test loss | − Pre-Norm | spreads |",
+            "| style | rates swept | rate chosen | test loss | − Pre-Norm | Welch's p |",
             "|---|---|---|---|---|---|",
         ]
         for style, arm in styles.items():
@@ -343,11 +319,11 @@ def study_page(styles: dict[str, Any] | None, lengths: list[dict[str, Any]], sha
                 rates = ", ".join(arm["rates"])
                 lines.append(f"| {STYLE_NAMES[style]} | {rates} | diverged at every rate | – | – | – |")
                 continue
-            minus = "–" if "minus_pre" not in arm or style == "pre" else f"{arm['minus_pre']:+.3f}"
-            spreads = "–" if arm.get("in_spreads") is None or style == "pre" else f"{arm['in_spreads']:.1f}"
+            versus = "minus_pre" in arm and style != "pre"
+            minus = margin_cells(arm["minus_pre"], arm["welch"]) if versus else "– | –"
             lines.append(
                 f"| {STYLE_NAMES[style]} | {', '.join(arm['rates'])} | {rate_text(arm['lr'])} | {arm_test_loss(arm)} "
-                f"| {minus} | {spreads} |"
+                f"| {minus} |"
             )
     if lengths:
         lines += [
@@ -355,21 +331,19 @@ def study_page(styles: dict[str, Any] | None, lengths: list[dict[str, Any]], sha
             "## Length (phase f: GPT-2 4 x 128; 300 steps is phase h)",
             "",
             "Each arm tuned at each length on a factor-2 grid around its best at the length before (extended while "
-            "the best is at an edge, chosen on seed 0), then seeded at its best. ± on the margin: the standard error "
-            "of the difference of the two means.",
+            "the best is at an edge, chosen on seed 0), then seeded at its best; ± and Welch's p as at the top of the "
+            "page.",
             "",
             "| steps | tokens | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm "
-            "| spreads |",
+            "| Welch's p |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for row in lengths:
             pre, geo = row["pre"], row["geo"]
-            error = "" if row["margin_spread"] is None else f" ± {row['margin_spread']:.3f}"
-            spreads = "–" if row["in_spreads"] is None else f"{row['in_spreads']:.1f}"
             lines.append(
                 f"| [{row['steps']}]({row['phase']}/sweep.md) | {row['tokens'] / 1e6:.1f}M | {rate_text(pre['lr'])} "
                 f"| {arm_test_loss(pre)} | {rate_text(geo['lr'])} | {arm_test_loss(geo)} | "
-                f"{row['geo_minus_pre']:+.3f}{error} | {spreads} |"
+                f"{margin_cells(row['geo_minus_pre'], row['welch'])} |"
             )
         lines += ["", "![margin against length](length.png)"]
     if shapes:
@@ -378,18 +352,16 @@ def study_page(styles: dict[str, Any] | None, lengths: list[dict[str, Any]], sha
             "## Width and depth (phase g, 300 steps)",
             "",
             "Each arm's best rate per shape (chosen on seed 0's validation on a factor-2 grid around its phase-h "
-            "rate, extended at an edge), and its test loss there.",
+            "rate, extended at an edge), and its test loss there; ± and Welch's p as at the top of the page.",
             "",
-            "| shape | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm |",
-            "|---|---|---|---|---|---|",
+            "| shape | Pre-Norm rate | Pre-Norm test | GeoNorm rate | GeoNorm test | GeoNorm − Pre-Norm | Welch's p |",
+            "|---|---|---|---|---|---|---|",
         ]
         for row in shapes:
             pre, geo = row["pre"], row["geo"]
-            finite = None not in (pre["test_mean"], geo["test_mean"])
-            margin = f"{geo['test_mean'] - pre['test_mean']:+.3f}" if finite else "–"
             lines.append(
                 f"| [{row['what']}]({row['phase']}/sweep.md) | {rate_text(pre['lr'])} | {arm_test_loss(pre)} | "
-                f"{rate_text(geo['lr'])} | {arm_test_loss(geo)} | {margin} |"
+                f"{rate_text(geo['lr'])} | {arm_test_loss(geo)} | {margin_cells(row['geo_minus_pre'], row['welch'])} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -133,12 +133,12 @@ def main() -> None:
         work = Path(folder)
         data = corpus(work / "corpus")
         from hf_geonorm.training.options import TrainOptions
-        from hf_geonorm.training.sweep.preparation import prepared_data_key
+        from hf_geonorm.training.sweep.identity import measured_identity
 
         cache = str(work / "cache")
         options = TrainOptions(data=str(data), preset="tiny", vocab_size=1024, seq_len=64, eval_blocks=16,
                                data_cache=cache)  # fmt: skip
-        prepared_data_key(options, print)  # both sweeps start from the same warm cache
+        measured_identity(options)[1](print)  # both sweeps start from the same warm cache
         serial_seconds, serial_log = sweep(work, "serial", data, *one)
         parallel_seconds, parallel_log = sweep(work, "parallel", data, *many)
         count = len(runs(work / "serial"))

@@ -40,7 +40,8 @@ def sweep(**kwargs: Any) -> None:
     options = SweepOptions(**sweep_values)
     try:
         train = TrainOptions(settings=settings, **given(kwargs))
-        run_checked(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo))
+        run_checked(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo,
+                                     given=set(sweep_values)))
     except (KeyboardInterrupt, Terminated) as stop:
         terminated = isinstance(stop, Terminated)
         stopped = click.ClickException(

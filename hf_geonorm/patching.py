@@ -3,19 +3,16 @@
 Importing ``hf_geonorm`` registers every family with AutoConfig (a stand-in that builds the family the first
 time it is used), and registers a family's models with AutoModel, AutoModelForCausalLM and the Auto classes of
 its heads when its classes are built. No family is built at import. PEFT is told which modules LoRA targets by
-default for every ``geonorm_X`` type as soon as PEFT is imported, before or after ``hf_geonorm``: importing
-``hf_geonorm`` does not import PEFT (a second of start-up that most uses never need).
+default for every ``geonorm_X`` type as soon as PEFT is imported, before or after ``hf_geonorm``
+(``modeling/peft_targets.py``, which the remote code runs too): importing ``hf_geonorm`` does not import PEFT (a
+second of start-up that most uses never need).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.abc
-import importlib.machinery
-import sys
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import transformers
@@ -184,63 +181,6 @@ def _register_built(family: GeoNormFamily) -> None:
         HEAD_AUTO_CLASSES[auto].register(family.config_class, head_class, exist_ok=True)
 
 
-# PEFT's table of the modules LoRA targets by default, by model type; in the module named here.
-PEFT_CONSTANTS = "peft.utils.constants"
-
-
-def _register_lora_targets(constants: types.ModuleType) -> None:
-    """Give every ``geonorm_X`` type its layout's LoRA targets in PEFT's table (built or not: the table is read by
-    type name when a LoRA model is made). An entry already there is left alone."""
-    lora_targets = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-    for family in FAMILIES.values():
-        lora_targets.setdefault(family.model_type, list(family.layout.lora_targets))
-
-
-class _ThenLoader(importlib.abc.Loader):
-    """A module's own loader, and ``then(module)`` right after the module has run."""
-
-    def __init__(self, loader: importlib.abc.Loader, then: Callable[[types.ModuleType], None]) -> None:
-        self.loader, self.then = loader, then
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...: the real loader's
-        return getattr(self.loader, name)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` right after the module ``name`` is first imported, whoever imports it: finds the
-    module with the other finders and wraps its loader. Leaves ``sys.meta_path`` once ``then`` has run (an import
-    that fails part way leaves it in place for the next try)."""
-
-    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def _done(self, module: types.ModuleType) -> None:
-        self.then(module)
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-
-    def find_spec(self, fullname: str, path: Any, target: types.ModuleType | None = None) -> Any:
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = None if finder is self or find is None else find(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None:
-            spec.loader = _ThenLoader(spec.loader, self._done)
-        return spec
-
-
 def _register() -> None:
     FAMILY_BUILT_HOOKS.append(_register_built)
     for family in FAMILIES.values():
@@ -248,10 +188,6 @@ def _register() -> None:
             _register_built(family)
         else:
             AutoConfig.register(family.model_type, _stand_in(family), exist_ok=True)
-    if PEFT_CONSTANTS in sys.modules:
-        _register_lora_targets(sys.modules[PEFT_CONSTANTS])
-    else:
-        sys.meta_path.insert(0, _AfterImport(PEFT_CONSTANTS, _register_lora_targets))
 
 
 _register()

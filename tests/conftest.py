@@ -132,6 +132,35 @@ def edited_copy(source: Path, target: Path, edit: Callable[[dict[str, torch.Tens
     return target
 
 
+# ---- a sweep's journal written by hand ----
+
+
+def write_sweep_journal(path: Path, options: Any, runs: list[Any]) -> None:
+    """``path`` (a runs.jsonl) as `hf-geonorm sweep` writes it for the runs of ``options`` (a ``TrainOptions``): its
+    header with the sweep's identity measured as the sweep measures it (the data's source resolved, its tokenizer
+    trained on the fly and cached where the tests cache data), then each run; a run given as a dict is completed
+    with the identity fields it leaves out (its settings over the shared ones), a str is written as it is (any other
+    value as its JSON)."""
+    from hf_geonorm.training.data.prepare import data_request, data_source
+    from hf_geonorm.training.sweep.record import sweep_header, sweep_identity
+
+    source = data_source(data_request(options), lambda _: None)
+    identity = sweep_identity(options, source.corpus.fingerprint, source.tokenizer_hash)
+    facts = {"fingerprint": source.corpus.fingerprint, "tokenizer": source.tokenizer_hash}
+    lines = [json.dumps(sweep_header(identity, {}))]
+    for run in runs:
+        if isinstance(run, dict):
+            trained = run.get("val_loss") is not None
+            completed = {"role": "grid", "train_options": identity["train_options"], "data": facts if trained else None,
+                         "fingerprints": identity["fingerprints"], **run}  # fmt: skip
+            if isinstance(run.get("settings"), dict):
+                completed["settings"] = {**identity["settings"], **run["settings"]}
+            run = completed
+        lines.append(run if isinstance(run, str) else json.dumps(run))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+
+
 # ---- a training run stopped by a real signal ----
 
 STOP_MARK = "STOPPED BEFORE WRITING"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -103,3 +105,65 @@ def test_rate_rule_recovers_a_known_rule_and_borrows_what_the_cells_cannot_fix(m
     loo = [row for row in record["leave_one_out"] if row["style"] != "post"]
     assert loo and all(row["ratio"] == pytest.approx(1.0, rel=1e-6) for row in loo)
     assert record["gpt3_125m"]["pre_rule"] == pytest.approx(0.5 * 768**-1.0 * 12**-0.5)
+
+
+def test_rate_rule_says_how_many_cells_each_rule_fits_and_which_fit_by_construction(monkeypatch):
+    """A rule over cells that all measured one rate (a constant), or over one cell, fits them and "predicts" each left
+    out by construction: the page says so rather than count them as predictions, and for a rule whose cells vary it
+    counts the cells within 10% of the rule, fit with them and fit without each (least squares written out here)."""
+    bench = load(BENCHMARKS / "rate_rule.py", monkeypatch)
+    llama = {64: 8e-3, 128: 2e-3, 256: 2e-3}  # varies, and the one-width-exponent rule misses it
+    cells = [{"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width,
+              "lr": (2e-3 if style == "pre" else 1.024 / width) if arch == "gpt2" else llama[width]}
+             for phase, (arch, layers, width) in bench.SHAPES.items() for style in ("pre", "geo")
+             if arch == "gpt2" or style == "pre"]  # fmt: skip
+    cells.append({"phase": "h_styles", "arch": "gpt2", "style": "post", "layers": 4, "width": 128, "lr": 2.5e-4})
+    page = bench.page(bench.report(cells, []))
+    accounts = {line.split(":")[0]: line for line in page.splitlines() if line.startswith("- ")}
+    assert "a constant" in accounts["- gpt2 pre"] and "by construction" in accounts["- gpt2 pre"]
+    assert "5 cells" in accounts["- gpt2 pre"]
+    assert "one cell" in accounts["- gpt2 post"] and "by construction" in accounts["- gpt2 post"]
+    assert "by construction" not in accounts["- gpt2 geo"] and "5 of 5 within 10%" in accounts["- gpt2 geo"]
+
+    def line_fit(widths: list[int]) -> tuple[float, float]:  # log lr = log c + a log width (depth borrowed: 0)
+        x, y = np.log(widths), np.log([llama[w] for w in widths])
+        a = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+        return math.exp(y.mean() - a * x.mean()), a
+
+    def near(width: int, rule: tuple[float, float]) -> bool:
+        return 1 / 1.1 <= rule[0] * width ** rule[1] / llama[width] <= 1.1
+
+    inside = sum(near(w, line_fit(list(llama))) for w in llama)
+    left_out = sum(near(w, line_fit([o for o in llama if o != w])) for w in llama)
+    assert f"{inside} of 3 within 10% of the rule fit over them" in accounts["- llama pre"]
+    assert f"{left_out} of 3 within 10% when left out of the fit" in accounts["- llama pre"]
+    assert "exactly" not in page
+
+
+def test_paper_table_chooses_on_seed_0_validation_over_rates_and_warm_up_shares(monkeypatch):
+    """Phase i's table: the chosen cell is the lowest seed-0 validation loss over every share and rate, its edges are
+    named, and the test loss is over the seeds at that cell only; the margin against Pre-Norm and its standard
+    error are the two-sample formulas written out here."""
+    table = load(BENCHMARKS / "paper_table.py", monkeypatch)
+
+    def run(style, lr, seed, val, test):
+        return {"style": style, "lr": lr, "seed": seed, "val_loss": val, "test_loss": test}
+
+    runs = {
+        0.1: [run("post", 1e-3, 0, 5.0, 5.1), run("post", 2e-3, 0, 4.8, 4.9), run("post", 4e-3, 0, 4.9, 4.7),
+              run("pre", 1e-3, 0, 4.7, 4.6), run("pre", 2e-3, 0, 4.6, 4.5), run("pre", 4e-3, 0, 4.65, 4.4),
+              run("pre", 2e-3, 1, 4.62, 4.55), run("pre", 2e-3, 2, 4.61, 4.47)],
+        0.3: [run("post", 1e-3, 0, 4.9, 5.0), run("post", 2e-3, 0, 4.75, 4.95), run("post", 4e-3, 0, 4.7, 4.9),
+              run("post", 4e-3, 1, 4.72, 4.85), run("post", 4e-3, 2, 4.71, 4.8)],
+    }
+    post, pre = table.style_row(runs, "post"), table.style_row(runs, "pre")
+    assert (post["share"], post["lr"]) == (0.3, 4e-3) and post["edges"] == ["highest rate", "highest warm-up"]
+    assert post["test"] == [4.9, 4.85, 4.8] and post["test_mean"] == pytest.approx(4.85)
+    assert (pre["share"], pre["lr"], pre["edges"]) == (0.1, 2e-3, [])
+    assert pre["test"] == [4.5, 4.55, 4.47]
+    monkeypatch.setattr(table, "shape_runs", lambda results, arch: runs)
+    rows = table.shape_table(Path("unused"), "gpt2")["styles"]
+    a, b = [4.9, 4.85, 4.8], [4.5, 4.55, 4.47]
+    var = lambda xs: sum((x - sum(xs) / 3) ** 2 for x in xs) / 2  # noqa: E731
+    assert rows["post"]["minus_pre"] == pytest.approx(sum(a) / 3 - sum(b) / 3)
+    assert rows["post"]["welch"]["standard_error"] == pytest.approx(((var(a) + var(b)) / 3) ** 0.5)

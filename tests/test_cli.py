@@ -148,6 +148,7 @@ def test_option_help_states_the_library_defaults():
     expected = {
         "norm_style": defaults.norm_style,
         "post_zero_positions": "on" if defaults.post_zero_positions else "off",
+        "post_embedding_norm": defaults.post_embedding_norm,
         "geo_decay": defaults.geo_decay,
         "geo_alpha": f"{defaults.geo_alpha:g}",
         "geo_max_angle": "none" if angle is None else f"pi/{math.pi / angle:g}",

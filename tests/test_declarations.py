@@ -78,7 +78,7 @@ def test_the_preset_names_are_the_presets_keys_and_written_nowhere_else():
 def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
     options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
                if "option" in spec.metadata]  # fmt: skip
-    assert len(options) == 10 and "--norm-style" in options and "--post-zero-positions" in options
+    assert len(options) == 11 and "--norm-style" in options and "--post-zero-positions" in options
     for path in sorted((ROOT / "cli").glob("*.py")):
         words = {value for value in literals(path) if isinstance(value, str)}
         assert not words & set(options), (path.name, sorted(words & set(options)))

@@ -159,14 +159,17 @@ def test_card_never_overwrites_a_users_readme_without_force(short_run, tmp_path)
 # ---- 4. without the plugin: the tokenizer and LoRA's default targets ----
 
 WITHOUT_PLUGIN = """
-from peft import LoraConfig, get_peft_model  # imported first, as a LoRA script does
+if job["peft_first"]:
+    import peft  # imported first, as a LoRA script does
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 tokenizer = PreTrainedTokenizerFast.from_pretrained(job["folder"])  # the card's line: no trust prompt
 report["tokenizer"] = type(tokenizer).__name__
 model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True)
-model = get_peft_model(model, LoraConfig(r=4))  # PEFT's default targets, as with the plugin
-report["lora"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+from peft import LoraConfig, get_peft_model  # noqa: E402  (imported here when not above)
+
+model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=4))  # PEFT's default targets, as with the plugin
+report["wrapped"] = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
 """
 CARD_TARGETS = """
 from transformers import AutoModelForCausalLM
@@ -177,14 +180,49 @@ report["lora"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" i
 """
 
 
-def test_without_the_plugin_the_tokenizer_asks_nothing_and_lora_finds_targets(converted, tmp_path, plugin_free_python):
+@pytest.mark.parametrize("peft_first", [True, False], ids=["peft-before-the-model", "peft-after-the-model"])
+def test_without_the_plugin_the_tokenizer_asks_nothing_and_lora_finds_targets(converted, tmp_path, plugin_free_python,
+                                                                              peft_first):  # fmt: skip
+    """LoRA's default targets are PEFT's own for the stock type (GPT-2: c_attn) whether the script imports peft
+    before or after the model's remote code runs."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+
     card = (converted / "README.md").read_text()
     assert 'PreTrainedTokenizerFast.from_pretrained("path/to/this/folder")' in card
     assert "target_modules=['c_attn']" in card and "fan_in_fan_out=True" in card
-    report, _ = plugin_free_python.run(WITHOUT_PLUGIN, {"folder": str(converted)}, tmp_path / "a")
-    assert report["tokenizer"] in ("TokenizersBackend", "PreTrainedTokenizerFast") and report["lora"] > 0
+    job = {"folder": str(converted), "peft_first": peft_first}
+    report, _ = plugin_free_python.run(WITHOUT_PLUGIN, job, tmp_path / "a")
+    assert report["tokenizer"] in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    assert report["wrapped"] == sorted(PEFT_TARGETS["gpt2"])
     report, _ = plugin_free_python.run(CARD_TARGETS, {"folder": str(converted), "targets": ["c_attn"]}, tmp_path / "b")
     assert report["lora"] > 0
+
+
+TWO_FOLDERS = """
+from transformers import AutoModelForCausalLM
+
+models = {name: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+          for name, folder in job["folders"].items()}  # two copies of the remote code, each waiting for peft
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+report["wrapped"] = {
+    name: sorted({n.rsplit(".", 1)[-1] for n, m in get_peft_model(model, LoraConfig(r=2)).named_modules()
+                  if hasattr(m, "lora_A")})
+    for name, model in models.items()
+}
+"""
+
+
+def test_two_folders_loaded_as_remote_code_before_peft_both_get_loras_default_targets(converted, tmp_path,
+                                                                                      plugin_free_python):  # fmt: skip
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+    from tiny_models import tiny_model
+
+    llama = tmp_path / "llama"
+    hf_geonorm.convert(tiny_model("llama")).save_pretrained(llama)
+    job = {"folders": {"gpt2": str(converted), "llama": str(llama)}}
+    report, _ = plugin_free_python.run(TWO_FOLDERS, job, tmp_path / "child")
+    assert report["wrapped"] == {name: sorted(PEFT_TARGETS[name]) for name in ("gpt2", "llama")}
 
 
 # ---- 5. the context length ----

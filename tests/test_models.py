@@ -383,6 +383,7 @@ def test_per_update_bridges_frames_and_final_clamp_equal_the_written_out_updates
     torch.testing.assert_close(logits(geo, ids), reference_logits(stock, "llama", ids, layer_steps), atol=1e-5,
                                rtol=1e-5)  # fmt: skip
     assert len({round(v, 4) for v in (logits(geo, ids)[0, -1, :3].tolist())}) > 1
+    stock = copy.deepcopy(stock)  # the session's cached stock model is shared: changed here, it would change others
     for module in stock.modules():  # every update Pre-Norm in its frame is the stock model, but for the norms' eps
         if hasattr(module, "variance_epsilon"):
             module.variance_epsilon = 1e-12

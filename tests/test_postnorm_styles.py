@@ -229,3 +229,59 @@ def test_a_checkpoint_recorded_before_post_zero_positions_existed_resumes(tmp_pa
     result = train(*common, "--max-steps", "3", "--resume")
     assert result.exit_code == 0, result.output
     assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 2
+
+
+def first_attention_input(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """What the first block's attention reads (post and deepnorm feed it the state itself, no norm)."""
+    seen = []
+    hook = model.transformer.h[0].attn.register_forward_pre_hook(lambda m, a, kw: seen.append(a[0] if a else
+                                                                  kw["hidden_states"]), with_kwargs=True)  # fmt: skip
+    with torch.no_grad():
+        model(ids, use_cache=False)
+    hook.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("style", ["post", "deepnorm"])
+def test_post_embedding_norm_feeds_the_first_block_the_embeddings_scaled_or_normalised(style):
+    """``post_embedding_norm``: none, the stock sum of token and position embeddings; sqrt_d, that sum times
+    sqrt(hidden_size) (the original Transformer); layer_norm, each token's sum minus its mean over its own root mean
+    square deviation (BERT's embedding LayerNorm at its init, eps 1e-5). Formulas written out here."""
+    ids = token_ids()[:, :16] % 512
+    for choice in ("none", "sqrt_d", "layer_norm"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(gpt2_config(style, post_zero_positions=False,
+                                                             post_embedding_norm=choice)).eval()  # fmt: skip
+        positions = torch.arange(ids.shape[1])
+        summed = model.transformer.wte.weight[ids] + model.transformer.wpe.weight[positions]
+        centred = summed - summed.mean(-1, keepdim=True)
+        expected = {"none": summed, "sqrt_d": summed * 64**0.5,
+                    "layer_norm": centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()}[choice]  # fmt: skip
+        torch.testing.assert_close(first_attention_input(model, ids), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_post_embedding_norm_is_refused_for_styles_without_a_post_norm(tmp_path):
+    with pytest.raises(ValueError, match="post_embedding_norm='sqrt_d' is part of the post and deepnorm styles"):
+        hf_geonorm.GeoNormSettings(norm_style="pre", post_embedding_norm="sqrt_d")
+    with pytest.raises(ValueError, match="post_embedding_norm must be one of none, sqrt_d, layer_norm"):
+        hf_geonorm.GeoNormSettings(norm_style="post", post_embedding_norm="scale")
+    result = train("--data", tmp_path / "missing.txt", "--norm-style", "geo", "--post-embedding-norm", "layer_norm",
+                   "--output", tmp_path / "run")  # fmt: skip
+    assert result.exit_code != 0
+    assert "--post-embedding-norm='layer_norm' is part of the post and deepnorm styles" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_post_embedding_norm_is_saved_with_the_model_and_absent_means_none(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(gpt2_config("post", post_embedding_norm="layer_norm")).eval()
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    assert again.config.post_embedding_norm == "layer_norm"
+    ids = token_ids()[:, :16] % 512
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits)
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    del config["post_embedding_norm"]  # saved before the setting existed
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "saved").config.post_embedding_norm == "none"

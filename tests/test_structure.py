@@ -27,9 +27,9 @@ FLOW = (
     "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
-    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.journal", "sweep.estimate",
-    "sweep.preparation", "sweep.grid", "sweep.protocol", "sweep.engine_options", "sweep.workers", "sweep.storage",
-    "sweep.engine", "sweep.summary",
+    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.record", "sweep.journal",
+    "sweep.identity", "sweep.estimate", "sweep.protocol", "sweep.grid", "sweep.engine_options", "sweep.workers",
+    "sweep.storage", "sweep.engine", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
 # Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:

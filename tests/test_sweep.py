@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import write_sweep_journal
 from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
@@ -25,6 +26,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.grid import journal_key, open_journal
 from hf_geonorm.training.sweep.journal import check_options, header_options, load_journal
 from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm.training.sweep.record import sweep_header
 from hf_geonorm.training.sweep.report import at_edge, best_rates
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -204,12 +206,15 @@ def test_the_default_grid_of_a_fine_tune_centres_on_the_fine_tuning_rate(tmp_pat
 
 
 def test_a_journal_started_before_an_option_existed_resumes_at_that_options_default(tmp_path):
-    """A header written by an earlier hf-geonorm lacks the options added since; its runs ran as their defaults do."""
+    """A header written by an earlier hf-geonorm lacks the options added since; its runs ran as their defaults do
+    (a header of either format)."""
     options = TrainOptions(data="corpus.txt", seq_len=32)
-    header = {name: value for name, value in json.loads(json.dumps(journal_key(options))).items()
-              if name not in ("text_column", "data_split")}  # fmt: skip
-    (tmp_path / "runs.jsonl").write_text(json.dumps({"format": 1, "train_options": header}) + "\n")
-    assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
+    key = {name: value for name, value in json.loads(json.dumps(journal_key(options))).items()
+           if name not in ("text_column", "data_split")}  # fmt: skip
+    identity = {"train_options": key, "settings": {}, "fingerprints": {"data": "d", "tokenizer": "t", "model": None}}
+    for header in ({"format": 1, "train_options": key}, sweep_header(identity, {})):
+        (tmp_path / "runs.jsonl").write_text(json.dumps(header) + "\n")
+        assert open_journal(tmp_path, options) == (tmp_path / "runs.jsonl", [])
     with pytest.raises(ValueError, match="text_column 'text' there, 'body' now"):
         open_journal(tmp_path, replace(options, text_column="body"))
 
@@ -263,7 +268,7 @@ def test_extend_and_confirm_seeds_run_the_studys_protocol_and_resume(tmp_path, c
         assert f"| {style} | {sweep_module.rate_text(lr)} | 2 |" in report  # the test table: the best, two seeds
     assert "## What was swept" in report and "3 steps x 128 tokens = 384 tokens" in report
     header = json.loads(journal(output)[0])
-    assert f"data fingerprint and tokenizer hash: fingerprint {header['data_key']['fingerprint'][:16]}" in report
+    assert f"data fingerprint and tokenizer hash: fingerprint {header['fingerprints']['data'][:16]}" in report
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and "all 8 runs of the sweep are in" in again.output, again.output
     assert len(entries_of(output)) == 8
@@ -362,18 +367,16 @@ def user_journal(output: Path, corpus: Path, lines: list[dict | str]) -> None:
     """A journal as a sweep with ``user_sweep``'s options writes it, with ``lines`` after its header."""
     options = TrainOptions(data=str(corpus), seq_len=32, batch_size=4, vocab_size=300, max_steps=3, eval_every=3,
                            warmup_steps=0, eval_blocks=8)  # fmt: skip
-    header = {"format": 1, "train_options": journal_key(options)}
-    output.mkdir(parents=True, exist_ok=True)
-    text = [json.dumps(header), *(line if isinstance(line, str) else json.dumps(line) for line in lines)]
-    (output / "runs.jsonl").write_text("\n".join(text) + "\n")
+    write_sweep_journal(output / "runs.jsonl", options, lines)
 
 
 def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> dict:
-    """A finished run's line, as ``_train`` writes it, at ``rate`` (``changes``: fields as a damaged line has them)."""
+    """A finished run's line, as ``_train`` writes it, at ``rate`` (``changes``: fields as a damaged line has them;
+    ``write_sweep_journal`` adds the sweep's identity)."""
+    trained = val is not None
     entry = {"run": sweep_module.Run("pre", None, rate, seed).name, "style": "pre", "alpha": None, "lr": rate,
-             "seed": seed,
-             "settings": {"norm_style": "pre", "geo_alpha": 0.5}, "steps": 3 if val is not None else None,
-             "tokens": 384, "val_loss": val, "test_loss": val, "train_seconds": 1.0}  # fmt: skip
+             "seed": seed, "settings": {"norm_style": "pre"}, "steps": 3 if trained else None,
+             "tokens": 384 if trained else None, "val_loss": val, "test_loss": val, "train_seconds": 1.0}  # fmt: skip
     return {**entry, **changes}
 
 
@@ -381,23 +384,18 @@ def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> 
     ("lines", "message"),
     [
         ([user_run(2e-3), user_run(2e-3)], "line 3: run pre-lr2e-3-seed0 again (first on line 2)"),
-        (
-            [
-                user_run(2e-3),
-                '{"run": "pre-lr4e-3-seed0", "style": "pre", "alpha": null, "lr": 0.004, "seed": 0, '
-                '"val_loss": NaN, "test_loss": 4.0}',
-            ],
-            "line 3: val_loss nan",
-        ),
-        ([user_run(2e-3, steps=300)], "line 2: a run of 300 steps in a sweep of --max-steps 3"),
+        ([user_run(2e-3), user_run(4e-3, val_loss=math.nan)], "line 3: val_loss: expected a finite loss >= 0, "
+                                                                 "found nan"),  # fmt: skip
+        ([user_run(2e-3, steps=300)], "line 2: steps: expected 3, found 300"),
         ([user_run(2e-3, lr=4e-3)], "line 2: run 'pre-lr2e-3-seed0' is not the name of its own run (pre-lr4e-3-seed0)"),
-        ([user_run(2e-3, settings={"norm_style": "geo"})], "line 2: a run with other settings: norm_style 'geo'"),
+        ([user_run(2e-3, settings={"norm_style": "geo"})], "line 2: settings.norm_style: expected 'pre', found 'geo'"),
         (["not json", user_run(2e-3)], "line 2: not a line of JSON"),
         ([[1, 2]], "line 2: not a run (a JSON object)"),
         ([{"run": "x"}], "line 2: a run without style, alpha, lr, seed, val_loss, test_loss"),
+        ([user_run(2e-3, train_options="x")], "line 2: train_options: expected a JSON object, found 'x'"),
         ([user_run(2e-3, lr="2e-3")], "line 2: lr '2e-3' is not a positive finite number"),
         ([user_run(2e-3, seed=True)], "line 2: seed True is not a whole number"),
-        ([user_run(2e-3, test_loss=None)], "not two finite losses, nor a diverged run's two nulls"),
+        ([user_run(2e-3, test_loss=None)], "line 2: val_loss 5.0, test_loss None: one loss null, not both"),
         ([user_run(2e-3, warmup_steps="six")], "line 2: warmup_steps 'six' is not a whole number >= 0"),
         ([user_run(2e-3, evaluated_blocks={"validation": 8})], "line 2: evaluated_blocks {'validation': 8} is not"),
         ([user_run(2e-3, training_seconds=-1.0)], "line 2: training_seconds -1.0 is not a finite number of seconds"),
@@ -497,8 +495,9 @@ COMMITTED = sorted((Path(__file__).parent.parent / "benchmarks" / "results" / "s
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.parent.name)
 def test_every_committed_journal_reads_and_its_sweep_planned_again_has_nothing_left_to_train(path):
-    """The study resumes with this code: its journals pass the line checks, their options match a sweep given the
-    header's, and the grid each arm ran (seed 0) and the seeds at each rate are all found done."""
+    """The study's journals (format 1) read with this code: they pass the line checks their lines allow, their
+    options match a sweep given the header's, and the grid each arm ran (seed 0) and the seeds at each rate are all
+    found done."""
     journal_read = load_journal(path)
     assert journal_read.header is not None and journal_read.entries and journal_read.cut_line is None
     train = TrainOptions(**header_options(journal_read.header))

@@ -13,19 +13,24 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import write_sweep_journal
 from hf_geonorm_cli.main import cli
-from test_sweep import TINY, corpus  # noqa: F401 - the module's corpus fixture
+from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.sweep import grid as grid_module
 from hf_geonorm.training.sweep import workers as workers_module
-from hf_geonorm.training.sweep.journal import entry_key
+from hf_geonorm.training.sweep.engine import LocalBoard, ParallelSweep
+from hf_geonorm.training.sweep.engine_options import EngineOptions
+from hf_geonorm.training.sweep.journal import JournalError, entry_key, load_journal
 from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import serial_order, walk
+from hf_geonorm.training.sweep.protocol import Task, serial_order, walk
+from hf_geonorm.training.sweep.record import RecordError
 
 # each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
 # of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches
@@ -47,8 +52,18 @@ def test_the_protocol_walked_in_any_order_of_completion_takes_the_serial_sweeps_
     """The serial sweep (``grid._Sweep``, its training replaced by the made-up losses) against the protocol walked
     with up to three runs at once, finished in a random order, several times: the same runs in the same roles, and
     ``serial_order`` puts them in the serial journal's order."""
-    monkeypatch.setattr(grid_module, "_train", lambda run, train, folder: made_up_entry(run, "")
-                        | {"settings": {**train.settings, "norm_style": run.style}})  # fmt: skip
+
+    def made_up_run(run: grid_module.Run, train: TrainOptions, folder: Path) -> dict:
+        """A made-up run with the sweep's identity (the journal's header), as a trained one records it."""
+        header = json.loads((folder / "runs.jsonl").read_text().splitlines()[0])
+        marks = header["fingerprints"]
+        return made_up_entry(run, "") | {
+            "settings": run.settings(header["settings"]), "train_options": header["train_options"],
+            "data": {"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]},
+            "steps": header["train_options"]["max_steps"], "tokens": 128,
+        }  # fmt: skip
+
+    monkeypatch.setattr(grid_module, "_train", made_up_run)
     args = ["--styles", "pre,geo", "--lrs", "1e-3,2e-3", "--seeds", "0,1", "--extend", "2", "--confirm-seeds", "2,3"]
     result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), "--data", str(corpus), *TINY,
                                       *args])  # fmt: skip
@@ -196,3 +211,66 @@ def test_sigterm_stops_the_workers_leaves_no_checkpoint_and_the_same_command_fin
     again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len((tmp_path / "s" / "runs.jsonl").read_text().splitlines()) == 5
+
+
+def test_workers_refuse_a_sweep_begun_on_other_data_before_any_starts(tmp_path):
+    """`--workers 2` over a journal begun on other data: refused with the field named, as a serial sweep is, before a
+    worker starts or the journal changes."""
+    data = tmp_path / "text.txt"
+    data.write_text((STDLIB / "textwrap.py").read_text())
+    args = ["--output", str(tmp_path / "sweep"), "--styles", "pre", "--lrs", "2e-3", "--seeds", "0", "--data",
+            str(data), "--data-cache", str(tmp_path / "cache"), *TINY]  # fmt: skip
+    options = TrainOptions(data=str(data), data_cache=str(tmp_path / "cache"), seq_len=32, batch_size=4,
+                           vocab_size=300, max_steps=3, eval_every=3, warmup_steps=0, eval_blocks=8)  # fmt: skip
+    write_sweep_journal(tmp_path / "sweep" / "runs.jsonl", options, [])
+    before = (tmp_path / "sweep" / "runs.jsonl").read_bytes()
+    data.write_text((STDLIB / "shlex.py").read_text())
+    result = CliRunner().invoke(cli, ["sweep", *args, "--workers", "2"])
+    assert result.exit_code == 1 and "holds runs on other data" in result.output, result.output
+    assert "on 2 worker(s)" not in result.output and "Traceback" not in result.output
+    assert (tmp_path / "sweep" / "runs.jsonl").read_bytes() == before and not (tmp_path / "sweep" / "runs").exists()
+
+
+@pytest.fixture
+def begun(tmp_path, corpus):  # noqa: F811
+    """A sweep's folder whose journal holds its header alone, and the options of its runs."""
+    options = TrainOptions(data=str(corpus), data_cache=str(tmp_path / "cache"), seq_len=32, batch_size=4,
+                           vocab_size=300, max_steps=3, eval_every=3, warmup_steps=0, eval_blocks=8)  # fmt: skip
+    write_sweep_journal(tmp_path / "sweep" / "runs.jsonl", options, [])
+    return tmp_path / "sweep", options
+
+
+def test_a_worker_measures_the_identity_again_before_each_run_and_trains_nothing_on_changed_data(tmp_path, begun):
+    """The data changed after the sweep began: the worker's next run is refused before it trains (``RecordError``
+    naming the worker, the run and the fingerprint), and no run folder or log is written."""
+    folder, options = begun
+    header = load_journal(folder / "runs.jsonl").header
+    Path(options.data).write_text((STDLIB / "shlex.py").read_text())
+    task = Task(grid_module.Run("pre", None, 2e-3, 0), "grid")
+    with pytest.raises(RecordError, match=r"before pre lr 2e-3 seed 0 on worker 1: fingerprints\.data: expected"):
+        workers_module.checked_run(task, replace(options, lr=1e-3), folder, header, 1)
+    assert not (folder / "runs").exists() and not (folder / "logs").exists()
+
+
+def test_a_workers_record_is_checked_against_the_header_before_it_counts(begun):
+    """A record a worker returns that is not one of this sweep (its options differ from the header's) is refused,
+    naming the run, the worker and the field, and the journal does not take it."""
+    folder, options = begun
+    journal = load_journal(folder / "runs.jsonl")
+    sweep = SweepOptions(output=str(folder), styles=("pre",), lrs=(2e-3,), seeds=(0,))
+    parallel = ParallelSweep(EngineOptions(workers=2), sweep, replace(options, lr=1e-3), folder, journal, print)
+    parallel.board = LocalBoard(journal, sweep, parallel.grids)
+    run = grid_module.Run("pre", None, 2e-3, 0)
+    header, loss = journal.header, made_up_loss("pre", 2e-3, 0)
+    marks = header["fingerprints"]
+    entry = made_up_entry(run, "grid") | {
+        "settings": run.settings(header["settings"]), "train_options": {**header["train_options"], "seq_len": 16},
+        "data": {"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]}, "fingerprints": marks, "steps": 3,
+        "tokens": 128,
+    }  # fmt: skip
+    before = (folder / "runs.jsonl").read_bytes()
+    with pytest.raises(JournalError, match=r"run pre lr 2e-3 seed 0 from worker 2: seq_len: expected 32, found 16"):
+        parallel.ended(Task(run, "grid"), entry, loss, 2)
+    assert (folder / "runs.jsonl").read_bytes() == before and not journal.entries
+    parallel.ended(Task(run, "grid"), {**entry, "train_options": header["train_options"]}, loss, 2)  # the same, whole
+    assert [line["run"] for line in load_journal(folder / "runs.jsonl").entries] == [run.name]

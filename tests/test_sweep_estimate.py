@@ -4,6 +4,7 @@ logged after every run. A clock of the test's own times the runs, so nothing her
 
 from __future__ import annotations
 
+import json
 import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,8 +42,12 @@ def test_the_estimate_counts_each_part_and_is_updated_after_every_run(tmp_path, 
         trained.append(run.name)
         setup, pace, evaluation = RUNS[run.name]
         clock[0] += setup + STEPS * pace + evaluation
+        header = json.loads((folder / "runs.jsonl").read_text().splitlines()[0])  # the sweep's identity
+        marks = header["fingerprints"]
         return {"run": run.name, "style": run.style, "alpha": None, "lr": run.lr, "seed": run.seed,
-                "settings": run.settings(train.settings), "steps": STEPS, "tokens": STEPS * 4 * 32, "val_loss": 5.0,
+                "settings": run.settings(header["settings"]), "train_options": header["train_options"],
+                "data": {"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]}, "steps": STEPS,
+                "tokens": STEPS * 4 * 32, "val_loss": 5.0,
                 "test_loss": 5.0, "train_seconds": STEPS * pace + evaluation, "training_seconds": STEPS * pace,
                 "evaluation_seconds": evaluation, "warmup_steps": 0,
                 "evaluated_blocks": {"validation": 8, "test": 8}}  # fmt: skip

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke
+from conftest import invoke, write_sweep_journal
 
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.sweep.journal import journal_key
 from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 
 ROOT = Path(__file__).parent.parent
@@ -102,17 +101,20 @@ GEO_BEST_MORE = {1: (4.02, 4.60), 2: (3.99, 4.49)}
 TEST_AT_SEED_0 = {("pre", 4e-3): 4.62, ("geo", 8e-3): 4.52}
 
 
+def hand_options(folder: Path) -> TrainOptions:
+    """The options of every hand-written journal here, with its data in ``folder``."""
+    return TrainOptions(data=str(folder / "text.txt"), seq_len=32, batch_size=4, vocab_size=300, max_steps=3,
+                        eval_every=3, warmup_steps=0, eval_blocks=8)  # fmt: skip
+
+
 def hand_journal(output: Path) -> list[dict]:
     runs = []
     for style, losses, best, more in (("pre", PRE_VAL, 4e-3, PRE_BEST_MORE), ("geo", GEO_VAL, 8e-3, GEO_BEST_MORE)):
         runs += [entry(style, lr, 0, val, TEST_AT_SEED_0.get((style, lr), val + 0.05)) for lr, val in losses.items()]
         runs += [entry(style, best, seed, val, test, "confirmation") for seed, (val, test) in more.items()]
-    options = TrainOptions(data=str(output.parent / "text.txt"), seq_len=32, batch_size=4, vocab_size=300,
-                           max_steps=3, eval_every=3, warmup_steps=0, eval_blocks=8)  # fmt: skip
-    output.mkdir(parents=True)
+    options = hand_options(output.parent)
     (output.parent / "text.txt").write_text((STDLIB / "textwrap.py").read_text())
-    lines = [{"format": 1, "train_options": journal_key(options)}, *runs]
-    (output / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_sweep_journal(output / "runs.jsonl", options, runs)
     return runs
 
 
@@ -171,6 +173,19 @@ def test_each_cell_says_how_many_seeds_it_averages(hand_report):
     cell = f"**{mean(best):.4f} ± {math.sqrt(variance(best)):.4f} (3 seeds; seed 0: {PRE_VAL[4e-3]:.4f})**"
     assert cell in row
     assert f"{PRE_VAL[1e-3]:.4f} (1 seed)" in row and row.count("(1 seed)") == 4
+
+
+def test_the_bold_cell_is_the_rate_chosen_on_seed_0_and_the_means_of_more_seeds_are_named(hand_report):
+    """The bold pre cell, a three-seed mean, stood beside single-seed cells under the legend "the arm's best rate",
+    as if unequal cells were compared as equals: the legend says the bold rate is the one chosen on seed 0's
+    validation (the seed every rate ran) and names the cells that average more seeds than the choice compared."""
+    [legend] = [part for part in hand_report.split("\n\n") if part.startswith("14 runs.")]
+    assert "best" not in legend
+    assert "**bold**: the rate chosen for each arm, the lowest mean validation loss on seed 0" in legend
+    assert "Means over more seeds than that: pre 4e-3 (3 seeds), geo 8e-3 (3 seeds)" in legend
+    assert "every other cell ran seed 0 only" in legend
+    assert "| arm | rate chosen | seeds | validation loss | test loss |" in hand_report
+    assert "best rate" not in section(hand_report, "The arms at their chosen rates, on test")
 
 
 def test_a_short_run_is_said_to_be_early_training(hand_report):
@@ -272,8 +287,7 @@ def test_where_every_rate_ran_seeds_the_plateau_takes_welchs_standard_error_of_e
     runs = [entry("pre", lr, seed, val, val) for lr, values in losses.items() for seed, val in enumerate(values)]
     output = tmp_path / "sweep"
     hand_journal(output)
-    lines = (output / "runs.jsonl").read_text().splitlines()[:1] + [json.dumps(run) for run in runs]
-    (output / "runs.jsonl").write_text("\n".join(lines) + "\n")
+    write_sweep_journal(output / "runs.jsonl", hand_options(tmp_path), runs)
     result = invoke("sweep", "--output", output, "--data", tmp_path / "text.txt", "--styles", "pre", "--lrs",
                     "1e-3,2e-3,4e-3,8e-3", "--seeds", "0,1,2", *TINY)  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -192,8 +192,8 @@ def test_a_machine_with_other_data_options_or_grid_is_refused_naming_the_differe
     other = tmp_path / "other.txt"
     other.write_text((STDLIB / "textwrap.py").read_text())
     for folder, data, more, message in [
-        ("b", other, (), "holds runs on other data: the fingerprint and tokenizer fingerprint differs"),
-        ("c", corpus, ("--seq-len", "16"), "holds runs made with other options (seq_len 32 there, 16 now)"),
+        ("b", other, (), "its header: fingerprints.data: expected"),
+        ("c", corpus, ("--seq-len", "16"), "its header: train_options.seq_len: expected 32, found 16"),
         ("d", corpus, ("--lrs", "1e-5,2e-5"), "holds a sweep of another grid (grids"),
     ]:
         refused = sweep(folder, data, *more)
@@ -203,3 +203,30 @@ def test_a_machine_with_other_data_options_or_grid_is_refused_naming_the_differe
         assert not (tmp_path / folder / "runs.jsonl").exists()  # this folder's journal is not started
     complete, failed = trials_per_run(postgres.url, "refusals")
     assert complete == {"pre-lr1e-5-seed0": 1} and not failed
+
+
+@pytest.mark.slow
+def test_a_trial_that_is_not_a_run_of_the_sweep_is_refused_naming_it(tmp_path, postgres, corpus):  # noqa: F811
+    """A COMPLETE trial whose run was recorded with other options (an older hf-geonorm, or an edit) never counts:
+    the next machine to read the study is refused with the trial's number and the field, before it trains."""
+    one_run = ["--styles", "pre", "--lrs", "1e-5", "--seeds", "0,1", "--max-steps", "1", "--eval-every", "1"]
+
+    def sweep(folder: str):
+        args = ["--output", str(tmp_path / folder), "--storage", postgres.url, "--study", "foreign"]
+        return CliRunner().invoke(cli, ["sweep", *args, "--data", str(corpus), *TINY, *one_run])
+
+    first = sweep("a")
+    assert first.exit_code == 0, first.output
+    study = optuna.load_study(study_name="foreign", storage=postgres.url)
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.user_attrs["run"] == "pre-lr1e-5-seed1")
+    entry = trial.user_attrs["entry"]
+    options = {**entry["train_options"], "seq_len": 16}
+    foreign = {**entry, "run": "pre-lr1e-5-seed2", "seed": 2, "train_options": options}
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=entry["val_loss"],
+                                              user_attrs={"run": foreign["run"], "key": ["pre", None, 1e-5, 2],
+                                                          "entry": foreign}))  # fmt: skip
+    refused = sweep("b")
+    assert refused.exit_code == 1, refused.output
+    assert "study 'foreign' in postgresql://" in refused.output and "trial 2: seq_len: expected 32, found 16" in (
+        refused.output), refused.output
+    assert "Traceback" not in refused.output and not (tmp_path / "b" / "runs").exists()

@@ -5,12 +5,13 @@ its tokenizer."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import stdlib_text, train
+from conftest import stdlib_text, train, train_in
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 
@@ -57,6 +58,24 @@ def test_accumulated_batches_train_as_one_large_batch(tmp_path, data_file):
         assert metrics["tokens"] == 3 * 16 * 32 and metrics["tokens_per_step"] == 16 * 32
         assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["training_seconds"])
         assert metrics["training_seconds"] < metrics["train_seconds"]  # the evaluations in train() left out
+
+
+def test_the_training_time_leaves_out_only_the_evaluations_inside_training(tmp_path, data_file, monkeypatch):
+    """The final test evaluation runs after training: a slow one (a second here) is not taken from the training
+    time, which stays within the run's time (a sweep refuses a record of negative seconds)."""
+    base = CheckedTrainer.__mro__[1]  # transformers' Trainer: what CheckedTrainer.evaluate times
+    evaluate = base.evaluate
+
+    def slow_test(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        if metric_key_prefix == "test":
+            time.sleep(1.0)
+        return evaluate(self, eval_dataset, ignore_keys, metric_key_prefix)
+
+    monkeypatch.setattr(base, "evaluate", slow_test)
+    assert train_in(tmp_path, data_file).exit_code == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["evaluation_seconds"] > 1.0  # the slow test evaluation counted among the evaluations
+    assert 0 < metrics["training_seconds"] <= metrics["train_seconds"]
 
 
 # ---- trackers ----

@@ -80,7 +80,8 @@ LLAMA_SHAPED = (
 )  # fmt: skip
 LLAMA_SHAPED_MOE = (
     "aria_text", "dots1", "ernie4_5_moe", "exaone_moe", "flint", "glm4_moe", "hy_v3", "laguna", "mellum",
-    "mimo_v2_flash", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "sarvam_moe", "solar_open",
+    "mimo_v2_flash", "minicpm5_moe", "mixtral", "olmoe", "param2moe", "qwen2_moe", "qwen3_moe", "sarvam_moe",
+    "solar_open",
 )  # fmt: skip
 
 
@@ -157,7 +158,8 @@ def _cases() -> dict[str, Case]:
         Case("persimmon", "persimmon", BASE, "persimmon"),
         Case("apertus", "apertus", BASE, "apertus"),
     ]
-    return {case.name: case for case in cases}
+    # the types of the installed transformers only (minicpm5_moe and param2moe are new in 5.25)
+    return {case.name: case for case in cases if case.model_type in CONFIG_MAPPING}
 
 
 CASES: dict[str, Case] = _cases()

@@ -157,6 +157,7 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     annotations = {
         "norm_style": str,
         "post_zero_positions": bool,
+        "post_embedding_norm": str,
         "geo_alpha": float | list[float],
         "geo_decay": str,
         "geo_max_angle": float | None,

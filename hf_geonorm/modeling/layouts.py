@@ -252,15 +252,16 @@ GPT_NEO = replace(
 GPT_BIGCODE = replace(GPT2, call="gpt_bigcode", fused_values=_bigcode_values, conv1d=False, position_ids=False)
 
 # Stock model types whose decoder layer forward is LLaMA's, token for token, used the same way by their model
-# (found by benchmarks/scan_layouts.py on transformers 5.24; tests/test_layouts.py re-checks the list against the
-# installed version). They get the LLaMA layout, except where LLAMA_NORM_VARIANTS says their norms differ.
+# (found by benchmarks/scan_layouts.py on transformers 5.24 and 5.25; tests/test_layouts.py re-checks the list
+# against the installed version). They get the LLaMA layout, except where LLAMA_NORM_VARIANTS says their norms
+# differ.
 LLAMA_LAYOUT_TYPES = (
     "arcee", "aria_text", "axk1", "axk2", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "deepseek_v32",
     "diffllama", "dots1", "dots3_note_text", "ernie4_5", "ernie4_5_moe", "exaone", "exaone_moe", "flint", "gemma",
     "glm", "glm4_moe", "glm4_moe_lite", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "internlm3",
-    "iquestcoder", "jais2", "laguna", "llama", "mellum", "mimo_v2_flash", "ministral", "ministral3", "mistral",
-    "nanochat", "olmo", "olmoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "sarvam_mla", "sarvam_moe",
-    "seed_oss", "smollm3", "solar_open", "starcoder2", "youtu",
+    "iquestcoder", "jais2", "laguna", "llama", "mellum", "mimo_v2_flash", "minicpm5_moe", "ministral", "ministral3",
+    "mistral", "nanochat", "olmo", "olmoe", "param2moe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "sarvam_mla",
+    "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "youtu",
 )  # fmt: skip
 # LLaMA's block whose norms are of another kind: Gemma's RMSNorm computes (1 + w) x, AXK2's is gated.
 LLAMA_NORM_VARIANTS = {"gemma": GEMMA, "axk2": replace(LLAMA, plain_norms=False)}

@@ -17,9 +17,8 @@ checkpoints as remote code.
 
 from __future__ import annotations
 
-import sys
-
 from .families import GeoNormFamily, discover_families
+from .peft_targets import register_lora_targets
 
 FAMILIES: dict[str, GeoNormFamily] = discover_families(__name__)
 # Class name -> the family that defines it: GeoNormLlamaConfig, GeoNormLlamaModel, GeoNormLlamaForCausalLM,
@@ -29,23 +28,9 @@ GENERATED_CLASSES: dict[str, GeoNormFamily] = {
 }
 
 
-PEFT_CONSTANTS = "peft.utils.constants"  # PEFT's table of LoRA's default targets, by model type
-
-
-def register_lora_targets() -> None:
-    """Give the ``geonorm_X`` types their layouts' LoRA targets in PEFT's table when peft is imported already (a
-    script that uses LoRA imports it before it loads the model as remote code), so ``LoraConfig()`` without
-    ``target_modules`` works as it does with the plugin; an entry already there is left alone."""
-    constants = sys.modules.get(PEFT_CONSTANTS)
-    if constants is None:
-        return
-    for family in FAMILIES.values():
-        constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.setdefault(
-            family.model_type, list(family.layout.lora_targets)
-        )
-
-
-register_lora_targets()
+# PEFT learns each geonorm_X type's default LoRA targets now or whenever it is imported (before or after this
+# module: a script may load the model as remote code first and import peft afterwards)
+register_lora_targets((family.model_type, family.layout.lora_targets) for family in FAMILIES.values())
 
 
 def __getattr__(name: str) -> type:

@@ -16,11 +16,13 @@ reads it (``settings_in_use``).
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .geometry import StepParams, entry_rescale, per_update, prenorm_update, step_sizes
 from .settings import GeoNormSettings
@@ -171,10 +173,16 @@ class GeoNormResidual(nn.Module):
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """Put the state on its sphere before the first block (``geo`` with ``geo_radius='sqrt_d'``)."""
-        if self.norm_style != "geo":
+        """The first block's input: put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or, for ``post`` and
+        ``deepnorm``, the embeddings scaled or normalised as ``post_embedding_norm`` says."""
+        if self.norm_style == "geo":
+            return entry_rescale(x, self.config.geo_radius, self.bridge)
+        embedding_norm = self.config.post_embedding_norm
+        if self.norm_style not in ("post", "deepnorm") or embedding_norm == "none":
             return x
-        return entry_rescale(x, self.config.geo_radius, self.bridge)
+        if embedding_norm == "sqrt_d":
+            return x * math.sqrt(x.shape[-1])
+        return F.layer_norm(x, x.shape[-1:], eps=1e-5)
 
     def sublayer_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """What the sublayer reads: N(x), or x itself for the post-normalising styles."""

@@ -193,7 +193,8 @@ def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str
 def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:
     """What the folder's own model class reports when it reads these weights: tensors it would leave at random
     values, tensors it would drop, shapes that do not fit. Loaded on the meta device: no tensor data is read, so
-    this costs the same for a 135M and a 70B folder."""
+    this costs the same for a 135M and a 70B folder. Without hub kernels (transformers 5.25 swaps them in by
+    default, and refuses to on the meta device)."""
     import transformers
 
     family = family_for(config["model_type"])
@@ -204,7 +205,9 @@ def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
-        _, info = classes[architecture].from_pretrained(path, device_map="meta", output_loading_info=True)
+        _, info = classes[architecture].from_pretrained(
+            path, device_map="meta", output_loading_info=True, use_kernels=False
+        )
     except (OSError, ValueError, RuntimeError, KeyError) as error:
         reason = " ".join(str(error).split())[:300]
         if "CONVERSION" in reason:  # transformers points at its load report, which names no tensor

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +23,11 @@ from ..options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
 from .grid import style_grids
-from .journal import (
-    JOURNAL_FORMAT,
-    Journal,
-    JournalError,
-    append,
-    check_data,
-    check_options,
-    journal_key,
-    load_journal,
-    start_journal,
-)
+from .identity import measured_identity
+from .journal import Journal, JournalError, append, begin_journal, check_identity, load_journal
 from .options import SweepOptions
-from .preparation import prepared_data_key
 from .protocol import Task, Walk, serial_order, walk
+from .record import RecordError, check_record, sweep_header
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
 
@@ -93,14 +84,14 @@ class ParallelSweep:
 
     def run(self) -> list[dict[str, Any]]:
         self.board = self.open_board()
-        if not self.board.walk().finished or self.engine.storage is not None:
-            self.check_data()
+        if self.engine.storage is not None or not self.board.walk().finished:  # a study's runs: read once joined
+            self.check_identity()
         slots = worker_slots(self.engine.workers, self.engine.devices)
         pending = self.board.walk()
         if not pending.finished:
             self.log(f"to train: {len(pending.due)} run(s) the protocol needs now, on {len(slots)} worker(s): "
                      + "; ".join(f"worker {slot.number} on {slot.where}" for slot in slots))  # fmt: skip
-            with Pool(slots, self.train, self.folder) as pool:
+            with Pool(slots, self.train, self.folder, self.journal.header) as pool:
                 try:
                     self.loop(pool)
                 finally:
@@ -127,24 +118,24 @@ class ParallelSweep:
     def where(self) -> str:
         return self.board.where if self.engine.storage is not None else str(self.journal.path)
 
-    def check_data(self) -> None:
-        """Before a run trains: the data's and the tokenizer's fingerprints (the data cached on the way), compared
-        with the journal's header or the study's, or recorded where there is none yet."""
-        data_key = prepared_data_key(self.train, self.log)
-        options = replace(self.train, lr=None)
+    def check_identity(self) -> None:
+        """Before a run trains: the sweep's identity measured here (``identity``), compared with the study's header
+        (``--storage``: recorded there by the first machine) and the journal's, or recorded where there is none yet;
+        then the data cached. Each worker measures it again before each of its runs (``workers``)."""
+        identity, prepare = measured_identity(self.train)
+        header = None
         if self.engine.storage is not None:  # before this folder's journal is started: a refusal leaves it as it was
-            header = {"format": JOURNAL_FORMAT, "train_options": journal_key(options), "data_key": data_key}
-            grid = {**{k: v for k, v in asdict(self.sweep).items() if k != "output"},
-                    "grids": {style: list(rates) for style, rates in self.grids.items()}}  # fmt: skip
-            self.board.join(json.loads(json.dumps(header)), json.loads(json.dumps(grid)),
-                            lambda study: (check_options(study, options), check_data(study, options, data_key)))
+            grid = {**self.sweep.plan(), "grids": {style: list(rates) for style, rates in self.grids.items()}}
+            header = self.board.join(sweep_header(identity, self.sweep.plan()), json.loads(json.dumps(grid)),
+                                     identity)  # fmt: skip
         if self.journal.header is None:
-            start_journal(self.journal.path, options, data_key)
+            begin_journal(self.journal.path, header or sweep_header(identity, self.sweep.plan()))
             self.journal = load_journal(self.journal.path)
             if isinstance(self.board, LocalBoard):
                 self.board.journal = self.journal
         else:
-            check_data(self.journal, options, data_key)
+            check_identity(self.journal, replace(self.train, lr=None), identity)
+        prepare(self.log)
         if self.engine.storage is not None:
             self.refuse_runs_the_study_lacks()
 
@@ -177,11 +168,15 @@ class ParallelSweep:
             for event in pool.wait(timeout=POLL_SECONDS if self.engine.storage else PROGRESS_SECONDS):
                 if event.entry is None:
                     self.board.release(event.task)
+                    if event.refused:
+                        raise JournalError(f"{event.error}: the data, the tokenizer or the model changed since the "
+                                           f"sweep began; the finished runs are in {self.where()}: run the sweep "
+                                           "again on the files it began with, or give another --output")  # fmt: skip
                     stopped = "was stopped" if event.stop else f"failed: {event.error}"
                     raise JournalError(f"{event.task.run.label} on worker {event.worker.slot.number} {stopped}; the "
                                        f"finished runs are in {self.where()}: the same command again trains the runs "
                                        "that are missing")  # fmt: skip
-                self.ended(event.task, event.entry, event.seconds)
+                self.ended(event.task, event.entry, event.seconds, event.worker.slot.number)
                 self.time_left(pool)
                 looked = 0.0
             self.board.beat()
@@ -196,7 +191,16 @@ class ParallelSweep:
         self.log(f"run {self.started}: {task.run.label} ({task.role}) on worker {worker.slot.number}")
         pool.start(worker, task)
 
-    def ended(self, task: Task, entry: dict[str, Any], seconds: float) -> None:
+    def ended(self, task: Task, entry: dict[str, Any], seconds: float, worker: int) -> None:
+        """A run a worker finished: counted once its record is one of this sweep (``record.check_record``: its
+        identity, measured by the worker before it trained, and the data its run read)."""
+        try:
+            check_record(entry, self.journal.header or {}, where=f"run {task.run.label} from worker {worker}")
+        except RecordError as error:
+            self.board.release(task)
+            raise JournalError(f"{error}: not recorded in {self.where()}, so the data, the tokenizer or the model "
+                               "changed while it trained; run the sweep again on the files it began with, or give "
+                               "another --output") from None  # fmt: skip
         if not self.board.finish(task, entry):
             return
         self.trained += 1
@@ -258,12 +262,13 @@ class ParallelSweep:
         self.journal = load_journal(self.journal.path)
 
 
-def sweep_on(engine: EngineOptions, sweep: SweepOptions, train: TrainOptions, log: Any = print) -> list[dict[str, Any]]:
+def sweep_on(engine: EngineOptions, sweep: SweepOptions, train: TrainOptions, log: Any = print,
+             given: Any = None) -> list[dict[str, Any]]:  # fmt: skip
     """``grid.run_sweep``, its runs trained as ``engine`` says: one after the other in this process unless it asks for
-    workers, devices or a storage."""
+    workers, devices or a storage (``given``: the sweep options the command line gave, as ``run_sweep`` takes)."""
     from functools import partial
 
     from .grid import run_sweep
 
     engine.validate()
-    return run_sweep(sweep, train, log, runner=partial(ParallelSweep, engine) if engine.parallel else None)
+    return run_sweep(sweep, train, log, given=given, runner=partial(ParallelSweep, engine) if engine.parallel else None)

@@ -3,9 +3,11 @@
 A grid of norm styles (and geo_alpha values for geo) x learning rates x seeds, each run as ``hf-geonorm train``
 runs it (``run_training``: the same data pipeline, Trainer, optimizer and model recipe), one after the other. Each
 finished run is appended to ``DIR/runs.jsonl`` at once (``journal``), so a sweep stopped part way is resumed
-by running the same command again: only the missing runs train. The journal's first line holds the options every
-run shares and the fingerprints of the data and the tokenizer; a sweep with other options or other data is refused
-rather than mixed in (the grid itself may grow: more rates, seeds or styles).
+by running the same command again: only the missing runs train. The journal's first line holds the sweep's identity
+(the options every run shares, their settings, the fingerprints of the data, the tokenizer and the model: ``record``)
+and the sweep options it began with, which a rerun that leaves them out takes; every line carries its run's identity.
+A sweep with other options, data or model is refused rather than mixed in (the grid itself may grow: more rates,
+seeds or styles), and the fingerprints are measured again before every run (``identity``).
 
 The study's protocol, per arm: the grid on ``--seeds`` (the choice), then ``--extend``: while the arm's best rate is
 at an edge of its grid, the next rate a grid step beyond it (N times at most), then ``--confirm-seeds`` at the best
@@ -20,7 +22,8 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,68 +39,26 @@ from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training
 from .estimate import TimeEstimate
+from .identity import checked_identity, checked_line
 from .journal import (
     JOURNAL,
     Journal,
     JournalError,
     append,
-    check_data,
     check_options,
     entry_key,
     journal_key,
     load_journal,
     read_journal,
+    refuse_link,
     repair,
-    start_journal,
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
-from .preparation import prepared_data_key
+from .protocol import Run, arms, choice, confirmation_rate, extension_step
 from .report import write_report
-from .table import alpha_text, arm_name, best_rates, rate_text, run_name
+from .table import rate_text
 
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
-SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
-
-
-@dataclass(frozen=True)
-class Run:
-    """One cell of the grid."""
-
-    style: str
-    alpha: float | None  # geo_alpha of a geo run when --alphas sweeps it (None: the settings' own)
-    lr: float
-    seed: int
-
-    @property
-    def name(self) -> str:
-        return run_name(self.style, self.alpha, self.lr, self.seed)
-
-    @property
-    def label(self) -> str:
-        alpha = "" if self.alpha is None else f" alpha {alpha_text(self.alpha)}"
-        return f"{self.style}{alpha} lr {rate_text(self.lr)} seed {self.seed}"
-
-    @property
-    def arm(self) -> str:
-        return arm_name({"style": self.style, "alpha": self.alpha})
-
-    def settings(self, base: dict[str, Any]) -> dict[str, Any]:
-        settings = {**base, "norm_style": self.style}
-        if self.alpha is not None:
-            settings["geo_alpha"] = self.alpha
-        return settings
-
-    def key(self) -> tuple:
-        return (self.style, self.alpha, self.lr, self.seed)
-
-
-def arms(sweep: SweepOptions) -> list[tuple[str, float | None]]:
-    """The arms of the grid, in the order they train: each style, geo once per ``--alphas`` value."""
-    found = []
-    for style in sweep.styles:
-        alphas = sweep.alphas if style == "geo" and sweep.alphas is not None else (None,)
-        found.extend((style, alpha) for alpha in alphas)
-    return found
 
 
 def plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> list[Run]:
@@ -130,79 +91,15 @@ def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str
     return journal.path, journal.entries
 
 
-def choice(entries: list[dict[str, Any]], style: str, alpha: float | None, rates: list[float],
-           seeds: tuple[int, ...]) -> float | None:  # fmt: skip
-    """The arm's best rate among ``rates`` on ``seeds`` (``best_rates``), None before any of them ran."""
-    runs = [e for e in entries
-            if (e["style"], e["alpha"]) == (style, alpha) and e["lr"] in rates and e["seed"] in seeds]  # fmt: skip
-    return best_rates(runs).get(arm_name({"style": style, "alpha": alpha})) if runs else None
-
-
-def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]]:
-    """The rates one grid step beyond ``best`` when it is at an edge of ``rates`` (both sides of a single rate),
-    none when it lies inside; and why a step adds no rate: it leaves the positive floating-point numbers, or rounds
-    to a rate of the grid."""
-    ordered = sorted(rates)
-    if len(ordered) == 1:
-        steps = [("below", "/", SINGLE_RATE_STEP), ("above", "x", SINGLE_RATE_STEP)]
-    elif best == ordered[0]:
-        steps = [("below", "/", ordered[1] / ordered[0])]
-    elif best == ordered[-1]:
-        steps = [("above", "x", ordered[-1] / ordered[-2])]
-    else:
-        return [], []
-    beyond, why_not = [], []
-    for side, sign, factor in steps:
-        rate = float(f"{best / factor if sign == '/' else best * factor:.12g}")  # 3e-3 x 3 is 9e-3, not 9.000..2e-3
-        step = f"the next rate {side}, {rate_text(best)} {sign} {factor:.15g},"
-        if rate == 0 or rate == math.inf:
-            why_not.append(f"{step} {'underflows to 0' if rate == 0 else 'overflows'}")
-        elif rate in ordered:
-            why_not.append(f"{step} rounds to {rate_text(rate)}, a rate of the grid")
-        else:
-            beyond.append(rate)
-    return beyond, why_not
-
-
-def extension_step(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
-                   rates: list[float]) -> tuple[list[float], list[str]]:  # fmt: skip
-    """The rates ``--extend`` adds to the arm's grid now (``beyond_edge``), and the lines that say which or why
-    none: an arm whose every run diverged has no best rate to extend from (the lowest would pass for one)."""
-    arm = arm_name({"style": style, "alpha": alpha})
-    best = choice(entries, style, alpha, rates, seeds)
-    if best is None:
-        return [], []
-    if not any(e["val_loss"] is not None for e in entries if (e["style"], e["alpha"]) == (style, alpha)
-               and e["lr"] in rates and e["seed"] in seeds):  # fmt: skip
-        return [], [f"{arm}: every run diverged (no rate trained): the grid is not extended; give lower --lrs"]
-    beyond, why_not = beyond_edge(rates, best)
-    edge, notes = f"{arm}: best rate {rate_text(best)} is at the edge of its grid", []
-    if why_not:
-        notes.append(f"{edge}, but {'; '.join(why_not)}: " + ("no rate added" if not beyond else "not on that side"))
-    if beyond:
-        notes.append(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
-    return beyond, notes
-
-
-def confirmation_rate(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
-                      rates: list[float]) -> tuple[float | None, str]:  # fmt: skip
-    """The rate ``--confirm-seeds`` runs at: the arm's best, chosen on ``seeds``; None, and the line that says so,
-    where every rate diverged."""
-    best = choice(entries, style, alpha, rates, seeds)
-    trained = [e for e in entries if (e["style"], e["alpha"], e["lr"]) == (style, alpha, best)
-               and e["seed"] in seeds and e["val_loss"] is not None]  # fmt: skip
-    if best is None or not trained:
-        arm = arm_name({"style": style, "alpha": alpha})
-        return None, f"{arm}: no rate trained (every run diverged): no confirmation runs"
-    return best, ""
-
-
-def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print, runner: Any = None) -> list[dict[str, Any]]:
+def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
+              given: Collection[str] | None = None, runner: Any = None) -> list[dict[str, Any]]:  # fmt: skip
     """Train every run of the sweep that ``DIR/runs.jsonl`` does not hold yet, appending each as it ends: the grid,
     its extensions and the confirmation runs; write ``sweep.md`` and ``sweep.png`` (``report``) after each;
-    return the journal's runs. A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the
-    caller records them (``signals.signals_stop_the_job``: the command line). ``runner``: what trains the runs in the
-    locked folder (``engine.ParallelSweep``, bound to its options), one after the other here by default."""
+    return the journal's runs. ``given``: the sweep options the command line gave; each other one is the journal's
+    (the plan the sweep began with), so that a rerun with fewer options finishes the same sweep (None: all given).
+    A Ctrl-C or SIGTERM that Python swallowed stops it before the next run, where the caller records them
+    (``signals.signals_stop_the_job``: the command line). ``runner``: what trains the runs in the locked folder
+    (``engine.ParallelSweep``, bound to its options), one after the other here by default."""
     sweep.validate()
     if train.lr is not None:
         raise OptionError("the sweep sets the learning rate of each run (--lrs or --lr-range); drop --lr")
@@ -213,10 +110,22 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print, runner
     folder = Path(sweep.output).absolute()  # as given: a quoted ~ is a folder ~
     check_output_apart(train.data, folder, sweep.output)  # before the sweep writes anything
     with output_lock(folder, "sweep"):  # one sweep per folder, and no other run in its logs/ or runs/
+        refuse_link(folder / JOURNAL)
         journal = load_journal(folder / JOURNAL)
         refuse_foreign_folder(folder, journal)
+        if journal.legacy:
+            raise JournalError(
+                f"{journal.path} is the journal of an earlier hf-geonorm (format 1), whose lines record neither the "
+                "options that shaped each run nor the content of its model, so they cannot be checked against this "
+                "sweep: `hf-geonorm info` and the report read it; give another --output to sweep again"
+            )
         repair(journal, log)
         check_options(journal, replace(train, lr=None))
+        if journal.header is not None and given is not None:
+            sweep, taken = sweep.as_begun(journal.header["sweep_options"], given)
+            sweep.validate()
+            if taken:
+                log(f"the sweep resumes as it began ({journal.path}, line 1): {', '.join(taken)}")
         adopt_earlier_output(folder, "sweep")
         return (runner or _Sweep)(sweep, train, folder, journal, log).run()
 
@@ -248,6 +157,7 @@ class _Sweep:
         self.visited: set[tuple] = set()  # the runs of this sweep's protocol, trained now or before
         self.batch: list[Run] = []  # the runs train_runs is training
         self.estimate = TimeEstimate(train.max_steps)
+        self.identity: dict[str, Any] = {}  # the sweep's, as measured before the latest run (check_identity)
         self.total = self.planned()
 
     def planned(self) -> int:
@@ -315,15 +225,17 @@ class _Sweep:
             self.visited.add(run.key())
             if run.key() in self.done:
                 continue
-            if self.trained == 0:
-                self.check_data()
+            self.check_identity()
             number = self.trained + 1
             self.log(f"run {number}/{self.total}: {run.label} ({role})")
             started = time.monotonic()
             try:
                 entry = {**_train(run, self.train, self.folder), "role": role}
+                if entry["val_loss"] is None:  # diverged: the settings its model was built with
+                    entry["settings"] = run.settings(self.identity["settings"])
             finally:  # what the run wrote, also when it stopped part way
                 self.record(self.folder / "logs" / f"{run.name}.log", self.folder / "runs" / run.name)
+            entry = checked_line(self.journal, run.label, entry, self.identity)
             append(self.journal.path, entry)
             self.entries.append(entry)
             self.done.add(run.key())
@@ -342,16 +254,10 @@ class _Sweep:
         """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
         record_paths(self.folder, "sweep", *(path for path in paths if os.path.lexists(path)))
 
-    def check_data(self) -> None:
-        """Before the first run trains: the data's and the tokenizer's fingerprints, compared with the journal's (a
-        new journal records them in its header); the data cached first (``prepared_data_key``)."""
-        data_key = prepared_data_key(self.train, self.log)
-        options = replace(self.train, lr=None)
-        if self.journal.header is None:
-            start_journal(self.journal.path, options, data_key)
-            self.journal = load_journal(self.journal.path)
-        else:
-            check_data(self.journal, options, data_key)
+    def check_identity(self) -> None:
+        """Before each run: the sweep's identity measured again and compared with the journal's (``identity``)."""
+        self.journal, self.identity = checked_identity(self.journal, self.train, self.sweep.plan(), self.trained == 0,
+                                                       self.log)  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
@@ -365,14 +271,16 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         train, output=str(output), lr=run.lr, seed=run.seed, settings=run.settings(train.settings), force=True,
         resume=False,
     )  # fmt: skip
-    entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed}
+    entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed,
+                             "train_options": journal_key(train)}  # fmt: skip
     with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
         except NonFiniteError as error:
             print(first_line(error, limit=600), file=log_file)
             return {**entry, "settings": options.settings, "steps": None, "tokens": None, "val_loss": None,
-                    "test_loss": None, "train_seconds": 0.0, "diverged": first_line(error, limit=600)}  # fmt: skip
+                    "test_loss": None, "train_seconds": 0.0, "data": None,
+                    "diverged": first_line(error, limit=600)}  # fmt: skip
         except BaseException:  # Ctrl-C, SIGTERM, an error: this run trains again from its start
             _remove_checkpoints(output)
             raise

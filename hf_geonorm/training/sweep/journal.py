@@ -1,40 +1,51 @@
-"""The journal of ``hf-geonorm sweep``, ``DIR/runs.jsonl``: a header line (the train options every run shares, and
-since this format the data's and the tokenizer's fingerprints), then one line per finished run, appended and
-synced as each run ends. A sweep resumes from it, so it is checked before it is trusted:
+"""The journal of ``hf-geonorm sweep``, ``DIR/runs.jsonl``: a header line (the sweep's identity: the train options
+every run shares, their GeoNorm settings and the fingerprints of the data, the tokenizer and the model; the sweep
+options it began with; a digest, ``record.sweep_header``), then one line per finished run, each with its own
+identity, appended and synced as each run ends. A sweep resumes from it, so it is checked before it is trusted:
 
 - a last line cut short by a stop (no newline, not JSON) is dropped and the file repaired, and its run trains again;
 - a UTF-8 byte order mark before the header (a journal an editor saved as "UTF-8 with BOM") is read past;
-- every other line must be a whole run of this sweep: JSON, the fields of a run with finite values, named as its
-  own run, with the header's steps, settings and data, and no run twice; anything else is refused with its line
-  number, so that a damaged or edited journal never mixes into a report;
-- the data is keyed by its content: the fingerprints of the data and of the tokenizer, not the spelling of the
-  path (a header written before they were recorded falls back to the runs' recorded data facts, then to the path).
+- the header must be whole and unedited (its digest), and every other line a whole run of this sweep
+  (``record.check_record``): JSON, the fields of a run with finite values, named as its own run, and its options,
+  settings and fingerprints those of the header, field by field; no run twice. Anything else is refused with its
+  line number and the field, so that a damaged, edited or foreign line never mixes into a report;
+- the data, the tokenizer and the model are keyed by their content, not by the spelling of their paths.
+
+A journal of format 1 (an earlier hf-geonorm: its lines record neither their options nor the model's content) is
+read with the checks its lines allow (``summary``, the study's tables); ``sweep`` appends to none (``grid``).
 """
 
 from __future__ import annotations
 
 import codecs
 import json
-import math
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...modeling.settings import NORM_STYLES
-from ..options import MAX_SEED, TrainOptions
-from .options import outside_sweep_key
-from .table import run_name
+from ...files.text_files import open_no_follow
+from ...modeling.settings import GeoNormSettings
+from ..options import TrainOptions
+from .record import (
+    FORMAT,
+    KEYED_BY_CONTENT,
+    cell_problem,
+    header_problem,
+    journal_key,
+    option_defaults,
+    record_problem,
+    result_problem,
+    sweep_header,
+    sweep_identity,
+)
 
 JOURNAL = "runs.jsonl"
-JOURNAL_FORMAT = 1
-NOT_IN_KEY = outside_sweep_key()  # left out of the journal's key, as TrainOptions declares
-# options naming files whose content the header's data fingerprints key: their spelling may change
-KEYED_BY_CONTENT = ("data", "tokenizer")
-RUN_FIELDS = ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss")
-SPLITS = ("validation", "test")  # a run's evaluated_blocks
-DATA_KEY = ("fingerprint", "tokenizer")  # the header's data_key: the data's and the tokenizer's fingerprints
+JOURNAL_FORMAT = FORMAT
+LEGACY_FORMAT = 1  # read, never appended to
+DATA_KEY = ("fingerprint", "tokenizer")  # a format-1 header's data_key: the data's and the tokenizer's fingerprints
 BOM = codecs.BOM_UTF8  # what an editor saving "UTF-8 with BOM" puts before the header: read past
+WHY_NO_LINK = "the sweep appends each finished run to its journal itself"
 
 
 class JournalError(ValueError):
@@ -52,19 +63,10 @@ class Journal:
     cut_line: int | None = None  # the number of a last line cut short by a stop (dropped)
     needs_newline: bool = False  # the last line is whole but its newline was not written
 
-
-def journal_key(train: TrainOptions) -> dict[str, Any]:
-    """What every run of a sweep shares: the train options that shape a run (not where it writes, nor the rate
-    and seed the grid sets), as the header holds them (JSON: tuples as lists)."""
-    return json.loads(json.dumps({name: value for name, value in asdict(train).items() if name not in NOT_IN_KEY}))
-
-
-def option_defaults() -> dict[str, Any]:
-    """The default of every train option, as a journal holds it: an option that a journal's header lacks was added
-    to hf-geonorm after the journal was started, and its runs ran with what its default does."""
-    defaults = {f.name: f.default for f in fields(TrainOptions) if f.default is not MISSING}
-    defaults |= {f.name: f.default_factory() for f in fields(TrainOptions) if f.default_factory is not MISSING}
-    return json.loads(json.dumps({name: value for name, value in defaults.items() if name not in NOT_IN_KEY}))
+    @property
+    def legacy(self) -> bool:
+        """Whether the journal is of format 1, whose lines do not carry their identity."""
+        return self.header is not None and self.header.get("format") == LEGACY_FORMAT
 
 
 def header_options(header: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +79,16 @@ def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]
     cut short by a stop is left out (``open`` in ``sweep`` repairs the file)."""
     journal = load_journal(path)
     return journal.header, journal.entries
+
+
+def refuse_link(path: Path) -> None:
+    """A journal that is a symbolic link would take this sweep's runs into the file it points to (another sweep's
+    journal): ``JournalError`` naming the link, as a run's log or a lock file that is one."""
+    if path.is_symlink():
+        raise JournalError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): {WHY_NO_LINK}, never through a link, which would "
+            "write into the file it points to; remove the link and run the command again"
+        )
 
 
 def load_journal(path: Path) -> Journal:
@@ -128,112 +140,82 @@ def _damaged(path: Path, number: int, problem: str) -> JournalError:
 
 
 def _checked_header(path: Path, number: int, header: Any) -> dict[str, Any]:
-    if (
-        not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT
-        or not isinstance(header.get("train_options"), dict)
-    ):  # fmt: skip
+    if isinstance(header, dict) and header.get("format") == LEGACY_FORMAT and isinstance(header.get("train_options"),
+                                                                                        dict):  # fmt: skip
+        key = header.get("data_key")
+        if key is not None and not (isinstance(key, dict) and all(isinstance(key.get(n), str) for n in DATA_KEY)):
+            raise _damaged(path, number, "its data_key is not the data's and the tokenizer's fingerprints")
+        return header
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise JournalError(
-            f"{path}, line {number}: not the header of an hf-geonorm sweep journal (format {JOURNAL_FORMAT}); give "
-            "another --output"
+            f"{path}, line {number}: not the header of an hf-geonorm sweep journal (format {FORMAT}); give another "
+            "--output"
         )
-    key = header.get("data_key")
-    if key is not None and not (isinstance(key, dict) and all(isinstance(key.get(n), str) for n in DATA_KEY)):
-        raise _damaged(path, number, "its data_key is not the data's and the tokenizer's fingerprints")
+    problem = header_problem(header)
+    if problem is not None:
+        raise _damaged(path, number, problem)
     return header
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _checked_entry(path: Path, number: int, entry: Any, journal: Journal, seen: dict[tuple, int]) -> dict[str, Any]:
-    """``entry`` if it is a finished run of this journal's sweep; else the error naming its line."""
-    if not isinstance(entry, dict):
-        raise _damaged(path, number, "not a run (a JSON object)")
-    missing = [name for name in RUN_FIELDS if name not in entry]
-    if missing:
-        raise _damaged(path, number, f"a run without {', '.join(missing)}")
-    style, alpha, lr, seed = entry["style"], entry["alpha"], entry["lr"], entry["seed"]
-    if style not in NORM_STYLES:
-        raise _damaged(path, number, f"style {style!r} is none of {', '.join(NORM_STYLES)}")
-    if not (_is_number(lr) and lr > 0):
-        raise _damaged(path, number, f"lr {lr!r} is not a positive finite number")
-    if alpha is not None and not (_is_number(alpha) and alpha >= 0):
-        raise _damaged(path, number, f"alpha {alpha!r} is not a finite number >= 0")
-    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED):
-        raise _damaged(path, number, f"seed {seed!r} is not a whole number from 0 to {MAX_SEED}")
-    losses = [entry["val_loss"], entry["test_loss"]]
-    if any(loss is not None and not _is_number(loss) for loss in losses) or (losses.count(None) == 1):
-        raise _damaged(path, number, f"val_loss {losses[0]!r}, test_loss {losses[1]!r}: not two finite losses, nor "
-                                     "a diverged run's two nulls")  # fmt: skip
-    expected = run_name(style, alpha, lr, seed)
-    if entry["run"] != expected:
-        raise _damaged(path, number, f"run {entry['run']!r} is not the name of its own run ({expected})")
-    options = header_options(journal.header or {"train_options": {}})
-    _check_settings(path, number, entry, options)
-    steps = entry.get("steps")
-    if losses[0] is not None and steps != options["max_steps"]:
-        raise _damaged(path, number, f"a run of {steps} steps in a sweep of --max-steps {options['max_steps']}")
-    _check_data_facts(path, number, entry, journal)
-    _check_recorded(path, number, entry)
+    """``entry`` if it is a finished run of this journal's sweep; else the error naming its line and field."""
+    header = journal.header or {}
+    problem = _legacy_problem(entry, journal) if journal.legacy else record_problem(entry, header)
+    if problem is not None:
+        raise _damaged(path, number, problem)
     key = entry_key(entry)
     if key in seen:
-        raise _damaged(path, number, f"run {expected} again (first on line {seen[key]})")
+        raise _damaged(path, number, f"run {entry['run']} again (first on line {seen[key]})")
     seen[key] = number
     return entry
 
 
-def _check_settings(path: Path, number: int, entry: dict[str, Any], options: dict[str, Any]) -> None:
-    settings = entry.get("settings")
-    if settings is None:
-        return
+def _legacy_problem(entry: Any, journal: Journal) -> str | None:
+    """What a line of a format-1 journal can be checked for: a whole run of the header's steps with the settings
+    the header gave, on the data its runs recorded."""
+    if not isinstance(entry, dict):
+        return "not a run (a JSON object)"
+    missing = [name for name in ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss", "settings", "steps",
+                                 "tokens") if name not in entry]  # fmt: skip
+    if missing:
+        return f"a run without {', '.join(missing)}"
+    options = header_options(journal.header or {"train_options": {}})
+    problem = cell_problem(entry) or result_problem(entry, options["max_steps"])
+    if problem is not None:
+        return problem
+    settings = entry["settings"]
     if not isinstance(settings, dict):
-        raise _damaged(path, number, "its settings are not a JSON object")
-    expected = {**options["settings"], "norm_style": entry["style"]}
+        return f"settings: expected a JSON object, found {settings!r}"
+    expected = {**options["settings"], "norm_style": entry["style"]}  # only the settings the header gave are known
     if entry["alpha"] is not None:
         expected["geo_alpha"] = entry["alpha"]
-    changed = [f"{name} {settings.get(name)!r} (the sweep's: {value!r})" for name, value in expected.items()
-               if settings.get(name) != value]  # fmt: skip
-    if changed:
-        raise _damaged(path, number, f"a run with other settings: {', '.join(changed)}")
+    for name, value in expected.items():
+        if settings.get(name) != value:
+            return f"settings.{name}: expected {value!r}, found {settings.get(name)!r}"
+    return _legacy_data_problem(entry, journal)
 
 
-def _check_recorded(path: Path, number: int, entry: dict[str, Any]) -> None:
-    """What a run recorded of how it ran (absent from a journal of an earlier hf-geonorm), which the report states
-    and the time estimate reads: whole numbers of steps and blocks, finite seconds."""
-    warmup, blocks = entry.get("warmup_steps"), entry.get("evaluated_blocks")
-    if warmup is not None and not _is_count(warmup):
-        raise _damaged(path, number, f"warmup_steps {warmup!r} is not a whole number >= 0")
-    if blocks is not None and not (isinstance(blocks, dict) and all(_is_count(blocks.get(s)) for s in SPLITS)):
-        raise _damaged(path, number, f"evaluated_blocks {blocks!r} is not a count of validation and test blocks")
-    for name in ("training_seconds", "evaluation_seconds"):
-        seconds = entry.get(name)
-        if seconds is not None and not (_is_number(seconds) and seconds >= 0):
-            raise _damaged(path, number, f"{name} {seconds!r} is not a finite number of seconds >= 0")
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_data_facts(path: Path, number: int, entry: dict[str, Any], journal: Journal) -> None:
+def _legacy_data_problem(entry: dict[str, Any], journal: Journal) -> str | None:
     facts = entry.get("data")
     if facts is None:
-        return
+        return None
     if not (isinstance(facts, dict) and all(isinstance(facts.get(name), str) for name in DATA_KEY)):
-        raise _damaged(path, number, "its data facts lack the data's and the tokenizer's fingerprints")
+        return "its data facts lack the data's and the tokenizer's fingerprints"
     reference = data_reference(journal)
     changed = [name for name in DATA_KEY if reference is not None and facts[name] != reference[name]]
     if changed:
-        raise _damaged(path, number, f"a run on other data (its {' and '.join(changed)} fingerprint differs from "
-                                     "the sweep's)")  # fmt: skip
+        return f"a run on other data (its {' and '.join(changed)} fingerprint differs from the sweep's)"
+    return None
 
 
 def data_reference(journal: Journal) -> dict[str, str] | None:
-    """The data's and the tokenizer's fingerprints the journal's runs trained on: the header's, else (a header
-    written before they were recorded) the first run's that recorded them; None when nothing recorded them."""
-    if journal.header is not None and journal.header.get("data_key") is not None:
-        return {name: journal.header["data_key"][name] for name in DATA_KEY}
+    """The data's and the tokenizer's fingerprints the journal's runs trained on: the header's, else (a format-1
+    header written before they were recorded) the first run's that recorded them; None when nothing recorded them."""
+    header = journal.header
+    if header is not None and isinstance(header.get("fingerprints"), dict):
+        return {"fingerprint": header["fingerprints"]["data"], "tokenizer": header["fingerprints"]["tokenizer"]}
+    if header is not None and header.get("data_key") is not None:
+        return {name: header["data_key"][name] for name in DATA_KEY}
     for entry in journal.entries:
         if isinstance(entry.get("data"), dict):
             return {name: entry["data"][name] for name in DATA_KEY}
@@ -258,8 +240,8 @@ def repair(journal: Journal, log: Any) -> None:
 
 
 def check_options(journal: Journal, train: TrainOptions) -> None:
-    """Refuse a sweep whose shaping options differ from the header's (the paths of the data and the tokenizer
-    aside: their content is compared, ``check_data``)."""
+    """Refuse a sweep whose shaping options differ from the header's (the paths of the data, the tokenizer and the
+    model aside: their content is compared, ``check_identity``)."""
     if journal.header is None:
         return
     before = {n: v for n, v in header_options(journal.header).items() if n not in KEYED_BY_CONTENT}
@@ -274,14 +256,15 @@ def check_options(journal: Journal, train: TrainOptions) -> None:
 
 
 def check_data(journal: Journal, train: TrainOptions, data_key: dict[str, str]) -> None:
-    """Refuse data or a tokenizer whose content differs from what the journal's runs trained on; where nothing
-    recorded that content (a journal of an earlier hf-geonorm), the paths as spelled then."""
+    """Refuse data or a tokenizer whose content (``data_key``: ``fingerprint``, ``tokenizer``) differs from what the
+    journal's runs trained on; where nothing recorded that content (a format-1 journal of an earlier hf-geonorm),
+    the paths as spelled then."""
     reference = data_reference(journal)
     if reference is None:
         if journal.header is None:
             return
         before, now = header_options(journal.header), journal_key(train)
-        changed = [f"--{name} {before.get(name)!r} there, {now.get(name)!r} now" for name in KEYED_BY_CONTENT
+        changed = [f"--{name} {before.get(name)!r} there, {now.get(name)!r} now" for name in ("data", "tokenizer")
                    if before.get(name) != now.get(name)]  # fmt: skip
         if changed:
             raise JournalError(
@@ -299,16 +282,57 @@ def check_data(journal: Journal, train: TrainOptions, data_key: dict[str, str]) 
         )
 
 
-def start_journal(path: Path, train: TrainOptions, data_key: dict[str, str]) -> None:
-    """A new journal: its header, with the fingerprints of the data and the tokenizer."""
+def check_identity(journal: Journal, train: TrainOptions, identity: dict[str, Any]) -> None:
+    """Refuse a sweep whose identity as measured now (``identity.sweep_identity``: before each run) differs from
+    the header's: its options, the content of its data, tokenizer and model, the settings its runs share."""
+    check_options(journal, train)
+    marks = identity["fingerprints"]
+    check_data(journal, train, {"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]})
+    header = journal.header
+    if header is None or journal.legacy:
+        return
+    there, now = header["fingerprints"]["model"], marks["model"]
+    if there != now:
+        raise JournalError(
+            f"{journal.path} holds runs of another model: the model fingerprint (of its config and weight files) "
+            f"differs ({_short(there)} there, {_short(now)} now), so the --model folder was changed or names another "
+            "model; a sweep compares runs of the same model: give that model, or another --output"
+        )
+    defaults = GeoNormSettings().to_dict()  # a setting added since the sweep began: its runs ran its default
+    before, now = {**defaults, **header["settings"]}, {**defaults, **identity["settings"]}
+    changed = [f"{name} {before.get(name)!r} there, {now.get(name)!r} now" for name in sorted(set(before) | set(now))
+               if name != "norm_style" and before.get(name) != now.get(name)]  # fmt: skip
+    if changed:
+        raise JournalError(
+            f"{journal.path} holds runs with other GeoNorm settings ({'; '.join(changed)}): the --model folder's "
+            "stored settings or the library's defaults changed; a sweep compares runs that differ only in style, "
+            "alpha, rate and seed: give another --output"
+        )
+
+
+def _short(fingerprint: str | None) -> str:
+    return "none (--arch)" if fingerprint is None else fingerprint[:12]
+
+
+def begin_journal(path: Path, header: dict[str, Any]) -> None:
+    """A new journal: its header (``record.sweep_header``), never written through a link."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"")
-    append(path, {"format": JOURNAL_FORMAT, "train_options": journal_key(train), "data_key": data_key})
+    with open(open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, WHY_NO_LINK), "wb"):
+        pass
+    append(path, header)
+
+
+def start_journal(path: Path, train: TrainOptions, data_key: dict[str, str], sweep_options: dict[str, Any] | None = None
+                  ) -> None:  # fmt: skip
+    """A new journal for ``train``'s runs on the data of ``data_key`` (``fingerprint``, ``tokenizer``): its header,
+    the model's fingerprint and the shared settings measured here (``begin_journal`` takes a header made)."""
+    identity = sweep_identity(train, data_key["fingerprint"], data_key["tokenizer"])
+    begin_journal(path, sweep_header(identity, sweep_options or {}))
 
 
 def append(path: Path, entry: dict[str, Any]) -> None:
-    """One line more in the journal, on disk before the next run starts."""
-    with open(path, "a", encoding="utf-8") as f:
+    """One line more in the journal, on disk before the next run starts; never through a link."""
+    with open(open_no_follow(path, os.O_WRONLY | os.O_APPEND, WHY_NO_LINK), "w", encoding="utf-8") as f:
         f.write(json.dumps(entry, allow_nan=False) + "\n")
         f.flush()
         os.fsync(f.fileno())

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
 from ...modeling.settings import NORM_STYLES
 from ..options import MAX_SEED, OptionError, TrainOptions, option, refuse_out_of_limits
@@ -16,6 +18,7 @@ MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,99
 EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
 DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the default rate (rate/4 to rate x 4)
 UNMEASURED_GRID_STEPS = 3  # ... around a rate no cell measured (GPT-3's, or extrapolated): rate/8 to rate x 8
+RATES = ("lrs", "lr_range")  # one choice: given either, the sweep takes neither from its header
 
 
 def _grid_text() -> str:
@@ -60,6 +63,30 @@ class SweepOptions:
         "While an arm's best rate is at the lowest or highest rate of its grid, add the next rate one grid step "
         f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
         maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
+
+    def plan(self) -> dict[str, Any]:
+        """The options that plan the sweep (all but ``output``), as its journal's header holds them (JSON)."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in asdict(self).items() if name != "output"}  # fmt: skip
+
+    def as_begun(self, begun: dict[str, Any], given: Collection[str]) -> tuple[SweepOptions, list[str]]:
+        """These options with each one not ``given`` (on the command line) taken from ``begun``, the plan the sweep
+        began with (its header's): a rerun with fewer options finishes the same sweep. Also the options taken (as
+        ``--name value``) where they differ from this call's defaults. ``--lrs`` and ``--lr-range`` are one choice;
+        ``--alphas`` is not taken for a sweep given ``--styles`` without geo."""
+        taken: dict[str, Any] = {}
+        for spec in fields(self):
+            name = spec.name
+            if name not in begun or name in given or (name in RATES and set(RATES) & set(given)):
+                continue
+            value = begun[name]
+            taken[name] = tuple(value) if isinstance(value, list) else value
+        if "alphas" in taken and "geo" not in taken.get("styles", self.styles):
+            del taken["alphas"]
+        resumed = replace(self, **taken)
+        shown = [f"--{name.replace('_', '-')} {_option_text(value)}" for name, value in taken.items()
+                 if value != getattr(self, name)]  # fmt: skip
+        return resumed, shown
 
     def rates(self, centre: float = 1e-3, steps: int = DEFAULT_GRID_STEPS) -> tuple[float, ...]:
         """The learning rates of the grid: ``lrs``, else ``lr_range`` (LOW, 2 LOW, ... up to HIGH), else ``centre``
@@ -117,3 +144,10 @@ class SweepOptions:
             if values is not None and len(set(values)) != len(values):
                 raise OptionError(f"--{name.replace('_', '-')} names a value twice: {', '.join(map(str, values))}")
         return self
+
+
+def _option_text(value: Any) -> str:
+    """An option's value as the command line writes it: a comma list (every digit of a rate kept), a number."""
+    if value is None:
+        return "none"
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)

@@ -1,6 +1,6 @@
 """The report of a sweep (``sweep.md``, ``sweep.png``), a function of its journal: what the runs ran (the warm-up and
 the evaluation as they recorded them), the loss at every rate per arm with the spread over seeds and how many seeds,
-each arm's best rate chosen on validation, and the arms compared at their own best rates on test; how sure each
+the rate chosen for each arm on validation, and the arms compared at their chosen rates on test; how sure each
 comparison is, and whether the runs are early training (``evidence``). An arm is a norm style (with its geo_alpha
 when the sweep varies it)."""
 
@@ -49,6 +49,24 @@ def cell_text(cell: Cell, common: set[int]) -> str:
     return text + ")"
 
 
+def choice_text(table: dict[str, dict[float, Cell]]) -> str:
+    """The legend of the bold cells: the rate chosen for each arm, on which seeds' validation, and which cells average
+    more seeds than the choice compared (a mean of three seeds beside single-seed cells is not a comparison of
+    equals, so the chosen cell is not called the best of them)."""
+    commons = {arm: common_seeds(rates) for arm, rates in table.items()}
+    named = {arm: seeds_named(common) if common else "all its seeds (no seed ran every rate)"
+             for arm, common in commons.items()}  # fmt: skip
+    each = "; ".join(f"{arm}: {seeds}" for arm, seeds in named.items())
+    on = named[next(iter(named))] if len(set(named.values())) == 1 else f"the seeds every rate of the arm ran ({each})"
+    text = f"**bold**: the rate chosen for each arm, the lowest mean validation loss on {on}."
+    more = [f"{arm} {rate_text(lr)} ({len(cell.seeds)} seeds)" for arm, rates in table.items()
+            for lr, cell in rates.items() if commons[arm] and set(cell.seeds) - commons[arm]]  # fmt: skip
+    if more:
+        text += (f" Means over more seeds than that: {', '.join(more)} (seeded once chosen: --confirm-seeds), each "
+                 f"also giving its loss on the seeds the choice compared; every other cell ran {on} only.")  # fmt: skip
+    return text
+
+
 def data_facts(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The data facts the runs recorded (the first run's that has them; the journal checks that they agree)."""
     return next((entry["data"] for entry in runs if isinstance(entry.get("data"), dict)), None)
@@ -58,7 +76,9 @@ def swept_text(runs: list[dict[str, Any]], header: dict[str, Any]) -> list[str]:
     """What was swept: the data and its fingerprints, the model, the steps and tokens, the evaluation, the rates
     (as the report and the run names write them) and the seeds."""
     options, facts = header["train_options"], data_facts(runs) or {}
-    key = header.get("data_key") or {n: facts.get(n) for n in ("fingerprint", "tokenizer")}
+    marks = header.get("fingerprints")  # format 2; a format-1 header's data_key, else the runs' facts
+    key = ({"fingerprint": marks["data"], "tokenizer": marks["tokenizer"]} if isinstance(marks, dict)
+           else header.get("data_key") or {n: facts.get(n) for n in ("fingerprint", "tokenizer")})  # fmt: skip
     data = options.get("data") or "the Python standard library's source"
     fingerprints = ", ".join(f"{n} {key[n][:16]}" for n in ("fingerprint", "tokenizer") if key.get(n)) or (
         "not recorded (a journal of an earlier hf-geonorm)")  # fmt: skip
@@ -166,9 +186,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
     lines += early_training(runs)
     lines += [
         f"{len(runs)} runs. Validation loss at each peak learning rate: the mean over the seeds a cell ran ± their "
-        f"{SPREAD}, and how many seeds; **bold**: the arm's best rate, chosen on validation on the seeds all its "
-        "rates ran. A cell that ran more seeds than the others beside it (the best, seeded once chosen: "
-        "--confirm-seeds) is a mean of more seeds, so it also gives its loss on the seeds the choice compared.",
+        f"{SPREAD}, and how many seeds. {choice_text(table)}",
         "",
         "| arm | " + " | ".join(rate_text(lr) for lr in rates) + " |",
         "|---|" + "---|" * len(rates),
@@ -181,11 +199,11 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         lines.append(f"| {arm} | " + " | ".join(row) + " |")
     lines += [
         "",
-        "## The arms at their own best rates, on test",
+        "## The arms at their chosen rates, on test",
         "",
         f"Test loss: documents held out apart from validation's, never used for the choice. Mean ± {SPREAD}.",
         "",
-        "| arm | best rate | seeds | validation loss | test loss |",
+        "| arm | rate chosen | seeds | validation loss | test loss |",
         "|---|---|---|---|---|",
     ]
     ranked = sorted((arm for arm in best if trained(table[arm])),
@@ -245,7 +263,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("validation loss (mean over seeds)")
-    ax.set_title("sweep: loss against learning rate (star: best, chosen on validation)", fontsize=9)
+    ax.set_title("sweep: loss against learning rate (star: the rate chosen on validation)", fontsize=9)
     if ax.lines:
         ax.legend()
     fig.tight_layout()

@@ -2,8 +2,10 @@
 Optuna study in a PostgreSQL database, and every machine running the same command takes the next run the protocol
 needs (``protocol.walk``) that no machine has finished or is training.
 
-- The study holds the sweep's header (the train options, the data's and the tokenizer's fingerprints) and its grid;
-  a machine with other options, data or grid is refused before it trains, with the difference named.
+- The study holds the sweep's header (its identity, ``record.sweep_header``: the train options, the settings its
+  runs share, the fingerprints of the data, the tokenizer and the model) and its grid; a machine with another
+  identity or grid is refused before it trains, with the difference named (``record.check_same_sweep``), and every
+  finished run read from the study is checked against the header (``record.check_record``) before it counts.
 - Taking a run is one step under a PostgreSQL advisory lock (the protocol read, the run's trial created RUNNING), so
   no two machines take the same run; a finished run is its trial COMPLETE with its journal entry, written in one
   step, so a run's half-written output is never read.
@@ -29,9 +31,10 @@ from typing import Any
 
 from ..options import OptionError
 from .grid import Run
-from .journal import Journal, JournalError
+from .journal import JournalError
 from .options import SweepOptions
 from .protocol import Task, Walk, walk
+from .record import RecordError, check_header, check_record, check_same_sweep
 
 RETRY_SECONDS = 2.0  # how often an unreachable database is tried again
 
@@ -78,6 +81,7 @@ class StudyBoard:
         self.mine: dict[tuple, int] = {}  # the runs this machine trains: their trials
         self.beaten = 0.0
         self.sweep, self.grids = sweep, grids
+        self.header: dict[str, Any] = {}  # the study's, once this machine has joined it (``join``)
         self.storage = self.retrying("open", lambda: optuna.storages.RDBStorage(
             url, heartbeat_interval=int(self.beat_every), grace_period=int(takeover_after),
             engine_kwargs={"pool_pre_ping": True}))  # fmt: skip
@@ -117,11 +121,11 @@ class StudyBoard:
                 with suppress(DBAPIError):  # a connection lost (a restart) has released its lock already
                     connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self.lock_key})
 
-    def join(self, header: dict[str, Any], grid: dict[str, Any], check: Callable[[Journal], None]) -> None:
-        """Record the sweep's header and grid in a new study; compare them with a study's that has them
-        (``check``: the journal's checks of options and data), before this machine trains anything."""
+    def join(self, header: dict[str, Any], grid: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
+        """Record the sweep's header and grid in a new study; compare a study's that has them with this machine's
+        ``identity`` (measured here) and grid, before this machine trains anything; the study's header."""
 
-        def step() -> tuple[dict[str, Any], dict[str, Any]]:
+        def step() -> tuple[Any, Any]:
             with self.locked():
                 attrs = self.storage.get_study_user_attrs(self.study_id)
                 if "header" not in attrs:
@@ -132,25 +136,37 @@ class StudyBoard:
 
         stored, stored_grid = self.retrying("join", step)
         try:
-            check(Journal(self.where, header=stored))  # type: ignore[arg-type]  # messages name the study
-        except JournalError as error:
-            raise JournalError(f"{error} (with --storage: or another --study)") from None
+            check_header(stored, where=f"{self.where}, its header")
+            check_same_sweep(stored, identity, where=f"{self.where}, its header")
+        except RecordError as error:
+            raise JournalError(f"{error} (expected: the study's, found: this machine's); every machine of a sweep "
+                               "trains the same options on the same data, tokenizer and model: give those, or "
+                               "another --study") from None
+        stored_grid = stored_grid if isinstance(stored_grid, dict) else {}
         changed = [f"{name} {stored_grid.get(name)!r} there, {grid.get(name)!r} here" for name in sorted(grid)
                    if stored_grid.get(name) != grid.get(name)]  # fmt: skip
         if changed:
             raise JournalError(f"{self.where} holds a sweep of another grid ({'; '.join(changed)}): every machine of "
                                "a sweep runs the same grid; give the options it was started with, or another --study")
+        self.header = stored
+        return stored
 
     def trials(self, *states: Any) -> list[Any]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False, states=states or None)
 
     def entries(self) -> list[dict[str, Any]]:
-        """The finished runs: each COMPLETE trial's entry, the first of a run's should two exist."""
+        """The finished runs: each COMPLETE trial's entry, the first of a run's should two exist; each checked against
+        the study's header (``record.check_record``: refused naming its trial and field)."""
         found: dict[str, dict[str, Any]] = {}
         complete = self.optuna.trial.TrialState.COMPLETE
         for trial in sorted(self.retrying("read", lambda: self.trials(complete)), key=lambda t: t.number):
             entry = trial.user_attrs.get("entry")
-            if entry is not None and entry["run"] not in found:
+            try:
+                check_record(entry, self.header, where=f"{self.where}, trial {trial.number}")
+            except RecordError as error:
+                raise JournalError(f"{error}: not a run of this sweep, so it cannot count; remove that trial from "
+                                   "the study, or give another --study") from None
+            if entry["run"] not in found:
                 found[entry["run"]] = entry
         return list(found.values())
 

@@ -2,7 +2,8 @@
 process per worker, started once, so that importing torch and transformers is paid once per worker and not per run;
 each trains the runs it is handed one after the other, as ``grid._train`` trains a serial sweep's, on its own
 accelerator (``CUDA_VISIBLE_DEVICES``: the run sees that one device alone) or, without one, on its own share of the
-CPU cores (``torch.set_num_threads``).
+CPU cores (``torch.set_num_threads``). Before each run a worker measures the sweep's identity again (the
+fingerprints of the data, the tokenizer and the model) and trains nothing where it is not the journal header's.
 
 A worker reports its run's step as it trains (read from the progress bar and the step lines ``run_training``
 writes), its journal entry when the run ends, or the first line of what stopped it. A worker that dies (killed, out
@@ -93,6 +94,7 @@ class Event:
     seconds: float = 0.0
     error: str | None = None
     stop: bool = False
+    refused: bool = False  # the sweep's identity, measured before the run, was not the header's: it did not train
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Pool:
     slots: list[Slot]
     train: TrainOptions
     folder: Path
+    header: dict[str, Any]  # the journal's: the sweep's identity, which each worker checks before each run
     workers: list[Worker] = field(default_factory=list)
 
     def __enter__(self) -> Pool:
@@ -109,8 +112,8 @@ class Pool:
         given = os.environ.get("CUDA_VISIBLE_DEVICES")
         for slot in self.slots:
             parent, child = context.Pipe()
-            process = context.Process(target=_serve, args=(slot, self.train, self.folder, child), daemon=True,
-                                      name=f"hf-geonorm sweep worker {slot.number}")  # fmt: skip
+            process = context.Process(target=_serve, args=(slot, self.train, self.folder, self.header, child),
+                                      daemon=True, name=f"hf-geonorm sweep worker {slot.number}")  # fmt: skip
             # the worker sees its device alone from its start (torch may count devices as it is imported)
             os.environ["CUDA_VISIBLE_DEVICES"] = device_id(slot.device, given)
             try:
@@ -169,7 +172,7 @@ class Pool:
             if kind == "done":
                 events.append(Event(worker, task, entry=payload[0], seconds=payload[1]))
             else:
-                events.append(Event(worker, task, error=payload[0], stop=kind == "stop"))
+                events.append(Event(worker, task, error=payload[0], stop=kind == "stop", refused=kind == "refused"))
                 worker.ended = True
         return events
 
@@ -217,8 +220,25 @@ def device_id(device: str | None, given: str | None) -> str:
     return listed[int(device)] if int(device) < len(listed) else device
 
 
-def _serve(slot: Slot, train: TrainOptions, folder: Path, pipe: Connection) -> None:
-    """A worker process: train each run handed over (``grid._train``) until told to stop (None)."""
+def checked_run(task: Task, train: TrainOptions, folder: Path, header: dict[str, Any], worker: int) -> dict[str, Any]:
+    """Train ``task``'s run as ``grid._train`` does, the sweep's identity measured again first and compared with the
+    ``header``'s (``record.check_same_sweep``: ``RecordError`` naming the field, and nothing trained, where the data,
+    the tokenizer or the model changed since the sweep began); its record carries that identity, as a serial
+    sweep's line does."""
+    from .grid import _train
+    from .identity import measured_identity
+    from .record import check_same_sweep
+
+    identity, _ = measured_identity(train)
+    check_same_sweep(header, identity, where=f"before {task.run.label} on worker {worker}")
+    entry = {**_train(task.run, train, folder), "role": task.role, "fingerprints": identity["fingerprints"]}
+    if entry["val_loss"] is None:  # diverged: the settings its model was built with
+        entry["settings"] = task.run.settings(identity["settings"])
+    return entry
+
+
+def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any], pipe: Connection) -> None:
+    """A worker process: train each run handed over (``checked_run``) until told to stop (None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops its workers
 
     def terminated(signum: int, _: Any) -> None:
@@ -230,7 +250,7 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, pipe: Connection) -> N
     import torch
 
     from ...files.output_lock import share_parents_lock
-    from .grid import _train
+    from .record import RecordError
 
     share_parents_lock(folder)
     torch.set_num_threads(slot.threads)
@@ -238,11 +258,12 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, pipe: Connection) -> N
     while (task := pipe.recv()) is not None:
         started = time.monotonic()
         try:
-            entry = {**_train(task.run, train, folder), "role": task.role}
+            entry = checked_run(task, train, folder, header, slot.number)
         except BaseException as error:  # noqa: BLE001 - reported to the sweep, which stops
             from ...files.signals import Terminated
 
-            pipe.send(("stop" if isinstance(error, (KeyboardInterrupt, Terminated)) else "error",
+            kind = "refused" if isinstance(error, RecordError) else "error"
+            pipe.send(("stop" if isinstance(error, (KeyboardInterrupt, Terminated)) else kind,
                        first_line(error, limit=600)))  # fmt: skip
             return
         pipe.send(("done", entry, time.monotonic() - started))

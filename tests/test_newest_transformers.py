@@ -1,0 +1,151 @@
+"""Folders written by ``hf-geonorm convert`` load where hf-geonorm is not installed with the newest transformers and
+peft the package registry serves, not only with the range pyproject.toml pins: the tokenizer as a stock one with no
+trust prompt, the model with ``trust_remote_code=True`` and LoRA with PEFT's default targets, peft imported after
+the models; their logits are those the plugin computes for the same folders here.
+
+That environment is ``.venv-newest`` at the repository root, or the one ``HF_GEONORM_NEWEST_VENV`` names: torch
+2.13.0 (the CPU wheel), the newest transformers and peft, no hf-geonorm. ``.ci/run`` creates or upgrades it before
+every test run and sets ``HF_GEONORM_NEWEST_VENV``, under which a missing environment fails the test; elsewhere the
+test skips, saying how to create it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import STDLIB, PluginFreePython, invoke
+from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+from tiny_models import tiny_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+import hf_geonorm
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_VARIABLE = "HF_GEONORM_NEWEST_VENV"
+CREATE = "python3 -m venv .venv-newest && .venv-newest/bin/pip install --upgrade torch==2.13.0 transformers peft"
+TEXT = "def wrap(text, width=70, **kwargs):"
+FAMILIES = ("llama", "gpt2")  # separate q/k/v projections; GPT-2's fused Conv1D c_attn
+
+# What the environment holds, and whether hf_geonorm could be imported there at all (it must not be).
+PROBE = """
+import importlib.metadata, importlib.util, json
+versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "peft")}
+print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec("hf_geonorm") is not None}))
+"""
+
+# Runs in that environment (conftest's plugin-free harness: stdin closed, hf_geonorm blocked). transformers' prompt
+# is switched back on (the harness turns it into an error, which AutoTokenizer would swallow), so a folder that asks
+# whether to trust its code prints the question here, where it is caught; input() gets no answer from closed stdin.
+CHILD = """
+import contextlib, io
+import transformers
+import transformers.dynamic_module_utils
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+transformers.dynamic_module_utils.TIME_OUT_REMOTE_CODE = 15  # transformers' own default: ask, 15 s for an answer
+printed, models = io.StringIO(), {}
+for name, folder in job["folders"].items():
+    with contextlib.redirect_stdout(printed):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # the card's line: no trust_remote_code
+        auto_tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        models[name] = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = tokenizer(job["text"], return_tensors="pt").input_ids
+    report[name] = {
+        "tokenizers": [f"{type(t).__module__}.{type(t).__name__}" for t in (tokenizer, auto_tokenizer)],
+        "same_ids": auto_tokenizer(job["text"], return_tensors="pt").input_ids.tolist() == ids.tolist(),
+        "model_module": type(models[name]).__module__,
+    }
+    with torch.no_grad():
+        results[name] = {"ids": ids, "logits": models[name](ids).logits}
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # after the models' remote code ran
+from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+
+for name, model in models.items():
+    torch.manual_seed(0)  # LoRA's B starts random, not zero, so the adapter changes the logits
+    lora = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=8, init_lora_weights=False)).eval()
+    report[name]["wrapped"] = sorted({n.rsplit(".", 1)[-1] for n, m in lora.named_modules() if hasattr(m, "lora_A")})
+    report[name]["stock_targets"] = sorted(PEFT_TARGETS[name])
+    with torch.no_grad():
+        results[name]["lora_logits"] = lora(results[name]["ids"]).logits
+    results[f"{name}_adapter"] = get_peft_model_state_dict(lora)
+report["prompts"] = printed.getvalue()
+report["versions"] = {"transformers": transformers.__version__, "torch": torch.__version__}
+"""
+
+
+@pytest.fixture(scope="session")
+def newest_python() -> tuple[PluginFreePython, dict[str, str]]:
+    """The newest-transformers environment's Python and its versions; a skip (a failure under .ci/run) without it."""
+    given = os.environ.get(VENV_VARIABLE)
+    venv = Path(given) if given else ROOT / ".venv-newest"
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        message = f"no environment with the newest transformers at {venv}: create it with `{CREATE}` (.ci/run does)"
+        if given:
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env, cwd=venv,
+                          stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    probe = json.loads(done.stdout)
+    assert not probe["plugin_found"], f"{venv} has hf_geonorm installed: it must hold transformers and peft only"
+    return PluginFreePython(python), probe["versions"]
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator((STDLIB / "textwrap.py").read_text().splitlines(), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict[str, Path]:
+    """A GeoNorm folder of each family, converted by ``hf-geonorm convert`` from a stock folder with a tokenizer."""
+    root, tokenizer = tmp_path_factory.mktemp("newest"), byte_level_tokenizer()
+    folders = {}
+    for name in FAMILIES:
+        stock = root / f"stock-{name}"
+        tiny_model(name, perturb=True, vocab_size=320).save_pretrained(stock)
+        tokenizer.save_pretrained(stock)
+        result = invoke("convert", stock, root / name)
+        assert result.exit_code == 0, result.output
+        folders[name] = root / name
+    return folders
+
+
+def test_converted_folders_load_without_the_plugin_under_the_newest_transformers(newest_python, converted, tmp_path):
+    python, versions = newest_python
+    job = {"folders": {name: str(folder) for name, folder in converted.items()}, "text": TEXT}
+    report, results = python.run(CHILD, job, tmp_path / "child")
+    assert report["versions"]["transformers"] == versions["transformers"]
+    assert report["prompts"] == "", f"a trust prompt under transformers {versions['transformers']}"
+    for name, folder in converted.items():
+        seen, computed = report[name], results[name]
+        assert seen["tokenizers"][0].startswith("transformers.") and seen["tokenizers"][1].startswith("transformers.")
+        assert seen["same_ids"] and seen["model_module"].startswith("transformers_modules.")
+        assert seen["wrapped"] == seen["stock_targets"], name  # PEFT's own targets for the stock type
+        # the plugin, with this environment's transformers, on the same folder
+        ids = AutoTokenizer.from_pretrained(folder)(TEXT, return_tensors="pt").input_ids
+        assert computed["ids"].tolist() == ids.tolist()
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        assert type(model) is hf_geonorm.family_for(name).causal_class
+        with torch.no_grad():
+            torch.testing.assert_close(computed["logits"], model(ids).logits)
+        config = LoraConfig(task_type="CAUSAL_LM", r=8, target_modules=seen["wrapped"], fan_in_fan_out=name == "gpt2")
+        lora = get_peft_model(model, config).eval()
+        loaded = set_peft_model_state_dict(lora, results[f"{name}_adapter"])
+        assert not loaded.unexpected_keys
+        with torch.no_grad():
+            torch.testing.assert_close(computed["lora_logits"], lora(ids).logits)
+        assert not torch.allclose(computed["lora_logits"], computed["logits"])  # the adapter is not a no-op
