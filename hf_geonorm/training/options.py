@@ -301,10 +301,11 @@ class TrainOptions:
     output: str = field(default="geonorm-run", metadata=option(
         "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False,
         sweep_key=False))  # fmt: skip
-    save_final_only: bool = field(default=False, metadata=option(
-        "Remove the checkpoints once final/ and metrics.json are written: the output keeps the model, not the "
-        "optimizer state a checkpoint holds for --resume (twice the weights' size again).", flag=True,
-        sweep=False))  # fmt: skip
+    keep_checkpoints: bool = field(default=False, metadata=option(
+        "Keep the checkpoints once final/ and metrics.json are written (a finished run removes them: final/ is the "
+        "model, and a checkpoint's optimizer state, twice the weights' size again, serves only --resume; "
+        "--save-final-only, the default, says so), e.g. to continue a constant-rate run with a longer --max-steps.",
+        flag=True, name="--keep-checkpoints/--save-final-only", sweep=False, sweep_key=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
         sweep=False, sweep_key=False))  # fmt: skip
