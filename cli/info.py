@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
+
+from .library import library_module
 
 
 def settings_line(settings: dict[str, Any]) -> str:
@@ -31,13 +34,23 @@ def info(path: str, as_json: bool) -> None:
     On the output folder of `train` it summarises the run (its model, steps, tokens, learning rate and where it came
     from, losses; an unfinished run from its newest checkpoint), and on that of `sweep` the sweep (its arms, each
     arm's best rate, the arm lowest on test and by how much, and where the report is)."""
-    from hf_geonorm.inspection import describe
+    data = _gguf_header_facts(path)
+    if data is None:
+        from hf_geonorm.inspection import describe
 
-    data = describe(path)
+        data = describe(path)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     {"gguf": _gguf, "run": _run, "sweep": _sweep}.get(data.get("kind", ""), _folder)(path, data)
+
+
+def _gguf_header_facts(path: str) -> dict[str, Any] | None:
+    """A ``.gguf`` file's facts from its header alone, without importing torch or transformers
+    (``hf_geonorm.sharing.gguf_lineage``); None for anything else, or where the header does not settle them."""
+    if Path(path).suffix.lower() != ".gguf" or not Path(path).is_file():
+        return None
+    return library_module("sharing/gguf_lineage").header_description(path)
 
 
 def _gguf(path: str, data: dict[str, Any]) -> None:

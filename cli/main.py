@@ -28,6 +28,7 @@ from .train import train
 
 PRESETS = PRESET_NAMES
 SIZES = library_module("training/presets")  # the presets' shapes and the default vocabulary, read without torch
+MEASURES = library_module("analysis/defaults")  # the tokens perplexity and the angles are measured on
 
 
 def _preset_help() -> str:
@@ -138,8 +139,8 @@ def architectures(as_json: bool) -> None:
 @click.option("--eval-text", type=click.Path(exists=True, dir_okay=False),
               help="Measure perplexity on this text before and after conversion (printed, and put in the "
               "card).")  # fmt: skip
-@click.option("--eval-tokens", type=click.IntRange(min=2), default=2048, show_default=True,
-              help="Tokens of --eval-text to use.")  # fmt: skip
+@click.option("--eval-tokens", type=click.IntRange(min=2), default=MEASURES.PERPLEXITY_TOKENS, show_default=True,
+              help="Tokens of --eval-text to use (as perplexity --max-tokens).")  # fmt: skip
 @click.option("--calibrate", "calibrate_text", type=click.Path(exists=True, dir_okay=False),
               help="Set geo_alpha to one step size per update measured on this text through the Pre-Norm source "
               "(and no clamp unless --max-angle is given), and store the Pre-Norm frames and each update's bridge "
@@ -240,12 +241,16 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
 # ---- angles and perplexity ----
 
 
-def measuring_options(func: Any) -> Any:
-    """The options of the commands that run a model on a text."""
+def measuring_options(tokens: int) -> Any:
+    """The options of the commands that run a model on a text, ``tokens`` of it by default."""
+    return lambda func: _with_measuring_options(func, tokens)
+
+
+def _with_measuring_options(func: Any, tokens: int) -> Any:
     for option in reversed([
         click.option("--text", "text_path", type=click.Path(exists=True, dir_okay=False), required=True,
                      help="A UTF-8 text file to run the model on."),
-        click.option("--max-tokens", type=click.IntRange(min=2), default=1024, show_default=True,
+        click.option("--max-tokens", type=click.IntRange(min=2), default=tokens, show_default=True,
                      help="Tokens of the text to use."),
         click.option("--window", type=click.IntRange(min=2),
                      help="Tokens per forward pass [default: the model's context, at most --max-tokens]."),
@@ -263,7 +268,7 @@ def measuring_options(func: Any) -> Any:
 @click.argument("source")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the angles into this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@measuring_options
+@measuring_options(MEASURES.ANGLE_TOKENS)
 def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, max_tokens: int, window: int | None,
            dtype: str, device: str, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Measure, per layer and sublayer, the rotation angle each residual update makes on the sphere while
@@ -308,7 +313,7 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
 
 @cli.command()
 @click.argument("source")
-@measuring_options
+@measuring_options(MEASURES.PERPLEXITY_TOKENS)
 def perplexity(source: str, text_path: str, max_tokens: int, window: int | None, dtype: str, device: str,
                allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Perplexity of SOURCE (folder, .gguf or Hub id) on a text, over non-overlapping windows. Settings
@@ -317,7 +322,7 @@ def perplexity(source: str, text_path: str, max_tokens: int, window: int | None,
     from hf_geonorm.analysis.evaluation import measure_perplexity
 
     report = measure_perplexity(source, text_path, max_tokens, window, dtype, device, pop_settings(kwargs),
-                                allow_missing)  # fmt: skip
+                                allow_missing, log=_progress)  # fmt: skip
     click.echo(f"perplexity: {report.perplexity:.6g} ({report.tokens} tokens in {report.windows} windows, "
                f"{report.tokenization})")  # fmt: skip
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.calibration import bridge_costs, calibrate
+from .analysis.defaults import PERPLEXITY_TOKENS
 from .analysis.evaluation import check_finite, perplexity, text_windows
 from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
 from .files.output_lock import check_not_in_use, output_lock
@@ -169,7 +170,7 @@ class ConversionOptions:
     license: str | None = None
     repo_id: str | None = None
     eval_text: str | os.PathLike | None = None
-    eval_tokens: int = 2048
+    eval_tokens: int = PERPLEXITY_TOKENS
     calibrate_text: str | os.PathLike | None = None
     calibrate_tokens: int = 4096
     cost_tokens: int = 1024

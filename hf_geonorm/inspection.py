@@ -48,15 +48,21 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def describe_gguf(path: Path) -> dict[str, Any]:
-    """The facts of a ``.gguf`` checkpoint (read from its metadata, as ``convert`` reads it): type, sizes,
-    positions, parameters (the tensors' element counts), the license, base model and model name it states and its
-    tensors' types (``sharing.gguf_lineage``)."""
+    """The facts of a ``.gguf`` checkpoint: type, sizes, positions, parameters (the tensors' element counts), the
+    license, base model and model name it states and its tensors' types (``sharing.gguf_lineage``). From its header
+    alone where that settles them (``gguf_lineage.header_description``), else from its metadata as ``convert`` reads it,
+    with the same checks."""
+    from .files.gguf_header import read_gguf_header
     from .loading import open_source
-    from .sharing.gguf_lineage import gguf_lineage
+    from .sharing.gguf_lineage import gguf_lineage, header_description
 
+    header = read_gguf_header(path)
+    described = header_description(path, header)
+    if described is not None:
+        return described
     source = open_source(path)
     config = source.config
-    out: dict[str, Any] = {
+    return {
         "path": str(path),
         "kind": "gguf",
         "model_type": source.model_type,
@@ -66,17 +72,10 @@ def describe_gguf(path: Path) -> dict[str, Any]:
         "hidden_size": config.get("hidden_size", config.get("n_embd")),
         "vocab_size": config.get("vocab_size"),
         "positions": positions(config),
-        "parameters": None,
+        "parameters": sum(t.n_elements for t in header.tensors),
+        "parameters_from": "GGUF tensors",
+        "metadata": gguf_lineage(path, header),
     }
-    try:
-        from gguf import GGUFReader
-
-        out["parameters"] = int(sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors))
-        out["parameters_from"] = "GGUF tensors"
-    except Exception:  # noqa: BLE001 - an unknown size is fine here
-        pass
-    out["metadata"] = gguf_lineage(path)
-    return out
 
 
 def describe_folder(path: str | os.PathLike) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def rows(count: int, size: int = 300) -> list[str]:
 
 
 def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_refused(tmp_path, data_file):
-    args = ["--warmup-steps", "3", "--lr", "1e-2", "--logging-steps", "1", "--max-steps", "4", "--eval-every", "2"]
+    args = ["--warmup-steps", "3", "--lr", "1e-2", "--logging-steps", "1", "--max-steps", "4", "--eval-every", "2",
+            "--keep-checkpoints"]  # fmt: skip
     whole = train_in(tmp_path, data_file, *args)
     assert whole.exit_code == 0, whole.output
     out = shutil.copytree(tmp_path / "run", tmp_path / "stopped")

@@ -232,7 +232,7 @@ def test_resume_in_the_middle_of_an_epoch_sees_the_same_next_batches(tmp_path, c
     the unbroken run got."""
     out = tmp_path / "run"
     common = ["--data", str(corpus), *SMALL[:-4], "--max-steps", "4", "--eval-every", "2", "--data-cache",
-              str(cache), "--output", str(out)]  # fmt: skip
+              str(cache), "--keep-checkpoints", "--output", str(out)]  # fmt: skip
     assert train(*common).exit_code == 0
     unbroken = list(seen)
     for name in ("checkpoint-4", "final", "metrics.json", "loss_curve.png"):

@@ -75,14 +75,13 @@ def test_a_short_run_shows_its_evaluation_and_leaves_it_out_of_tokens_per_second
 # ---- 9. the checkpoints a run keeps ----
 
 
-def test_the_end_of_a_run_says_what_its_checkpoints_hold_and_save_final_only_removes_them(short_run, tmp_path,
-                                                                                          data_file):  # fmt: skip
+def test_the_end_of_a_run_says_what_its_checkpoints_held_when_it_removes_them(short_run, tmp_path, data_file):
     out, output = short_run
-    assert "checkpoint-4 kept beside final/" in output and "--save-final-only" in output
-    lean = tmp_path / "lean"
-    output = succeeds("train", "--data", data_file, *SMALL, "--max-steps", 2, "--save-final-only", "--output", lean)
-    assert "removed checkpoint-2" in output
-    assert not list(lean.glob("checkpoint-*")) and (lean / "final" / "model.safetensors").is_file()
+    assert "removed checkpoint-4" in output and "--keep-checkpoints keeps them" in output
+    assert not list(out.glob("checkpoint-*")) and (out / "final" / "model.safetensors").is_file()
+    kept = tmp_path / "kept"
+    output = succeeds("train", "--data", data_file, *SMALL, "--max-steps", 2, "--keep-checkpoints", "--output", kept)
+    assert "checkpoint-2 kept beside final/ (--keep-checkpoints)" in output and (kept / "checkpoint-2").is_dir()
 
 
 # ---- 2. the card's lineage through train ----

@@ -141,7 +141,7 @@ def test_earlier_outputs_without_the_marker_are_recognised_by_what_they_hold(sto
 
 def test_train_force_starts_anew_only_over_its_own_output(data_file, tmp_path):
     run = tmp_path / "run"
-    result = train_in(tmp_path, data_file)
+    result = train_in(tmp_path, data_file, "--keep-checkpoints")  # as every run kept them before the marker existed
     assert result.exit_code == 0, result.output
     (run / "checkpoint-7").mkdir()  # a user's folder of a checkpoint's name, which --force once removed
     (run / "checkpoint-7" / "notes.txt").write_text("mine")

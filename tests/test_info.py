@@ -108,7 +108,7 @@ def run_folder(tmp_path_factory, data_file) -> Path:
     from conftest import train_in
 
     root = tmp_path_factory.mktemp("runs")
-    result = train_in(root, data_file)
+    result = train_in(root, data_file, "--keep-checkpoints")
     assert result.exit_code == 0, result.output
     return root / "run"
 

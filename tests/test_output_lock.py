@@ -52,7 +52,7 @@ def test_a_second_train_into_the_same_output_fails_at_once_naming_the_first(tmp_
     with pytest.raises(ProcessLookupError):
         os.kill(holder["pid"], 0)
     assert (out / ".hf-geonorm.lock").is_file()
-    after = train(*args, "--force")
+    after = train(*args, "--force", "--keep-checkpoints")
     assert after.exit_code == 0, after.output
     assert f"took over the lock {out / '.hf-geonorm.lock'} of hf-geonorm train (process {holder['pid']}" in after.output
     assert sorted(p.name for p in out.iterdir()) == [".hf-geonorm-output.json", "checkpoint-1", "checkpoint-2", "final",

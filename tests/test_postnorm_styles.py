@@ -221,7 +221,7 @@ def test_a_checkpoint_recorded_before_post_zero_positions_existed_resumes(tmp_pa
     common = ["--data", source_text, "--norm-style", "post", "--seq-len", "32", "--vocab-size", "300", "--batch-size",
               "2", "--eval-blocks", "8", "--warmup-steps", "0", "--min-lr-ratio", "1", "--data-cache",
               tmp_path / "cache", "--output", out]  # fmt: skip
-    assert train(*common, "--max-steps", "2", "--save-every", "1").exit_code == 0
+    assert train(*common, "--max-steps", "2", "--save-every", "1", "--keep-checkpoints").exit_code == 0
     record_file = out / "checkpoint-2" / "hf_geonorm_run.json"
     record = json.loads(record_file.read_text())
     assert record["settings"].pop("post_zero_positions") is True

@@ -77,7 +77,7 @@ def folders(tmp_path_factory, hub):
     AutoModelForCausalLM.from_pretrained(root / "converted").save_pretrained(root / "resaved")
     # hf-geonorm train's library path: Trainer checkpoints (RemoteCodeOnSave) and the final folder
     options = TrainOptions(max_steps=4, eval_every=2, seq_len=32, batch_size=4, max_tokens=20_000, vocab_size=300,
-                           output=str(root / "run"), warmup_steps=0)  # fmt: skip
+                           output=str(root / "run"), warmup_steps=0, keep_checkpoints=True)  # fmt: skip
     run_training(options, log=lambda *a: None)
     # LoRA adapters trained on the GeoNorm model (a few steps, so that they change the outputs)
     from peft import LoraConfig, get_peft_model

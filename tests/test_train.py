@@ -46,7 +46,8 @@ def eval_loss_of(folder: Path, data_file: Path, blocks: int) -> float:
 
 def test_train_writes_metrics_curve_checkpoints_and_a_reloadable_model(tmp_path, data_file):
     out = tmp_path / "run"
-    result = train("--data", str(data_file), *SMALL, "--max-steps", "6", "--eval-every", "3", "--output", str(out))
+    result = train("--data", str(data_file), *SMALL, "--max-steps", "6", "--eval-every", "3", "--keep-checkpoints",
+                   "--output", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 6 and metrics["model_type"] == "geonorm_gpt2"
@@ -99,7 +100,8 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, data_
     import shutil
 
     out = tmp_path / "run"
-    common = ["--data", str(data_file), *SMALL, "--eval-every", "2", "--max-steps", "4", "--output", str(out)]
+    common = ["--data", str(data_file), *SMALL, "--eval-every", "2", "--keep-checkpoints", "--max-steps", "4",
+              "--output", str(out)]  # fmt: skip
     assert common[-4:] == ["--max-steps", "4", "--output", str(out)]
     assert train(*common).exit_code == 0
     uninterrupted = json.loads((out / "metrics.json").read_text())["final_eval_loss"]
@@ -254,7 +256,7 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
               "--eval-every", "1", "--logging-steps", "1", "--warmup-steps", "0", "--lr", "1e-3"]  # fmt: skip
     single = train(*common, "--batch-size", "4", "--output", str(tmp_path / "single"))
     assert single.exit_code == 0, single.output
-    done = torchrun([*common, "--batch-size", "2", "--output", str(tmp_path / "multi")], tmp_path)
+    done = torchrun([*common, "--batch-size", "2", "--keep-checkpoints", "--output", str(tmp_path / "multi")], tmp_path)
     assert done.returncode == 0, launch_failure(done)
 
     def losses(folder):

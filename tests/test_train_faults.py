@@ -48,7 +48,8 @@ def names(folder: Path) -> list[str]:
 
 def test_sigkill_during_the_final_save_leaves_no_partial_final_and_resume_completes_it(tmp_path, data_file):
     out = tmp_path / "run"
-    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", str(out)]
+    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--keep-checkpoints", "--output",
+            str(out)]  # fmt: skip
     status, output = stopped_run(args, stop_at_save=3, sig=signal.SIGKILL, cwd=tmp_path)  # 1, 2: checkpoints
     assert status == -signal.SIGKILL, output
     assert not (out / "final").exists()  # not a config without weights
@@ -67,7 +68,8 @@ def test_sigkill_during_the_final_save_leaves_no_partial_final_and_resume_comple
 
 def test_sigkill_during_a_checkpoint_leaves_the_previous_one_to_resume_from(tmp_path, data_file):
     out = tmp_path / "run"
-    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--output", str(out)]
+    args = ["--data", str(data_file), *SMALL, "--max-steps", "2", "--eval-every", "1", "--keep-checkpoints", "--output",
+            str(out)]  # fmt: skip
     status, output = stopped_run(args, stop_at_save=2, sig=signal.SIGKILL, cwd=tmp_path)
     assert status == -signal.SIGKILL, output
     assert [n for n in names(out) if not n.startswith(".")] == ["checkpoint-1"]  # no checkpoint-2 without weights
@@ -119,7 +121,9 @@ def test_sigkill_during_a_force_run_leaves_no_results_of_the_earlier_run(tmp_pat
 
 
 def run_args(data: Path, out: Path, *more: object) -> list[object]:
-    return ["--data", data, *SMALL, "--eval-blocks", 8, "--max-steps", 4, "--eval-every", 2, "--output", out, *more]
+    """A four-step run that keeps its checkpoints when it finishes (the tests below stop it, or damage them)."""
+    return ["--data", data, *SMALL, "--eval-blocks", 8, "--max-steps", 4, "--eval-every", 2, "--keep-checkpoints",
+            "--output", out, *more]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +149,8 @@ def stopped(tmp_path, uninterrupted) -> Path:
 def test_resume_skips_a_damaged_checkpoint_and_names_what_does_not_fit(tmp_path, data_file):
     out = tmp_path / "run"
     # within the warm-up the schedule does not depend on --max-steps: a longer run may resume the checkpoints
-    common = ["--data", str(data_file), *SMALL, "--warmup-steps", "3", "--eval-every", "1", "--output", str(out)]
+    common = ["--data", str(data_file), *SMALL, "--warmup-steps", "3", "--eval-every", "1", "--keep-checkpoints",
+              "--output", str(out)]  # fmt: skip
     assert train(*common, "--max-steps", "2").exit_code == 0
     # another setting than the checkpoint's: named, before anything is written
     other = train(*common, "--max-steps", "3", "--resume", "--norm-style", "pre")
@@ -204,7 +209,8 @@ def test_resume_loads_every_tensor_of_a_checkpoint_saved_under_other_names(tmp_p
     stock = tmp_path / "moe"
     tiny_model("deepseek_v3", vocab_size=320).save_pretrained(stock)
     out = tmp_path / "run"
-    args = ["--model", stock, "--data", data_file, *SMALL, "--max-steps", "2", "--eval-every", "2", "--output", out]
+    args = ["--model", stock, "--data", data_file, *SMALL, "--max-steps", "2", "--eval-every", "2",
+            "--keep-checkpoints", "--output", out]  # fmt: skip
     assert train(*args).exit_code == 0
     shutil.rmtree(out / "final")  # as if killed while writing final/: --resume writes it from checkpoint-2
     (out / "metrics.json").unlink()
@@ -217,7 +223,7 @@ def test_resume_loads_every_tensor_of_a_checkpoint_saved_under_other_names(tmp_p
 
 def test_resume_refuses_lora_adapters_missing_a_tensor(tmp_path, data_file):
     out = tmp_path / "run"
-    args = ["--data", data_file, *SMALL, "--eval-every", "1", "--lora", "--output", out]
+    args = ["--data", data_file, *SMALL, "--eval-every", "1", "--lora", "--keep-checkpoints", "--output", out]
     assert train(*args, "--max-steps", "1").exit_code == 0
     adapters = out / "checkpoint-1" / "adapter_model.safetensors"
     tensors = load_file(adapters)
@@ -406,7 +412,7 @@ def test_resume_of_an_fp16_run_needs_its_loss_scale_where_the_trainer_keeps_one(
     start anew, skipping steps until it is found again."""
     from hf_geonorm.training.run import checkpoint_state
 
-    assert train_in(tmp_path, data_file, "--fp16").exit_code == 0
+    assert train_in(tmp_path, data_file, "--fp16", "--keep-checkpoints").exit_code == 0
     out = tmp_path / "run"
     shutil.rmtree(out / "final")  # as if killed while writing final/, with scaler.pt lost
     (out / "metrics.json").unlink()
@@ -611,7 +617,7 @@ def test_the_bridge_anneal_runs_the_written_schedule_and_ends_at_one(tmp_path, d
     out = tmp_path / "run"
     options = TrainOptions(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, warmup_steps=0, lr=1e-3,
                            max_steps=5, eval_every=1, logging_steps=1, bridge_anneal=4, settings={"geo_bridge": 0.2},
-                           output=str(out))  # fmt: skip
+                           keep_checkpoints=True, output=str(out))  # fmt: skip
     metrics = run_training(options, log=lambda line: None)
     # step s (1-based) runs 0.2 + 0.8 * s / 4: 1.0 at the last anneal step, and after it
     schedule = [0.4, 0.6, 0.8, 1.0, 1.0]

@@ -105,7 +105,8 @@ def test_a_config_with_fewer_rows_than_its_own_tokenizer_is_refused(tmp_path, da
 def test_train_steps_at_the_written_schedule_and_resumes_it(tmp_path, data_file, adamw_steps):
     out = tmp_path / "run"
     options = dict(data=str(data_file), seq_len=32, vocab_size=300, batch_size=4, max_steps=8, warmup_steps=3, lr=1e-3,
-                   min_lr_ratio=0.2, adam_beta2=0.99, weight_decay=0.1, eval_every=4, output=str(out))  # fmt: skip
+                   min_lr_ratio=0.2, adam_beta2=0.99, weight_decay=0.1, eval_every=4, keep_checkpoints=True,
+                   output=str(out))  # fmt: skip
     run_training(TrainOptions(**options), log=lambda line: None)
     expected = [1e-3 * written_factor(s, 3, 8, 0.2) for s in range(8)]
     assert [s["lr"] for s in adamw_steps] == [pytest.approx([lr, lr], rel=1e-12) for lr in expected]

@@ -22,6 +22,7 @@ from ..loading import Source
 from ..modeling.geometry import geonorm_angle, prenorm_angle
 from ..modeling.residual import residual_modules
 from ..modeling.settings import GeoNormSettings, computes_prenorm
+from .defaults import ANGLE_TOKENS
 from .evaluation import check_finite, prepare_model, read_with_hooks, text_windows
 
 
@@ -243,7 +244,7 @@ class AnglesReport:
 def analyse_angles(
     source: Source | str,
     text_path: str | os.PathLike,
-    max_tokens: int = 1024,
+    max_tokens: int = ANGLE_TOKENS,
     window: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +21,17 @@ from ..files.text_files import read_text
 from ..loading import Source, load_model, load_tokenizer, open_source, resolve_settings
 from ..modeling.residual import GeoNormResidual, residual_modules
 from ..patching import apply_geonorm
+from .defaults import PERPLEXITY_TOKENS
 
 BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"
 CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here makes a token of more than 32 characters' worth of text
 MAX_EXP_ARGUMENT = math.log(sys.float_info.max)
+LOGITS_CHUNK_BYTES = 64 * 2**20  # float32 logits held at once: 341 positions of SmolLM2's 49,152 tokens
+LARGE_MEMORY_BYTES = 10**9  # a measurement estimated to need more (1 GB) is stated before it starts
+# A window's activations at their peak, in values per token: a few states of the model's width (the residual stream,
+# an update's normed input, queries, keys, values, its output) and of the MLP's inner width. SmolLM2-135M's peak grew
+# by 0.18 GB from 2,048 to 8,192 tokens, 7,300 float32 values a token: 8 x 576 + 2 x 1,536 is 7,680.
+STATES_PER_TOKEN, INNER_STATES_PER_TOKEN = 8, 2
 
 
 def context_length(config: Any) -> int:
@@ -89,15 +97,71 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexity") -> float:
-    """exp(mean next-token negative log-likelihood) over the windows (NaN or inf when the model's are)."""
-    device = _device(model)
+def _forward(model: nn.Module, ids: torch.Tensor) -> Any:
+    """A forward pass that keeps nothing it does not return: no key/value cache (30 layers of keys and values of
+    an 8,192-token window are 0.4 GB on SmolLM2), no hidden states or attention weights."""
+    return model(input_ids=ids, use_cache=False, output_hidden_states=False, output_attentions=False)
+
+
+def _final_states(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The states the output head reads, [1, T, d]: the base model's last hidden state, without the logits."""
+    return model.base_model(input_ids=ids, use_cache=False, output_hidden_states=False,
+                            output_attentions=False).last_hidden_state  # fmt: skip
+
+
+PROBE_TOKENS = 8
+
+
+def head_is_plain(model: nn.Module, window: list[int]) -> bool:
+    """Whether the model's logits are its output head applied to the final states, and nothing more (checked on
+    the first ``PROBE_TOKENS`` tokens of ``window``): then they can be computed a chunk of positions at a time. A
+    model that scales or caps its logits after the head (Gemma 2's soft-capping, Cohere's scale) is not."""
+    head = model.get_output_embeddings()
+    if head is None:
+        return False
+    ids = torch.tensor([window[:PROBE_TOKENS]], device=_device(model))
+    with torch.inference_mode():
+        whole = _forward(model, ids).logits
+        parts = head(_final_states(model, ids))
+    return whole.shape == parts.shape and bool(torch.allclose(whole.float(), parts.float(), rtol=1e-4, atol=1e-5))
+
+
+def chunk_positions(vocab_size: int, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> int:
+    """Positions per chunk of float32 logits of ``chunk_bytes`` at most (at least one)."""
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
+def window_logits(model: nn.Module, window: list[int], chunk: int | None, plain: bool) -> Iterator[torch.Tensor]:
+    """The float32 logits of the window's positions but the last ([T - 1, vocab] in all), ``chunk`` positions at a
+    time where the head is ``plain`` (``head_is_plain``): the head runs on each chunk of the final states, so no
+    [T, vocab] tensor is ever held. Otherwise (or ``chunk`` None) the model's own logits, whole. Call it under
+    ``torch.inference_mode``."""
+    ids = torch.tensor([window], device=_device(model))
+    if chunk is None or not plain:
+        yield _forward(model, ids).logits[0, :-1].float()
+        return
+    states = _final_states(model, ids)[0, :-1]
+    head = model.get_output_embeddings()
+    for start in range(0, states.shape[0], chunk):
+        yield head(states[start : start + chunk]).float()
+
+
+def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexity", chunk: int | None = -1) -> float:
+    """exp(mean next-token negative log-likelihood) over the windows (NaN or inf when the model's are), with the
+    logits and the loss computed ``chunk`` positions at a time (-1: ``chunk_positions`` of the vocabulary; None:
+    the whole window's logits at once, as the model returns them)."""
+    if chunk == -1:
+        chunk = chunk_positions(model.config.vocab_size)
+    plain = chunk is not None and head_is_plain(model, windows[0])
     total, count = 0.0, 0
-    with torch.no_grad():
+    with torch.inference_mode():
         for w in _progress(windows, desc):
-            ids = torch.tensor([w], device=device)
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            targets = torch.tensor(w[1:], device=_device(model))
+            start = 0
+            for logits in window_logits(model, w, chunk, plain):
+                end = start + logits.shape[0]
+                total += float(torch.nn.functional.cross_entropy(logits, targets[start:end], reduction="sum"))
+                start = end
             count += len(w) - 1
     mean = total / count
     if math.isnan(mean):
@@ -106,14 +170,15 @@ def perplexity(model: nn.Module, windows: list[list[int]], desc: str = "perplexi
 
 
 def read_with_hooks(model: nn.Module, windows: list[list[int]], hooks: list[tuple[nn.Module, Any]]) -> None:
-    """Run ``model`` over the token ``windows`` (one forward each, no gradients) with each ``(module, hook)``
-    registered as a forward hook; the hooks are removed afterwards, also on an error."""
+    """Run ``model``'s body over the token ``windows`` (one forward each, no gradients, no logits: the hooks see
+    the residual updates) with each ``(module, hook)`` registered as a forward hook; the hooks are removed
+    afterwards, also on an error."""
     handles = [module.register_forward_hook(hook) for module, hook in hooks]
-    device = next(model.parameters()).device
+    device = _device(model)
     try:
-        with torch.no_grad():
+        with torch.no_grad():  # not inference_mode: a hook may keep a tensor that later computations take
             for window in windows:
-                model(input_ids=torch.tensor([window], device=device))
+                _final_states(model, torch.tensor([window], device=device))
     finally:
         for handle in handles:
             handle.remove()
@@ -149,13 +214,15 @@ def explain_non_finite(model: nn.Module, windows: list[list[int]]) -> str:
 
         return hook
 
+    chunk = chunk_positions(model.config.vocab_size)
+    plain = head_is_plain(model, windows[0])  # before the hooks: they watch the windows' own forward passes
     handles = [module.register_forward_hook(make_hook(k, name)) for k, name, module in residual_modules(model)]
     finite_outputs = True
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             for w in windows:
-                logits = model(input_ids=torch.tensor([w], device=_device(model))).logits
-                finite_outputs = finite_outputs and bool(torch.isfinite(logits).all())
+                for logits in window_logits(model, w, chunk, plain):
+                    finite_outputs = finite_outputs and bool(torch.isfinite(logits).all())
                 if first or not finite_outputs:
                     break
     finally:
@@ -203,6 +270,43 @@ def prepare_model(
 
 
 @dataclass
+class MemoryEstimate:
+    """What measuring a model on windows of ``window`` tokens holds at once, in bytes: its ``weights``, a window's
+    ``activations`` (no cache, no gradients) and the float32 ``logits`` of ``positions`` positions (a chunk)."""
+
+    window: int
+    weights: int
+    activations: int
+    logits: int
+    positions: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.logits
+
+    def line(self) -> str:
+        return (
+            f"memory: about {self.total / 1e9:.2f} GB for {self.window:,}-token windows: weights {self.weights:,} "
+            f"bytes, a window's activations about {self.activations / 1e9:.2f} GB, its logits "
+            f"{self.logits / 1e9:.2f} GB at a time ({self.positions:,} positions); --window sets shorter windows"
+        )
+
+
+def measurement_memory(model: nn.Module, window: int, chunk: int | None) -> MemoryEstimate:
+    """The memory ``perplexity`` needs for ``model`` on windows of ``window`` tokens, logits ``chunk`` positions
+    at a time (None: the whole window's): the weights as they are, a window's activations by ``STATES_PER_TOKEN``
+    and ``INNER_STATES_PER_TOKEN``, and the logits with their log-softmax."""
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    width = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * width
+    item = next(model.parameters()).element_size()
+    activations = window * item * (STATES_PER_TOKEN * width + INNER_STATES_PER_TOKEN * inner)
+    positions = window - 1 if chunk is None else min(chunk, window - 1)
+    return MemoryEstimate(window, weights, activations, 2 * positions * config.vocab_size * 4, positions)
+
+
+@dataclass
 class PerplexityReport:
     """What ``measure_perplexity`` found."""
 
@@ -215,17 +319,22 @@ class PerplexityReport:
 def measure_perplexity(
     source: Source | str,
     text_path: str | os.PathLike,
-    max_tokens: int = 1024,
+    max_tokens: int = PERPLEXITY_TOKENS,
     window: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
     settings: dict[str, Any] | None = None,
     allow_missing: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> PerplexityReport:
     """Perplexity of ``source`` (folder, .gguf or Hub id; converted in memory with ``settings``) on the first
-    ``max_tokens`` tokens of a text file, over non-overlapping windows. ``NonFiniteError`` (a ``ValueError``)
-    when it is not finite, saying where and why."""
+    ``max_tokens`` tokens of a text file, over non-overlapping windows. ``log`` gets the memory it will take
+    (``measurement_memory``) first where that is above ``LARGE_MEMORY_BYTES``. ``NonFiniteError`` (a
+    ``ValueError``) when it is not finite, saying where and why."""
     model, tokenizer, src = prepare_model(source, dtype, device, settings, allow_missing)
     windows, how = text_windows(model, tokenizer, text_path, max_tokens, window, src.spec)
+    memory = measurement_memory(model, max(len(w) for w in windows), chunk_positions(model.config.vocab_size))
+    if log is not None and memory.total > LARGE_MEMORY_BYTES:
+        log(memory.line())
     value = check_finite(perplexity(model, windows), "the perplexity", model, windows)
     return PerplexityReport(value, sum(len(w) for w in windows), len(windows), how)

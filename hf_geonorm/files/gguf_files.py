@@ -7,7 +7,6 @@ model quantised, so ``save_pretrained`` and the Trainer refuse it; ``dequantize_
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from torch import nn
 
 from ..errors import first_line
 from ..loading_sizes import parameter_count
+from .gguf_header import GGUF_PACKAGE_NEEDED, read_gguf_header
 
 # A file may lack a tensor or two of the model its metadata describes (``--allow-missing`` loads it); a model of
 # more than this many times the values its tensors hold is no missing tensor, but metadata that is not theirs.
@@ -26,21 +26,15 @@ def gguf_config(path: Path) -> dict[str, Any]:
     states fit the tensors the file holds; ``ValueError`` naming the file before anything is allocated otherwise
     (a block count of 10^9 would build 10^9 layers, an embedding length of 10^6 a vocabulary of 10^6-wide rows)."""
     try:
-        from gguf import GGUFReader
+        import gguf  # noqa: F401 - transformers reads the file with it
     except ImportError:
-        raise ValueError(
-            f"cannot read {path}: reading .gguf files needs the gguf package (pip install gguf, or hf-geonorm[gguf])"
-        ) from None
+        raise ValueError(f"cannot read {path}: {GGUF_PACKAGE_NEEDED}") from None
     from transformers import AutoConfig
 
-    try:
-        reader = GGUFReader(str(path))
-        architecture = reader.fields["general.architecture"].contents()
-        stated = reader.fields.get(f"{architecture}.block_count")
-        block_count = stated.contents() if stated is not None else None
-    except Exception as error:  # noqa: BLE001 - a corrupt or unsupported file, reported in one line
-        raise ValueError(f"cannot read {path} as a GGUF checkpoint: {first_line(error)}") from None
-    blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.")}
+    header = read_gguf_header(path)
+    architecture = header.fields.get("general.architecture")
+    block_count = header.fields.get(f"{architecture}.block_count")
+    blocks = {t.name.split(".")[1] for t in header.tensors if t.name.startswith("blk.")}
     if isinstance(block_count, int) and block_count > len(blocks):
         raise ValueError(
             f"{path}: its metadata says {architecture}.block_count is {block_count:,}, but the file holds the "
@@ -50,7 +44,7 @@ def gguf_config(path: Path) -> dict[str, Any]:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - a corrupt or unsupported file, reported in one line
         raise ValueError(f"cannot read {path} as a GGUF checkpoint: {first_line(error)}") from None
-    held = sum(int(t.n_elements) for t in reader.tensors)
+    held = sum(t.n_elements for t in header.tensors)
     try:
         parameters = parameter_count(config)
     except Exception:  # noqa: BLE001 - a model that cannot be built is reported when it loads
@@ -76,33 +70,3 @@ def dequantize_gguf(model: nn.Module) -> nn.Module:
         except AttributeError:  # a read-only property derived from hf_quantizer
             pass
     return model
-
-
-def gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """license, base_model (a Hub id) and language from the file's ``general.*`` keys, where it has them."""
-    try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(path)).fields
-    except Exception:  # noqa: BLE001 - the metadata is optional
-        return {}
-
-    def value(key: str) -> Any:
-        item = fields.get(key)
-        if item is None:
-            return None
-        try:
-            return item.contents()
-        except Exception:  # noqa: BLE001
-            return None
-
-    found: dict[str, Any] = {}
-    if isinstance(value("general.license"), str):
-        found["license"] = value("general.license")
-    url = value("general.base_model.0.repo_url") or value("general.source.huggingface.repository")
-    if isinstance(url, str) and "huggingface.co/" in url:
-        found["base_model"] = url.split("huggingface.co/", 1)[1].strip("/")
-    languages = value("general.languages")
-    if isinstance(languages, list) and all(isinstance(x, str) for x in languages):
-        found["language"] = languages
-    return found

@@ -5,7 +5,17 @@ llama.cpp's converter writes the model's names under ``general.*``: ``general.na
 ``general.basename``, ``general.organization``, the repository it came from (``general.source.repo_url``) and the
 models it was made from (``general.base_model.N.name``, ``.organization``, ``.repo_url``). A Hub id is taken only
 where the file states one: a huggingface.co address, or an organization and a name that together are an id as
-written; a title is never turned into an id."""
+written; a title is never turned into an id.
+
+``header_description`` is what ``hf-geonorm info`` says of a ``.gguf`` file where its header settles it:
+``inspection.describe_gguf`` reads a file as ``convert`` does, through transformers' config of it (a second read of
+the header, with torch and transformers imported: most of a minute on a busy machine, for facts the header states)
+and the size checks every command makes. Where the header leaves nothing for those to find (an architecture of
+``HEADER_TYPES`` whose block count, width and vocabulary are stated and agree with the tensors), the facts come from
+the header alone, without torch or transformers: this module and those it imports use the standard library only
+(and ``gguf`` for the tensor types' names), so the command line reads it through ``hf_geonorm_cli.library``.
+Anything else (another architecture, a missing size, metadata that disagrees with the tensors, which the checks
+refuse) is left to ``describe_gguf``."""
 
 from __future__ import annotations
 
@@ -13,7 +23,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..files.gguf_files import gguf_metadata
+from ..files.gguf_header import GGUFHeader, read_gguf_header
 from .card_metadata import base_model_problem
 
 # Tensor types that hold the values as they are (float or integer): anything else is a quantisation.
@@ -46,29 +56,34 @@ def _hub_id_of(organization: Any, name: Any) -> str | None:
     return candidate if base_model_problem(candidate) is None else None
 
 
-def gguf_lineage(path: str | os.PathLike) -> dict[str, Any]:
-    """The card facts the GGUF file ``path`` states: ``license`` and ``language`` (``gguf_metadata``),
-    ``base_model`` (the first Hub id among: the repository the model was converted from, its organization and
-    name, then the models it was made from), ``source_model`` (the model's name as the file gives it:
-    ``general.name``, else ``general.basename``) and ``source_tensor_types`` (how many tensors of each type it
-    holds)."""
-    from gguf import GGUFReader
+def gguf_metadata(header: GGUFHeader) -> dict[str, Any]:
+    """license, base_model (a Hub id) and language from the file's ``general.*`` keys, where it has them."""
+    value = header.fields.get
+    found: dict[str, Any] = {}
+    if isinstance(value("general.license"), str):
+        found["license"] = value("general.license")
+    url = value("general.base_model.0.repo_url") or value("general.source.huggingface.repository")
+    if isinstance(url, str) and "huggingface.co/" in url:
+        found["base_model"] = url.split("huggingface.co/", 1)[1].strip("/")
+    languages = value("general.languages")
+    if isinstance(languages, list) and all(isinstance(x, str) for x in languages):
+        found["language"] = languages
+    return found
 
-    found = {key: value for key, value in gguf_metadata(path).items() if key != "base_model"}
-    try:
-        reader = GGUFReader(str(path))
-    except Exception:  # noqa: BLE001 - the metadata is optional; loading the file reports what is wrong with it
-        return found
 
-    def value(key: str) -> Any:
-        item = reader.fields.get(key)
-        if item is None:
-            return None
+def gguf_lineage(path: str | os.PathLike, header: GGUFHeader | None = None) -> dict[str, Any]:
+    """The card facts the GGUF file ``path`` (its ``header``, read here when not given) states: ``license`` and
+    ``language`` (``gguf_metadata``), ``base_model`` (the first Hub id among: the repository the model was converted
+    from, its organization and name, then the models it was made from), ``source_model`` (the model's name as the
+    file gives it: ``general.name``, else ``general.basename``) and ``source_tensor_types`` (how many tensors of each
+    type it holds)."""
+    if header is None:
         try:
-            return item.contents()
-        except Exception:  # noqa: BLE001 - a field of a type this gguf cannot read: not stated
-            return None
-
+            header = read_gguf_header(path)
+        except ValueError:  # the metadata is optional; loading the file reports what is wrong with it
+            return {}
+    value = header.fields.get
+    found = {key: item for key, item in gguf_metadata(header).items() if key != "base_model"}
     count = value("general.base_model.count")
     parents = range(min(count, PARENTS_READ) if isinstance(count, int) and count > 0 else 0)
     candidates = [_hub_id_in_address(value(key), plain_id=key == HUB_REPOSITORY) for key in SOURCE_ADDRESSES]
@@ -83,7 +98,47 @@ def gguf_lineage(path: str | os.PathLike) -> dict[str, Any]:
     named = next((value(key) for key in ("general.name", "general.basename") if isinstance(value(key), str)), None)
     if named is not None and named.strip():
         found["source_model"] = named.strip()
-    types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
+    types = Counter(header.tensor_types())
     if types:
         found["source_tensor_types"] = dict(types.most_common())
     return found
+
+
+# GGUF architectures whose transformers config reads block_count, embedding_length and context_length as
+# num_hidden_layers, hidden_size and max_position_embeddings, and the stock model type GeoNorm converts them to
+# (tests/test_info.py checks both against transformers and the supported types).
+HEADER_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2"}
+
+
+def header_description(path: str | os.PathLike, header: GGUFHeader | None = None) -> dict[str, Any] | None:
+    """``describe_gguf``'s facts of the file ``path`` from its ``header`` (read here when not given), or None where
+    the header does not settle them. ``ValueError`` naming the file when it is not a GGUF file."""
+    header = header if header is not None else read_gguf_header(path)
+    fields = header.fields
+    architecture = fields.get("general.architecture")
+    model_type = HEADER_TYPES.get(architecture)
+    names = " ".join(str(fields.get(key, "")) for key in ("general.name", "general.basename"))
+    if model_type is None or (architecture == "llama" and "mistral" in names.lower()):  # transformers: mistral
+        return None
+    stated = {key: fields.get(f"{architecture}.{key}") for key in ("block_count", "embedding_length", "context_length")}
+    vocab = fields.get(f"{architecture}.vocab_size", header.array_lengths.get("tokenizer.ggml.tokens"))
+    embedding = next((t.shape for t in header.tensors if t.name == "token_embd.weight"), None)
+    blocks = {t.name.split(".")[1] for t in header.tensors if t.name.startswith("blk.")}
+    if not all(isinstance(v, int) and v > 0 for v in (*stated.values(), vocab)):
+        return None
+    if embedding != (stated["embedding_length"], vocab) or stated["block_count"] != len(blocks):
+        return None  # the checks of describe_gguf name what disagrees
+    return {
+        "path": str(path),
+        "kind": "gguf",
+        "model_type": model_type,
+        "family": model_type,
+        "geonorm": False,
+        "num_layers": stated["block_count"],
+        "hidden_size": stated["embedding_length"],
+        "vocab_size": vocab,
+        "positions": stated["context_length"],
+        "parameters": sum(t.n_elements for t in header.tensors),
+        "parameters_from": "GGUF tensors",
+        "metadata": gguf_lineage(path, header),
+    }

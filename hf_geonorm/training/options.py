@@ -301,10 +301,13 @@ class TrainOptions:
     output: str = field(default="geonorm-run", metadata=option(
         "Folder for checkpoints, the final model, metrics.json and loss_curve.png.", folder="any", sweep=False,
         sweep_key=False))  # fmt: skip
+    keep_checkpoints: bool = field(default=False, metadata=option(
+        "Keep the checkpoints once final/ and metrics.json are written: a finished run removes them (final/ is the "
+        "model; their optimizer state, twice the weights again, serves only --resume).", flag=True, sweep=False,
+        sweep_key=False))  # fmt: skip
     save_final_only: bool = field(default=False, metadata=option(
-        "Remove the checkpoints once final/ and metrics.json are written: the output keeps the model, not the "
-        "optimizer state a checkpoint holds for --resume (twice the weights' size again).", flag=True,
-        sweep=False))  # fmt: skip
+        "What a finished run does without --keep-checkpoints (kept for the scripts and sweep journals that name it).",
+        flag=True, sweep=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
         sweep=False, sweep_key=False))  # fmt: skip
@@ -362,6 +365,8 @@ class TrainOptions:
             )
         if self.resume and self.force:
             raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
+        if self.keep_checkpoints and self.save_final_only:
+            raise OptionError("--keep-checkpoints and --save-final-only exclude each other: give one")
         try:
             GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
         except ValueError as error:  # the settings are the caller's (command-line options)

@@ -379,8 +379,9 @@ def is_leftover(entry: Path) -> bool:
 
 
 def kept_checkpoints(output: Path, remove: bool) -> str:
-    """What the run leaves beside final/, in one line: its checkpoints (removed with ``remove``, once final/ and
-    metrics.json are written) hold the optimizer state for --resume, often more than the model itself."""
+    """What the run leaves beside final/, in one line: its checkpoints, removed (``remove``: a finished run's, once
+    final/ and metrics.json are written; final/ is the model, and their optimizer state serves only --resume) or
+    kept, with their size."""
     found = [path for _, path in checkpoints(output)]
     if not found:
         return "no checkpoints kept"
@@ -389,8 +390,6 @@ def kept_checkpoints(output: Path, remove: bool) -> str:
     if remove:
         for path in found:
             remove_tree(path)
-        return f"removed {names} ({size / 1e9:.2f} GB; --save-final-only): {output} keeps final/ and the metrics"
-    return (
-        f"{names} kept beside final/: {size / 1e9:.2f} GB, the optimizer state for --resume included; "
-        "--save-final-only removes them at the end of a run"
-    )
+        return (f"removed {names} ({size / 1e9:.2f} GB, the optimizer state for --resume included; --keep-checkpoints "
+                f"keeps them): {output} keeps final/ and the metrics")  # fmt: skip
+    return f"{names} kept beside final/ (--keep-checkpoints): {size / 1e9:.2f} GB, the optimizer state included"

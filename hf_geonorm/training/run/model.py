@@ -158,7 +158,9 @@ def model_from_folder(
     ``architectures``), freshly initialised with ``tokenizer``'s special-token ids (the tokenizer it trains on,
     perhaps trained on the fly). A from-scratch config trains with its own tokenizer (``own_tokenizer``) at its
     ``vocab_size``; with another one (``--tokenizer``, or trained on the fly) its embedding is sized to that
-    tokenizer (padded to 64, as ``train --arch``), which ``log`` reports when it differs from the config's.
+    tokenizer (padded to 64, as ``train --arch``), which ``log`` reports when it differs from the config's: one the
+    user sized (``sized_by_user``: ``--vocab-size``, ``--tokenizer``), or one trained to the config's size that the
+    data could not fill.
     Pickle-only folders, weight files under other names and saved models without weights are refused."""
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
@@ -193,17 +195,18 @@ def model_from_folder(
             "scratch comes from hf-geonorm init)"
         )
     rows = padded_vocab(len(tokenizer))
-    if not own_tokenizer and rows != config.vocab_size and not sized_by_user:
-        raise ValueError(
-            f"the tokenizer trained on the data has {len(tokenizer)} tokens, not the vocab_size {config.vocab_size} "
-            f"of {path / 'config.json'}: the data holds too little text for that vocabulary; give --vocab-size N "
-            "(the model is then built with N rows) or a --tokenizer of that size"
-        )
     if not own_tokenizer and rows != config.vocab_size:
-        if log is not None:
+        if log is not None and sized_by_user:
             log(
                 f"{path / 'config.json'} has vocab_size {config.vocab_size}; the tokenizer has {len(tokenizer)} "
                 f"tokens: the model is built with {rows} rows"
+            )
+        elif log is not None:  # the tokenizer trained to the config's size stopped short: the data has too few merges
+            log(
+                f"the tokenizer trained on the data has {len(tokenizer):,} tokens, fewer than the vocab_size "
+                f"{config.vocab_size:,} of {path / 'config.json'} (the data holds too little text for more): the "
+                f"model's embedding is sized to it: {rows:,} rows (rounded up to a multiple of 64); --vocab-size N "
+                "trains a tokenizer of N tokens instead"
             )
         config.vocab_size = rows
     if len(tokenizer) > config.vocab_size:

@@ -2,7 +2,6 @@
 
 - one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm.files.output_lock``) from before it looks
   at the folder until it ends; a second run into the folder fails at once, naming the first;
-
 - checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
   place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
 - an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
@@ -16,8 +15,8 @@
   wrote is removed when training starts (a folder holding anything else is refused before anything moves);
 - a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
   tensors do not match the model (missing, unexpected, other shapes) is an error; a finished run is left as it is;
-- what the run shows while it runs (``RunProgress``: its bar, an evaluation's bar, the log lines) and its last line:
-  the checkpoints it keeps beside ``final/`` and their size, or their removal with ``--save-final-only``.
+- what the run shows while it runs (``RunProgress``) and its last line: its checkpoints removed (a finished run
+  keeps final/ only) or, with ``--keep-checkpoints``, kept beside ``final/``, with their size.
 """
 
 from __future__ import annotations
@@ -139,6 +138,14 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
     if resume:
         if main:
             adopt_earlier_output(output, "train")
+        finished = finished_metrics(output, None)
+        if finished is not None and not any(CHECKPOINT.fullmatch(entry.name) for entry in output.iterdir()):
+            if finished["steps"] != max_steps:  # its checkpoints were removed at its end: nothing to resume
+                raise ValueError(
+                    f"--resume: the run in {output} finished at step {finished['steps']} and removed its checkpoints "
+                    f"(--keep-checkpoints keeps them); train on from its model in a new run: --model {output / 'final'}"
+                )
+            return None, max_steps
         checkpoint, step = resume_checkpoint(output, warn=main)
         if step > max_steps:
             raise ValueError(
@@ -154,16 +161,15 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
     return None, 0
 
 
-def finished_metrics(output: Path, step: int) -> dict[str, Any] | None:
-    """The metrics of the run in ``output`` when it finished at ``step`` (its final model and metrics.json are
-    written), else None: a run killed while writing them is completed by ``--resume`` instead."""
+def finished_metrics(output: Path, step: int | None) -> dict[str, Any] | None:
+    """The metrics of the run in ``output`` when it finished at ``step`` (None: at any step; its final model and
+    metrics.json are written), else None: a run killed while writing them is completed by ``--resume`` instead."""
     try:
         metrics = json.loads((output / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if isinstance(metrics, dict) and metrics.get("steps") == step and (output / "final" / "config.json").is_file():
-        return metrics
-    return None
+    whole = isinstance(metrics, dict) and isinstance(metrics.get("steps"), int)
+    return metrics if whole and step in (None, metrics["steps"]) and (output / "final/config.json").is_file() else None
 
 
 def clear_earlier_run(output: Path, log: Any) -> None:
@@ -368,10 +374,10 @@ def save_final_model(
 
 
 def publish_results(
-    output: Path, metrics: dict[str, Any], title: str, save_final_only: bool, published: list[Path], log: Any
+    output: Path, metrics: dict[str, Any], title: str, remove_checkpoints: bool, published: list[Path], log: Any
 ) -> None:
     """``metrics.json`` and ``loss_curve.png`` (titled ``title``; a plot that fails is a warning: the run is done),
-    the run's last lines, and its checkpoints kept or, with ``save_final_only``, removed."""
+    the run's last lines, and its checkpoints removed (``remove_checkpoints``: no ``--keep-checkpoints``) or kept."""
     text = strict_json(metrics)
     replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     published.append(output / "metrics.json")
@@ -391,4 +397,4 @@ def publish_results(
         f"left out); model in {output / 'final'}; metrics in "
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
-    log(kept_checkpoints(output, save_final_only))
+    log(kept_checkpoints(output, remove_checkpoints))

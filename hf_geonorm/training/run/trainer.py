@@ -31,7 +31,7 @@ from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
 from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
-from .optim import decayed_parameter_names, make_scheduler, peak_reached
+from .optim import RunSizes, decayed_parameter_names, make_scheduler, peak_reached, run_sizes
 from .outputs import (
     RunProgress,
     check_output_path,
@@ -158,14 +158,14 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     model, the run's record, Trainer, and what the run saves."""
     data_log = log if main else _silent
     checkpoint, resumed_step = prepare_output(output, options.resume, options.force, options.max_steps, main)
-    if checkpoint is not None and resumed_step == options.max_steps:
+    if resumed_step == options.max_steps:
         finished = finished_metrics(output, resumed_step)
         if finished is not None:
+            train_on = (f"give a --max-steps above {resumed_step}" if checkpoint is not None else
+                        f"its checkpoints were removed at its end: start a new run with --model {output / 'final'}")
             if main:
-                log(
-                    f"the run in {output} already finished at step {resumed_step}; nothing to do (its final model "
-                    f"and metrics.json are left as they are; give a --max-steps above {resumed_step} to train on)"
-                )
+                log(f"the run in {output} already finished at step {resumed_step}; nothing to do (its final model "
+                    f"and metrics.json are left as they are; to train on, {train_on})")  # fmt: skip
             return finished
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
@@ -174,6 +174,9 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
     request = data_request(options)
     source = data_source(request, data_log)  # the corpus and its tokenizer: nothing tokenized yet
     built, options = model_to_train(options, source.tokenizer, source.tokenizer_from_model, checkpoint, main, log)
+    built.sizes = run_sizes(built.model, options, resumed_step)
+    for line in built.sizes.lines(options) if main else ():
+        log(line)
     held_out = replace(options, eval_blocks=options.held_out_blocks())  # what shapes the data, as recorded before
     data_key = (source.corpus.label, source.corpus.fingerprint)
     record = run_record(held_out, data_key, source.tokenizer_hash, built.settings, world_size(),
@@ -234,7 +237,7 @@ def save_results(
     metrics = run_metrics(options, trainer, data, built, to_save.config, resumed_step, seconds, loss, test_loss)
     if trainer.is_world_process_zero():
         title = curve_title(to_save.config, built.parameters, options.lr, options.bridge_anneal, data.label)
-        publish_results(output, metrics, title, options.save_final_only, published, log)
+        publish_results(output, metrics, title, not options.keep_checkpoints, published, log)
     return metrics
 
 
@@ -250,6 +253,7 @@ class ModelToTrain:
     use_cache: bool | None
     parameters: int
     rate: DefaultRate
+    sizes: RunSizes | None = None  # what the run will take (``optim.run_sizes``), once its options are complete
 
 
 def model_to_train(
@@ -280,18 +284,9 @@ def model_to_train(
     return ModelToTrain(model, settings, use_cache, parameters, rate), options
 
 
-def checked_trainer(
-    options: TrainOptions,
-    built: ModelToTrain,
-    data: TrainingData,
-    record: dict[str, Any],
-    checkpoint: Path | None,
-    resumed_step: int,
-    output: Path,
-    published: list[Path],
-    main: bool,
-    log: Any,
-) -> tuple[CheckedTrainer, RunProgress]:
+def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingData, record: dict[str, Any],
+                    checkpoint: Path | None, resumed_step: int, output: Path, published: list[Path], main: bool,
+                    log: Any) -> tuple[CheckedTrainer, RunProgress]:  # fmt: skip
     """The Trainer step: ``CheckedTrainer`` over the model and the data, with the ``TrainingArguments`` the options
     set (``trainer_arguments``) and the library's recipe, and its progress bar (``RunProgress``)."""
     callbacks = trainer_callbacks(built.model, options.bridge_anneal, options.bridge_order, resumed_step)
@@ -390,6 +385,7 @@ def run_metrics(
         "tokens_per_second": tokens / training_seconds if steps_run else 0.0,
         "machine": machine_load(),
         "parameters": built.parameters,
+        "estimated_sizes": built.sizes.to_dict() if built.sizes is not None else None,  # bytes: memory, disk
         "model_type": config.model_type,
         "settings": config.geonorm_settings().to_dict(),
         "data": data.label,

@@ -1,0 +1,113 @@
+"""Measuring a model on text without holding what is not needed: the logits and the loss of a window are computed
+a chunk of positions at a time (the numbers as the whole window's), the memory of a large measurement is stated
+before it starts, and the perplexity's token count has one default."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+
+import pytest
+import torch
+from conftest import invoke
+from tiny_models import tiny_model
+
+from hf_geonorm.analysis import evaluation
+from hf_geonorm.conversion import ConversionOptions
+
+
+def whole_window_nll(model, window):
+    """The summed next-token negative log-likelihood of one window, written out from the model's whole logits."""
+    ids = torch.tensor([window])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].double()
+    log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return -float(log_probs[torch.arange(len(window) - 1), ids[0, 1:]].sum())
+
+
+def expected_perplexity(model, windows):
+    total = sum(whole_window_nll(model, w) for w in windows)
+    return math.exp(total / sum(len(w) - 1 for w in windows))
+
+
+WINDOWS = [[(7 * i + 3) % 120 + 3 for i in range(40)], [(5 * i + 1) % 110 + 3 for i in range(23)]]
+
+
+def head_positions(model, run):
+    """The most positions the model's output head computed logits for at once while ``run()`` ran."""
+    seen = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, a, o: seen.append(a[0].shape[-2]))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return max(seen)
+
+
+def test_chunked_logits_give_the_whole_windows_perplexity():
+    model = tiny_model("llama", perturb=True)
+    expected = expected_perplexity(model, WINDOWS)
+    assert evaluation.head_is_plain(model, WINDOWS[0])
+    chunked = []
+    most = head_positions(model, lambda: chunked.append(evaluation.perplexity(model, WINDOWS, chunk=5)))
+    assert chunked[0] == pytest.approx(expected, rel=1e-6)
+    assert most <= max(5, evaluation.PROBE_TOKENS) < len(WINDOWS[0]) - 1  # never a whole window's logits at once
+    assert evaluation.perplexity(model, WINDOWS, chunk=None) == pytest.approx(expected, rel=1e-6)
+    assert evaluation.perplexity(model, WINDOWS) == pytest.approx(expected, rel=1e-6)  # the default chunk
+
+
+def test_a_model_that_scales_its_logits_is_measured_on_its_own_logits():
+    model = tiny_model("cohere", perturb=True, logit_scale=0.25)  # logits = head(states) x 0.25
+    assert not evaluation.head_is_plain(model, WINDOWS[0])
+    expected = expected_perplexity(model, WINDOWS)
+    assert evaluation.perplexity(model, WINDOWS, chunk=5) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_measurement_keeps_no_key_value_cache():
+    model = tiny_model("llama", perturb=True)
+    calls = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(kwargs.get("use_cache")), with_kwargs=True)
+    evaluation.perplexity(model, WINDOWS, chunk=None)
+    assert calls and all(value is False for value in calls)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval") / "llama"
+    tiny_model("llama", perturb=True, vocab_size=300, max_position_embeddings=512).save_pretrained(folder)
+    return folder
+
+
+def test_a_large_measurement_states_its_memory_first(llama_folder, tmp_path, monkeypatch):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    result = invoke("perplexity", llama_folder, "--text", text, "--max-tokens", 256)
+    assert result.exit_code == 0, result.output
+    assert "memory:" not in result.output  # small: nothing said
+    monkeypatch.setattr(evaluation, "LARGE_MEMORY_BYTES", 0)
+    result = invoke("perplexity", llama_folder, "--text", text, "--max-tokens", 256)
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("memory:"))
+    assert result.output.index("memory:") < result.output.index("perplexity:")
+    weights = json.loads((llama_folder / "config.json").read_text())
+    d, layers, vocab, inter = (weights["hidden_size"], weights["num_hidden_layers"], weights["vocab_size"],
+                               weights["intermediate_size"])  # fmt: skip
+    kv = weights["num_key_value_heads"] * weights["head_dim"]
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * inter + 2 * d  # q, o; k, v; gate, up, down; two norms
+    parameters = vocab * d * (1 if weights["tie_word_embeddings"] else 2) + layers * per_layer + d
+    assert f"weights {parameters * 4:,} bytes" in line
+    assert "256-token window" in line
+
+
+def test_perplexity_and_conversion_measure_the_same_number_of_tokens_by_default():
+    from hf_geonorm.analysis import defaults
+
+    tokens = defaults.PERPLEXITY_TOKENS
+    for command in ("perplexity", "convert"):
+        help_text = " ".join(invoke(command, "--help").output.split())
+        option = "--max-tokens" if command == "perplexity" else "--eval-tokens"
+        assert re.search(rf"{option} INTEGER RANGE .*?\[default: {tokens};", help_text), (command, help_text)
+    assert inspect.signature(evaluation.measure_perplexity).parameters["max_tokens"].default == tokens
+    assert ConversionOptions().eval_tokens == tokens
