@@ -658,3 +658,18 @@ def test_a_full_disk_during_a_checkpoint_is_named(tmp_path, data_file, monkeypat
     assert len(error) == 1 and f"no space left on device while writing {out / named}" in error[0], result.output
     assert ".partial-" not in error[0] and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_a_finished_run_removes_only_its_own_checkpoints(tmp_path, data_file):
+    """A ``checkpoint-N`` folder someone else made in the output (no train record in it) survives the removal of the
+    run's own checkpoints at the end, byte for byte."""
+    out = tmp_path / "run"
+    common = ["--data", str(data_file), *SMALL, "--warmup-steps", "3", "--eval-every", "1", "--output", str(out)]
+    assert train(*common, "--max-steps", "2", "--keep-checkpoints").exit_code == 0
+    theirs = out / "checkpoint-1000"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("my own checkpoint notes")
+    resumed = train(*common, "--max-steps", "3", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert [n for n in names(out) if n.startswith("checkpoint-")] == ["checkpoint-1000"]
+    assert (theirs / "notes.txt").read_text() == "my own checkpoint notes"

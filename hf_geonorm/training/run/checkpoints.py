@@ -381,8 +381,9 @@ def is_leftover(entry: Path) -> bool:
 def kept_checkpoints(output: Path, remove: bool) -> str:
     """What the run leaves beside final/, in one line: its checkpoints, removed (``remove``: a finished run's, once
     final/ and metrics.json are written; final/ is the model, and their optimizer state serves only --resume) or
-    kept, with their size."""
-    found = [path for _, path in checkpoints(output)]
+    kept, with their size. Only checkpoints holding train's record count: a ``checkpoint-N`` folder without it is
+    not hf-geonorm's to remove."""
+    found = [path for _, path in checkpoints(output) if (path / RECORD_NAME).is_file()]
     if not found:
         return "no checkpoints kept"
     size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
