@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import write_sweep_journal
 from hf_geonorm_cli.main import cli
@@ -149,6 +150,36 @@ def test_workers_spread_over_the_devices_named_each_seeing_its_own(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert [(s.device, s.threads) for s in workers_module.worker_slots(4, None)] == [(None, 2)] * 4
     assert workers_module.device_id(None, "4,6") == ""
+
+
+def test_a_worker_is_forked_only_where_it_runs_one_cpu_thread(monkeypatch):
+    """A forked worker starts with this process's imports (no second import of torch and transformers), but a forked
+    child cannot initialise CUDA, and its OpenMP threads hang once this process has used OpenMP's own: fork for a
+    CPU worker of one thread on Linux, spawn for the others."""
+    monkeypatch.setattr(workers_module.sys, "platform", "linux")
+    slot = workers_module.Slot
+    assert workers_module.start_method(slot(1, None, 1)) == "fork"
+    assert workers_module.start_method(slot(1, None, 2)) == "spawn"
+    assert workers_module.start_method(slot(1, "0", 1)) == "spawn"
+    monkeypatch.setattr(workers_module.sys, "platform", "darwin")
+    assert workers_module.start_method(slot(1, None, 1)) == "spawn"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or torch.cuda.is_available(),
+                    reason="a CPU worker of two threads needs two cores and no accelerator")
+def test_a_worker_of_two_threads_trains_after_the_sweeps_process_used_openmp(tmp_path, corpus):  # noqa: F811
+    """The sweep's process runs a two-thread matmul (OpenMP's threads started), then `--devices auto` with no
+    accelerator: its one worker, on two threads, trains and the sweep ends (a forked worker's first two-thread
+    matmul would never return)."""
+    script = ("import sys, torch\ntorch.set_num_threads(2)\nm = torch.randn(1500, 1500)\n(m @ m).sum()\n"
+              "from hf_geonorm_cli.main import cli\ncli(sys.argv[1:])\n")  # fmt: skip
+    args = [sys.executable, "-c", script, "sweep", "--output", str(tmp_path / "s"), "--devices", "auto", "--styles",
+            "pre", "--lrs", "1e-3", "--data", str(corpus), *TINY]  # fmt: skip
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"} | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "worker 1 on CPU, 2 thread(s)" in done.stdout and "validation loss" in done.stdout, done.stdout
 
 
 def test_runs_that_decide_others_start_first():

@@ -1,5 +1,6 @@
 """The worker processes of a sweep that trains several runs at once (``sweep --workers N``, ``--devices``): one
-process per worker, started once, so that importing torch and transformers is paid once per worker and not per run;
+process per worker, started once, so that importing torch and transformers is paid once per worker and not per run
+(and not at all by a worker forked from this process: ``start_method``);
 each trains the runs it is handed one after the other, as ``grid._train`` trains a serial sweep's, on its own
 accelerator (``CUDA_VISIBLE_DEVICES``: the run sees that one device alone) or, without one, on its own share of the
 CPU cores (``torch.set_num_threads``). Before each run a worker measures the sweep's identity again (the
@@ -12,12 +13,14 @@ of memory) is reported as such: its run left no entry, so it trains again.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -47,6 +50,15 @@ def visible_accelerators() -> list[str]:
     import torch
 
     return [str(index) for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def start_method(slot: Slot) -> str:
+    """How a worker's process starts: ``fork`` for a worker on the CPU with one thread, on Linux, which starts at once
+    with this process's torch and transformers already imported (torch's DataLoader forks its workers so); ``spawn``
+    otherwise, which imports them again (seconds). A forked child cannot initialise CUDA, and its OpenMP threads hang
+    once this process has used OpenMP's own (measured: a forked child's two-thread matmul after the parent's never
+    returned), while one thread needs none."""
+    return "fork" if slot.device is None and slot.threads == 1 and sys.platform.startswith("linux") else "spawn"
 
 
 def worker_slots(workers: int | None, devices: str | None) -> list[Slot]:
@@ -108,20 +120,20 @@ class Pool:
     workers: list[Worker] = field(default_factory=list)
 
     def __enter__(self) -> Pool:
-        context = multiprocessing.get_context("spawn")  # not fork: the parent holds torch's threads
         given = os.environ.get("CUDA_VISIBLE_DEVICES")
         for slot in self.slots:
+            method = start_method(slot)
+            context = multiprocessing.get_context(method)
             parent, child = context.Pipe()
             process = context.Process(target=_serve, args=(slot, self.train, self.folder, self.header, child),
                                       daemon=True, name=f"hf-geonorm sweep worker {slot.number}")  # fmt: skip
-            # the worker sees its device alone from its start (torch may count devices as it is imported)
-            os.environ["CUDA_VISIBLE_DEVICES"] = device_id(slot.device, given)
-            try:
+            # the worker sees its device alone from its start (torch may count devices as it is imported); a forked
+            # one tokenizes on one thread, without the tokenizers library's warning about a fork
+            environment = {"CUDA_VISIBLE_DEVICES": device_id(slot.device, given)}
+            if method == "fork":
+                environment["TOKENIZERS_PARALLELISM"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
+            with _environment(environment):
                 process.start()
-            finally:
-                os.environ.pop("CUDA_VISIBLE_DEVICES")
-                if given is not None:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = given
             child.close()
             self.workers.append(Worker(slot, process, parent))
         return self
@@ -175,6 +187,21 @@ class Pool:
                 events.append(Event(worker, task, error=payload[0], stop=kind == "stop", refused=kind == "refused"))
                 worker.ended = True
         return events
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment for the block (a child started in it inherits them)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _send(worker: Worker, task: Task | None) -> None:
