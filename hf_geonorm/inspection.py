@@ -13,6 +13,7 @@ from .errors import first_line
 from .files.safetensors_files import WeightPathError, saved_parameter_count
 from .loading import PICKLE_ADVICE, Source, check_supported, pickle_weights, read_config_json, resolve_settings
 from .loading_sizes import check_sizes, parameter_count
+from .modeling.decoder_layers import decoder_layer_class
 from .modeling.geometry import step_sizes, updates_per_layer
 from .patching import family_for, supported_architectures
 from .sharing.card_checks import check_remote_code
@@ -195,25 +196,24 @@ def _layout_value(value: Any) -> Any:
 
 def architecture_rows() -> list[dict[str, Any]]:
     """One row per supported stock model type: its block layout (where a decoder layer keeps its norms,
-    attention and MLP), whether it adds one parallel update (``parallel_text``), and the layout fields that
-    differ from their defaults (``extras``)."""
+    attention and MLP), whether it adds one parallel update (``parallel`` and ``parallel_flag`` as the GeoNorm
+    decoder layer of its block declares it, and ``parallel_text``), and the layout fields that differ from their
+    defaults (``extras``)."""
     rows = []
     for model_type in supported_architectures():
         layout = family_for(model_type).layout
+        parallel = decoder_layer_class(layout).parallel
         row: dict[str, Any] = {"model_type": model_type}
         extras = {}
         for f in dataclasses.fields(layout):
             value = _layout_value(getattr(layout, f.name))
             row[f.name] = value
             default = f.default if f.default is not dataclasses.MISSING else None
-            if f.name not in LAYOUT_COLUMNS and f.name not in ("parallel", "parallel_flag") and value != default:
+            if f.name not in LAYOUT_COLUMNS and value != default:
                 extras[f.name] = value
-        if layout.parallel_flag:
-            row["parallel_text"] = f"config.{layout.parallel_flag}"
-        elif callable(getattr(layout, "select", None)):
-            row["parallel_text"] = ("yes" if layout.parallel else "no") + " (layout chosen by config)"
-        else:
-            row["parallel_text"] = "yes" if layout.parallel else "no"
+        row["parallel"] = parallel is True
+        row["parallel_flag"] = parallel if isinstance(parallel, str) else None
+        row["parallel_text"] = f"config.{parallel}" if isinstance(parallel, str) else ("yes" if parallel else "no")
         row["extras"] = extras
         rows.append(row)
     return rows

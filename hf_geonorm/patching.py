@@ -128,6 +128,8 @@ def _patch(target: nn.Module, base: nn.Module, config: Any, family: GeoNormFamil
     config.set_geonorm_settings(chosen)
     base.__class__ = family.base_class
     patch_base_model(base, config, family.layout, fresh_init=False)
+    if target is not base:  # its post_init collected its base's no-split names before the patch named the layer's
+        target._no_split_modules = {*(target._no_split_modules or ()), *base._no_split_modules}
 
 
 def convert(model: nn.Module, **settings: Any) -> nn.Module:

@@ -6,6 +6,7 @@ tests/tiny_models.py; the properties every case shares are in tests/test_models.
 - ``pre`` keeps the stock residual dropouts (same random numbers in training) and the attention weights of
   layers that return them;
 - the Falcon variants whose stock block does not work are refused with a clear error;
+- each block shape is a class written out in hf_geonorm/modeling/decoder_layers.py, which a stack trace names;
 - ``LLAMA_LAYOUT_TYPES`` is exactly the LLaMA-identical causal LMs of the installed transformers
   (benchmarks/scan_layouts.py finds them);
 """
@@ -13,14 +14,19 @@ tests/tiny_models.py; the properties every case shares are in tests/test_models.
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import re
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import CASES, NO_HEAD_DIM, stock_model, tiny_model, token_ids
+from tiny_models import CASES, NO_HEAD_DIM, layers_of, stock_model, tiny_model, token_ids
 
 import hf_geonorm
+from hf_geonorm.modeling import decoder_layers
+from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
 from hf_geonorm.modeling.layouts import LAYOUTS, LLAMA, LLAMA_LAYOUT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +36,34 @@ IDS = list(CASES)
 def logits(model, ids=None, **kwargs) -> torch.Tensor:
     with torch.no_grad():
         return model(ids if ids is not None else token_ids(), **kwargs).logits
+
+
+def test_each_block_shape_is_a_class_written_out_and_every_shape_has_a_case():
+    """The table's classes are the GeoNorm decoder layers declared by ``class`` statements in decoder_layers.py
+    (none is made at runtime; tests/test_models.py checks each case's layers are its layout's class), and the
+    registered cases run every one of them."""
+    source = Path(decoder_layers.__file__).read_text(encoding="utf-8")
+    declared = set(re.findall(r"^class (\w+)\(GeoNormDecoderLayer\):", source, flags=re.MULTILINE))
+    assert {cls.__name__ for cls in DECODER_LAYERS.values()} == declared
+    assert all(getattr(decoder_layers, cls.__name__) is cls for cls in DECODER_LAYERS.values())
+    assert {LAYOUTS[case.model_type].block for case in CASES.values()} == set(DECODER_LAYERS)
+
+
+def test_a_stack_trace_through_a_layer_points_into_its_class():
+    """An error inside a sublayer shows the line of the GeoNorm LLaMA decoder layer's ``forward`` that called it."""
+    model = hf_geonorm.convert(tiny_model("llama"))
+
+    def fail(*args):
+        raise RuntimeError("in the feed-forward")
+
+    layers_of(model)[1].mlp.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="in the feed-forward") as raised:
+        model(token_ids())
+    layer_class = DECODER_LAYERS["llama"]
+    lines, start = inspect.getsourcelines(layer_class)
+    mlp_call = start + next(i for i, line in enumerate(lines) if "self.mlp(" in line)
+    shown = [(frame.filename, frame.lineno, frame.name) for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert (inspect.getsourcefile(layer_class), mlp_call, "forward") in shown, shown
 
 
 @pytest.mark.parametrize("case", IDS)

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Trainer, T
 from transformers.pytorch_utils import Conv1D
 
 import hf_geonorm
+from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
 
 IDS = list(CASES)
 
@@ -45,7 +46,8 @@ def test_pre_and_bridge_zero_equal_the_stock_model(case):
     pre = hf_geonorm.convert(stock, norm_style="pre")
     assert type(pre) is hf_geonorm.family_for(model_type).causal_class
     assert type(pre).__name__.startswith("GeoNorm") and pre.config.model_type == f"geonorm_{model_type}"
-    assert all(type(layer).__name__.startswith("GeoNorm") for layer in layers_of(pre))
+    layout = hf_geonorm.family_for(model_type).layout.for_config(pre.config)
+    assert {type(layer) for layer in layers_of(pre)} == {DECODER_LAYERS[layout.block]}  # declared: test_layouts.py
     assert (logits(pre) - reference).abs().max() <= 1e-6
     bridge0 = hf_geonorm.convert(stock, norm_style="geo", geo_bridge=0.0)
     assert (logits(bridge0) - reference).abs().max() <= 1e-5
@@ -127,6 +129,50 @@ def test_geo_keeps_every_token_on_its_sphere(case):
         stock_states = stock(token_ids(), output_hidden_states=True).hidden_states
     before, after = stock_states[0].norm(dim=-1), stock_states[1].norm(dim=-1)
     assert ((after - before).abs() / before).max() > 1e-3
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_pre_reports_the_stock_hidden_states(case):
+    """``output_hidden_states`` finds the GeoNorm decoder layers (transformers looks them up by class): ``pre``
+    reports the stock model's hidden states, the embeddings and one per layer. The stock model is a fresh one:
+    the capture hooks of one that reported its hidden states before would be copied along by ``convert``."""
+    stock, ids = tiny_model(case, perturb=True), token_ids()
+    pre = hf_geonorm.convert(stock, norm_style="pre")
+    with torch.no_grad():
+        got = pre(ids, output_hidden_states=True).hidden_states
+        expected = stock(ids, output_hidden_states=True).hidden_states
+    assert len(got) == len(expected) == len(layers_of(stock)) + 1
+    for ours, theirs in zip(got, expected, strict=True):
+        assert (ours - theirs).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2", "falcon"])
+def test_models_built_as_geonorm_report_every_layers_hidden_state(case):
+    """A base model built as the GeoNorm class, and a causal LM whose base is patched while it is built: each
+    reports the embeddings and every decoder layer's output (the last after the final norm)."""
+    family = hf_geonorm.family_for(CASES[case].model_type)
+    config = family.config_class(**CASES[case].config)
+    for model in (family.base_class(config).eval(), family.causal_class(config).eval()):
+        entry, outputs = layer_outputs(model, token_ids())
+        with torch.no_grad():
+            states = model(token_ids(), output_hidden_states=True).hidden_states
+        assert len(states) == len(outputs) + 1 and torch.equal(states[0], entry)
+        for state, output in zip(states[1:-1], outputs[:-1], strict=True):
+            assert torch.equal(state, output)
+
+
+@pytest.mark.parametrize("case", ["llama", "gpt2", "falcon"])
+def test_device_maps_keep_each_geonorm_layer_whole(case, tmp_path):
+    """transformers and accelerate keep a module on one device when its class *name* is in the model's
+    ``_no_split_modules``: the GeoNorm decoder layer's name is there however the model was made."""
+    stock = stock_model(case)
+    converted = hf_geonorm.convert(stock)
+    converted.save_pretrained(tmp_path)
+    family = hf_geonorm.family_for(CASES[case].model_type)
+    built = family.causal_class(family.config_class(**CASES[case].config))
+    for model in (converted, built, family.base_class(built.config), AutoModelForCausalLM.from_pretrained(tmp_path)):
+        names = {type(layer).__name__ for layer in layers_of(model)}
+        assert names and names <= set(model._no_split_modules), (type(model).__name__, model._no_split_modules)
 
 
 @pytest.mark.parametrize("case", IDS)

@@ -1,8 +1,8 @@
-"""The GeoNorm decoder block, and the patch that puts it into a stock base model.
+"""The patch that puts GeoNorm into a stock base model, and the checks before it.
 
-Each stock decoder layer's class is swapped for a subclass (``geonorm_layer_class``) whose ``forward`` runs the
-block of docs/method.md, "The block", over the parts its ``BlockLayout`` names; ``patch_base_model`` does the
-swap and gives every sublayer its ``GeoNormResidual``. Imports only torch and flat siblings (remote code).
+``patch_base_model`` sets each stock decoder layer's class to the GeoNorm decoder layer of its block shape
+(``decoder_layers.py``, chosen by the layout's ``block``) and gives every sublayer its ``GeoNormResidual``.
+Imports only torch, transformers and flat siblings (remote code).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from .decoder_layers import FirstTokens, decoder_layer_class
 from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
@@ -25,209 +25,10 @@ def _get_path(module: nn.Module, path: str) -> Any:
     return module
 
 
-def _first(output: Any) -> torch.Tensor:
-    """Sublayers return a tensor or a tuple whose first item is the hidden-state update."""
-    return output[0] if isinstance(output, tuple) else output
-
-
-class FirstTokens:
-    """The first real token of each sequence in the current forward of one base model (a bool mask over its
-    positions), found by the base model's forward pre-hook from a 2D attention mask when no position ids are given
-    (``_find_first_tokens``); None otherwise, and the layers then read the position ids. One object, shared by the
-    base model and its decoder layers: the stock model calls its layers with its own arguments, so this is how a
-    value of the model's inputs reaches them."""
-
-    def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None
-
-
-class GeoNormDecoderLayerMixin:
-    """The GeoNorm ``forward`` shared by every swapped decoder layer (docs/method.md, "The block").
-
-    A block reads its parts through ``geonorm_layout``; ``geonorm_attn_residual`` and
-    ``geonorm_mlp_residual`` hold the residual update of each sublayer (one for parallel blocks). The values of one
-    forward pass from call to call as arguments and results (the attention weights, the first tokens);
-    ``geonorm_first_tokens`` is the base model's ``FirstTokens``.
-    """
-
-    geonorm_layout: BlockLayout
-    geonorm_layer_index: int
-    geonorm_parallel: bool
-    geonorm_first_tokens: FirstTokens
-
-    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
-        return attn(hidden_states=h, **attn_kwargs)
-
-    def _dropout(self, name: str | None, u: torch.Tensor) -> torch.Tensor:
-        if name is None:
-            return u
-        dropout = _get_path(self, name)
-        if isinstance(dropout, nn.Module):
-            return dropout(u)
-        return F.dropout(u, p=float(dropout), training=self.training)
-
-    def _norm(self, name: str | None) -> nn.Module | None:
-        return None if name is None else getattr(self, name)
-
-    def _attn_update(self, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The attention update, and the attention weights when the sublayer returns them (else None)."""
-        lay = self.geonorm_layout
-        output = self._call_attention(getattr(self, lay.attn), h, attn_kwargs)
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        u = _first(output)
-        if lay.attn_out_norm is not None:
-            u = getattr(self, lay.attn_out_norm)(u)
-        u = self._dropout(lay.attn_dropout, u)
-        if lay.residual_multiplier is not None:
-            u = u * getattr(self, lay.residual_multiplier)
-        return u, weights
-
-    def _mlp_update(self, h: torch.Tensor) -> torch.Tensor:
-        lay = self.geonorm_layout
-        u = _first(getattr(self, lay.mlp)(h))
-        if lay.mlp_out_norm is not None:
-            u = getattr(self, lay.mlp_out_norm)(u)
-        u = self._dropout(lay.mlp_dropout, u)
-        if lay.residual_multiplier is not None:
-            u = u * getattr(self, lay.residual_multiplier)
-        return u
-
-    def _geonorm_block(
-        self, hidden_states: torch.Tensor, attn_kwargs: dict[str, Any]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's new hidden states, and the attention weights its attention returned (or None)."""
-        lay = self.geonorm_layout
-        attn_res: GeoNormResidual = self.geonorm_attn_residual
-        x = attn_res.enter(hidden_states) if self.geonorm_layer_index == 0 else hidden_states
-        attn_norm = self._norm(lay.attn_norm)
-        mlp_norm = self._norm(lay.mlp_norm)
-        # Without an input norm a sublayer reads the state itself; only 'pre' and 'geo' allow that
-        # (check_settings_fit), and those pass the norm to the residual update unused.
-        attn_in = attn_res.sublayer_input(x, attn_norm) if attn_norm is not None else x
-        first = self._first_tokens(attn_kwargs)
-        if self.geonorm_parallel:
-            if mlp_norm is None:
-                mlp_norm, mlp_in = attn_norm, attn_in
-            else:
-                mlp_in = attn_res.sublayer_input(x, mlp_norm)
-            u, weights = self._attn_update(attn_in, attn_kwargs)
-            u = self._dropout(lay.update_dropout, u + self._mlp_update(mlp_in))
-            return attn_res(x, u, attn_norm, first), weights
-        u, weights = self._attn_update(attn_in, attn_kwargs)
-        x = attn_res(x, u, attn_norm, first)
-        mlp_res: GeoNormResidual = self.geonorm_mlp_residual
-        mlp_in = mlp_res.sublayer_input(x, mlp_norm) if mlp_norm is not None else x
-        return mlp_res(x, self._mlp_update(mlp_in), mlp_norm, first), weights
-
-    def _first_tokens(self, attn_kwargs: dict[str, Any]) -> torch.Tensor | None:
-        """The first token of each sequence, when ``geo_first_token_prenorm`` keeps it on the Pre-Norm update (else
-        None): where the caller's ``position_ids`` are 0 (also packed sequences); without them, the first position
-        whose 2D ``attention_mask`` is 1 in each row (a left-padded batch; found by ``_find_first_tokens`` from the
-        base model's inputs, in ``geonorm_first_tokens``); with neither, position 0 (the model's own position ids). A
-        4D mask or inputs passed to the base model by position cannot be read: then the position ids decide."""
-        config = self.geonorm_attn_residual.config
-        if config.norm_style != "geo" or not config.geo_first_token_prenorm:
-            return None
-        first = self.geonorm_first_tokens.mask
-        if first is not None:
-            return first
-        position_ids = attn_kwargs.get("position_ids")
-        if position_ids is None:
-            raise ValueError(
-                f"geo_first_token_prenorm needs the position ids, and {config.model_type}'s decoder layers are not "
-                "given them; set geo_first_token_prenorm=False for this model"
-            )
-        return position_ids == 0
-
-
-class GeoNormKeywordLayerMixin(GeoNormDecoderLayerMixin):
-    """Layers called as ``layer(hidden_states, **kwargs)`` that pass the kwargs on to attention (LLaMA)."""
-
-    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return self._geonorm_block(hidden_states, kwargs)[0]
-
-
-class GeoNormTupleLayerMixin(GeoNormDecoderLayerMixin):
-    """Layers called as ``layer(hidden_states, **kwargs)`` that return ``(hidden_states, attention weights)``
-    (Falcon, GPT-Neo: their models read ``outputs[0]`` and, with ``output_attentions``, ``outputs[1]``)."""
-
-    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states, weights = self._geonorm_block(hidden_states, kwargs)
-        return hidden_states, weights if kwargs.get("output_attentions") else None
-
-
-class GeoNormGPT2LayerMixin(GeoNormDecoderLayerMixin):
-    """GPT-2's block, which its model calls with positional ``cache`` and ``attention_mask``."""
-
-    def _call_attention(self, attn: nn.Module, h: torch.Tensor, attn_kwargs: dict[str, Any]) -> Any:
-        return attn(h, **attn_kwargs)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        cache: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        use_cache: bool | None = False,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        if encoder_hidden_states is not None:
-            raise ValueError("GeoNorm supports decoder-only GPT-2 (no cross-attention)")
-        attn_kwargs = dict(cache=cache, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
-        return self._geonorm_block(hidden_states, attn_kwargs)[0]
-
-
-class GeoNormGPTBigCodeLayerMixin(GeoNormDecoderLayerMixin):
-    """GPTBigCode's block, which its model calls with ``encoder_hidden_states`` as the second positional argument."""
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None = None,
-        layer_past: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        use_cache: bool | None = False,
-        output_attentions: bool | None = False,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        if encoder_hidden_states is not None:
-            raise ValueError("GeoNorm supports decoder-only GPTBigCode (no cross-attention)")
-        attn_kwargs = dict(
-            layer_past=layer_past,
-            attention_mask=attention_mask,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            **kwargs,
-        )
-        return self._geonorm_block(hidden_states, attn_kwargs)[0]
-
-
-LAYER_MIXINS: dict[str, type] = {
-    "keywords": GeoNormKeywordLayerMixin,
-    "tuple": GeoNormTupleLayerMixin,
-    "gpt2": GeoNormGPT2LayerMixin,
-    "gpt_bigcode": GeoNormGPTBigCodeLayerMixin,
-}
-_LAYER_CLASSES: dict[tuple[type, str], type] = {}
-
-
-def geonorm_layer_class(stock_layer_class: type, layout: BlockLayout) -> type:
-    """The GeoNorm subclass of a stock decoder-layer class (made once and cached)."""
-    if issubclass(stock_layer_class, GeoNormDecoderLayerMixin):
-        return stock_layer_class
-    key = (stock_layer_class, layout.call)
-    if key not in _LAYER_CLASSES:
-        mixin = LAYER_MIXINS[layout.call]
-        name = f"GeoNorm{stock_layer_class.__name__}"
-        _LAYER_CLASSES[key] = type(name, (mixin, stock_layer_class), {"__module__": __name__})
-    return _LAYER_CLASSES[key]
-
-
 def _register_output_capture(base_model: nn.Module) -> None:
-    """transformers keys ``output_hidden_states`` capture on the model's class name, registered in
-    ``__init__``; a class swapped in afterwards must be registered too."""
+    """transformers keys ``output_hidden_states`` capture on the model's class name, registered in ``__init__``; a
+    base model whose class is set afterwards (the base of a head, ``apply_geonorm``) must be registered too, with
+    its class's entry, which names the GeoNorm decoder layer (``families.geonorm_recorded_outputs``)."""
     try:
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
     except ImportError:  # older transformers capture outputs without the registry
@@ -235,6 +36,14 @@ def _register_output_capture(base_model: nn.Module) -> None:
     recordable = getattr(base_model, "_can_record_outputs", None)
     if recordable:
         _CAN_RECORD_REGISTRY[base_model] = recordable
+
+
+def _declare_no_split(base_model: nn.Module, layer_class: type) -> None:
+    """transformers keeps a module whole on one device (``device_map``, FSDP auto wrap) by its class *name* in
+    ``_no_split_modules``, which ``post_init`` copies onto each model: a base model built as the stock one and
+    patched afterwards learns the name of its GeoNorm decoder layer here (its class declares it too)."""
+    names = base_model._no_split_modules
+    base_model._no_split_modules = {*(names or ()), layer_class.__name__}
 
 
 def check_settings_fit(layout: BlockLayout, settings: GeoNormSettings, model_type: str) -> None:
@@ -261,7 +70,7 @@ def check_layout_settings(
 ) -> None:
     """``ValueError`` for settings the block variant of ``config`` cannot run: a per-update list on parallel blocks
     (one update per layer), ``geo_first_token_prenorm`` where the layers cannot find the first token."""
-    if layout.is_parallel(config):
+    if decoder_layer_class(layout).parallel_residual(config):
         for name in ("geo_alpha", "geo_bridge", "geo_frames", "geo_bridge_costs"):
             values = getattr(settings, name)
             if isinstance(values, list) and len(values) != num_layers:
@@ -337,9 +146,9 @@ def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any
 
 
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
-    """Swap every decoder layer of ``base_model`` for its GeoNorm class and give it residual modules that read
-    their settings from ``config``. Residual modules already there are kept where they fit the settings
-    (re-applying GeoNorm keeps trained sandwich norms and learnable steps).
+    """Set the class of every decoder layer of ``base_model`` to the GeoNorm decoder layer of its block shape and
+    give it residual modules that read their settings from ``config``. Residual modules already there are kept
+    where they fit the settings (re-applying GeoNorm keeps trained sandwich norms and learnable steps).
 
     ``fresh_init`` marks a model built from a config, not converted from trained weights: it draws the DeepNet
     init of ``norm_style='deepnorm'``, zeroes the learned position table of ``post`` and ``deepnorm``
@@ -352,15 +161,16 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     if not isinstance(first_tokens, FirstTokens):  # the first patch of this base model (a re-patch keeps its hook)
         first_tokens = base_model.geonorm_first_tokens = FirstTokens()
         base_model.register_forward_pre_hook(_find_first_tokens, with_kwargs=True)
+    layer_class = decoder_layer_class(layout)
+    _declare_no_split(base_model, layer_class)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
-    parallel = layout.is_parallel(config)
+    parallel = layer_class.parallel_residual(config)
     schedule = UpdateSchedule(config, num_layers, 1 if parallel else 2)  # one per model, for its residual modules
     for k, layer in enumerate(layers):
-        layer.__class__ = geonorm_layer_class(type(layer), layout)
-        layer.geonorm_layout = layout
+        if not isinstance(layer, layer_class):  # a re-patch keeps the class (and a subclass FSDP made of it)
+            layer.__class__ = layer_class
         layer.geonorm_layer_index = k
-        layer.geonorm_parallel = parallel
         layer.geonorm_first_tokens = first_tokens
         sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
         for index, (part, norm_name) in enumerate(sublayers):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .checkpoint_layout import register_checkpoint_layout
+from .decoder_layers import decoder_layer_class
 from .layouts import LAYOUTS, BlockLayout
 from .model_mixins import SETTING_DEFAULTS, GeoNormBaseModelMixin, GeoNormConfigMixin, GeoNormHeadModelMixin
 
@@ -149,6 +150,16 @@ def _stock_head_classes(model_type: str, heads: tuple[str, ...]) -> dict[str, ty
     return {auto: getattr(transformers, getattr(modeling_auto, HEAD_NAME_MAPS[auto])[model_type]) for auto in heads}
 
 
+def geonorm_recorded_outputs(stock_class: type, layer_class: type) -> dict | None:
+    """The ``_can_record_outputs`` of a GeoNorm model class: the stock class's, with the hidden states recorded at
+    the GeoNorm decoder layer. transformers finds the layers whose outputs ``output_hidden_states`` returns by
+    ``isinstance`` on the class named there, and a patched layer is no longer an instance of the stock one."""
+    recorded = stock_class._can_record_outputs
+    if not recorded or "hidden_states" not in recorded:  # the model collects its hidden states itself
+        return recorded
+    return {**recorded, "hidden_states": layer_class}
+
+
 def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     model_type, layout = family.stock_type, family.layout
     stock_config, stock_base, stock_causal = _stock_classes(model_type)
@@ -179,22 +190,33 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     }
     stock_models = (stock_base, stock_causal, *stock_heads.values())
     config_class = type(config_name, (GeoNormConfigMixin, stock_config), config_ns)
-    common = {
-        "__module__": family.module,
-        "config_class": config_class,
-        "geonorm_layout": layout,
-        "geonorm_family": family,
-    }
+    layer_class = decoder_layer_class(layout)
+
+    def model_namespace(stock: type) -> dict:
+        """What a GeoNorm model class sets over ``stock``: its family, and its decoder layer named where transformers
+        looks layers up (hidden-state capture by class, no-split by class name)."""
+        return {
+            "__module__": family.module,
+            "config_class": config_class,
+            "geonorm_layout": layout,
+            "geonorm_family": family,
+            "_can_record_outputs": geonorm_recorded_outputs(stock, layer_class),
+            "_no_split_modules": [*(stock._no_split_modules or ()), layer_class.__name__],
+        }
+
     base_class = type(
         base_name,
         (GeoNormBaseModelMixin, stock_base),
-        {**common, "__doc__": f"{stock_base.__name__} with GeoNorm residual updates."},
+        {**model_namespace(stock_base), "__doc__": f"{stock_base.__name__} with GeoNorm residual updates."},
     )
-    head_common = {**common, "geonorm_base_class": base_class}
     causal_class = type(
         causal_name,
         (GeoNormHeadModelMixin, stock_causal),
-        {**head_common, "__doc__": f"{stock_causal.__name__} with GeoNorm."},
+        {
+            **model_namespace(stock_causal),
+            "geonorm_base_class": base_class,
+            "__doc__": f"{stock_causal.__name__} with GeoNorm.",
+        },
     )
     # Every head keeps the base model under the causal LM's name (LlamaForQuestionAnswering's "transformer" becomes
     # "model"), so that a checkpoint of any class of the family loads into any other with only the head new.
@@ -203,7 +225,8 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
             family.head_class_names[auto],
             (GeoNormHeadModelMixin, stock_head),
             {
-                **head_common,
+                **model_namespace(stock_head),
+                "geonorm_base_class": base_class,
                 "base_model_prefix": stock_causal.base_model_prefix,
                 "__doc__": f"{stock_head.__name__} with GeoNorm (the stock head on the GeoNorm model).",
             },

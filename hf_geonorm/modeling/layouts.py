@@ -1,9 +1,10 @@
 """Everything GeoNorm needs to know about each stock architecture, in one table: ``LAYOUTS``.
 
-One ``BlockLayout`` per stock ``model_type`` says where a decoder layer keeps its parts, how its model calls
-it, where a fused query/key/value projection keeps the values, which modules LoRA targets by default and
-whether the projections are GPT-2 ``Conv1D``s. Adding an architecture is one entry in ``LAYOUTS`` (a type
-whose decoder layer is LLaMA's, token for token, is one name in ``LLAMA_LAYOUT_TYPES``).
+One ``BlockLayout`` per stock ``model_type`` says which GeoNorm decoder layer runs its block
+(``decoder_layers.py``), where a decoder layer keeps its parts, where a fused query/key/value projection keeps the
+values, which modules LoRA targets by default and whether the projections are GPT-2 ``Conv1D``s. Adding an
+architecture is one entry in ``LAYOUTS`` (a type whose decoder layer is LLaMA's, token for token, is one name in
+``LLAMA_LAYOUT_TYPES``), and a decoder layer class where its block has a shape of its own.
 
 Imports only torch (this file is copied beside saved checkpoints as remote code).
 """
@@ -34,56 +35,44 @@ LEARNED_POSITIONS = ("wpe", "embed_positions")  # the base model's learned posit
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """Where a stock decoder layer keeps its parts, and how it forms its residual updates.
+    """Where a stock decoder layer keeps its parts, and which GeoNorm decoder layer runs it.
 
-    Names are attribute paths on the decoder layer. ``attn_norm``/``mlp_norm`` are the sublayer input norms:
-    ``None`` (or an attribute that is ``None`` on the layer) means the sublayer reads the state itself
-    (OLMo 2: x + N(F(x))), except that a parallel block without its own ``mlp_norm`` feeds the MLP through
-    ``attn_norm`` (one shared norm: Phi, GPT-J, Cohere).
+    ``block`` names the layer's shape: its GeoNorm class is ``decoder_layers.DECODER_LAYERS[block]``, whose
+    ``forward`` is the stock layer's, written out (which parts it calls in which order, its dropouts, how its model
+    calls it). The other names are attribute paths on the decoder layer that patching and the checks read.
+    ``attn_norm``/``mlp_norm`` are the sublayer input norms: ``None`` means the sublayer reads the state itself
+    (OLMo 2: x + N(F(x))), except that an ``mlp_norm`` of ``None`` (or an attribute that is ``None`` on the layer)
+    beside an ``attn_norm`` is a parallel block's one shared norm (Phi, GPT-J, Cohere).
     ``attn_out_norm``/``mlp_out_norm`` name norms the stock block already applies to a sublayer's output
-    (Gemma 2/3, OLMo 2): they stay part of the update u. ``parallel`` blocks add one summed update.
-    ``attn_dropout``/``mlp_dropout`` drop out each sublayer's update and ``update_dropout`` the summed update of
-    a parallel block; each names a dropout module or a float probability (``config.hidden_dropout``).
+    (Gemma 2/3, OLMo 2): they stay part of the update u, and the post-normalising styles do not apply.
     ``plain_norms`` is False where the input norms are more than a normalisation with weight and bias (AXK2's
     gated RMSNorm): ``sandwich`` cannot add fresh norms of their kind that start as the identity.
-    ``call`` is how the stock model calls its layers (a key of ``blocks.LAYER_MIXINS``).
     ``fused_values`` gives, from an attention module and the config, the rows (a view) of a fused q/k/v
     weight that make the values; ``None`` where the values have a projection of their own.
     ``lora_targets`` are LoRA's default target modules; ``conv1d`` marks GPT-2's ``Conv1D`` projections
     (weight stored in x out: LoRA needs ``fan_in_fan_out=True``).
-    ``select`` picks the layout of one config where a model type has several block variants (Falcon); it may
-    raise ``ValueError`` for a variant GeoNorm cannot express.
+    ``select`` picks the layout of one config where a model type has several block variants (Falcon's norms); it
+    may raise ``ValueError`` for a variant GeoNorm cannot express.
     ``position_ids`` is False where the stock model calls its layers without position ids or a padding mask
     (GPT-Neo, GPT-BigCode): they cannot find each sequence's first token (``geo_first_token_prenorm``).
     """
 
+    block: str = "llama"
     layers: str = "layers"
     attn_norm: str | None = "input_layernorm"
     attn: str = "self_attn"
     mlp_norm: str | None = "post_attention_layernorm"
     mlp: str = "mlp"
-    parallel: bool = False
-    parallel_flag: str | None = None
     attn_out_norm: str | None = None
     mlp_out_norm: str | None = None
-    attn_dropout: str | None = None
-    mlp_dropout: str | None = None
-    update_dropout: str | None = None
-    residual_multiplier: str | None = None
     norm_weight_offset: float = 0.0
     plain_norms: bool = True
-    call: str = "keywords"
     final_norm: str = "norm"
     fused_values: FusedValues | None = None
     lora_targets: tuple[str, ...] = ATTENTION_LORA_TARGETS
     conv1d: bool = False
     select: Callable[[Any], BlockLayout] | None = None
     position_ids: bool = True
-
-    def is_parallel(self, config: Any) -> bool:
-        if self.parallel_flag is not None:
-            return bool(getattr(config, self.parallel_flag))
-        return self.parallel
 
     def for_config(self, config: Any) -> BlockLayout:
         """The layout of the block variant ``config`` builds (itself unless the type has variants)."""
@@ -95,8 +84,9 @@ class BlockLayout:
 
     @property
     def has_input_norms(self) -> bool:
-        """Whether every sublayer reads a normalised state (post, deepnorm and sandwich reuse these norms)."""
-        return self.attn_norm is not None and (self.mlp_norm is not None or self.parallel or bool(self.parallel_flag))
+        """Whether every sublayer reads a normalised state (post, deepnorm and sandwich reuse these norms): a
+        parallel block's MLP reads through ``attn_norm`` where it has no ``mlp_norm``."""
+        return self.attn_norm is not None
 
 
 # ---- where fused q/k/v projections keep the values (nn.Linear weights are out x in) ----
@@ -172,14 +162,14 @@ def _falcon_layout(config: Any) -> BlockLayout:
 
 LLAMA = BlockLayout()
 GEMMA = BlockLayout(norm_weight_offset=1.0)
-PHI3 = BlockLayout(attn_dropout="resid_attn_dropout", mlp_dropout="resid_mlp_dropout", fused_values=_phi3_values)
-GRANITE = BlockLayout(residual_multiplier="residual_multiplier")
+PHI3 = BlockLayout(block="phi3", fused_values=_phi3_values)
+GRANITE = BlockLayout(block="granite")
 GPT2 = BlockLayout(
+    block="gpt2",
     layers="h",
     attn_norm="ln_1",
     attn="attn",
     mlp_norm="ln_2",
-    call="gpt2",
     final_norm="ln_f",
     fused_values=_gpt2_values,
     lora_targets=("c_attn",),
@@ -187,69 +177,53 @@ GPT2 = BlockLayout(
 )
 
 # Parallel residual: one step with u = Attn(N1 x) + FFN(N2 x), or one shared norm (mlp_norm=None).
-GPT_NEOX = BlockLayout(
-    attn="attention",
-    attn_dropout="post_attention_dropout",
-    mlp_dropout="post_mlp_dropout",
-    parallel_flag="use_parallel_residual",
-    final_norm="final_layer_norm",
-    fused_values=_neox_values,
-)
+GPT_NEOX = BlockLayout(block="gpt_neox", attn="attention", final_norm="final_layer_norm", fused_values=_neox_values)
 PHI = BlockLayout(
-    mlp_norm=None,
-    parallel=True,
-    attn_dropout="resid_dropout",
-    mlp_dropout="resid_dropout",
-    final_norm="final_layernorm",
-    lora_targets=("q_proj", "v_proj", "fc1", "fc2"),
+    block="phi", mlp_norm=None, final_norm="final_layernorm", lora_targets=("q_proj", "v_proj", "fc1", "fc2")
 )
-GPTJ = BlockLayout(layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None, parallel=True, final_norm="ln_f")
+GPTJ = BlockLayout(block="gptj", layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None, final_norm="ln_f")
 CODEGEN = replace(GPTJ, fused_values=_codegen_values)
-COHERE = BlockLayout(mlp_norm=None, parallel=True)
+COHERE = BlockLayout(block="cohere", mlp_norm=None)
 # StableLM's post_attention_layernorm is None on parallel blocks: the MLP then shares input_layernorm.
-STABLELM = BlockLayout(parallel_flag="use_parallel_residual", mlp_dropout="dropout")
+STABLELM = BlockLayout(block="stablelm")
 FALCON = BlockLayout(
+    block="falcon",
     layers="h",
     attn="self_attention",
     mlp_norm=None,
-    parallel=True,
-    update_dropout="config.hidden_dropout",
-    call="tuple",
     final_norm="ln_f",
     fused_values=_falcon_values,
     select=_falcon_layout,
 )
 FALCON_NEW = replace(FALCON, attn_norm="ln_attn", mlp_norm="ln_mlp")
-FALCON_SEQUENTIAL = replace(
-    FALCON,
-    mlp_norm="post_attention_layernorm",
-    parallel=False,
-    attn_dropout="config.attention_dropout",
-    mlp_dropout="config.hidden_dropout",
-    update_dropout=None,
-)
+FALCON_SEQUENTIAL = replace(FALCON, mlp_norm="post_attention_layernorm")
 
 # Norms after each sublayer already present: the stock update, output norm included, is u.
 GEMMA2 = BlockLayout(
+    block="gemma2",
     attn_out_norm="post_attention_layernorm",
     mlp_norm="pre_feedforward_layernorm",
     mlp_out_norm="post_feedforward_layernorm",
     norm_weight_offset=1.0,
 )
 OLMO2 = BlockLayout(  # no input norms: x + N(F(x)), so each sublayer reads the state itself
-    attn_norm=None, mlp_norm=None, attn_out_norm="post_attention_layernorm", mlp_out_norm="post_feedforward_layernorm"
+    block="olmo2",
+    attn_norm=None,
+    mlp_norm=None,
+    attn_out_norm="post_attention_layernorm",
+    mlp_out_norm="post_feedforward_layernorm",
 )
-GLM4 = BlockLayout(attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm")
+GLM4 = BlockLayout(block="glm4", attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm")
 
 # Close variants of LLaMA's block.
 NEMOTRON = BlockLayout(norm_weight_offset=1.0)  # LayerNorm1P computes (1 + w) x
-PERSIMMON = BlockLayout(mlp_dropout="dropout", final_norm="final_layernorm", fused_values=_neox_values)
-APERTUS = BlockLayout(attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
+PERSIMMON = BlockLayout(block="persimmon", final_norm="final_layernorm", fused_values=_neox_values)
+APERTUS = BlockLayout(block="apertus", attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
 # GPT-2's block shape with nn.Linear projections: GPT-Neo's separate q/k/v, GPTBigCode's fused c_attn.
 GPT_NEO = replace(
-    GPT2, call="tuple", fused_values=None, lora_targets=ATTENTION_LORA_TARGETS, conv1d=False, position_ids=False
+    GPT2, block="gpt_neo", fused_values=None, lora_targets=ATTENTION_LORA_TARGETS, conv1d=False, position_ids=False
 )
-GPT_BIGCODE = replace(GPT2, call="gpt_bigcode", fused_values=_bigcode_values, conv1d=False, position_ids=False)
+GPT_BIGCODE = replace(GPT2, block="gpt_bigcode", fused_values=_bigcode_values, conv1d=False, position_ids=False)
 
 # Stock model types whose decoder layer forward is LLaMA's, token for token, used the same way by their model
 # (found by benchmarks/scan_layouts.py on transformers 5.24 and 5.25; tests/test_layouts.py re-checks the list

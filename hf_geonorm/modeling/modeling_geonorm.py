@@ -4,9 +4,9 @@
 For every supported stock ``model_type`` X it has ``GeoNorm<X>Config`` (model_type ``geonorm_X``),
 ``GeoNorm<X>Model`` and ``GeoNorm<X>ForCausalLM``, and ``GeoNorm<X>ForSequenceClassification``,
 ``...ForTokenClassification`` and ``...ForQuestionAnswering`` where the stock type has those heads: subclasses of
-the stock classes whose decoder layers are swapped, class and all, for a subclass with a GeoNorm ``forward``
-(``blocks.py``); the heads are the stock ones. Parameter names and shapes stay the stock ones, so stock
-checkpoints load with no missing or unexpected keys.
+the stock classes whose decoder layers run as the GeoNorm decoder layer of their block shape, written out in
+``decoder_layers.py`` (set by ``blocks.py``); the heads are the stock ones. Parameter names and shapes stay the
+stock ones, so stock checkpoints load with no missing or unexpected keys.
 
 The classes are module attributes built on first use (``families.py``): loading a checkpoint builds its own
 family and imports its own stock modelling module only.

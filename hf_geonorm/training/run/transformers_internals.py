@@ -61,9 +61,13 @@ INTERNALS = (
              "modeling/model_mixins.py overrides it: GeoNorm's learnable step starts at scale 1 and bias 0",
              parameters=("self", "module")),
     Internal("transformers.PreTrainedModel", "_can_record_outputs",
+             "modeling/families.py names the GeoNorm decoder layer in it (hidden states are captured by isinstance); "
              "modeling/blocks.py registers it for a base model whose class was swapped after __init__"),
     Internal("transformers.utils.output_capturing", "_CAN_RECORD_REGISTRY",
              "modeling/blocks.py: output_hidden_states is captured by the class registered in __init__"),
+    Internal("transformers.PreTrainedModel", "_no_split_modules",
+             "modeling/families.py, modeling/blocks.py and patching.py add the GeoNorm decoder layer's class name "
+             "(device_map and FSDP keep modules whole by name)"),
     Internal("transformers.PreTrainedModel", "_hf_peft_config_loaded",
              "modeling/model_mixins.py: a model carrying PEFT adapters saves the adapters alone, without remote code"),
     Internal("transformers.PreTrainedModel", "_weight_conversions",
