@@ -18,17 +18,91 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .geometry import StepParams, entry_rescale, per_update, prenorm_update, step_sizes
+from .geometry import (
+    bridge_turn,
+    clamped_turn,
+    entry_rescale,
+    exp_map,
+    in_compute_dtype,
+    per_update,
+    prenorm_update,
+    step_sizes,
+    tangent,
+)
 from .settings import GeoNormSettings
-from .step import geonorm_step
+from .step import geodesic_step
 
 _LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
+
+
+@dataclass(frozen=True, eq=False)
+class StepParams:
+    """Everything one update of the ``geo`` style reads besides the state x and the update u, as one object.
+    ``eq=False``: the learnable scale and bias are tensors, compared by identity.
+
+    ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
+    at ``geometry.MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the
+    interpolation; ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame``
+    (c, c_next / c) the Pre-Norm frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final"
+    (docs/method.md, "The update", "The bridge"). Every field but ``alpha`` is given by keyword:
+    ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
+
+    alpha: float | torch.Tensor
+    _: KW_ONLY
+    max_angle: float | None = math.pi / 4
+    bridge: float = 1.0
+    step_scale: torch.Tensor | None = None
+    step_bias: torch.Tensor | None = None
+    frame: tuple[float, float] | None = None
+    clamp: str = "both"
+
+    @property
+    def is_geodesic_step(self) -> bool:
+        """Whether these are the plain GeoNorm update's settings (bridge 1, both clamps, no learnable step), which
+        ``step.geodesic_step`` computes (fused where it can be)."""
+        return self.bridge == 1.0 and self.clamp == "both" and self.step_scale is None and self.step_bias is None
+
+
+def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
+    """The update of the ``geo`` style, with the Pre-Norm bridge: bridge = 1 is the clamped GeoNorm step (radius |x|
+    kept), bridge = 0 the Pre-Norm update exactly (x + u, or in the ``frame``), in between the angle and radius
+    interpolate (docs/method.md, "The update" and "The bridge").
+
+    The plain GeoNorm update goes to ``step.geodesic_step`` (the fused implementation where it covers the call;
+    ``HF_GEONORM_FUSED=0`` or ``step_switch.set_fused_enabled(False)`` turns that off); every other setting is
+    composed around the same pieces by ``composed_geonorm_step``."""
+    if not isinstance(params, StepParams):
+        raise TypeError(
+            "geonorm_step takes the step's settings as one StepParams: geonorm_step(x, u, StepParams(alpha, ...)); "
+            f"got {type(params).__name__}"
+        )
+    if params.is_geodesic_step:
+        return geodesic_step(x, u, params.alpha, params.max_angle)  # fused where it can be (step.py)
+    return composed_geonorm_step(x, u, params)
+
+
+def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
+    """``geonorm_step`` for every setting, composed of torch operations and differentiated by autograd: the update
+    as docs/method.md writes it (tangent, the angle with its clamp, the exponential map), with the learnable step
+    on the angle and the bridge to the Pre-Norm update around it."""
+    if params.bridge == 0.0:
+        return prenorm_update(x, u, params.frame)  # the Pre-Norm end of the bridge, exactly
+    dtype = x.dtype
+    x, u = in_compute_dtype(x, u)
+    t = tangent(x, u)
+    turn = clamped_turn(x, t, params.alpha, params.max_angle, params.step_scale, params.step_bias, params.clamp)
+    if params.bridge == 1.0:
+        theta, step_size = turn
+        return exp_map(x, step_size * t, theta).to(dtype)
+    theta, step_size, radius = bridge_turn(x, u, t, turn, params.bridge, params.frame)
+    return (radius * exp_map(x, step_size * t, theta)).to(dtype)
 
 
 def settings_in_use(config: Any) -> bool:
