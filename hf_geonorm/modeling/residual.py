@@ -1,4 +1,4 @@
-"""One residual-update module for the whole family: pre, post, sandwich, deepnorm and geo.
+"""One residual-update module for the whole family, every norm style declared in ``norm_styles.py``.
 
 A block asks its residual module what each sublayer reads (``sublayer_input``) and how the state moves
 given the sublayer's update (``forward``): the rule of the style's declaration (``norm_styles.py``). Parameters
