@@ -17,6 +17,7 @@ The update reads as docs/method.md writes it (``geodesic_step``): ``tangent``, t
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -175,6 +176,16 @@ def exp_map(x: torch.Tensor, v: torch.Tensor, angle: torch.Tensor | None = None)
     return (torch.cos(theta) * x + sin_over(theta) * keep_v * v).to(dtype)
 
 
+class Turn(NamedTuple):
+    """One step's turn, per row: the angle theta, step = theta / (|t|/|x|) (the factor on the tangent t, so that
+    ``exp_map(x, step * t, theta)`` turns x by theta), and the norms |x| (floored) and |t| it was formed from."""
+
+    theta: torch.Tensor
+    step: torch.Tensor
+    x_norm: torch.Tensor
+    t_norm: torch.Tensor
+
+
 def clamped_turn(
     x: torch.Tensor,
     t: torch.Tensor,
@@ -183,39 +194,33 @@ def clamped_turn(
     step_scale: torch.Tensor | None = None,
     step_bias: torch.Tensor | None = None,
     clamp: str = "both",
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Turn:
     """The angle with its clamp (docs/method.md, "The model-level step and its clamp") of the step from ``x``
-    towards its tangent ``t``: (theta, step), with theta from ``geonorm_angle`` of the base angle |t|/|x| and
-    step = theta / (|t|/|x|), so that ``exp_map(x, step * t, theta)`` turns ``x`` by theta (``geonorm_rotation``
-    says how each case is kept finite). ``x`` and ``t`` in the dtype to compute in."""
+    towards its tangent ``t``: theta from ``geonorm_angle`` of the base angle |t|/|x| (``geonorm_rotation`` says
+    how each case is kept finite). ``x`` and ``t`` in the dtype to compute in."""
     x_norm, moves = floored_norm(row_norm(x))
+    t_norm = row_norm(t)
     theta, step, _ = geonorm_rotation(
-        row_norm(t), x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias, clamp
+        t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias, clamp
     )
-    return theta, step
+    return Turn(theta, step, x_norm, t_norm)
 
 
 def bridge_turn(
-    x: torch.Tensor,
-    u: torch.Tensor,
-    t: torch.Tensor,
-    turn: tuple[torch.Tensor, torch.Tensor],
-    bridge: float,
-    frame: tuple[float, float] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, u: torch.Tensor, turn: Turn, bridge: float, frame: tuple[float, float] | None = None
+) -> tuple[Turn, torch.Tensor]:
     """The bridge (docs/method.md, "The bridge") between the Pre-Norm update of ``x`` by ``u`` (in the ``frame``,
-    see ``prenorm_update``) and the GeoNorm ``turn`` (theta, step) of ``clamped_turn``: (theta, step, the new
-    radius over |x|), each interpolated with weight ``bridge`` on the GeoNorm side; ``t`` is the tangent of ``u``
-    at ``x``. The state is then radius/|x| ``exp_map(x, step * t, theta)``."""
+    see ``prenorm_update``) and the GeoNorm ``turn`` of ``clamped_turn``: the turn whose angle and step are
+    interpolated with weight ``bridge`` on the GeoNorm side, and the new radius over |x|, interpolated the same
+    way. The state is then radius/|x| ``exp_map(x, step * t, theta)``."""
     lam = float(bridge)
-    x_norm, _ = floored_norm(row_norm(x))
-    c = tangent_coefficient(row_dot(u, x), x_norm)
+    c = tangent_coefficient(row_dot(u, x), turn.x_norm)
     scale = 1.0 if frame is None else frame[0]  # the Pre-Norm update in the frame is c u on x
-    theta_pre, step_pre = prenorm_rotation(scale * row_norm(t), x_norm, scale * c)
-    theta = (1.0 - lam) * theta_pre + lam * turn[0]
-    step = (1.0 - lam) * scale * step_pre + lam * turn[1]
-    radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * x_norm
-    return theta, step, radius / x_norm
+    theta_pre, step_pre = prenorm_rotation(scale * turn.t_norm, turn.x_norm, scale * c)
+    theta = (1.0 - lam) * theta_pre + lam * turn.theta
+    step = (1.0 - lam) * scale * step_pre + lam * turn.step
+    radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * turn.x_norm
+    return turn._replace(theta=theta, step=step), radius / turn.x_norm
 
 
 def geodesic_step(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor,
@@ -227,8 +232,8 @@ def geodesic_step(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor,
     dtype = x.dtype
     x, u = in_compute_dtype(x, u)
     t = tangent(x, u)
-    theta, step = clamped_turn(x, t, alpha, max_angle)
-    return exp_map(x, step * t, theta).to(dtype)
+    turn = clamped_turn(x, t, alpha, max_angle)
+    return exp_map(x, turn.step * t, turn.theta).to(dtype)
 
 
 def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:

@@ -103,10 +103,9 @@ def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) 
     t = tangent(x, u)
     turn = clamped_turn(x, t, params.alpha, params.max_angle, params.step_scale, params.step_bias, params.clamp)
     if params.bridge == 1.0:
-        theta, step_size = turn
-        return exp_map(x, step_size * t, theta).to(dtype)
-    theta, step_size, radius = bridge_turn(x, u, t, turn, params.bridge, params.frame)
-    return (radius * exp_map(x, step_size * t, theta)).to(dtype)
+        return exp_map(x, turn.step * t, turn.theta).to(dtype)
+    turn, radius = bridge_turn(x, u, turn, params.bridge, params.frame)
+    return (radius * exp_map(x, turn.step * t, turn.theta)).to(dtype)
 
 
 def settings_in_use(config: Any) -> bool:
