@@ -220,7 +220,7 @@ def bridge_turn(
     theta = (1.0 - lam) * theta_pre + lam * turn.theta
     step = (1.0 - lam) * scale * step_pre + lam * turn.step
     radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * turn.x_norm
-    return turn._replace(theta=theta, step=step), radius / turn.x_norm
+    return Turn(theta, step, turn.x_norm, turn.t_norm), radius / turn.x_norm
 
 
 def geodesic_step(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor,
