@@ -10,7 +10,6 @@ from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
 from .modeling.geometry import (
-    StepParams,
     entry_rescale,
     exp_map,
     geodesic_update,
@@ -19,9 +18,8 @@ from .modeling.geometry import (
     tangent,
 )
 from .modeling.layouts import BlockLayout
-from .modeling.residual import GeoNormResidual, identity_norm_like
+from .modeling.residual import GeoNormResidual, StepParams, geonorm_step, identity_norm_like
 from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
-from .modeling.step import geonorm_step
 from .patching import (
     apply_geonorm,
     config_class_for,

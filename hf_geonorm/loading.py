@@ -31,6 +31,7 @@ from .files.text_files import SPECIAL_FILES
 from .loading_info import check_loading_info, geonorm_keys
 from .loading_sizes import built_config, check_sizes, stated_layers
 from .modeling.blocks import check_layout_settings
+from .modeling.norm_styles import NORM_STYLE_DECLARATIONS
 from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
 
@@ -275,13 +276,13 @@ def _new_geonorm_keys(source: Source, model: nn.Module) -> set[str]:
     if not source.is_geonorm:
         return keys
     stored = current_settings(source)
-    style = stored.get("norm_style", GeoNormSettings.norm_style)
-    learnable = style == "geo" and stored.get("geo_learnable_step", False) is True
+    style = NORM_STYLE_DECLARATIONS.get(stored.get("norm_style", GeoNormSettings.norm_style))
+    learnable = style is not None and style.geodesic and stored.get("geo_learnable_step", False) is True
     had = {
         key
         for key in keys
         if (learnable and key.rsplit(".", 1)[-1] in ("step_scale", "step_bias"))
-        or (style == "sandwich" and ".output_norm." in key)
+        or (style is not None and style.output_norms and ".output_norm." in key)
     }
     return keys - had
 

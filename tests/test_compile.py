@@ -23,7 +23,7 @@ from tiny_models import tiny_model, token_ids
 from torch import nn
 
 import hf_geonorm
-from hf_geonorm import GeoNormResidual, GeoNormSettings, StepParams
+from hf_geonorm import GeoNormResidual, GeoNormSettings
 from hf_geonorm.modeling import step, step_autograd, step_switch
 
 
@@ -135,7 +135,7 @@ def test_every_residual_style_compiles_fullgraph(fused_on):
     for name, g, e in zip(owners, got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4, msg=name)
     if fused_on:  # the fused Function is what the geo blocks compiled
-        assert step.can_fuse(h0, h0, StepParams(0.8))
+        assert step.can_fuse(h0, h0, 0.8)
 
 
 @pytest.mark.parametrize("keep", ["output", "update"])

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
 
-from hf_geonorm.modeling import settings
+from hf_geonorm.modeling import norm_styles, settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer as trainer_module
@@ -44,13 +44,12 @@ def literals(path: Path) -> list[object]:
 @pytest.mark.parametrize(
     ("constant", "home"),
     [
-        (settings.NORM_STYLES, "modeling/settings.py"),
         (settings.RADII, "modeling/settings.py"),
         (settings.DECAYS, "modeling/settings.py"),
         (settings.CLAMPS, "modeling/settings.py"),
         (presets.DEFAULT_VOCAB, "training/presets.py"),
     ],
-    ids=["norm styles", "radii", "decays", "clamps", "default vocabulary"],
+    ids=["radii", "decays", "clamps", "default vocabulary"],
 )
 def test_each_constant_is_written_once(constant, home):
     """Written out in its home only; everywhere else it is imported (the package and the CLI, which reads the
@@ -65,6 +64,17 @@ def is_written(value: object, constant: object) -> bool:
     if isinstance(constant, tuple):
         return isinstance(value, (tuple, list)) and tuple(value) == constant
     return type(value) is type(constant) and value == constant
+
+
+def test_the_norm_style_names_are_the_declarations_keys_and_written_nowhere_as_a_list():
+    """A style is declared once (``modeling/norm_styles.py``): no list of the styles is written out anywhere, the
+    settings read theirs from the declarations."""
+    names = tuple(norm_styles.NORM_STYLE_DECLARATIONS)
+    assert settings.NORM_STYLES == names == ("pre", "post", "sandwich", "deepnorm", "geo")
+    written = [path.relative_to(ROOT).as_posix() for path in SOURCES for value in literals(path)
+               if isinstance(value, (tuple, list)) and len(value) > 2
+               and all(item in names for item in value)]  # fmt: skip
+    assert not written, written
 
 
 def test_the_preset_names_are_the_presets_keys_and_written_nowhere_else():

@@ -35,8 +35,9 @@ from tiny_models import tiny_model, token_ids
 import hf_geonorm
 from hf_geonorm import StepParams, geonorm_step
 from hf_geonorm.modeling import kernel_check, step, step_autograd, step_switch, step_twin, triton_loader
-from hf_geonorm.modeling.geometry import composed_geonorm_step
+from hf_geonorm.modeling.geometry import geodesic_step
 from hf_geonorm.modeling.remote_code import remote_code_files
+from hf_geonorm.modeling.residual import composed_geonorm_step
 from hf_geonorm.modeling.settings import MAX_ALPHA
 from hf_geonorm.modeling.step_autograd import fused_geonorm_step, kept_for_backward
 
@@ -94,9 +95,9 @@ def run(fn, x, u, g):
 
 
 def reference(x, u, g, alpha, max_angle):
-    """The composed path in float64 on the (already rounded) inputs: the exact answer for them."""
-    params = StepParams(alpha, max_angle=max_angle)
-    return run(lambda a, b: composed_geonorm_step(a, b, params), x.double(), u.double(), g.double())
+    """The plain implementation (``geometry.geodesic_step``: tangent, clamped angle, exponential map) in float64
+    on the (already rounded) inputs: the exact answer for them."""
+    return run(lambda a, b: geodesic_step(a, b, alpha, max_angle), x.double(), u.double(), g.double())
 
 
 def assert_close_rows(actual, expected, dtype, what, per_row=False, noise=None):
@@ -266,7 +267,7 @@ sys.modules["triton"] = sys.modules["triton.language"] = None  # unimportable, a
 import torch
 from hf_geonorm import StepParams, geonorm_step
 from hf_geonorm.modeling import triton_loader
-from hf_geonorm.modeling.geometry import composed_geonorm_step
+from hf_geonorm.modeling.residual import composed_geonorm_step
 assert triton_loader.triton_available() is False
 try:
     triton_loader.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, None)

@@ -23,7 +23,8 @@ from hf_geonorm import (
     step_sizes,
     tangent,
 )
-from hf_geonorm.modeling.geometry import NORM_FLOOR, composed_geonorm_step, geonorm_angle
+from hf_geonorm.modeling.geometry import NORM_FLOOR, geonorm_angle
+from hf_geonorm.modeling.residual import composed_geonorm_step
 from hf_geonorm.modeling.settings import MAX_ALPHA
 
 PI4 = math.pi / 4

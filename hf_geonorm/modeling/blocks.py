@@ -15,6 +15,7 @@ from torch import nn
 from .decoder_layers import FirstTokens, decoder_layer_class
 from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
+from .norm_styles import NORM_STYLE_DECLARATIONS, named_styles
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
 
@@ -47,21 +48,22 @@ def _declare_no_split(base_model: nn.Module, layer_class: type) -> None:
 
 
 def check_settings_fit(layout: BlockLayout, settings: GeoNormSettings, model_type: str) -> None:
-    if layout.has_out_norms and settings.norm_style not in ("pre", "geo"):
+    style = NORM_STYLE_DECLARATIONS[settings.norm_style]
+    if layout.has_out_norms and not style.only_input_norms:
         raise ValueError(
-            f"{model_type} already normalises each sublayer's output; only norm_style 'pre' (the stock "
-            f"model) and 'geo' apply to it, got {settings.norm_style!r}"
+            f"{model_type} already normalises each sublayer's output; only norm_style "
+            f"{named_styles(lambda other: other.only_input_norms, 'and')} apply to it, got {settings.norm_style!r}"
         )
-    if not layout.plain_norms and settings.norm_style == "sandwich":
+    if not layout.plain_norms and style.output_norms:
         raise ValueError(
             f"{model_type}'s block norms are not plain RMSNorm/LayerNorm (they carry more than a weight and bias), "
-            "so norm_style 'sandwich' cannot add fresh norms of their kind that start as the identity; use "
-            "'pre', 'post', 'deepnorm' or 'geo'"
+            f"so norm_style {settings.norm_style!r} cannot add fresh norms of their kind that start as the identity; "
+            f"use {named_styles(lambda other: not other.output_norms, 'or')}"
         )
-    if not layout.has_input_norms and settings.norm_style not in ("pre", "geo"):
+    if not layout.has_input_norms and not style.only_input_norms:
         raise ValueError(
-            f"{model_type} has no input norm before a sublayer; only norm_style 'pre' (the stock model) and "
-            f"'geo' apply to it, got {settings.norm_style!r}"
+            f"{model_type} has no input norm before a sublayer; only norm_style "
+            f"{named_styles(lambda other: other.only_input_norms, 'and')} apply to it, got {settings.norm_style!r}"
         )
 
 
@@ -155,6 +157,7 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     (``fresh_init``) and draws the padding row of ``geo`` (``_free_padding_row``).
     """
     settings = GeoNormSettings.from_object(config)
+    style = NORM_STYLE_DECLARATIONS[settings.norm_style]  # what the style adds besides its residual modules
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
     first_tokens = getattr(base_model, "geonorm_first_tokens", None)
@@ -180,7 +183,7 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
                 existing.sublayer, existing.sublayers, existing.schedule = index, len(sublayers), schedule
                 continue
             out_norm = None
-            if settings.norm_style == "sandwich":
+            if style.output_norms:
                 out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
             residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
             norm = getattr(layer, norm_name) if norm_name is not None else None
@@ -189,9 +192,9 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
                 residual.to(device=reference.device, dtype=reference.dtype)
             residual.train(layer.training)
             setattr(layer, f"geonorm_{part}_residual", residual)
-        if fresh_init and settings.norm_style == "deepnorm":
+        if fresh_init and style.deepnet_init:
             deepnet_init_(layer, layout, num_layers, config)
-    if settings.norm_style == "geo":
+    if style.geodesic:
         _free_padding_row(base_model, fresh_init)
-    if fresh_init and settings.norm_style in ("post", "deepnorm") and settings.post_zero_positions:
+    if fresh_init and style.normalises_after and settings.post_zero_positions:
         zero_positions_(base_model)

@@ -13,11 +13,13 @@ import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_type_hints
 
 from .checkpoint_layout import register_checkpoint_layout
 from .decoder_layers import decoder_layer_class
 from .layouts import LAYOUTS, BlockLayout
 from .model_mixins import SETTING_DEFAULTS, GeoNormBaseModelMixin, GeoNormConfigMixin, GeoNormHeadModelMixin
+from .settings import GeoNormSettings
 
 # The heads transformers puts on a decoder's base model besides the LM head, by Auto class, each with the name map
 # (transformers.models.auto.modeling_auto) of the stock types that have it. A family gets its stock type's heads.
@@ -165,25 +167,10 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
     stock_config, stock_base, stock_causal = _stock_classes(model_type)
     stock_heads = _stock_head_classes(model_type, tuple(family.head_class_names))
     config_name, base_name, causal_name = family.class_names[:3]
-    annotations = {
-        "norm_style": str,
-        "post_zero_positions": bool,
-        "post_embedding_norm": str,
-        "geo_alpha": float | list[float],
-        "geo_decay": str,
-        "geo_max_angle": float | None,
-        "geo_clamp": str,
-        "geo_learnable_step": bool,
-        "geo_radius": str,
-        "geo_bridge": float | list[float],
-        "geo_frames": list[float] | None,
-        "geo_bridge_costs": list[float] | None,
-        "geo_first_token_prenorm": bool,
-    }
     config_ns = {
         "__module__": family.module,
         "__doc__": f"{stock_config.__name__} with the GeoNorm settings (model_type 'geonorm_{model_type}').",
-        "__annotations__": annotations,
+        "__annotations__": get_type_hints(GeoNormSettings),  # the settings' one declaration of their types
         "model_type": family.model_type,
         "geonorm_stock_type": model_type,
         **SETTING_DEFAULTS,

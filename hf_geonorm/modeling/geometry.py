@@ -6,15 +6,18 @@ cast back; float64 stays float64. Degenerate inputs (a zero update, an update pa
 return ``x`` with finite gradients. A state shorter than ``NORM_FLOOR`` has no direction to turn from and is
 left where it is (docs/method.md, "Choices the paper leaves open").
 
-The per-row pieces (``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``,
-``geonorm_rotation``, ``prenorm_rotation``) are shared by the composed path here and by the fused torch twin in
-``step_twin.py``; the Triton kernels (``triton_kernels.py``) spell the same lines out in Triton's language.
+The update reads as docs/method.md writes it (``geodesic_step``): ``tangent``, the angle with its clamp
+(``clamped_turn``), then ``exp_map``; the bridge's angle and radius are ``bridge_turn``. The residual module
+(``residual.py``) composes the bridge, the frames and the learnable step around these. The per-row pieces
+(``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``, ``geonorm_rotation``,
+``prenorm_rotation``) are shared with the fused torch twin in ``step_twin.py``, the other implementation of
+``geodesic_step``; the Triton kernels (``triton_kernels.py``) spell the same lines out in Triton's language.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import KW_ONLY, dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -149,26 +152,95 @@ def tangent(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return tangent_from(u, x, tangent_coefficient(row_dot(u, x), x_norm)).to(dtype)
 
 
-def exp_map(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def in_compute_dtype(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` and ``u`` in the dtype the step is computed in (``compute_dtype``)."""
+    cd = compute_dtype(x.dtype, u.dtype)
+    return x.to(cd), u.to(cd)
+
+
+def exp_map(x: torch.Tensor, v: torch.Tensor, angle: torch.Tensor | None = None) -> torch.Tensor:
     """Follow the great circle through ``x`` with initial velocity ``v`` (tangent at ``x``).
 
     exp_map(x, v) = cos(|v|/|x|) x + |x| sin(|v|/|x|) v/|v|, written as cos(th) x + (sin(th)/th) v so that
-    v = 0 is smooth. The result keeps |x|; a state shorter than ``NORM_FLOOR`` stays where it is.
+    v = 0 is smooth. The result keeps |x|; a state shorter than ``NORM_FLOOR`` stays where it is. ``angle`` is
+    th = |v|/|x| where the caller has it already (``clamped_turn`` gives it with its clamp exact); it is then
+    used as it is, and ``x`` and ``v`` must be in the dtype to compute in.
     """
+    if angle is not None:
+        return torch.cos(angle) * x + sin_over(angle) * v
     dtype = x.dtype
-    cd = compute_dtype(x.dtype, v.dtype)
-    x, v = x.to(cd), v.to(cd)
+    x, v = in_compute_dtype(x, v)
     x_norm, moves = floored_norm(row_norm(x))
     theta = torch.where(moves, row_norm(v) / x_norm, torch.zeros_like(x_norm))
-    keep_v = moves.to(cd)
+    keep_v = moves.to(x.dtype)
     return (torch.cos(theta) * x + sin_over(theta) * keep_v * v).to(dtype)
+
+
+class Turn(NamedTuple):
+    """One step's turn, per row: the angle theta, step = theta / (|t|/|x|) (the factor on the tangent t, so that
+    ``exp_map(x, step * t, theta)`` turns x by theta), and the norms |x| (floored) and |t| it was formed from."""
+
+    theta: torch.Tensor
+    step: torch.Tensor
+    x_norm: torch.Tensor
+    t_norm: torch.Tensor
+
+
+def clamped_turn(
+    x: torch.Tensor,
+    t: torch.Tensor,
+    alpha: float | torch.Tensor,
+    max_angle: float | None,
+    step_scale: torch.Tensor | None = None,
+    step_bias: torch.Tensor | None = None,
+    clamp: str = "both",
+) -> Turn:
+    """The angle with its clamp (docs/method.md, "The model-level step and its clamp") of the step from ``x``
+    towards its tangent ``t``: theta from ``geonorm_angle`` of the base angle |t|/|x| (``geonorm_rotation`` says
+    how each case is kept finite). ``x`` and ``t`` in the dtype to compute in."""
+    x_norm, moves = floored_norm(row_norm(x))
+    t_norm = row_norm(t)
+    theta, step, _ = geonorm_rotation(
+        t_norm, x_norm, moves, _as_compute(alpha, x), max_angle, step_scale, step_bias, clamp
+    )
+    return Turn(theta, step, x_norm, t_norm)
+
+
+def bridge_turn(
+    x: torch.Tensor, u: torch.Tensor, turn: Turn, bridge: float, frame: tuple[float, float] | None = None
+) -> tuple[Turn, torch.Tensor]:
+    """The bridge (docs/method.md, "The bridge") between the Pre-Norm update of ``x`` by ``u`` (in the ``frame``,
+    see ``prenorm_update``) and the GeoNorm ``turn`` of ``clamped_turn``: the turn whose angle and step are
+    interpolated with weight ``bridge`` on the GeoNorm side, and the new radius over |x|, interpolated the same
+    way. The state is then radius/|x| ``exp_map(x, step * t, theta)``."""
+    lam = float(bridge)
+    c = tangent_coefficient(row_dot(u, x), turn.x_norm)
+    scale = 1.0 if frame is None else frame[0]  # the Pre-Norm update in the frame is c u on x
+    theta_pre, step_pre = prenorm_rotation(scale * turn.t_norm, turn.x_norm, scale * c)
+    theta = (1.0 - lam) * theta_pre + lam * turn.theta
+    step = (1.0 - lam) * scale * step_pre + lam * turn.step
+    radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * turn.x_norm
+    return Turn(theta, step, turn.x_norm, turn.t_norm), radius / turn.x_norm
+
+
+def geodesic_step(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor,
+                  max_angle: float | None = math.pi / 4) -> torch.Tensor:  # fmt: skip
+    """The GeoNorm update as docs/method.md writes it ("The update"): the tangent t of ``u`` at ``x``, the angle
+    with its clamp, then the exponential map; the state keeps its radius |x|. ``max_angle=None``: no clamp, the
+    turn stops at the antipode (``MAX_TURN``). This is the plain implementation; the fused one
+    (``step_autograd.fused_geonorm_step``) computes the same, and ``step.geodesic_step`` chooses between them."""
+    dtype = x.dtype
+    x, u = in_compute_dtype(x, u)
+    t = tangent(x, u)
+    turn = clamped_turn(x, t, alpha, max_angle)
+    return exp_map(x, turn.step * t, turn.theta).to(dtype)
 
 
 def geodesic_update(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
     """exp_map(x, alpha * tangent(x, u)): rotate ``x`` by alpha |tangent|/|x| towards the update, stopping at the
     antipode (``MAX_TURN``: beyond it the geodesic winds back). This is the GeoNorm step with no clamp, and is
     computed by it."""
-    return composed_geonorm_step(x, u, StepParams(alpha, max_angle=None))
+    return geodesic_step(x, u, alpha, max_angle=None)
 
 
 def step_sizes(
@@ -215,62 +287,6 @@ def per_update(name: str, values: list[float] | tuple[float, ...], num_layers: i
 def updates_per_layer(alpha: float | list[float] | tuple[float, ...], num_layers: int) -> int:
     """2 when ``geo_alpha`` is a list with one value per update of a two-update block, else 1 (for display)."""
     return 2 if isinstance(alpha, (list, tuple)) and len(alpha) == 2 * num_layers != num_layers else 1
-
-
-@dataclass(frozen=True, eq=False)
-class StepParams:
-    """Everything one GeoNorm step reads besides the state x and the update u, as one object: the dispatch
-    (``step.geonorm_step``), the composed path and the fused Function read the same fields, so a new knob is added
-    in one place. ``eq=False``: the learnable scale and bias are tensors, compared by identity.
-
-    ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
-    at ``MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the interpolation;
-    ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame`` (c, c_next / c) the Pre-Norm
-    frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final" (docs/method.md, "The update",
-    "The bridge"). Every field but ``alpha`` is given by keyword: ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
-
-    alpha: float | torch.Tensor
-    _: KW_ONLY
-    max_angle: float | None = math.pi / 4
-    bridge: float = 1.0
-    step_scale: torch.Tensor | None = None
-    step_bias: torch.Tensor | None = None
-    frame: tuple[float, float] | None = None
-    clamp: str = "both"
-
-
-def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
-    """The model-level residual update of the ``geo`` style, composed of torch operations and differentiated by
-    autograd (every setting; ``step.geonorm_step`` dispatches here or to the fused Function).
-
-    bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly; in between
-    the angle and the radius interpolate (docs/method.md, "The bridge"). The Pre-Norm update is x + u, or with a
-    ``frame`` (c, r) the same update on a state rescaled by c: r (x + c u) (``prenorm_update``).
-    """
-    bridge, frame = params.bridge, params.frame
-    if bridge == 0.0:
-        return prenorm_update(x, u, frame)
-    dtype = x.dtype
-    cd = compute_dtype(x.dtype, u.dtype)
-    x, u = x.to(cd), u.to(cd)
-    x_norm, moves = floored_norm(row_norm(x))
-    c = tangent_coefficient(row_dot(u, x), x_norm)
-    t = tangent_from(u, x, c)
-    t_norm = row_norm(t)
-    theta, step, _ = geonorm_rotation(
-        t_norm, x_norm, moves, _as_compute(params.alpha, x), params.max_angle, params.step_scale, params.step_bias,
-        params.clamp,
-    )
-    # |x| (cos(th) x/|x| + sin(th) t/|t|) = cos(th) x + (sin(th)/th) (th/base) t,  base = |t|/|x|
-    if bridge == 1.0:
-        return (torch.cos(theta) * x + sin_over(theta) * step * t).to(dtype)
-    lam = float(bridge)
-    scale = 1.0 if frame is None else frame[0]  # the Pre-Norm update in the frame is c u on x
-    theta_pre, step_pre = prenorm_rotation(scale * t_norm, x_norm, scale * c)
-    theta = (1.0 - lam) * theta_pre + lam * theta
-    step = (1.0 - lam) * scale * step_pre + lam * step
-    radius = (1.0 - lam) * row_norm(prenorm_update(x, u, frame)) + lam * x_norm
-    return (radius / x_norm * (torch.cos(theta) * x + sin_over(theta) * step * t)).to(dtype)
 
 
 def prenorm_update(x: torch.Tensor, u: torch.Tensor, frame: tuple[float, float] | None = None) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """The first-use check of the Triton kernel. Until the kernels have been shown right on real GPUs, a process does
-not depend on them being right: the first time ``geonorm_step`` would use the Triton kernel for a device, dtypes,
-clamp and saved tensor (``kernel_passes_check``), it runs the kernel forward and backward on a small random batch
-against the torch twin in float64 (``check_kernel``), with the bound tests/test_fused.py uses. If it raises or
-differs, a warning naming ``HF_GEONORM_FUSED`` is given once and ``geonorm_step`` uses the composed path for the
-rest of the process. It lives with the modelling code because a model loaded as remote code on a GPU runs it too.
+not depend on them being right: the first time ``step.geodesic_step`` would use the Triton kernel for a device,
+dtypes, clamp and saved tensor (``kernel_passes_check``), it runs the kernel forward and backward on a small random
+batch against the torch twin in float64 (``check_kernel``), with the bound tests/test_fused.py uses. If it raises
+or differs, a warning naming ``HF_GEONORM_FUSED`` is given once and ``step.geodesic_step`` uses the plain
+implementation (``geometry.geodesic_step``) for the rest of the process. It lives with the modelling code because
+a model loaded as remote code on a GPU runs it too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .step_switch import ENV_VAR
 from .step_twin import no_autocast
 
 _KERNEL_CHECKS: dict[tuple, str | None] = {}  # (device, x dtype, u dtype, clamped, keep) -> None or the problem
-_kernel_failure: str | None = None  # once set, geonorm_step never uses the kernel again in this process
+_kernel_failure: str | None = None  # once set, step.geodesic_step never uses the kernel again in this process
 
 
 def _ulp(dtype: torch.dtype) -> float:
@@ -84,12 +85,12 @@ def check_kernel(
 
 
 def kernel_failure() -> str | None:
-    """What made the kernel fail its first-use check in this process (then the composed path runs), or None."""
+    """What made the kernel fail its first-use check in this process (then the plain implementation runs), or None."""
     return _kernel_failure
 
 
 def kernel_passes_check(x: torch.Tensor, u: torch.Tensor, max_angle: float | None) -> bool:
-    """Whether ``geonorm_step`` may use the Triton kernel for these tensors: ``check_kernel`` runs on first use
+    """Whether ``step.geodesic_step`` may use the Triton kernel for these tensors: ``check_kernel`` runs on first use
     per device, dtypes, clamp and saved tensor; after any failure (warned once) never again in this process."""
     global _kernel_failure
     if _kernel_failure is not None:
@@ -98,7 +99,7 @@ def kernel_passes_check(x: torch.Tensor, u: torch.Tensor, max_angle: float | Non
     key = (str(x.device), x.dtype, u.dtype, max_angle is None, keep)
     if key not in _KERNEL_CHECKS:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return False  # a CUDA graph being captured cannot run the check: composed until a plain call
+            return False  # a CUDA graph being captured cannot run the check: plain until a call outside it
         problem = check_kernel(x.device, x.dtype, u.dtype, x.shape[-1], max_angle, keep)
         _KERNEL_CHECKS[key] = problem
         if problem is not None:

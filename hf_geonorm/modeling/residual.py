@@ -1,8 +1,11 @@
-"""One residual-update module for the whole family: pre, post, sandwich, deepnorm and geo.
+"""One residual-update module for the whole family, every norm style declared in ``norm_styles.py``.
 
 A block asks its residual module what each sublayer reads (``sublayer_input``) and how the state moves
-given the sublayer's update (``forward``). Parameters exist only where a style needs them: the output
-norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
+given the sublayer's update (``forward``): the rule of the style's declaration (``norm_styles.py``). Parameters
+exist only where a style needs them: the output norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
+The ``geo`` style's update (``geodesic``) is written out here: the GeoNorm update of ``geometry.py`` (tangent, the
+angle with its clamp, the exponential map; ``step.py`` picks its implementation), with the bridge, the frames and
+the learnable step around it.
 
 The settings have one home, the model's config: a residual module keeps a reference to it and reads the clamp,
 radius and the per-update values of the ``UpdateSchedule`` it shares with the model's other residual modules
@@ -18,17 +21,91 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .geometry import StepParams, entry_rescale, per_update, prenorm_update, step_sizes
+from .geometry import (
+    bridge_turn,
+    clamped_turn,
+    entry_rescale,
+    exp_map,
+    in_compute_dtype,
+    per_update,
+    prenorm_update,
+    step_sizes,
+    tangent,
+)
+from .norm_styles import NORM_STYLE_DECLARATIONS, NormStyle
 from .settings import GeoNormSettings
-from .step import geonorm_step
+from .step import geodesic_step
 
 _LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
+
+
+@dataclass(frozen=True, eq=False)
+class StepParams:
+    """Everything one update of the ``geo`` style reads besides the state x and the update u, as one object.
+    ``eq=False``: the learnable scale and bias are tensors, compared by identity.
+
+    ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
+    at ``geometry.MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the
+    interpolation; ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame``
+    (c, c_next / c) the Pre-Norm frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final"
+    (docs/method.md, "The update", "The bridge"). Every field but ``alpha`` is given by keyword:
+    ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
+
+    alpha: float | torch.Tensor
+    _: KW_ONLY
+    max_angle: float | None = math.pi / 4
+    bridge: float = 1.0
+    step_scale: torch.Tensor | None = None
+    step_bias: torch.Tensor | None = None
+    frame: tuple[float, float] | None = None
+    clamp: str = "both"
+
+    @property
+    def is_geodesic_step(self) -> bool:
+        """Whether these are the plain GeoNorm update's settings (bridge 1, both clamps, no learnable step), which
+        ``step.geodesic_step`` computes (fused where it can be)."""
+        return self.bridge == 1.0 and self.clamp == "both" and self.step_scale is None and self.step_bias is None
+
+
+def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
+    """The update of the ``geo`` style, with the Pre-Norm bridge: bridge = 1 is the clamped GeoNorm step (radius |x|
+    kept), bridge = 0 the Pre-Norm update exactly (x + u, or in the ``frame``), in between the angle and radius
+    interpolate (docs/method.md, "The update" and "The bridge").
+
+    The plain GeoNorm update goes to ``step.geodesic_step`` (the fused implementation where it covers the call;
+    ``HF_GEONORM_FUSED=0`` or ``step_switch.set_fused_enabled(False)`` turns that off); every other setting is
+    composed around the same pieces by ``composed_geonorm_step``."""
+    if not isinstance(params, StepParams):
+        raise TypeError(
+            "geonorm_step takes the step's settings as one StepParams: geonorm_step(x, u, StepParams(alpha, ...)); "
+            f"got {type(params).__name__}"
+        )
+    if params.is_geodesic_step:
+        return geodesic_step(x, u, params.alpha, params.max_angle)  # fused where it can be (step.py)
+    return composed_geonorm_step(x, u, params)
+
+
+def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
+    """``geonorm_step`` for every setting, composed of torch operations and differentiated by autograd: the update
+    as docs/method.md writes it (tangent, the angle with its clamp, the exponential map), with the learnable step
+    on the angle and the bridge to the Pre-Norm update around it."""
+    if params.bridge == 0.0:
+        return prenorm_update(x, u, params.frame)  # the Pre-Norm end of the bridge, exactly
+    dtype = x.dtype
+    x, u = in_compute_dtype(x, u)
+    t = tangent(x, u)
+    turn = clamped_turn(x, t, params.alpha, params.max_angle, params.step_scale, params.step_bias, params.clamp)
+    if params.bridge == 1.0:
+        return exp_map(x, turn.step * t, turn.theta).to(dtype)
+    turn, radius = bridge_turn(x, u, turn, params.bridge, params.frame)
+    return (radius * exp_map(x, turn.step * t, turn.theta)).to(dtype)
 
 
 def settings_in_use(config: Any) -> bool:
@@ -110,16 +187,17 @@ class GeoNormResidual(nn.Module):
         settings = GeoNormSettings.from_object(config).validate(num_layers)
         self.config = config
         self.norm_style = settings.norm_style
+        self.style: NormStyle = NORM_STYLE_DECLARATIONS[settings.norm_style]
         self.layer_index = layer_index
         self.num_layers = num_layers
         self.sublayer = sublayer
         self.sublayers = sublayers
         self.schedule = schedule if schedule is not None else UpdateSchedule(config, num_layers, sublayers)
-        if self.norm_style == "sandwich":
+        if self.style.output_norms:
             if output_norm is None:
-                raise ValueError("norm_style='sandwich' needs an output norm for each sublayer")
+                raise ValueError(f"norm_style={self.norm_style!r} needs an output norm for each sublayer")
             self.output_norm = output_norm
-        if self.norm_style == "geo" and settings.geo_learnable_step:
+        if self.style.geodesic and settings.geo_learnable_step:
             self.step_scale = nn.Parameter(torch.ones(()))
             self.step_bias = nn.Parameter(torch.zeros(()))
         else:
@@ -134,13 +212,14 @@ class GeoNormResidual(nn.Module):
 
     def fits(self, settings: GeoNormSettings) -> bool:
         """Whether this module has the parameters ``settings`` ask for (same style, same learnable step)."""
-        learnable = settings.norm_style == "geo" and settings.geo_learnable_step
+        learnable = NORM_STYLE_DECLARATIONS[settings.norm_style].geodesic and settings.geo_learnable_step
         return settings.norm_style == self.norm_style and learnable == (self.step_scale is not None)
 
     @property
-    def deepnorm_alpha(self) -> float:
-        """DeepNet's residual scale (2T)^(1/4)."""
-        return (2.0 * self.num_layers) ** 0.25
+    def residual_scale(self) -> float | None:
+        """The style's factor on the state (DeepNet's alpha, (2T)^(1/4)), or None where it has none."""
+        scale = self.style.residual_scale
+        return None if scale is None else scale(self.num_layers)
 
     @property
     def update_index(self) -> int:
@@ -165,56 +244,55 @@ class GeoNormResidual(nn.Module):
         return None if frames is None else frames[self.update_index]
 
     def extra_repr(self) -> str:
-        if self.norm_style != "geo":
+        if not self.style.geodesic:
             return f"norm_style={self.norm_style!r}"
         return (
-            f"norm_style='geo', step_size={self.step_size:.4g}, max_angle={self.config.geo_max_angle}, "
+            f"norm_style={self.norm_style!r}, step_size={self.step_size:.4g}, max_angle={self.config.geo_max_angle}, "
             f"bridge={self.bridge:g}, radius={self.config.geo_radius!r}"
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """The first block's input: put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or, for ``post`` and
-        ``deepnorm``, the embeddings scaled or normalised as ``post_embedding_norm`` says."""
-        if self.norm_style == "geo":
+        """The first block's input: put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or, for the styles
+        that normalise after the update (post, deepnorm), the embeddings scaled or normalised as
+        ``post_embedding_norm`` says."""
+        if self.style.geodesic:
             return entry_rescale(x, self.config.geo_radius, self.bridge)
         embedding_norm = self.config.post_embedding_norm
-        if self.norm_style not in ("post", "deepnorm") or embedding_norm == "none":
+        if not self.style.normalises_after or embedding_norm == "none":
             return x
         if embedding_norm == "sqrt_d":
             return x * math.sqrt(x.shape[-1])
         return F.layer_norm(x, x.shape[-1:], eps=1e-5)
 
     def sublayer_input(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-        """What the sublayer reads: N(x), or x itself for the post-normalising styles."""
-        if self.norm_style in ("post", "deepnorm"):
+        """What the sublayer reads: N(x), or x itself for the styles that normalise after the update."""
+        if self.style.normalises_after:
             return x
         return norm(x)
 
     def forward(
         self, x: torch.Tensor, update: torch.Tensor, norm: nn.Module, first_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The new state from the state ``x`` and the sublayer's ``update``. ``first_tokens`` (bool, broadcast
-        against ``x[..., 0]``) marks the rows at position 0 that take the Pre-Norm update (``x + u``, or in the
-        frame of ``geo_frames``) under ``geo_first_token_prenorm`` (docs/method.md, "Converting a pretrained model")."""
-        style = self.norm_style
-        if style == "pre":
-            return x + update
-        if style == "geo":
-            config, schedule, i = self.config, self.schedule.current(), self.update_index
-            frame = None if schedule.frames is None else schedule.frames[i]
-            params = StepParams(
-                schedule.step_sizes[i], max_angle=config.geo_max_angle, bridge=schedule.bridges[i],
-                step_scale=self.step_scale, step_bias=self.step_bias, frame=frame, clamp=config.geo_clamp,
-            )  # fmt: skip
-            out = geonorm_step(x, update, params)
-            if first_tokens is not None and config.geo_first_token_prenorm:
-                out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
-            return out
-        if style == "post":
-            return norm(x + update)
-        if style == "deepnorm":
-            return norm(self.deepnorm_alpha * x + update)
-        return x + self.output_norm(update)
+        """The new state from the state ``x`` and the sublayer's ``update``: the rule of the style's declaration
+        (``norm_styles.py``). ``first_tokens`` (bool, broadcast against ``x[..., 0]``) marks the rows at position 0
+        that ``geo`` keeps on the Pre-Norm update (``geodesic``)."""
+        return self.style.rule(self, x, update, norm, first_tokens)
+
+    def geodesic(self, x: torch.Tensor, update: torch.Tensor, first_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The ``geo`` update of this place in the model: its step size, bridge and frame from the schedule, the
+        clamp and the learnable step (``geonorm_step``); the rows of ``first_tokens`` take the Pre-Norm update
+        (``x + u``, or in the frame of ``geo_frames``) under ``geo_first_token_prenorm`` (docs/method.md,
+        "Converting a pretrained model")."""
+        config, schedule, i = self.config, self.schedule.current(), self.update_index
+        frame = None if schedule.frames is None else schedule.frames[i]
+        params = StepParams(
+            schedule.step_sizes[i], max_angle=config.geo_max_angle, bridge=schedule.bridges[i],
+            step_scale=self.step_scale, step_bias=self.step_bias, frame=frame, clamp=config.geo_clamp,
+        )  # fmt: skip
+        out = geonorm_step(x, update, params)
+        if first_tokens is not None and config.geo_first_token_prenorm:
+            out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
+        return out
 
 
 def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:

@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-NORM_STYLES = ("pre", "post", "sandwich", "deepnorm", "geo")
+from .norm_styles import NORM_STYLE_DECLARATIONS, NORM_STYLES
+
 RADII = ("embedding", "sqrt_d")
 CLAMPS = ("both", "final")
 # what the first block of a post-normalising style reads: the embeddings as the stock model sums them, times
@@ -149,10 +150,11 @@ class GeoNormSettings:
                 f"post_embedding_norm must be one of {', '.join(POST_EMBEDDING_NORMS)}; "
                 f"got {self.post_embedding_norm!r}"
             )
-        if self.post_embedding_norm != "none" and self.norm_style not in ("post", "deepnorm"):
+        if self.post_embedding_norm != "none" and not NORM_STYLE_DECLARATIONS[self.norm_style].normalises_after:
+            post_styles = [style.name for style in NORM_STYLE_DECLARATIONS.values() if style.normalises_after]
             raise ValueError(
-                f"post_embedding_norm={self.post_embedding_norm!r} is part of the post and deepnorm styles; with "
-                f"norm_style={self.norm_style!r} leave it at 'none'"
+                f"post_embedding_norm={self.post_embedding_norm!r} is part of the {' and '.join(post_styles)} styles; "
+                f"with norm_style={self.norm_style!r} leave it at 'none'"
             )
         if self.geo_clamp not in CLAMPS:
             raise ValueError(f"geo_clamp must be one of {', '.join(CLAMPS)}; got {self.geo_clamp!r}")

@@ -1,8 +1,8 @@
 """The fused GeoNorm step as one autograd Function (``FusedGeoNormStep``): the Triton kernels on CUDA
 (``triton_loader.py``), their torch twin elsewhere (``step_twin.py``), chosen per call by ``fused_backend``.
 
-It computes ``geometry.composed_geonorm_step`` with ``bridge == 1``, a Python-number ``alpha`` and no learnable
-step (``step.can_fuse`` says when; ``step_twin.py`` writes the math out). The Triton kernel computes in float32,
+It computes ``geometry.geodesic_step`` with a Python-number ``alpha``, and takes the same arguments (``step.py``
+chooses between the two; ``step_twin.py`` writes the math out). The Triton kernel computes in float32,
 so float64 takes the torch twin; rows wider than ``MAX_FUSED_WIDTH`` take the twin too.
 
 Memory. The forward keeps x (which the sublayer's input norm keeps anyway), three numbers per row, and
@@ -10,12 +10,12 @@ either u or its own output ``out``. Where the output is float32/float64 and the 
 pi/2 (the defaults; also a float32 state under bf16 autocast), it keeps ``out``, which the next norm keeps
 anyway, and the backward forms u = (out - A x)/B + c x implicitly (its coefficients are rewritten onto
 ``out`` and x). With theta <= pi/2, B is not small where u matters, and the rounding of ``out`` reaches the
-gradients at the float32 level of their own size (tests check them against the composed path). Then a
+gradients at the float32 level of their own size (tests check them against the plain implementation). Then a
 GeoNorm step costs no activation memory beyond a Pre-Norm residual add (which keeps nothing). A
 bfloat16/float16 state, no clamp or a clamp above pi/2 keep u instead. (As for any saved tensor, changing
 ``out`` in place before the backward makes autograd raise its usual error.)
 
-Double backward (``create_graph=True``) differentiates the composed path where u was kept, and raises where
+Double backward (``create_graph=True``) differentiates ``geometry.geodesic_step`` where u was kept, and raises where
 ``out`` was kept (turn the fused update off for higher-order gradients: ``step_switch.py``).
 
 Under ``torch.compile`` the torch twin is traced (Inductor fuses it into its own kernels), never the
@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from .geometry import StepParams, composed_geonorm_step
+from .geometry import geodesic_step
 from .step_twin import no_autocast, torch_backward, torch_forward
 from .triton_loader import triton_available, triton_backward, triton_forward
 
@@ -43,7 +43,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 class FusedGeoNormStep(torch.autograd.Function):
-    """geonorm_step(x, u, StepParams(alpha, max_angle=max_angle)) with bridge 1. ``backend``: "triton" or "torch";
+    """geometry.geodesic_step(x, u, alpha, max_angle). ``backend``: "triton" or "torch";
     ``keep``: "output" or "update", what the backward reads besides x (see the module docstring)."""
 
     @staticmethod
@@ -63,7 +63,7 @@ class FusedGeoNormStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, v, stats = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiate the composed path instead
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain implementation instead
             if ctx.from_out:
                 raise RuntimeError(
                     "the fused GeoNorm update keeps its output, not the update, for the backward and has no "
@@ -73,7 +73,7 @@ class FusedGeoNormStep(torch.autograd.Function):
             with torch.enable_grad():
                 xd = x if x.requires_grad else x.detach().requires_grad_()
                 ud = v if v.requires_grad else v.detach().requires_grad_()
-                out = composed_geonorm_step(xd, ud, StepParams(ctx.alpha, max_angle=ctx.max_angle))
+                out = geodesic_step(xd, ud, ctx.alpha, ctx.max_angle)
                 dx, du = torch.autograd.grad(out, (xd, ud), grad_out, create_graph=True)
             return dx, du, None, None, None, None
         x2, v2, g2 = _rows(x), _rows(v), _rows(grad_out)
@@ -117,9 +117,10 @@ def fused_geonorm_step(
     backend: str | None = None,
     keep: str | None = None,
 ) -> torch.Tensor:
-    """The fused GeoNorm step (bridge 1, scalar alpha). ``backend`` None picks ``fused_backend``; "triton" on
-    CPU tensors runs Triton's interpreter (TRITON_INTERPRET=1 before triton's import; tests). ``keep`` None
-    picks ``kept_for_backward``. No first-use check here: that is ``geonorm_step``'s."""
+    """The fused implementation of ``geometry.geodesic_step`` (a number ``alpha``; the same arguments first).
+    ``backend`` None picks ``fused_backend``; "triton" on CPU tensors runs Triton's interpreter (TRITON_INTERPRET=1
+    before triton's import; tests). ``keep`` None picks ``kept_for_backward``. No first-use check here: that is
+    ``step.geodesic_step``'s."""
     backend = fused_backend(x, u) if backend is None else backend
     if backend not in ("triton", "torch"):
         raise ValueError(f"backend must be 'triton' or 'torch'; got {backend!r}")

@@ -11,7 +11,7 @@ row numbers once. The backward kernel reads x, u (or the output) and the output 
 Both kernels get their per-row numbers from the one helper ``_row_step``: ``geometry.geonorm_rotation`` and the
 step's coefficients spelled out in Triton's language (Triton cannot call torch code). The backward-only numbers
 are ``_row_gradients``, the Triton spelling of ``step_twin._gradient_scalars``. tests/test_fused.py runs both
-kernels against the composed torch path through Triton's interpreter.
+kernels against the plain torch implementation through Triton's interpreter.
 
 ``triton_loader.py`` imports this module only where triton imports (on first use, so ``import hf_geonorm`` does
 not pay for triton; with TRITON_INTERPRET=1 set before that, the kernels are Triton's interpreted ones and run

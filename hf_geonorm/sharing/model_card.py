@@ -24,6 +24,7 @@ from typing import Any
 
 from ..files.safetensors_files import saved_parameter_count
 from ..modeling.geometry import step_sizes, updates_per_layer
+from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS
 from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from ..modeling.settings import GeoNormSettings
 from ..patching import family_for
@@ -41,13 +42,6 @@ CARD_TEMPLATE = "geonorm_model_card.md"
 CARD_DATA = "geonorm_card.json"
 CARD_REPO_PLACEHOLDER = "path/to/this/folder"
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_neo", "gpt_bigcode")  # a position table: generate stops at its end
-STYLE_DESCRIPTIONS = {
-    "pre": "Pre-Norm, x + F(N(x)): the stock model",
-    "post": "Post-Norm, N(x + F(x))",
-    "sandwich": "Sandwich-Norm, x + N'(F(N(x)))",
-    "deepnorm": "DeepNorm, N(alpha x + F(x))",
-    "geo": "GeoNorm: geodesic steps on the sphere",
-}
 
 
 @dataclass
@@ -252,7 +246,7 @@ def render_model_card(
         num_parameters=_human(info.num_parameters) if info.num_parameters else None,
         settings=settings.to_dict(),
         bridge_text=bridge_text(settings),
-        style_description=STYLE_DESCRIPTIONS[settings.norm_style],
+        style_description=NORM_STYLE_DECLARATIONS[settings.norm_style].card_text,
         steps=steps,
         per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,

@@ -4,9 +4,10 @@ library only, like ``options``.
 
 In order: the best rate a cell of the study measured at exactly this architecture, style and shape; else, inside
 the widths and depths a style's own cells span, the rule fit over them (``c * width^a * depth^b``); beyond them,
-Pre-Norm follows GPT-3's published rates by size, from the largest measured cell up, and GeoNorm takes that rate
-times its measured ratio to Pre-Norm at the largest cell (an extrapolation); a style with neither falls back to
-Pre-Norm's rate. Adding a measured cell to the file's ``cells`` is all it takes for a shape to use it."""
+what the style's declaration names as its ``rate_source`` (``modeling/norm_styles.py``): Pre-Norm follows GPT-3's
+published rates by size, from the largest measured cell up; GeoNorm takes that rate times its measured ratio to
+Pre-Norm at the largest cell (an extrapolation); the others fall back to Pre-Norm's rate. Adding a measured cell to
+the file's ``cells`` is all it takes for a shape to use it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS, PRE_NORM_RECIPE, RATIO_TO_PRE_NORM
 
 RATE_RULE = Path(__file__).with_name("rate_rule.json")
 MEASURED_CELL = "measured cell"
@@ -115,17 +118,18 @@ def _published(table: dict[str, Any], pre_cells: list[dict[str, Any]], width: in
                        f"{_count(size)} non-embedding parameters (12 x {depth} x {width}^2): {how}")
 
 
-def _extrapolated(family_cells: list[dict[str, Any]], pre: DefaultRate) -> DefaultRate | None:
-    """Pre-Norm's rate at this shape times GeoNorm's best over Pre-Norm's at the largest shape both were measured
+def _extrapolated(family_cells: list[dict[str, Any]], style: str, pre: DefaultRate) -> DefaultRate | None:
+    """Pre-Norm's rate at this shape times ``style``'s best over Pre-Norm's at the largest shape both were measured
     at."""
-    geo = {(c["width"], c["layers"]): c for c in family_cells if c["style"] == "geo"}
-    both = _largest([c for c in family_cells if c["style"] == "pre" and (c["width"], c["layers"]) in geo])
+    own = {(c["width"], c["layers"]): c for c in family_cells if c["style"] == style}
+    both = _largest([c for c in family_cells if c["style"] == "pre" and (c["width"], c["layers"]) in own])
     if both is None:
         return None
-    best = geo[(both["width"], both["layers"])]["lr"]
+    best = own[(both["width"], both["layers"])]["lr"]
     ratio, cell = best / both["lr"], f"{both['arch']} {_shape(both)}: {best:g} / {both['lr']:g}"
-    return DefaultRate(_figures(ratio * pre.lr), EXTRAPOLATED, f"{EXTRAPOLATED}: geo's best rate is {ratio:g} times "
-                       f"pre's at the largest measured cell ({cell}), times Pre-Norm's {pre.lr:g} here ({pre.why})")
+    return DefaultRate(_figures(ratio * pre.lr), EXTRAPOLATED, f"{EXTRAPOLATED}: {style}'s best rate is {ratio:g} "
+                       f"times pre's at the largest measured cell ({cell}), times Pre-Norm's {pre.lr:g} here "
+                       f"({pre.why})")  # fmt: skip
 
 
 def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRate:
@@ -139,9 +143,10 @@ def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRa
     pre = _measured(cells, rules, "pre", width, depth) or _published(
         table, [c for c in cells if c["style"] == "pre"], width, depth
     )
-    chosen = pre if style == "pre" else _measured(cells, rules, style, width, depth)
-    if chosen is None and style == "geo":
-        chosen = _extrapolated(cells, pre)
+    source = NORM_STYLE_DECLARATIONS[style].rate_source
+    chosen = pre if source == PRE_NORM_RECIPE else _measured(cells, rules, style, width, depth)
+    if chosen is None and source == RATIO_TO_PRE_NORM:
+        chosen = _extrapolated(cells, style, pre)
     if chosen is None:
         chosen = DefaultRate(pre.lr, FALLBACK, f"{FALLBACK}: no cell measured {style} at {family} {depth} x {width}: "
                              f"Pre-Norm's rate ({pre.why})")  # fmt: skip

@@ -1,0 +1,114 @@
+"""The norm styles of the GeoNorm family (docs/method.md, "The family"), each declared once, here: its residual
+rule, the modules and init it adds, its model card's words and where its default learning rate comes from. The
+code that builds, patches, describes or trains a model reads these declarations; adding a style is adding one
+(``tests/test_norm_styles.py`` adds a sixth in a copy of the package and runs a model with it).
+
+Standard library only, like ``settings.py``, which reads the style names from here: the command line reads both
+without torch. A rule therefore uses only the operators of the tensors and modules it is handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Where a style's default peak learning rate comes from where no cell of the study measured it at a shape
+# (``training/rate_rule.py``): the Pre-Norm recipe itself (the measured Pre-Norm cells, then GPT-3's published
+# rates by size), Pre-Norm's rate times this style's measured ratio to it at the largest shape both were measured
+# at (an extrapolation), or Pre-Norm's rate (a fallback).
+PRE_NORM_RECIPE = "the Pre-Norm recipe"
+RATIO_TO_PRE_NORM = "ratio to Pre-Norm"
+PRE_NORM_RATE = "Pre-Norm's rate"
+RATE_SOURCES = (PRE_NORM_RECIPE, RATIO_TO_PRE_NORM, PRE_NORM_RATE)
+
+# (residual, x, u, norm, first_tokens) -> the new state: the residual module (``residual.GeoNormResidual``) of the
+# update, the state, the sublayer's update, the block's norm before that sublayer, the first-token mask or None.
+ResidualRule = Callable[[Any, Any, Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class NormStyle:
+    """One member of the family, as ``norm_style`` names it.
+
+    ``rule`` the residual update (``ResidualRule``); ``card_text`` how the model card names it;
+    ``normalises_after``: the sublayer reads the state itself and the rule normalises afterwards with the block's
+    own norms (so the first block's input follows ``post_embedding_norm``, and a model built from a config starts a
+    learned position table at zero under ``post_zero_positions``); ``output_norms``: each sublayer's update passes
+    a fresh norm of the block's kind (``residual.output_norm``, starting as the identity); ``residual_scale`` the
+    factor on the state for a model of T layers (``residual.residual_scale``); ``deepnet_init``: a model built
+    from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``: the GeoNorm update with its
+    entry (``geo_radius``), learnable step, padding row and first-token rule; ``rate_source`` one of
+    ``RATE_SOURCES``; ``is_stock``: the style is the stock model itself (``pre``)."""
+
+    name: str
+    rule: ResidualRule
+    card_text: str
+    is_stock: bool = False
+    normalises_after: bool = False
+    output_norms: bool = False
+    residual_scale: Callable[[int], float] | None = None
+    deepnet_init: bool = False
+    geodesic: bool = False
+    rate_source: str = PRE_NORM_RATE
+
+    @property
+    def only_input_norms(self) -> bool:
+        """Whether the style uses the block's norms only before the sublayers and adds none: then it also applies
+        to blocks that already normalise each sublayer's output, or have no norm before a sublayer."""
+        return not (self.normalises_after or self.output_norms)
+
+
+def named_styles(which: Callable[[NormStyle], bool], last: str) -> str:
+    """The declared styles for which ``which`` holds, named for a message: "'pre' (the stock model) and 'geo'"
+    (``last`` "and"), or with "or"."""
+    names = [repr(s.name) + (" (the stock model)" if s.is_stock and last == "and" else "")
+             for s in NORM_STYLE_DECLARATIONS.values() if which(s)]  # fmt: skip
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
+def add_update(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
+    """x + u."""
+    return x + u
+
+
+def normalise_sum(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
+    """N(x + u), scaled first by the style's residual scale where it has one: N(alpha x + u)."""
+    scale = residual.residual_scale
+    return norm(x + u) if scale is None else norm(scale * x + u)
+
+
+def add_normalised_update(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
+    """x + N'(u), N' the sublayer's own output norm."""
+    return x + residual.output_norm(u)
+
+
+def take_geodesic_step(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
+    """The GeoNorm step with the bridge, frames and learnable step (``residual.GeoNormResidual.geodesic``)."""
+    return residual.geodesic(x, u, first_tokens)
+
+
+def deepnorm_alpha(num_layers: int) -> float:
+    """DeepNet's residual scale (2T)^(1/4)."""
+    return (2.0 * num_layers) ** 0.25
+
+
+NORM_STYLE_DECLARATIONS: dict[str, NormStyle] = {
+    style.name: style
+    for style in (
+        NormStyle(
+            "pre", add_update, "Pre-Norm, x + F(N(x)): the stock model", is_stock=True, rate_source=PRE_NORM_RECIPE
+        ),
+        NormStyle("post", normalise_sum, "Post-Norm, N(x + F(x))", normalises_after=True),
+        NormStyle("sandwich", add_normalised_update, "Sandwich-Norm, x + N'(F(N(x)))", output_norms=True),
+        NormStyle(
+            "deepnorm", normalise_sum, "DeepNorm, N(alpha x + F(x))", normalises_after=True,
+            residual_scale=deepnorm_alpha, deepnet_init=True,
+        ),  # fmt: skip
+        NormStyle(
+            "geo", take_geodesic_step, "GeoNorm: geodesic steps on the sphere", geodesic=True,
+            rate_source=RATIO_TO_PRE_NORM,
+        ),  # fmt: skip
+    )
+}
+NORM_STYLES = tuple(NORM_STYLE_DECLARATIONS)
