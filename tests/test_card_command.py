@@ -16,8 +16,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import contents, fails, invoke
 from fake_hub import served
+from helpers import contents, fails, invoke
 from huggingface_hub import ModelCard
 from tiny_models import tiny_model
 

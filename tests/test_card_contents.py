@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, train_in
+from helpers import invoke, train_in
 from huggingface_hub import ModelCard
 from tiny_models import tiny_model
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import edited_copy, fails
+from helpers import edited_copy, fails
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
 from tiny_gguf import write_tiny_gguf

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ONE_STEP, STDLIB, error_lines, train, train_in
+from helpers import ONE_STEP, STDLIB, error_lines, train, train_in
 from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import STDLIB, train_in
+from helpers import STDLIB, train_in
 from test_data_pipeline import held_out
 from transformers import AutoTokenizer
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import STDLIB, contents, error_lines, train_in
+from helpers import STDLIB, contents, error_lines, train_in
 
 from hf_geonorm.training.data.corpus import resolve_corpus
 

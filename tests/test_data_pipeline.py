@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import STDLIB, train
+from helpers import STDLIB, train
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus

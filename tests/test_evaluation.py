@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import invoke
+from helpers import invoke
 from tiny_models import tiny_model
 
 from hf_geonorm.analysis import evaluation

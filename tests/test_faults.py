@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from conftest import fails
+from helpers import fails
 from tiny_models import LAYERS, tiny_model, token_ids
 
 import hf_geonorm

@@ -15,7 +15,7 @@ from pathlib import Path
 import conftest
 import pytest
 import torch
-from conftest import STDLIB, fails, invoke, stdlib_text
+from helpers import STDLIB, fails, invoke, stdlib_text
 from huggingface_hub import ModelCard
 
 import hf_geonorm

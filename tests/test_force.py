@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contents, fails, invoke, train_in
+from helpers import contents, fails, invoke, train_in
 from tiny_models import tiny_model
 
 MARKER = ".hf-geonorm-output.json"  # what every output carries: its name is part of the documented format
@@ -159,7 +159,7 @@ def test_train_force_starts_anew_only_over_its_own_output(data_file, tmp_path):
 
 def train_args(tmp_path: Path, data: Path, *more: str) -> list:
     """The arguments ``train_in`` gives (one step into ``tmp_path / "run"``), for ``fails``."""
-    from conftest import ONE_STEP
+    from helpers import ONE_STEP
 
     return ["train", "--data", data, *ONE_STEP, "--data-cache", tmp_path / "cache", "--output", tmp_path / "run",
             *more]  # fmt: skip

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import fails, invoke
+from helpers import fails, invoke
 from transformers import LlamaConfig
 
 from hf_geonorm.patching import config_class_for
@@ -105,7 +105,7 @@ def test_info_names_pickle_weights_and_how_to_convert_them(tmp_path):
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory, data_file) -> Path:
     """One step of `train` without --lr: the default model at its default rate."""
-    from conftest import train_in
+    from helpers import train_in
 
     root = tmp_path_factory.mktemp("runs")
     result = train_in(root, data_file, "--keep-checkpoints")
@@ -114,7 +114,7 @@ def run_folder(tmp_path_factory, data_file) -> Path:
 
 
 def test_info_summarises_a_finished_run(run_folder):
-    from conftest import ONE_STEP
+    from helpers import ONE_STEP
 
     from hf_geonorm.training.rate_rule import RATE_RULE
 

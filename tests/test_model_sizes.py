@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fails, invoke
+from helpers import fails, invoke
 from tiny_gguf import write_tiny_gguf
 from tiny_models import BASE
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, fails, invoke, stopped_run, train, train_in
+from helpers import error_lines, fails, invoke, stopped_run, train, train_in
 from tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]

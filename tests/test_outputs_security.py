@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import contents, fails, invoke
+from helpers import contents, fails, invoke
 from safetensors import safe_open
 from tiny_models import tiny_model
 

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import contents, train
+from helpers import contents, train
 from transformers import AutoModelForCausalLM
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3",

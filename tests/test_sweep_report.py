@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, write_sweep_journal
+from helpers import invoke, write_sweep_journal
 
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.sweep.welch import two_sided_p, welch_test

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import stdlib_text, train
+from helpers import stdlib_text, train
 from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 from tiny_models import tiny_model

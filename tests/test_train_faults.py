@@ -4,7 +4,7 @@ holds"): runs killed (SIGKILL) or terminated (SIGTERM) while a checkpoint or the
 record), from a finished run, and of a run that changed what it trains (issue 30); the model folders, data and
 outputs it must refuse; non-finite losses, the bridge anneal and a full disk.
 
-The kills are real: ``conftest.stopped_run`` runs the CLI in a child process that announces its n-th weights file
+The kills are real: ``helpers.stopped_run`` runs the CLI in a child process that announces its n-th weights file
 and waits; the test then sends the signal.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in
+from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in
 from safetensors.torch import load_file, save_file
 from test_training_recipe import written_factor
 from tiny_models import tiny_model

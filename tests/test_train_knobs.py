@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import stdlib_text, train, train_in
+from helpers import stdlib_text, train, train_in
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 

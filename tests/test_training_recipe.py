@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import STDLIB, stdlib_text
+from helpers import STDLIB, stdlib_text
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
