@@ -8,7 +8,8 @@
 - Every test runs with ``HOME`` and its working folder in temporary folders (``machine_left_alone``).
 - ``plugin_free_python``: the one harness for remote-code tests. It runs a snippet in a Python that sees this
   environment's packages but not hf_geonorm, so whatever loads there loads as Hub remote code.
-- ``data_file``: a small text file to train on.
+- ``data_file``: a small text file to train on; ``stock_llama``: a saved stock tiny LLaMA; ``short_run``: a
+  four-step run of `hf-geonorm train` (both made once per test process).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ atexit.register(shutil.rmtree, DATA_CACHE, ignore_errors=True)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers.dynamic_module_utils as dynamic_module_utils  # noqa: E402
-from helpers import PluginFreePython, stdlib_text  # noqa: E402
+from helpers import SHORT_RUN, PluginFreePython, stdlib_text, succeeds  # noqa: E402
 
 # A folder with remote code loaded without trust_remote_code=True raises at once instead of waiting 15 s for an
 # answer on stdin (here and in the plugin-free child of helpers.PluginFreePython).
@@ -52,6 +53,26 @@ def data_file(tmp_path_factory) -> Path:
     """A small text file to train on (textwrap.py of the standard library); test modules with other data define
     their own (with ``stdlib_text``)."""
     return stdlib_text(tmp_path_factory, "textwrap.py")
+
+
+@pytest.fixture(scope="session")
+def stock_llama(tmp_path_factory) -> Path:
+    """A saved stock tiny LLaMA, as a user downloads one."""
+    from tiny_models import tiny_model
+
+    folder = tmp_path_factory.mktemp("stock") / "llama"
+    tiny_model("llama").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory) -> tuple[Path, str]:
+    """A short run as a new user makes one: 4 steps, evaluated at step 0, at the end and on test; its output folder
+    and what it printed."""
+    data = stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
+    out = tmp_path_factory.mktemp("runs") / "run"
+    output = succeeds("train", "--data", data, *SHORT_RUN, "--max-steps", 4, "--output", out)
+    return out, output
 
 
 @pytest.fixture(autouse=True, scope="module")

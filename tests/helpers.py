@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -299,3 +300,65 @@ class PluginFreePython:
             name, _, key = flat.rpartition("/")
             results.setdefault(name, {})[key] = value
         return report, results
+
+
+# ---- runs and folders a new user makes ----
+
+SHORT_RUN = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3"]
+LINEAGE = {"license": "mit", "source": "some/original", "base_model": "org/base-model", "language": "en"}
+
+
+def succeeds(*args: object) -> str:
+    """A command that must succeed; its output."""
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def bpe_tokenizer() -> Any:
+    """A byte-level BPE tokenizer of 300 tokens trained on textwrap.py, with one end-of-text token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator((STDLIB / "textwrap.py").read_text().splitlines(), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+
+
+def saved_with_lineage(folder: Path) -> Path:
+    """A GeoNorm GPT-2 folder whose card knows its license, source, base model and language (as convert writes it)."""
+    import hf_geonorm
+    from hf_geonorm.sharing.hub import save_shareable
+    from hf_geonorm.sharing.model_card import CardInfo
+
+    config = hf_geonorm.GeoNormGPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=320, n_positions=64,
+                                          bos_token_id=0, eos_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = hf_geonorm.GeoNormGPT2ForCausalLM(config)
+    save_shareable(model, folder, tokenizer=bpe_tokenizer(), card_info=CardInfo(**LINEAGE))
+    return folder
+
+
+# ---- text like a user's data ----
+
+
+def logged(output: str, pattern: str) -> int:
+    """The number the log line matching ``pattern`` gives (its first group, with thousands separators)."""
+    return int(re.search(pattern, output).group(1).replace(",", ""))
+
+
+
+def words(count: int, start: int = 0) -> str:
+    """``count`` words of the standard library's prose, from ``start`` on (wrapping around)."""
+    found = re.findall(r"[a-z]+", (STDLIB / "textwrap.py").read_text())
+    return " ".join(found[(start + n) % len(found)] for n in range(count))
+
+
+
+def rows(count: int, size: int = 300) -> list[str]:
+    """``count`` numbered rows of about ``size`` characters of prose."""
+    return [f"row {n}: {words(size // 6, 7 * n)}" for n in range(count)]
+

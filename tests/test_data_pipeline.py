@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import STDLIB, train
+from helpers import STDLIB, train, train_in, words
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus
@@ -264,3 +264,52 @@ def test_the_tokenizer_learns_from_training_documents_only(tmp_path, where):
     vocab = AutoTokenizer.from_pretrained(tmp_path / "run" / "final").get_vocab()
     learned = [token for token in vocab if "qz" in token]
     assert bool(learned) == (where == "training"), learned
+
+
+def test_streaming_files_each_shorter_than_a_block_is_refused(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for n in range(100):
+        (folder / f"note-{n:03d}.txt").write_text(words(15, 11 * n) + "\n")
+    result = train_in(tmp_path, folder, "--streaming", "--seq-len", "128", "--eval-blocks", "1")
+    assert result.exit_code == 1, result.output
+    assert "--streaming packs each of the 100 file(s)" in result.output
+    assert "none gives a training block of --seq-len 128 tokens" in result.output
+    assert "drop --streaming" in result.output
+    assert not (tmp_path / "run" / "final").exists()
+    cached = train_in(tmp_path, folder, "--seq-len", "128", "--eval-blocks", "1", name="cached")
+    assert cached.exit_code == 0, cached.output  # the cached data packs across files
+
+
+def test_a_held_out_document_longer_than_the_evaluation_is_cut(tmp_path):
+    texts = [words(15_000, 1000 * n) for n in range(3)]  # about 90k characters each
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    result = train_in(tmp_path, tmp_path / "long.jsonl", "--eval-blocks", "2")
+    assert result.exit_code == 0, result.output
+    total = logged(result.output, r"documents, ([\d,]+) tokens \(an end-of-text")
+    val, test = (logged(result.output, rf"{name}: 1 documents, ([\d,]+) tokens") for name in ("validation", "test"))
+    assert val == test == 2 * 64  # what the evaluation uses, not the documents' tens of thousands
+    assert logged(result.output, r"training on ([\d,]+) tokens") == (total - val - test) // 64 * 64
+    assert "held-out documents longer than the evaluation" in result.output and "were cut" in result.output
+
+
+def test_ordinary_text_shards_hold_out_whole_documents(tmp_path):
+    """Documents of a few KB, shorter than the evaluation (as the study's are): held out whole, the same ones."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    sources = sorted(STDLIB.glob("*.py"))[:60]
+    for shard in range(4):
+        (folder / f"shard-{shard}.txt").write_text("\n\n".join(p.read_text() for p in sources[shard::4]))
+    result = train_in(tmp_path, folder, "--eval-blocks", "128")
+    assert result.exit_code == 0, result.output
+    assert "were cut" not in result.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    documents = resolve_corpus(str(folder)).all_documents()
+    ids = [tokenizer(doc)["input_ids"] + [tokenizer.eos_token_id] for doc in documents]
+    lengths = [len(doc) for doc in ids]
+    assert max(lengths) < 128 * 64  # every document is shorter than the evaluation
+    [entry] = (tmp_path / "cache").glob("blocks-*")
+    for split, first in (("val", 0), ("test", 10)):
+        whole = [t for index in held_out(lengths, first, 128 * 64) for t in ids[index]]  # the whole-document rule
+        blocks = [t for view in ArrowBlocks(entry / f"{split}.arrow", 64).views for t in view.ravel().tolist()]
+        assert blocks == whole[: len(whole) // 64 * 64]

@@ -9,6 +9,7 @@ import math
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,27 @@ def test_the_readme_settings_table_states_the_library_defaults():
         "geo_first_token_prenorm": str(defaults.geo_first_token_prenorm),
     }
     assert {field: stated.get(field) for field in expected} == expected
+
+
+def test_pytest_says_why_tests_were_skipped(tmp_path):
+    """The hook of tests/conftest.py, read from its source (a test imports nothing from conftest), in a pytest run of
+    its own over a test skipped for a reason."""
+    source = (ROOT / "tests" / "conftest.py").read_text(encoding="utf-8")
+    [hook] = [node for node in ast.parse(source).body
+              if isinstance(node, ast.FunctionDef) and node.name == "pytest_terminal_summary"]  # fmt: skip
+    hook = ast.get_source_segment(source, hook)
+    (tmp_path / "conftest.py").write_text("from collections import Counter\nfrom typing import Any\n\nimport pytest\n\n"
+                                          + hook)  # fmt: skip
+    (tmp_path / "test_probe.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.skip(reason="needs a GPU")
+        def test_gpu():
+            pass
+
+        def test_runs():
+            pass
+    """))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert "skipped, by reason" in done.stdout and "1  needs a GPU" in done.stdout, done.stdout

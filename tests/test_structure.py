@@ -32,7 +32,7 @@ FLOW = (
     "sweep.storage", "sweep.engine", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
-# Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:
+# Following train's options (``options_walk``), measured on the layout before ``_run`` was split into steps:
 # 22 files, 6 climbs back up.
 MAX_FILES_VISITED = 15
 MAX_CLIMBS = 5
