@@ -9,6 +9,7 @@ before anything here imports transformers."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import re
@@ -347,7 +348,9 @@ def saved_with_lineage(folder: Path) -> Path:
 
 def logged(output: str, pattern: str) -> int:
     """The number the log line matching ``pattern`` gives (its first group, with thousands separators)."""
-    return int(re.search(pattern, output).group(1).replace(",", ""))
+    match = re.search(pattern, output)
+    assert match, output
+    return int(match.group(1).replace(",", ""))
 
 
 
@@ -362,3 +365,117 @@ def rows(count: int, size: int = 300) -> list[str]:
     """``count`` numbered rows of about ``size`` characters of prose."""
     return [f"row {n}: {words(size // 6, 7 * n)}" for n in range(count)]
 
+
+# ---- the data pipeline's rules, written out from docs/training.md ----
+
+
+def reference_documents(text: str) -> list[str]:
+    """The documents of one text file as documented: cut before a non-blank line that follows a blank line, once
+    the document holds at least 1,000 characters, and at a line end once it holds 8,000."""
+    docs, current, after_blank = [], "", False
+    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
+        blank = not line.strip()
+        if current and ((not blank and after_blank and len(current) >= 1000) or len(current) >= 8000):
+            docs.append(current)
+            current = ""
+        current += line
+        after_blank = blank
+    return [*docs, current]
+
+
+def held_out(lengths: list[int], first: int, budget: int) -> list[int]:
+    """Documents first, first + 20, ... while the ones before hold fewer than ``budget`` tokens."""
+    chosen, held = [], 0
+    for index in range(first, len(lengths), 20):
+        if held >= budget:
+            break
+        chosen.append(index)
+        held += lengths[index]
+    return chosen
+
+
+def kept_tokens(lengths: list[int], chosen: list[int], budget: int) -> dict[int, int]:
+    """The tokens held out of each chosen document: all of them, but of one longer than ``budget`` only what the
+    budget still needs (the rest trains)."""
+    kept, before = {}, 0
+    for index in chosen:
+        kept[index] = lengths[index] if lengths[index] <= budget else budget - before
+        before += lengths[index]
+    return kept
+
+
+def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
+    """Training and validation blocks by the documented rules: the end-of-text token after every document;
+    documents 0, 20, 40, ... are validation and 10, 30, 50, ... test (the middle one of fewer than 20), each until
+    they hold 64 blocks' tokens (one longer than that cut: ``kept_tokens``); at most 64 validation blocks, a
+    multiple of 8 from 8 on. Also the data's tokens and the held-out (validation and test) tokens."""
+    ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
+    lengths = [len(doc) for doc in ids]
+    budget = 64 * seq_len
+    val = held_out(lengths, 0, budget)
+    test = [i for i in held_out(lengths, min(10, len(ids) // 2), budget) if i not in val]
+    kept = {**kept_tokens(lengths, val, budget), **kept_tokens(lengths, test, budget)}
+    train = [t for i, doc in enumerate(ids) for t in doc[kept.get(i, 0) :]]
+    val_ids = [t for i in val for t in ids[i][: kept[i]]]
+
+    def cut(tokens: list[int]) -> list[list[int]]:
+        return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
+
+    evaluated = min(64, len(cut(val_ids)))
+    held = sum(kept.values())
+    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(lengths), held
+
+
+def marked_text(size: int) -> str:
+    """About ``size`` characters of the standard library's source, each paragraph after a marker line of its own
+    (``#@ 000123``), so that where a paragraph went can be read from decoded blocks."""
+    paragraphs: list[str] = []
+    for path in sorted(STDLIB.glob("*.py")):
+        paragraphs += [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+        if sum(map(len, paragraphs)) > size:
+            break
+    return "".join(f"#@ {n:06d}\n{p}\n\n" for n, p in enumerate(paragraphs))
+
+
+# ---- statistics written out: Welch's t-test, its p by integrating Student's t density ----
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def variance(values: list[float]) -> float:
+    centre = mean(values)
+    return sum((v - centre) ** 2 for v in values) / (len(values) - 1)
+
+
+def t_density(x: float, df: float) -> float:
+    log_scale = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_scale - (df + 1) / 2 * math.log1p(x * x / df))
+
+
+def p_by_integration(t: float, df: float, intervals: int = 20_000) -> float:
+    """Two-sided p: 1 - 2 x the density's integral from 0 to |t| (Simpson's rule)."""
+    h = abs(t) / intervals
+    total = t_density(0, df) + t_density(abs(t), df)
+    total += sum((4 if i % 2 else 2) * t_density(i * h, df) for i in range(1, intervals))
+    return 1 - 2 * total * h / 3
+
+
+def welch_written_out(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+    """mean(a) - mean(b), its standard error, Welch-Satterthwaite's degrees of freedom and the two-sided p."""
+    va, vb = variance(a) / len(a), variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    margin = mean(a) - mean(b)
+    return margin, se, df, p_by_integration(margin / se, df)
+
+
+# ---- the learning-rate schedule, written out ----
+
+
+def written_factor(step: int, warmup: int, total: int, floor: float) -> float:
+    """The schedule, written out: linear warm-up with the first step at 1/warmup, then cosine to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return floor + (1 - floor) * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) / 2

@@ -2,7 +2,7 @@
 changed under the same size and modification time is tokenized again; an entry whose Arrow files or meta.json were
 changed, cut short or removed is rebuilt with one warning naming it; a storage error is one line naming the cache
 and the fix, and leaves nothing half-written. The expected blocks are computed from the documented rules
-(tests/test_data_pipeline.py, ``reference_blocks``)."""
+(tests/helpers.py, ``reference_blocks``)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import train_in
+from helpers import reference_blocks, reference_documents, train_in
 from hf_geonorm_cli.main import cli
-from test_data_pipeline import reference_blocks, reference_documents
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data import pipeline

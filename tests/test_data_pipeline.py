@@ -2,7 +2,7 @@
 trained on unless --max-tokens says otherwise, the tokenized blocks are cached and reused, validation is held out by
 documents, JSON lines and parquet, --streaming, and --resume in the middle of an epoch.
 
-The expected blocks are computed here from the documented rules (``reference_blocks``), with the saved tokenizer."""
+The expected blocks are computed from the documented rules (``helpers.reference_blocks``), with the saved tokenizer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import STDLIB, train, train_in, words
+from helpers import STDLIB, held_out, logged, marked_text, reference_blocks, reference_documents, train, train_in, words
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus
@@ -24,74 +24,6 @@ from hf_geonorm.training.run import trainer as trainer_module
 
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
          "--eval-every", "2", "--preset", "tiny"]  # fmt: skip
-
-
-def reference_documents(text: str) -> list[str]:
-    """The documents of one text file as documented: cut before a non-blank line that follows a blank line, once
-    the document holds at least 1,000 characters, and at a line end once it holds 8,000."""
-    docs, current, after_blank = [], "", False
-    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
-        blank = not line.strip()
-        if current and ((not blank and after_blank and len(current) >= 1000) or len(current) >= 8000):
-            docs.append(current)
-            current = ""
-        current += line
-        after_blank = blank
-    return [*docs, current]
-
-
-def held_out(lengths: list[int], first: int, budget: int) -> list[int]:
-    """Documents first, first + 20, ... while the ones before hold fewer than ``budget`` tokens."""
-    chosen, held = [], 0
-    for index in range(first, len(lengths), 20):
-        if held >= budget:
-            break
-        chosen.append(index)
-        held += lengths[index]
-    return chosen
-
-
-def kept_tokens(lengths: list[int], chosen: list[int], budget: int) -> dict[int, int]:
-    """The tokens held out of each chosen document: all of them, but of one longer than ``budget`` only what the
-    budget still needs (the rest trains)."""
-    kept, before = {}, 0
-    for index in chosen:
-        kept[index] = lengths[index] if lengths[index] <= budget else budget - before
-        before += lengths[index]
-    return kept
-
-
-def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
-    """Training and validation blocks by the documented rules: the end-of-text token after every document;
-    documents 0, 20, 40, ... are validation and 10, 30, 50, ... test (the middle one of fewer than 20), each until
-    they hold 64 blocks' tokens (one longer than that cut: ``kept_tokens``); at most 64 validation blocks, a
-    multiple of 8 from 8 on. Also the data's tokens and the held-out (validation and test) tokens."""
-    ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
-    lengths = [len(doc) for doc in ids]
-    budget = 64 * seq_len
-    val = held_out(lengths, 0, budget)
-    test = [i for i in held_out(lengths, min(10, len(ids) // 2), budget) if i not in val]
-    kept = {**kept_tokens(lengths, val, budget), **kept_tokens(lengths, test, budget)}
-    train = [t for i, doc in enumerate(ids) for t in doc[kept.get(i, 0) :]]
-    val_ids = [t for i in val for t in ids[i][: kept[i]]]
-
-    def cut(tokens: list[int]) -> list[list[int]]:
-        return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
-
-    evaluated = min(64, len(cut(val_ids)))
-    held = sum(kept.values())
-    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(lengths), held
-
-
-def marked_text(size: int) -> str:
-    """About ``size`` characters of the standard library's source, each paragraph after a marker line of its own
-    (``#@ 000123``), so that where a paragraph went can be read from decoded blocks."""
-    paragraphs: list[str] = []
-    for path in sorted(STDLIB.glob("*.py")):
-        paragraphs += [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-        if sum(map(len, paragraphs)) > size:
-            break
-    return "".join(f"#@ {n:06d}\n{p}\n\n" for n, p in enumerate(paragraphs))
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +50,6 @@ def seen(monkeypatch) -> list[list[list[int]]]:
 
     monkeypatch.setattr(trainer_module.CheckedTrainer, "training_step", recorded)
     return batches
-
-
-def logged(output: str, pattern: str) -> int:
-    match = re.search(pattern, output)
-    assert match, output
-    return int(match.group(1).replace(",", ""))
 
 
 def test_all_tokens_train_the_cache_is_reused_and_max_tokens_caps(tmp_path, corpus, seen):

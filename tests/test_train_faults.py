@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in
+from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in, written_factor
 from safetensors.torch import load_file, save_file
-from test_training_recipe import written_factor
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
