@@ -1,10 +1,19 @@
-"""Helpers more than one test file uses, imported by name (``from helpers import fails, train``): text to train on
-(``STDLIB``, ``stdlib_text``), the command line as a user meets it (``invoke``, ``train``, ``train_in``, ``fails``,
-``error_lines``), a folder's files (``contents``), a checkpoint with edited tensors (``edited_copy``), a sweep's
-journal written by hand (``write_sweep_journal``), a training run stopped by a real signal (``stopped_run``) and a
-Python without the plugin for remote-code tests (``PluginFreePython``; the ``plugin_free_python`` fixture of
-conftest.py makes one). conftest.py holds the fixtures and hooks only, and sets the caches' environment variables
-before anything here imports transformers."""
+"""Helpers more than one test file uses, imported by name (``from helpers import fails, train``).
+
+- Text to train on: ``STDLIB``, ``stdlib_text``, ``words``, ``rows``.
+- The command line as a user meets it: ``invoke``, ``train``, ``train_in``, ``succeeds``, ``fails``,
+  ``error_lines``, ``logged``; a folder's files (``contents``); a checkpoint with edited tensors (``edited_copy``);
+  a GeoNorm folder whose card knows its lineage (``saved_with_lineage``).
+- A sweep's journal written by hand (``write_sweep_journal``) and a training run stopped by a real signal
+  (``stopped_run``).
+- A Python without the plugin for remote-code tests (``PluginFreePython``; the ``plugin_free_python`` fixture of
+  conftest.py makes one).
+- Rules written out from the docs, independently of the code: the data pipeline's documents, blocks and held-out
+  split (``reference_documents``, ``reference_blocks``, ``held_out``), Welch's test (``welch_written_out``) and the
+  learning-rate schedule (``written_factor``).
+
+conftest.py holds the fixtures and hooks only, and sets the caches' environment variables before anything here
+imports transformers."""
 
 from __future__ import annotations
 
@@ -23,11 +32,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -316,7 +328,7 @@ def succeeds(*args: object) -> str:
     return result.output
 
 
-def bpe_tokenizer() -> Any:
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of 300 tokens trained on textwrap.py, with one end-of-text token."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -353,12 +365,10 @@ def logged(output: str, pattern: str) -> int:
     return int(match.group(1).replace(",", ""))
 
 
-
 def words(count: int, start: int = 0) -> str:
     """``count`` words of the standard library's prose, from ``start`` on (wrapping around)."""
     found = re.findall(r"[a-z]+", (STDLIB / "textwrap.py").read_text())
     return " ".join(found[(start + n) % len(found)] for n in range(count))
-
 
 
 def rows(count: int, size: int = 300) -> list[str]:
