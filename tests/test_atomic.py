@@ -1,5 +1,5 @@
 """Output folders written all or nothing (hf_geonorm.files.atomic), on their own and through ``hf-geonorm convert``
-killed with SIGTERM or SIGKILL, or raced, at points the test controls (issue 15, items 3 and 8).
+killed with SIGTERM or SIGKILL, or raced, at points the test controls.
 
 The kill tests run the real command line in a child process that stops at a named point (the weights are
 written into the temporary folder) and waits on a FIFO; the test then signals it for real.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -283,3 +284,39 @@ def test_a_swallowed_sigterm_stops_training_at_the_next_step():
         SignalsWhenCollected()
         with pytest.raises(signals.Terminated):
             SignalCheck().on_step_end()
+
+
+# ---- output names and full devices ----
+
+
+def test_an_output_name_of_240_characters_is_written(tmp_path):
+    from hf_geonorm.files.atomic import atomic_directory, remove_stale_partials
+
+    output = tmp_path / ("m" * 240)
+    with atomic_directory(output) as tmp:
+        assert len(tmp.name) < 160
+        (tmp / "weights").write_text("w")
+    assert (output / "weights").read_text() == "w"
+    # a killed run's partial folder of that output is found and removed by the next run
+    with atomic_directory(tmp_path / ("m" * 240 + "2")) as other:
+        stale = other.parent / other.name.replace(f"-{os.getpid()}-", "-999999999-")
+        other.rename(stale)
+        other.mkdir()
+    assert remove_stale_partials(tmp_path / ("m" * 240 + "2")) and not stale.exists()
+
+
+def test_a_full_device_is_one_clear_line(stock_llama, tmp_path):
+    """On a 100 kB tmpfs mounted in a user namespace (skipped where unprivileged namespaces are not allowed)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-r", "-m", "true"]).returncode != 0:
+        pytest.skip("unprivileged user namespaces are not available")
+    small = tmp_path / "small"
+    small.mkdir()
+    command = (
+        f"mount -t tmpfs -o size=100k tmpfs {small} && {sys.executable} -m hf_geonorm_cli.main convert {stock_llama} "
+        f"{small / 'out'}; ls -A {small}"
+    )
+    done = subprocess.run(["unshare", "-r", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=300)
+    errors = done.stderr.strip().splitlines()
+    assert errors[-1] == f"Error: cannot write {small / 'out'}: No space left on device", done.stderr
+    assert "SafetensorError" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout.strip() == ""  # nothing left behind on the full device

@@ -44,9 +44,9 @@ def test_no_benchmark_trains_through_a_loop_of_its_own():
 @pytest.mark.parametrize("shape", ["file", pytest.param("folder", marks=pytest.mark.slow)])
 def test_data_pipeline_marks_every_target_and_resumes_from_its_journal(shape, tmp_path, monkeypatch):
     """benchmarks/data_pipeline.py at 1 MB, one corpus shape (the folder's with --runslow: the same measurements on
-    another input): every measurement, every target with its figure; the tokens it reports are the tokenizer's
-    count of the documented documents; a second run measures nothing again."""
-    from test_data_pipeline import reference_documents
+    another input): every measurement, every target in the table; the tokens it reports are the tokenizer's count
+    of the documented documents; a second run measures nothing again."""
+    from helpers import reference_documents
     from tokenizers import Tokenizer
 
     bench = load(BENCHMARKS / "data_pipeline.py", monkeypatch)
@@ -59,11 +59,7 @@ def test_data_pipeline_marks_every_target_and_resumes_from_its_journal(shape, tm
     assert len(payload["targets"]) == 5 and all(f"| {t['target']} | {t['corpus']} |" in table
                                                 for t in payload["targets"])  # fmt: skip
     for target in payload["targets"]:
-        if target["target"].startswith("throughput"):
-            one, raw = runs[f"{shape}-1-given-1"], runs[f"{shape}-1-raw"]
-            assert target["value"] == (one["tokens"] / one["seconds"]) / (raw["tokens"] / raw["seconds"])
-            assert target["met"] == (target["value"] >= 0.85)
-        elif target["target"].startswith("2 processes"):
+        if target["target"].startswith("2 processes"):
             assert target["met"] is None  # not a target below 100 MB
     if shape == "file":
         tokenizer = Tokenizer.from_file(str(tmp_path / "work" / "tokenizer.json"))

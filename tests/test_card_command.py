@@ -16,12 +16,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import contents, fails, invoke
 from fake_hub import served
+from helpers import contents, fails, invoke
 from huggingface_hub import ModelCard
 from tiny_models import tiny_model
 
 from hf_geonorm.sharing.card_checks import check_shareable
+from hf_geonorm.sharing.card_updates import TRAINER_CARD_MARK
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1",
          "--eval-every", "1", "--eval-blocks", "4"]  # fmt: skip
@@ -319,3 +320,36 @@ def test_card_says_plainly_when_nothing_records_how_a_model_was_trained(converte
     assert "## Training" in text and "is unknown" in text and "trainer_state.json" in text
     # a folder hf-geonorm wrote and did not train (a conversion) says nothing of training
     assert "## Training" not in (converted / "README.md").read_text()
+
+
+# ---- folders another tool saved ----
+
+
+def resaved_by_trainer(final: Path, target: Path) -> Path:
+    """``final`` as run_clm.py's Trainer leaves it: the same files, Trainer's generic card, no GeoNorm card data."""
+    shutil.copytree(final, target)
+    (target / "geonorm_card.json").unlink()
+    (target / "README.md").write_text(f"---\nlibrary_name: transformers\ntags:\n- generated_from_trainer\n---\n\n"
+                                      f"<!-- {TRAINER_CARD_MARK} access to. -->\n\n# run\n")  # fmt: skip
+    return target
+
+
+def test_push_and_info_say_how_to_write_the_card_and_card_writes_it(short_run, tmp_path):
+    folder = resaved_by_trainer(short_run[0] / "final", tmp_path / "clm-out")
+    problems = check_shareable(folder)
+    assert problems and f"write one with hf-geonorm card {folder}" in problems[-1]
+    assert f"hf-geonorm card {folder}" in succeeds("info", folder)
+    succeeds("card", folder, "--license", "apache-2.0", "--base-model", "org/base")
+    assert check_shareable(folder) == []
+    assert ModelCard.load(folder / "README.md").data.to_dict()["license"] == "apache-2.0"
+    hidden = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    assert hidden == [".hf-geonorm-output.json"]  # final/'s marker, copied with it; no temporary file left
+
+
+def test_card_never_overwrites_a_users_readme_without_force(short_run, tmp_path):
+    folder = resaved_by_trainer(short_run[0] / "final", tmp_path / "mine")
+    (folder / "README.md").write_text("# my notes\n")
+    assert "--force" in fails("card", folder)
+    assert (folder / "README.md").read_text() == "# my notes\n"
+    succeeds("card", folder, "--force")
+    assert check_shareable(folder) == []

@@ -11,23 +11,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, train_in
+from helpers import LINEAGE, invoke, saved_with_lineage, succeeds, train_in
 from huggingface_hub import ModelCard
 from tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def succeeds(*args: object) -> str:
-    result = invoke(*args)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def card_of(folder: Path) -> tuple[dict, str]:
@@ -174,3 +173,73 @@ def test_a_run_without_lr_records_the_rates_source_on_its_card_and_in_its_metric
         "learning rate source"]  # fmt: skip
     _, text = card_of(tmp_path / "run" / "final")
     assert "learning rate source: measured cell" in text
+
+
+# ---- a source's card that takes unbounded work to read ----
+
+
+def test_a_yaml_alias_bomb_in_a_source_card_does_not_hang(stock_llama, tmp_path):
+    folder = tmp_path / "bomb"
+    shutil.copytree(stock_llama, folder)
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+    (folder / "README.md").write_text("---\n" + "\n".join(lines) + "\nlicense: mit\n---\n# a model\n")
+    started = time.monotonic()
+    result = invoke("info", folder)
+    assert result.exit_code == 0, result.output
+    assert "YAML aliases" in result.output
+    result = invoke("convert", folder, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 120
+
+
+def test_a_yaml_alias_bomb_in_a_hub_models_card_is_refused_before_it_is_built(stock_llama, tmp_path):
+    """A Hub id's card is downloaded (here from a pre-filled offline cache) and checked like a local one."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hf" / "hub" / "models--someone--bomb"
+    shutil.copytree(stock_llama, snapshot / "snapshots" / revision)
+    (snapshot / "refs").mkdir()
+    (snapshot / "refs" / "main").write_text(revision)
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+    (snapshot / "snapshots" / revision / "README.md").write_text("---\n" + "\n".join(lines) + "\n---\n# a model\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", "from hf_geonorm_cli.main import cli; cli()"]
+    result = subprocess.run([*command, "convert", "someone/bomb", str(tmp_path / "out"), "--bridge", "0"],
+                            capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "README.md: the metadata uses YAML aliases" in result.stderr and "its card is not read" in result.stderr
+    assert "base_model: someone/bomb" in (tmp_path / "out" / "README.md").read_text()
+
+
+# ---- the card's lineage through train, and the context it states ----
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    """A GeoNorm folder whose card knows its license, source, base model and language (as convert writes it)."""
+    return saved_with_lineage(tmp_path_factory.mktemp("converted") / "geo")
+
+
+def test_train_from_a_converted_folder_keeps_its_license_source_and_base_model(converted, tmp_path, data_file):
+    out = tmp_path / "tuned"
+    succeeds("train", "--model", converted, "--data", data_file, "--seq-len", 32, "--batch-size", 2, "--max-steps", 1,
+             "--output", out)  # fmt: skip
+    stored = json.loads((out / "final" / "geonorm_card.json").read_text())
+    assert {key: stored[key] for key in LINEAGE} == LINEAGE
+    front = ModelCard.load(out / "final" / "README.md").data.to_dict()
+    assert front["license"] == "mit" and front["base_model"] == "org/base-model"
+    assert "some/original" in (out / "final" / "README.md").read_text()
+
+
+def test_info_and_the_card_state_the_positions_and_generate_beyond_them_names_the_limit(converted):
+    assert "positions:    64 " in succeeds("info", converted)
+    assert "Its context is 64 positions" in (converted / "README.md").read_text()
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(converted)
+    prompt = torch.zeros((1, 8), dtype=torch.long)
+    fill = {"do_sample": False, "pad_token_id": 0}
+    assert model.generate(prompt, max_new_tokens=8, min_new_tokens=8, **fill).shape[-1] == 16
+    with pytest.raises(ValueError, match=r"beyond this model's 64 learned positions.*max_new_tokens"):
+        model.generate(prompt, max_new_tokens=200, min_new_tokens=200, **fill)

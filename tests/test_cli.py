@@ -1,4 +1,4 @@
-"""The ``hf-geonorm`` command line (issues 4 and 15): every command and every error path, on tiny models saved here.
+"""The ``hf-geonorm`` command line: every command and every error path, on tiny models saved here.
 
 The library calls behind the commands are tested directly in test_conversion.py; the kill and race cases of
 ``convert`` in test_atomic.py.
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from conftest import edited_copy, fails
+from helpers import edited_copy, fails
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
 from tiny_gguf import write_tiny_gguf
@@ -508,7 +508,7 @@ Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 
 
 def test_missing_tensors_are_refused_not_made_up(work, tmp_path):
-    """Issue 15, item 2: transformers fills a missing tensor with random values and logs it (hidden here)."""
+    """transformers fills a missing tensor with random values and logs it (hidden here)."""
     broken = edited_copy(work / "stock_llama", tmp_path / "broken", lambda t: t.pop(Q_PROJ))
     for command in (["convert", broken, tmp_path / "out"], ["perplexity", broken, "--text", TEXT]):
         error = fails(*command)
@@ -519,7 +519,7 @@ def test_missing_tensors_are_refused_not_made_up(work, tmp_path):
 
 
 def test_messages_name_the_file_and_the_fix(work, tmp_path):
-    """Issue 15, item 9: each mistake is one line naming the file and what to do."""
+    """Each mistake is one line naming the file and what to do."""
     source = work / "stock_llama"
     wrong = edited_copy(source, tmp_path / "wrong", lambda t: t.update({Q_PROJ: torch.zeros(5, 5)}))
     error = fails("convert", wrong, tmp_path / "out")
@@ -549,7 +549,7 @@ def test_messages_name_the_file_and_the_fix(work, tmp_path):
 
 
 def test_a_metric_that_is_not_finite_fails_and_names_the_cause(work, tmp_path):
-    """Issue 15, item 5 (the command line's part): a NaN perplexity or angle is an error, not a result."""
+    """The command line's part: a NaN perplexity or angle is an error, not a result."""
 
     def huge_mlp(tensors):  # fine in float32; beyond float16's range (65504) after the second layer's MLP
         for name in ("up_proj", "down_proj"):

@@ -3,7 +3,7 @@ conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-f
 (hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.inspection) and
 from-scratch configs (hf_geonorm.training.run.model).
 
-Issue 15 items 2, 5 and 9: no tensor is filled with random values in silence, and every mistake is one
+No tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import edited_copy
+from helpers import edited_copy
 from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM

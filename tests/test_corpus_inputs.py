@@ -4,6 +4,8 @@ line, `.json` JSON lines, text columns of the wrong type, hidden files, CRLF and
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import os
 import re
@@ -14,10 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ONE_STEP, STDLIB, error_lines, train, train_in
+from helpers import ONE_STEP, STDLIB, error_lines, logged, rows, train, train_in, words
 from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from hf_geonorm.files.text_files import read_text
 from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.documents import PIECE_CHARS
 from hf_geonorm.training.data.pipeline import ArrowBlocks
@@ -288,3 +291,76 @@ def test_a_tokenizer_with_more_tokens_than_the_models_embedding_is_refused_befor
         assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # nothing tokenized
     fits = train_in(tmp_path, tmp_path / "text.txt", "--model", saved_model, "--vocab-size", str(ROWS), name="fits")
     assert fits.exit_code == 0, fits.output
+
+
+@pytest.mark.parametrize("start", [b"\n", b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n\r\n"])
+def test_json_lines_after_a_blank_line_or_a_bom_are_rows(tmp_path, start):
+    texts = rows(200)
+    (tmp_path / "rows.json").write_bytes(start + "".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    result = train_in(tmp_path, tmp_path / "rows.json")
+    assert result.exit_code == 0, result.output
+    assert logged(result.output, r": ([\d,]+) documents, [\d,]+ tokens \(an end-of-text") == len(texts)
+
+
+def test_json_lines_that_are_not_utf8_warn_as_text_files_do(tmp_path):
+    lines = [json.dumps({"text": t}).encode() for t in rows(200)]
+    lines[5] = b'{"text": "caf\xe9 ' + words(50).encode() + b'"}'  # Latin-1
+    (tmp_path / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    result = train_in(tmp_path, tmp_path / "rows.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "rows.jsonl is not valid UTF-8: 1 byte(s) were replaced by U+FFFD" in result.output
+
+
+def test_a_csv_is_read_as_a_table_and_its_column_named(tmp_path):
+    texts = [f'{t}, "quoted", and\na second line' for t in rows(150)]
+    with open(tmp_path / "table.csv", "w", newline="") as f:
+        f.write("id,text\r\n" + "".join(f'{n},"{t.replace(chr(34), chr(34) * 2)}"\r\n' for n, t in enumerate(texts)))
+    result = train_in(tmp_path, tmp_path / "table.csv")
+    assert result.exit_code == 0, result.output
+    assert logged(result.output, r": ([\d,]+) documents, [\d,]+ tokens \(an end-of-text") == len(texts)
+    [entry] = (tmp_path / "cache").glob("blocks-*")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    trained = tokenizer.decode([t for view in ArrowBlocks(entry / "train.arrow", 64).views for t in view.ravel()])
+    assert "id,text" not in trained and '""quoted""' not in trained and '"quoted"' in trained
+    (tmp_path / "body.csv").write_text("id,body\n1,some text\n")
+    missing = train_in(tmp_path, tmp_path / "body.csv", name="missing")
+    assert missing.exit_code == 1
+    assert "body.csv is read as a CSV table and has no 'text' column (its header: id, body)" in missing.output
+
+
+def test_a_text_column_on_plain_text_is_refused(tmp_path, data_file):
+    result = train_in(tmp_path, data_file, "--text-column", "body")
+    assert result.exit_code == 1
+    assert "--text-column body: " in result.output and "holds plain text files only" in result.output
+
+
+def test_a_saved_dataset_dict_trains_on_its_split(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "saved"
+    splits = {"train": rows(200), "validation": rows(30, 200)}
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in splits.items()}).save_to_disk(folder)
+    result = train_in(tmp_path, folder)
+    assert result.exit_code == 0, result.output
+    assert "split train" in result.output and logged(result.output, r": ([\d,]+) documents, ") == 200
+    other = train_in(tmp_path, folder, "--data-split", "test", name="other")
+    assert other.exit_code == 1
+    assert "is a saved DatasetDict with the splits train, validation, not 'test': give one with --data-split" in (
+        other.output
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (lambda text: text.encode("utf-16"), "is UTF-16 text, not UTF-8: re-encode it first (iconv -f utf-16"),
+        (lambda text: text.encode("utf-16-le"), "is UTF-16 text, not UTF-8"),
+        (lambda text: gzip.compress(text.encode()), "is gzip-compressed, not text: decompress it first (gunzip"),
+        (lambda text: bz2.compress(text.encode()), "is bzip2-compressed, not text: decompress it first (bunzip2"),
+    ],
+)
+def test_utf16_and_compressed_files_are_named_with_the_fix(tmp_path, data_file, content, says):
+    (tmp_path / "corpus.txt").write_bytes(content(data_file.read_text()))
+    result = train_in(tmp_path, tmp_path / "corpus.txt")
+    assert result.exit_code == 1 and f"corpus.txt {says}" in result.output, result.output
+    with pytest.raises(ValueError, match=re.escape(says)):  # what perplexity --text reads
+        read_text(tmp_path / "corpus.txt")

@@ -1,15 +1,19 @@
-"""The data cache is verified, not trusted (issue 30, hf_geonorm.training.data.cache_checks): a corpus whose content
+"""The data cache is verified, not trusted (hf_geonorm.training.data.cache_checks): a corpus whose content
 changed under the same size and modification time is tokenized again; an entry whose Arrow files or meta.json were
 changed, cut short or removed is rebuilt with one warning naming it; a storage error is one line naming the cache
 and the fix, and leaves nothing half-written. The expected blocks are computed from the documented rules
-(tests/test_data_pipeline.py, ``reference_blocks``)."""
+(tests/helpers.py, ``reference_blocks``)."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import sysconfig
 import warnings
 from dataclasses import replace
@@ -17,8 +21,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import reference_blocks, reference_documents, train_in
 from hf_geonorm_cli.main import cli
-from test_data_pipeline import reference_blocks, reference_documents
+from transformers import AutoTokenizer
 
 from hf_geonorm.training.data import pipeline
 from hf_geonorm.training.data.corpus import resolve_corpus
@@ -170,3 +175,68 @@ def test_an_error_reading_the_data_is_not_taken_for_one_of_the_cache(tmp_path):
     unreadable = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data.txt"))
     with pytest.raises(PermissionError), storage_errors(tmp_path / "cache"):
         raise unreadable
+
+
+def test_an_edited_cached_tokenizer_is_trained_again_and_one_without_checksum_is_checked(tmp_path, data_file):
+    first = train_in(tmp_path, data_file)
+    assert first.exit_code == 0, first.output
+    [cached] = (tmp_path / "cache").glob("tokenizer-*.json")
+    trained = cached.read_bytes()
+    assert Path(f"{cached}.sha256").read_text().strip() == hashlib.sha256(trained).hexdigest()
+    edited = json.loads(trained)
+    edited["model"]["merges"] = edited["model"]["merges"][:-20]  # still loads: fewer merges, more tokens
+    cached.write_text(json.dumps(edited))
+    again = train_in(tmp_path, data_file, name="again")
+    assert again.exit_code == 0, again.output
+    assert f"the cached tokenizer {cached} changed since it was trained (its checksum differs)" in again.output
+    assert cached.read_bytes() == trained
+    digest = tokenizer_digest(AutoTokenizer.from_pretrained(tmp_path / "run" / "final"))
+    assert tokenizer_digest(AutoTokenizer.from_pretrained(tmp_path / "again" / "final")) == digest
+
+    Path(f"{cached}.sha256").unlink()  # as an earlier version left it
+    unchecked = train_in(tmp_path, data_file, name="unchecked")
+    assert unchecked.exit_code == 0, unchecked.output
+    assert "has no checksum (written by an earlier version): training it again" in unchecked.output
+    assert "byte for byte: kept, its checksum written" in unchecked.output and "warning" not in unchecked.output
+    assert cached.read_bytes() == trained and Path(f"{cached}.sha256").is_file()
+
+    Path(f"{cached}.sha256").unlink()
+    cached.write_text(json.dumps(edited))
+    replaced = train_in(tmp_path, data_file, name="replaced")
+    assert "(without a checksum) differs from the one this data trains: replaced" in replaced.output
+    assert cached.read_bytes() == trained
+
+
+def test_training_the_tokenizer_twice_on_the_same_documents_gives_the_same_digest(tmp_path):
+    """A cached tokenizer without a checksum is kept only when training gives it again: training must be
+    deterministic, also in another process (the tokenizers library's hash maps are seeded per process)."""
+    docs = list(resolve_corpus(None).tokenizer_sample(400_000)[0])
+    digests = {tokenizer_digest(train_tokenizer(docs, 500)) for _ in range(2)}
+    (tmp_path / "docs.json").write_text(json.dumps(docs))
+    code = ("import json, sys; from hf_geonorm.training.data.pipeline import tokenizer_digest; "
+            "from hf_geonorm.training.data.tokenizer import train_tokenizer; "
+            "print(tokenizer_digest(train_tokenizer(json.loads(open(sys.argv[1]).read()), 500)))")  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", code, str(tmp_path / "docs.json")], capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert digests == {child.stdout.strip()}
+
+
+def test_a_wrong_but_valid_meta_json_is_rebuilt(tmp_path, data_file):
+    first = train_in(tmp_path, data_file)
+    assert first.exit_code == 0, first.output
+    [entry] = (tmp_path / "cache").glob("blocks-*")
+    meta = json.loads((entry / "meta.json").read_text())
+    (entry / "meta.json").write_text(json.dumps({**meta, "val_blocks": meta["val_blocks"] // 2}))
+    again = train_in(tmp_path, data_file, name="again")
+    assert again.exit_code == 0, again.output
+    assert f"the cached data {entry} does not verify, so it is rebuilt" in again.output
+    assert f"({meta['val_blocks']} blocks held out)" in again.output
+    other = tmp_path / "other.txt"
+    other.write_text(data_file.read_text() + "\n\nmore\n")
+    assert train_in(tmp_path, other, name="other").exit_code == 0
+    [second] = set((tmp_path / "cache").glob("blocks-*")) - {entry}
+    shutil.copy(second / "meta.json", entry / "meta.json")  # valid, verified files, another entry's
+    copied = train_in(tmp_path, data_file, name="copied")
+    assert f"the cached data {entry} does not verify, so it is rebuilt: its meta.json is of another entry" in (
+        copied.output
+    )

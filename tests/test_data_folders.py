@@ -5,6 +5,7 @@ computed here from the files the test writes."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import STDLIB, contents, error_lines, train_in
+from helpers import STDLIB, contents, error_lines, train_in, words
 
 from hf_geonorm.training.data.corpus import resolve_corpus
 
@@ -146,3 +147,19 @@ def test_parquet_rows_whose_text_is_null_are_counted(tmp_path, in_folder):
     )
     documents = re.search(r": ([\d,]+) documents, [\d,]+ tokens \(an end-of-text", result.output).group(1)
     assert int(documents) == len(texts) - len(nulls)
+
+
+def test_the_files_a_folder_does_not_read_are_named_with_why(tmp_path, data_file):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    shutil.copy(data_file, folder / "text.txt")
+    for name in ("server.log", "notes.text", "README"):
+        (folder / name).write_text(words(400))
+    (folder / "more.txt.gz").write_bytes(gzip.compress(words(400).encode()))
+    result = train_in(tmp_path, folder)
+    assert result.exit_code == 0, result.output
+    assert f"skipped {folder / 'server.log'}: .log is not an extension read as text: rename it" in result.output
+    assert f"skipped {folder / 'notes.text'}: .text is not an extension read as text" in result.output
+    assert f"skipped {folder / 'README'}: no extension: name it README.txt" in result.output
+    assert f"skipped {folder / 'more.txt.gz'}: compressed: decompress it" in result.output
+    assert "data: 1 files under" in result.output

@@ -2,7 +2,7 @@
 trained on unless --max-tokens says otherwise, the tokenized blocks are cached and reused, validation is held out by
 documents, JSON lines and parquet, --streaming, and --resume in the middle of an epoch.
 
-The expected blocks are computed here from the documented rules (``reference_blocks``), with the saved tokenizer."""
+The expected blocks are computed from the documented rules (``helpers.reference_blocks``), with the saved tokenizer."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import STDLIB, train
+from helpers import STDLIB, held_out, logged, marked_text, reference_blocks, reference_documents, train, train_in, words
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus
@@ -24,74 +24,6 @@ from hf_geonorm.training.run import trainer as trainer_module
 
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
          "--eval-every", "2", "--preset", "tiny"]  # fmt: skip
-
-
-def reference_documents(text: str) -> list[str]:
-    """The documents of one text file as documented: cut before a non-blank line that follows a blank line, once
-    the document holds at least 1,000 characters, and at a line end once it holds 8,000."""
-    docs, current, after_blank = [], "", False
-    for line in re.findall(r"[^\n]*\n|[^\n]+$", text):
-        blank = not line.strip()
-        if current and ((not blank and after_blank and len(current) >= 1000) or len(current) >= 8000):
-            docs.append(current)
-            current = ""
-        current += line
-        after_blank = blank
-    return [*docs, current]
-
-
-def held_out(lengths: list[int], first: int, budget: int) -> list[int]:
-    """Documents first, first + 20, ... while the ones before hold fewer than ``budget`` tokens."""
-    chosen, held = [], 0
-    for index in range(first, len(lengths), 20):
-        if held >= budget:
-            break
-        chosen.append(index)
-        held += lengths[index]
-    return chosen
-
-
-def kept_tokens(lengths: list[int], chosen: list[int], budget: int) -> dict[int, int]:
-    """The tokens held out of each chosen document: all of them, but of one longer than ``budget`` only what the
-    budget still needs (the rest trains)."""
-    kept, before = {}, 0
-    for index in chosen:
-        kept[index] = lengths[index] if lengths[index] <= budget else budget - before
-        before += lengths[index]
-    return kept
-
-
-def reference_blocks(tokenizer, docs: list[str], seq_len: int) -> tuple[list[list[int]], list[list[int]], int, int]:
-    """Training and validation blocks by the documented rules: the end-of-text token after every document;
-    documents 0, 20, 40, ... are validation and 10, 30, 50, ... test (the middle one of fewer than 20), each until
-    they hold 64 blocks' tokens (one longer than that cut: ``kept_tokens``); at most 64 validation blocks, a
-    multiple of 8 from 8 on. Also the data's tokens and the held-out (validation and test) tokens."""
-    ids = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for doc in docs]
-    lengths = [len(doc) for doc in ids]
-    budget = 64 * seq_len
-    val = held_out(lengths, 0, budget)
-    test = [i for i in held_out(lengths, min(10, len(ids) // 2), budget) if i not in val]
-    kept = {**kept_tokens(lengths, val, budget), **kept_tokens(lengths, test, budget)}
-    train = [t for i, doc in enumerate(ids) for t in doc[kept.get(i, 0) :]]
-    val_ids = [t for i in val for t in ids[i][: kept[i]]]
-
-    def cut(tokens: list[int]) -> list[list[int]]:
-        return [tokens[s : s + seq_len] for s in range(0, len(tokens) - seq_len + 1, seq_len)]
-
-    evaluated = min(64, len(cut(val_ids)))
-    held = sum(kept.values())
-    return cut(train), cut(val_ids)[: evaluated - evaluated % 8 or evaluated], sum(lengths), held
-
-
-def marked_text(size: int) -> str:
-    """About ``size`` characters of the standard library's source, each paragraph after a marker line of its own
-    (``#@ 000123``), so that where a paragraph went can be read from decoded blocks."""
-    paragraphs: list[str] = []
-    for path in sorted(STDLIB.glob("*.py")):
-        paragraphs += [p for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-        if sum(map(len, paragraphs)) > size:
-            break
-    return "".join(f"#@ {n:06d}\n{p}\n\n" for n, p in enumerate(paragraphs))
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +50,6 @@ def seen(monkeypatch) -> list[list[list[int]]]:
 
     monkeypatch.setattr(trainer_module.CheckedTrainer, "training_step", recorded)
     return batches
-
-
-def logged(output: str, pattern: str) -> int:
-    match = re.search(pattern, output)
-    assert match, output
-    return int(match.group(1).replace(",", ""))
 
 
 def test_all_tokens_train_the_cache_is_reused_and_max_tokens_caps(tmp_path, corpus, seen):
@@ -264,3 +190,52 @@ def test_the_tokenizer_learns_from_training_documents_only(tmp_path, where):
     vocab = AutoTokenizer.from_pretrained(tmp_path / "run" / "final").get_vocab()
     learned = [token for token in vocab if "qz" in token]
     assert bool(learned) == (where == "training"), learned
+
+
+def test_streaming_files_each_shorter_than_a_block_is_refused(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for n in range(100):
+        (folder / f"note-{n:03d}.txt").write_text(words(15, 11 * n) + "\n")
+    result = train_in(tmp_path, folder, "--streaming", "--seq-len", "128", "--eval-blocks", "1")
+    assert result.exit_code == 1, result.output
+    assert "--streaming packs each of the 100 file(s)" in result.output
+    assert "none gives a training block of --seq-len 128 tokens" in result.output
+    assert "drop --streaming" in result.output
+    assert not (tmp_path / "run" / "final").exists()
+    cached = train_in(tmp_path, folder, "--seq-len", "128", "--eval-blocks", "1", name="cached")
+    assert cached.exit_code == 0, cached.output  # the cached data packs across files
+
+
+def test_a_held_out_document_longer_than_the_evaluation_is_cut(tmp_path):
+    texts = [words(15_000, 1000 * n) for n in range(3)]  # about 90k characters each
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    result = train_in(tmp_path, tmp_path / "long.jsonl", "--eval-blocks", "2")
+    assert result.exit_code == 0, result.output
+    total = logged(result.output, r"documents, ([\d,]+) tokens \(an end-of-text")
+    val, test = (logged(result.output, rf"{name}: 1 documents, ([\d,]+) tokens") for name in ("validation", "test"))
+    assert val == test == 2 * 64  # what the evaluation uses, not the documents' tens of thousands
+    assert logged(result.output, r"training on ([\d,]+) tokens") == (total - val - test) // 64 * 64
+    assert "held-out documents longer than the evaluation" in result.output and "were cut" in result.output
+
+
+def test_ordinary_text_shards_hold_out_whole_documents(tmp_path):
+    """Documents of a few KB, shorter than the evaluation (as the study's are): held out whole, the same ones."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    sources = sorted(STDLIB.glob("*.py"))[:60]
+    for shard in range(4):
+        (folder / f"shard-{shard}.txt").write_text("\n\n".join(p.read_text() for p in sources[shard::4]))
+    result = train_in(tmp_path, folder, "--eval-blocks", "128")
+    assert result.exit_code == 0, result.output
+    assert "were cut" not in result.output
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    documents = resolve_corpus(str(folder)).all_documents()
+    ids = [tokenizer(doc)["input_ids"] + [tokenizer.eos_token_id] for doc in documents]
+    lengths = [len(doc) for doc in ids]
+    assert max(lengths) < 128 * 64  # every document is shorter than the evaluation
+    [entry] = (tmp_path / "cache").glob("blocks-*")
+    for split, first in (("val", 0), ("test", 10)):
+        whole = [t for index in held_out(lengths, first, 128 * 64) for t in ids[index]]  # the whole-document rule
+        blocks = [t for view in ArrowBlocks(entry / f"{split}.arrow", 64).views for t in view.ravel().tolist()]
+        assert blocks == whole[: len(whole) // 64 * 64]

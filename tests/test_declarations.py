@@ -172,7 +172,7 @@ def test_the_limits_that_drifted_are_refused_by_the_api_as_by_the_command_line(
     name, value, limit, tmp_path, monkeypatch
 ):
     """``seq_len`` and ``vocab_size`` were refused below 2 and 260 on the command line but only below 1 from the
-    API (issue 39)."""
+    API."""
     message = api_refusal(TrainOptions, {name: value})
     assert limit in message and f"got {value}" in message, message
     result = cli_output("train", ["--" + name.replace("_", "-"), str(value)], tmp_path, monkeypatch)

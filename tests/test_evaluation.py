@@ -7,13 +7,15 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import re
 
 import pytest
 import torch
-from conftest import invoke
-from tiny_models import tiny_model
+from helpers import fails, invoke, succeeds
+from tiny_models import tiny_model, token_ids
 
+import hf_geonorm
 from hf_geonorm.analysis import evaluation
 from hf_geonorm.conversion import ConversionOptions
 
@@ -111,3 +113,45 @@ def test_perplexity_and_conversion_measure_the_same_number_of_tokens_by_default(
         assert re.search(rf"{option} INTEGER RANGE .*?\[default: {tokens};", help_text), (command, help_text)
     assert inspect.signature(evaluation.measure_perplexity).parameters["max_tokens"].default == tokens
     assert ConversionOptions().eval_tokens == tokens
+
+
+def test_a_nan_perplexity_is_called_nan():
+    from hf_geonorm.analysis.evaluation import check_finite, perplexity
+    from hf_geonorm.errors import NonFiniteError
+
+    model = hf_geonorm.convert(tiny_model("llama"), norm_style="pre")
+    with torch.no_grad():
+        model.lm_head.weight[3] = math.nan
+    windows = token_ids(1).tolist()
+    value = perplexity(model, windows)
+    assert math.isnan(value)
+    with pytest.raises(NonFiniteError, match=r"^the perplexity is NaN: the weights hold non-finite values"):
+        check_finite(value, "the perplexity", model, windows)
+
+
+def test_calibrating_on_a_text_of_two_tokens_is_refused_naming_the_file_and_count(tmp_path):
+    from hf_geonorm.conversion import MIN_CALIBRATION_TOKENS
+
+    tiny_model("llama").save_pretrained(tmp_path / "stock")  # no tokenizer: one token per UTF-8 byte
+    (tmp_path / "short.txt").write_text("ab")
+    line = fails("convert", tmp_path / "stock", tmp_path / "out", "--calibrate", tmp_path / "short.txt")
+    assert "short.txt gives 2 token(s)" in line and f"needs at least {MIN_CALIBRATION_TOKENS}" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_that_is_not_a_regular_file_is_refused(stock_llama, tmp_path):
+    assert "is a character device, not a file" in fails("perplexity", stock_llama, "--text", "/dev/zero")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert "is a FIFO (named pipe), not a file" in fails("angles", stock_llama, "--text", fifo)
+    assert "is a character device" in fails("convert", stock_llama, tmp_path / "out", "--eval-text", "/dev/zero")
+
+
+def test_angles_reports_the_share_of_updates_at_the_clamp(short_run, data_file):
+    output = succeeds("angles", short_run[0] / "final", "--text", data_file, "--max-tokens", 64)
+    line = next(line for line in output.splitlines() if line.startswith("at the clamp:"))
+    assert "--alpha" in line and "%" in line
+    result = invoke("angles", short_run[0] / "final", "--text", data_file, "--max-tokens", 64, "--json")
+    data = json.loads(result.stdout)
+    assert 0 <= data["summary"]["at_clamp_share"] <= 1
+    assert all(row["at_clamp_share"] is not None for row in data["sublayers"])

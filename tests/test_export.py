@@ -215,7 +215,7 @@ for folder in job["folders"]:
 
 
 def test_saved_folders_load_and_resave_where_the_plugin_is_not_installed(tmp_path, plugin_free_python):
-    """The issue's example: ``hf_geonorm.convert(stock).save_pretrained(out)`` loads without the plugin (so does a
+    """The documented example: ``hf_geonorm.convert(stock).save_pretrained(out)`` loads without the plugin (so does a
     shareable folder); the loaded model saved there again writes each file once and loads again."""
     ids = token_ids()
     models = {

@@ -15,10 +15,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import contents, fails, invoke, train_in
-from tiny_models import tiny_model
+import torch
+from helpers import contents, fails, invoke, train_in
+from tiny_models import tiny_model, token_ids
+
+import hf_geonorm
+from hf_geonorm.files.ownership import mark_folder
 
 MARKER = ".hf-geonorm-output.json"  # what every output carries: its name is part of the documented format
+TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +164,83 @@ def test_train_force_starts_anew_only_over_its_own_output(data_file, tmp_path):
 
 def train_args(tmp_path: Path, data: Path, *more: str) -> list:
     """The arguments ``train_in`` gives (one step into ``tmp_path / "run"``), for ``fails``."""
-    from conftest import ONE_STEP
+    from helpers import ONE_STEP
 
     return ["train", "--data", data, *ONE_STEP, "--data-cache", tmp_path / "cache", "--output", tmp_path / "run",
             *more]  # fmt: skip
+
+
+def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_path):
+    """A careful user who points OUT at an empty folder through a link expects the model there: the new folder
+    takes the empty folder's place, and the link, untouched, leads to it."""
+    tiny_model("llama").save_pretrained(tmp_path / "stock")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
+    from click.testing import CliRunner
+    from hf_geonorm_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "stock"), str(tmp_path / "link"), "--bridge", "0"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "config.json").is_file()
+    model = hf_geonorm.loading.load_model(hf_geonorm.loading.open_source(tmp_path / "link"))
+    ids = token_ids()
+    torch.testing.assert_close(model(input_ids=ids).logits, tiny_model("llama")(input_ids=ids).logits)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """The user's current folder, holding a file of theirs."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    return here
+
+
+def test_an_empty_output_is_refused_and_the_current_folder_is_left_alone(stock_llama, workdir):
+    before = contents(workdir)
+    for args in (
+        ("convert", stock_llama, "", "--force"),
+        ("init", "gpt2", "", "--preset", "tiny", "--force"),
+    ):
+        message = fails(*args)
+        assert "OUTPUT_DIR given is empty" in message and "  " not in message, message
+    assert "--output is empty" in fails("train", "--output", "", "--force", "--data", TEXT, code=2)
+    assert "--output is empty" in fails("sweep", "--output", "", "--data", TEXT, code=2)
+    assert contents(workdir) == before
+
+
+def test_the_current_folder_or_one_holding_it_is_never_replaced(stock_llama, workdir):
+    before = contents(workdir.parent)
+    assert "is the current folder" in fails("convert", stock_llama, ".", "--force")
+    assert "is the current folder" in fails("init", "gpt2", workdir, "--preset", "tiny", "--force")
+    assert "holds the current folder" in fails("convert", stock_llama, "..", "--force")
+    assert "holds the current folder" in fails("convert", stock_llama, "../../" + workdir.parent.name, "--force")
+    assert "is the current folder" in fails("train", "--output", ".", "--force", "--data", TEXT)
+    assert contents(workdir.parent) == before
+
+
+def test_train_force_refuses_an_output_holding_what_it_reads(tmp_path):
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    shutil.copy(TEXT, run / "data" / "text.txt")
+    message = fails("train", "--output", run, "--force", "--data", run / "data" / "text.txt")
+    assert "holds the --data" in message
+    assert (run / "data" / "text.txt").is_file()
+
+
+def test_a_source_linked_into_the_output_is_refused(stock_llama, tmp_path):
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    shutil.copy(stock_llama / "model.safetensors", holder / "model.safetensors")
+    mark_folder(holder, "convert")  # an output --force may replace, but not while the source's weights are in it
+    source = tmp_path / "src2"  # as a Hub cache snapshot: config and links to the weights kept elsewhere
+    source.mkdir()
+    shutil.copy(stock_llama / "config.json", source / "config.json")
+    (source / "model.safetensors").symlink_to(holder / "model.safetensors")
+    before = contents(holder)
+    message = fails("convert", source, holder, "--force")
+    assert "symbolic link into the output" in message and "model.safetensors" in message
+    assert contents(holder) == before
+    result = invoke("convert", source, tmp_path / "elsewhere")  # the same source converts anywhere else
+    assert result.exit_code == 0, result.output

@@ -12,7 +12,7 @@ geometry.py.
 - The kernel's first-use check: a kernel that raises or computes wrong values (stubs on CPU) is warned about
   once and replaced by the composed path; the real kernel passes it (interpreter, CUDA).
 - Every setting the validator accepts keeps values and gradients finite on every path, for extreme step sizes
-  and clamps, zero and tiny states, and huge and tiny updates (issue 15).
+  and clamps, zero and tiny states, and huge and tiny updates.
 No timings are asserted.
 """
 
@@ -513,7 +513,7 @@ def test_the_real_kernel_passes_its_first_use_check(kernel_device, x_dtype, u_dt
 
 
 # ----------------------------------------------------------------------------------------------------------
-# every accepted setting keeps values and gradients finite (issue 15)
+# every accepted setting keeps values and gradients finite
 # ----------------------------------------------------------------------------------------------------------
 EXTREME_ALPHAS = [0.0, 1e-6, 0.25, 1.0, 37.0, 1e3, MAX_ALPHA]
 EXTREME_MAX_ANGLES = [None, 1e-6, 0.1, PI4, math.pi / 2, math.pi]

@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import invoke
+from helpers import invoke
 from tiny_gguf import write_tiny_gguf
 
 gguf = pytest.importorskip("gguf")

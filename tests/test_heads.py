@@ -1,4 +1,4 @@
-"""Every head the stock model has (issue 12): for each case of tests/tiny_models.py and each of sequence
+"""Every head the stock model has: for each case of tests/tiny_models.py and each of sequence
 classification, token classification and question answering that its stock type has in transformers.
 
 For each: ``pre`` gives the stock head's outputs with the stock head's state dict; a GeoNorm causal-LM checkpoint

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import STDLIB, train_in
+from helpers import STDLIB, train_in
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus

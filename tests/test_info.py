@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from conftest import fails, invoke
+from helpers import fails, invoke, succeeds
 from transformers import LlamaConfig
 
 from hf_geonorm.patching import config_class_for
@@ -105,7 +106,7 @@ def test_info_names_pickle_weights_and_how_to_convert_them(tmp_path):
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory, data_file) -> Path:
     """One step of `train` without --lr: the default model at its default rate."""
-    from conftest import train_in
+    from helpers import train_in
 
     root = tmp_path_factory.mktemp("runs")
     result = train_in(root, data_file, "--keep-checkpoints")
@@ -114,7 +115,7 @@ def run_folder(tmp_path_factory, data_file) -> Path:
 
 
 def test_info_summarises_a_finished_run(run_folder):
-    from conftest import ONE_STEP
+    from helpers import ONE_STEP
 
     from hf_geonorm.training.rate_rule import RATE_RULE
 
@@ -186,3 +187,43 @@ def test_info_summarises_a_sweep_folder_from_its_journal(tmp_path):
     output = " ".join(result.output.split())
     assert f"report: {folder / 'sweep.md'}" in output and f"{first} is lowest on test" in output
     assert f"by {test_at_best[second] - test_at_best[first]:.4f} below {second}" in output
+
+
+def config_only(tmp_path: Path, name: str, **changes) -> Path:
+    folder = tmp_path / name
+    result = invoke("init", "gpt2", folder, "--preset", "tiny")
+    assert result.exit_code == 0, result.output
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_info_on_a_very_deep_config_reads_it_quickly(tmp_path):
+    folder = config_only(tmp_path, "deep", n_layer=100_000)
+    started = time.monotonic()
+    result = invoke("info", folder)
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 60
+    assert "100000 layers" in result.output
+    parameters = next(line for line in result.output.splitlines() if line.startswith("parameters:"))
+    per_layer = 12 * 128 * 128 + 13 * 128  # GPT-2: attention and MLP weights and biases, two layer norms
+    assert int(parameters.split()[1].replace(",", "")) > 100_000 * per_layer
+    assert len(result.output) < 5_000  # the step sizes: the first and the last, not 100,000 of them
+
+
+def test_info_on_a_run_folder_summarises_it_and_points_to_its_model(short_run):
+    out = short_run[0]
+    output = succeeds("info", out)
+    assert f"hf-geonorm info {out / 'final'}" in output and "steps:" in output
+
+
+def test_info_reads_a_gguf_file(tmp_path):
+    pytest.importorskip("gguf")
+    from tiny_gguf import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    output = succeeds("info", path)
+    assert "(GGUF)" in output and "llama" in output and "positions:    64" in output
+    assert "license apache-2.0" in output and "parameters:" in output

@@ -5,7 +5,7 @@ usual status (130, 143) and its one-line message, never a traceback, and runs no
 further step or run.
 
 The signals are real: ``signalled_job`` runs the CLI in a forked child (torch and the command already imported, as
-``conftest.stopped_run`` does), where the chosen function of the library sends the signal to its own process from
+``helpers.stopped_run`` does), where the chosen function of the library sends the signal to its own process from
 inside such a callback (``signal.raise_signal`` runs the handler before it returns, so the handler's exception is
 raised inside the callback).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ONE_STEP
+from helpers import ONE_STEP
 
 from hf_geonorm.training.run import trainer as trainer_module
 from hf_geonorm.training.sweep import grid as grid_module

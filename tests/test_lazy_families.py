@@ -1,4 +1,4 @@
-"""Families are built on first use (issue 11): ``import hf_geonorm`` builds none and imports no stock modelling
+"""Families are built on first use: ``import hf_geonorm`` builds none and imports no stock modelling
 module; loading a checkpoint, through the plugin or as remote code, builds its own family only. Each check runs
 in a fresh Python process, whose modules no other test has imported."""
 

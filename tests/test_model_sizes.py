@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fails, invoke
+from helpers import fails, invoke
 from tiny_gguf import write_tiny_gguf
 from tiny_models import BASE
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -117,3 +117,20 @@ def test_a_gguf_whose_metadata_claims_more_than_its_tensors_is_refused_before_lo
         messages = [fails(*args) for args in reading_commands(path, tmp_path, data_file)]
     assert len(set(messages)) == 1, messages
     assert str(path) in messages[0] and said in messages[0], messages[0]
+
+
+def test_init_refuses_a_model_beyond_the_machine_memory(tmp_path):
+    message = fails("init", "gpt2", tmp_path / "huge", "--preset", "1.3b", "--vocab-size", 10**10)
+    assert "parameters" in message and "GB in float32" in message and "machine's" in message and "memory" in message
+    assert not (tmp_path / "huge").exists()
+
+
+def test_a_head_count_of_zero_is_named(stock_llama, tmp_path):
+    folder = tmp_path / "heads"
+    shutil.copytree(stock_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_attention_heads"] = 0
+    (folder / "config.json").write_text(json.dumps(config))
+    for args in (("info", folder), ("convert", folder, tmp_path / "out")):
+        message = fails(*args)
+        assert "num_attention_heads is 0" in message and "config.json" in message, message

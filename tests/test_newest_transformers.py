@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import STDLIB, PluginFreePython, invoke
+from helpers import STDLIB, PluginFreePython, invoke
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
@@ -38,9 +38,10 @@ versions = {name: importlib.metadata.version(name) for name in ("torch", "transf
 print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec("hf_geonorm") is not None}))
 """
 
-# Runs in that environment (conftest's plugin-free harness: stdin closed, hf_geonorm blocked). transformers' prompt
-# is switched back on (the harness turns it into an error, which AutoTokenizer would swallow), so a folder that asks
-# whether to trust its code prints the question here, where it is caught; input() gets no answer from closed stdin.
+# Runs in that environment (the plugin-free harness of helpers.py: stdin closed, hf_geonorm blocked). transformers'
+# prompt is switched back on (the harness turns it into an error, which AutoTokenizer would swallow), so a folder that
+# asks whether to trust its code prints the question here, where it is caught; input() gets no answer from closed
+# stdin.
 CHILD = """
 import contextlib, io
 import transformers

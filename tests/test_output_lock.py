@@ -18,8 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, fails, invoke, stopped_run, train, train_in
+from helpers import contents, error_lines, fails, invoke, stopped_run, train, train_in
 from tiny_models import tiny_model
+
+from hf_geonorm.files.output_lock import output_lock
+from hf_geonorm.files.ownership import mark_folder
 
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
 ONE_SWEEP_STEP = ["--styles", "pre", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--eval-blocks",
@@ -242,3 +245,23 @@ def test_a_lock_file_with_another_name_is_refused_not_written_over(tmp_path, sto
     assert f"{out / '.hf-geonorm.lock'} has other names (hard links)" in message and "remove it" in message, message
     assert mine.read_text() == "my notes, which no lock record may replace\n"
     assert sorted(p.name for p in out.iterdir()) == [".hf-geonorm.lock"]
+
+
+def test_replacing_a_folder_respects_a_run_working_inside_it(stock_llama, tmp_path):
+    running = tmp_path / "sweep" / "runs" / "geo-lr1e-3-seed0"
+    running.mkdir(parents=True)
+    (running / "checkpoint-50").mkdir()
+    (running / "checkpoint-50" / "model.safetensors").write_bytes(b"weights")
+    mark_folder(tmp_path / "sweep", "sweep")  # outputs of hf-geonorm, which --force replaces when no run is inside
+    mark_folder(tmp_path / "sweep" / "runs", "sweep")
+    before = contents(tmp_path / "sweep")
+    with output_lock(running, "train"):  # as the sweep's run holds it while it trains
+        message = fails("convert", stock_llama, tmp_path / "sweep" / "runs", "--force")
+        assert "in use by hf-geonorm train" in message and str(running) in message
+        assert "in use" in fails("init", "gpt2", tmp_path / "sweep", "--preset", "tiny", "--force")
+        assert (running / "checkpoint-50" / "model.safetensors").read_bytes() == b"weights"
+    assert contents(tmp_path / "sweep") == before
+    # once the run has ended, --force replaces the folder as asked
+    result = invoke("convert", stock_llama, tmp_path / "sweep" / "runs", "--force")
+    assert result.exit_code == 0, result.output
+    assert not running.exists()

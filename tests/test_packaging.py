@@ -18,6 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "hf_geonorm", "cli", "model_cards", "docs")
 
@@ -56,6 +58,7 @@ def run(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow  # builds a wheel and a virtual environment: minutes (run with --runslow)
 def test_the_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     source = tmp_path / "src"
     source.mkdir()

@@ -14,8 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import stdlib_text, train
-from test_data_pipeline import reference_blocks, reference_documents
+from helpers import reference_blocks, reference_documents, stdlib_text, train
 from tiny_models import CASES, layers_of, tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

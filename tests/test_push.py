@@ -1,4 +1,4 @@
-"""``hf-geonorm push`` and ``hf_geonorm.sharing.hub.push_to_hub`` (issue 5) against a local Hub (tests/fake_hub.py).
+"""``hf-geonorm push`` and ``hf_geonorm.sharing.hub.push_to_hub`` against a local Hub (tests/fake_hub.py).
 
 huggingface_hub reads HF_ENDPOINT into ``constants.ENDPOINT`` (and the download URL template) when imported, so
 in-process tests set those constants (``HfApi()`` reads ENDPOINT when created); the subprocess test sets
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import fails
 from fake_hub import FakeHub, served
+from helpers import fails
 from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model
@@ -279,7 +279,7 @@ class Payload:
 
 
 def make_unsafe(folder: Path, how: str) -> None:
-    """Add to a complete GeoNorm folder what push must not share (issue 37, security 1 to 3)."""
+    """Add to a complete GeoNorm folder what push must not share."""
     import pickle
 
     import torch

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fails, invoke
 from fake_hub import served
+from helpers import fails, invoke
 from safetensors.numpy import save_file
 from tiny_models import tiny_model
 

@@ -1,4 +1,4 @@
-"""No code shipped with a folder runs, whatever the user answers (issue 30): a GeoNorm folder whose config.json and
+"""No code shipped with a folder runs, whatever the user answers: a GeoNorm folder whose config.json and
 tokenizer_config.json point their ``auto_map`` at a module of its own that writes a marker file when imported. Every
 command that reads a folder is run on it in a child process with ``y`` piped into stdin (the answer transformers'
 "Do you wish to run the custom code? [y/N]" would take), and the marker never appears; the commands that need the
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from helpers import fails
 from tiny_models import tiny_model
 
 from hf_geonorm.conversion import convert_checkpoint
@@ -113,3 +115,50 @@ def test_no_command_runs_a_folders_code_even_when_the_user_answers_yes(hostile_f
     assert "Traceback" not in results["push"]["output"]
     for output in ("run-model", "run-tok", "converted", "init"):
         assert not (tmp_path / output).exists(), output
+
+
+# ---- tokenizers that need custom code ----
+
+
+TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
+
+
+def standard_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(TEXT.read_text().splitlines()[:200], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def custom_code_tokenizer(tmp_path_factory) -> Path:
+    """A tokenizer folder whose tokenizer_config.json points at code of its own (its tokenizer.json is standard, so
+    transformers loads a standard class in its place without a word)."""
+    folder = tmp_path_factory.mktemp("tokenizers") / "custom"
+    standard_tokenizer().save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenization_evil.py").write_text("raise SystemExit('custom code ran')\n")
+    return folder
+
+
+def test_a_custom_code_tokenizer_is_refused_by_convert_init_and_train(stock_llama, custom_code_tokenizer, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(stock_llama, source)
+    for name in os.listdir(custom_code_tokenizer):
+        shutil.copy(custom_code_tokenizer / name, source / name)
+    for args in (
+        ("convert", source, tmp_path / "converted"),
+        ("init", "gpt2", tmp_path / "init", "--preset", "tiny", "--tokenizer", custom_code_tokenizer),
+        ("train", "--tokenizer", custom_code_tokenizer, "--data", TEXT, "--max-steps", "1", "--output",
+         tmp_path / "run"),
+    ):  # fmt: skip
+        message = fails(*args)
+        assert "needs custom code" in message and "auto_map" in message, (args, message)
+    assert not any((tmp_path / name).exists() for name in ("converted", "init"))

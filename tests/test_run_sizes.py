@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import contents, train
+from helpers import SHORT_RUN, contents, succeeds, train
 from transformers import AutoModelForCausalLM
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3",
@@ -93,3 +93,13 @@ def test_a_finished_run_keeps_its_final_model_and_not_its_checkpoints(tmp_path, 
     longer = train(*args[:-6], "--max-steps", 3, "--eval-every", 1, "--output", out, "--resume")
     assert longer.exit_code != 0 and "finished at step 2 and removed its checkpoints" in longer.output, longer.output
     assert contents(out) == before
+
+
+def test_the_end_of_a_run_says_what_its_checkpoints_held_when_it_removes_them(short_run, tmp_path, data_file):
+    out, output = short_run
+    assert "removed checkpoint-4" in output and "--keep-checkpoints keeps them" in output
+    assert not list(out.glob("checkpoint-*")) and (out / "final" / "model.safetensors").is_file()
+    kept = tmp_path / "kept"
+    output = succeeds("train", "--data", data_file, *SHORT_RUN, "--max-steps", 2, "--keep-checkpoints",
+                      "--output", kept)  # fmt: skip
+    assert "checkpoint-2 kept beside final/ (--keep-checkpoints)" in output and (kept / "checkpoint-2").is_dir()

@@ -1,11 +1,11 @@
-"""The config is the one home of a GeoNorm model's settings (issue 11), and what depends on them at build time.
+"""The config is the one home of a GeoNorm model's settings, and what depends on them at build time.
 
 - Every setting assigned on a built model's config: the model then computes what a fresh model built from a
   config with that setting computes (same weights, loaded from the first model's state_dict), and a
   save/reload gives the same logits; or, for the two settings that decide which modules exist, the assignment
   raises and names ``apply_geonorm``.
-- ``apply_geonorm`` validates everything before it touches the model (issue 15, item 7).
-- A model built from a config for GeoNorm training has no frozen zero embedding row (issue 15, item 10), and
+- ``apply_geonorm`` validates everything before it touches the model.
+- A model built from a config for GeoNorm training has no frozen zero embedding row, and
   DeepNet's init scales the values inside Phi-3's fused q/k/v projection.
 """
 

@@ -1,4 +1,4 @@
-"""Sharing GeoNorm models (issues 5, 11): every folder the project writes loads where hf-geonorm is not
+"""Sharing GeoNorm models: every folder the project writes loads where hf-geonorm is not
 installed, plain saves included, and the model card says what it must, rendered from facts stored as data.
 
 The plugin-less side is a separate virtual environment (the ``plugin_free_python`` fixture: a venv whose only site
@@ -22,6 +22,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 from fake_hub import FakeHub
+from helpers import saved_with_lineage
 from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model, token_ids
@@ -235,7 +236,7 @@ def test_a_checkpoint_becomes_pushable_with_a_card(folders, tmp_path):
 
 
 def test_plain_saves_of_geonorm_models_carry_their_code(folders, tmp_path):
-    """The issue's example, in this process: a model converted here and saved plainly gets auto_map and its code
+    """The documented example, in this process: a model converted here and saved plainly gets auto_map and its code
     (the plugin-less load of such a folder is tests/test_export.py's); a stock model saved after
     ``import hf_geonorm`` stays a stock folder."""
     tiny_model("llama").save_pretrained(tmp_path / "stock")
@@ -421,3 +422,81 @@ def test_validate_card_accepts_the_spec_forms():
     )
     assert validate_card(text) == []
     assert validate_card(text.replace("tags:\n- geonorm\n", ""), geonorm=False) == []
+
+
+# ---- without the plugin: the tokenizer and LoRA's default targets ----
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    """A GeoNorm folder whose card knows its license, source, base model and language (as convert writes it)."""
+    return saved_with_lineage(tmp_path_factory.mktemp("converted") / "geo")
+
+
+WITHOUT_PLUGIN = """
+if job["peft_first"]:
+    import peft  # imported first, as a LoRA script does
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+tokenizer = PreTrainedTokenizerFast.from_pretrained(job["folder"])  # the card's line: no trust prompt
+report["tokenizer"] = type(tokenizer).__name__
+model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True)
+from peft import LoraConfig, get_peft_model  # noqa: E402  (imported here when not above)
+
+model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=4))  # PEFT's default targets, as with the plugin
+report["wrapped"] = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
+"""
+
+
+CARD_TARGETS = """
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True)
+from peft import LoraConfig, get_peft_model  # imported after the model: the card's targets still work
+model = get_peft_model(model, LoraConfig(r=4, target_modules=job["targets"], fan_in_fan_out=True))
+report["lora"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+"""
+
+
+@pytest.mark.parametrize("peft_first", [True, False], ids=["peft-before-the-model", "peft-after-the-model"])
+def test_without_the_plugin_the_tokenizer_asks_nothing_and_lora_finds_targets(converted, tmp_path, plugin_free_python,
+                                                                              peft_first):  # fmt: skip
+    """LoRA's default targets are PEFT's own for the stock type (GPT-2: c_attn) whether the script imports peft
+    before or after the model's remote code runs."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+
+    card = (converted / "README.md").read_text()
+    assert 'PreTrainedTokenizerFast.from_pretrained("path/to/this/folder")' in card
+    assert "target_modules=['c_attn']" in card and "fan_in_fan_out=True" in card
+    job = {"folder": str(converted), "peft_first": peft_first}
+    report, _ = plugin_free_python.run(WITHOUT_PLUGIN, job, tmp_path / "a")
+    assert report["tokenizer"] in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    assert report["wrapped"] == sorted(PEFT_TARGETS["gpt2"])
+    report, _ = plugin_free_python.run(CARD_TARGETS, {"folder": str(converted), "targets": ["c_attn"]}, tmp_path / "b")
+    assert report["lora"] > 0
+
+
+TWO_FOLDERS = """
+from transformers import AutoModelForCausalLM
+
+models = {name: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+          for name, folder in job["folders"].items()}  # two copies of the remote code, each waiting for peft
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+report["wrapped"] = {
+    name: sorted({n.rsplit(".", 1)[-1] for n, m in get_peft_model(model, LoraConfig(r=2)).named_modules()
+                  if hasattr(m, "lora_A")})
+    for name, model in models.items()
+}
+"""
+
+
+def test_two_folders_loaded_as_remote_code_before_peft_both_get_loras_default_targets(converted, tmp_path,
+                                                                                      plugin_free_python):  # fmt: skip
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+    from tiny_models import tiny_model
+
+    llama = tmp_path / "llama"
+    hf_geonorm.convert(tiny_model("llama")).save_pretrained(llama)
+    job = {"folders": {"gpt2": str(converted), "llama": str(llama)}}
+    report, _ = plugin_free_python.run(TWO_FOLDERS, job, tmp_path / "child")
+    assert report["wrapped"] == {name: sorted(PEFT_TARGETS[name]) for name in ("gpt2", "llama")}

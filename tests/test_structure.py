@@ -1,15 +1,103 @@
-"""The shape of the package: what may sit at the top of ``hf_geonorm/``; the training modules in the order the data
-flows (documents, tokenizer, blocks, trainer), none importing one after it; following the calls of ``run_training``
-enters each at most twice; and following ``train``'s options from the command to the run visits at most
-MAX_FILES_VISITED files with at most MAX_CLIMBS climbs back up."""
+"""The shape of the package: its modules on floors, none importing one on a floor above its own; what may sit at the
+top of ``hf_geonorm/``; the training modules in the order the data flows (documents, tokenizer, blocks, trainer), none
+importing one after it; following the calls of ``run_training`` enters each at most twice; and following ``train``'s
+options from the command to the run visits at most MAX_FILES_VISITED files with at most MAX_CLIMBS climbs back up."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from test_repository import PACKAGE, ROOT, absolute, imported_names
+
+# The floors of hf_geonorm and its command line, lowest first: a module may import modules of its own floor and of
+# those below, never one above (the import cycles are tests/test_repository.py's). A name is a module or a folder of
+# them; each module is on the floor of the longest name that holds it, so a new top-level module of hf_geonorm is on
+# the top floor until it is placed. Within the training floor, FLOW below orders the modules further.
+FLOORS = (
+    {"hf_geonorm.modeling"},  # the code a saved folder carries as its remote code: imports none of the rest
+    {"hf_geonorm.patching", "hf_geonorm.errors", "hf_geonorm.loading_sizes", "hf_geonorm.loading_info",
+     "hf_geonorm.files"},  # the core every job uses: patching, the errors, what loading checks, files written safely
+    {"hf_geonorm.loading"},  # a model from a folder, a Hub id or a GGUF file
+    {"hf_geonorm.analysis", "hf_geonorm.sharing"},  # what a loaded model is measured and shared by
+    {"hf_geonorm.conversion", "hf_geonorm.inspection", "hf_geonorm.training"},  # the jobs
+    {"hf_geonorm", "hf_geonorm_cli"},  # the faces: the package's names and the command line
+)  # fmt: skip
+CLI = Path(importlib.util.find_spec("hf_geonorm_cli").origin).parent  # its folder, whatever the folder is named
+
+
+def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` (package name -> its folder) it imports: statements anywhere in the file,
+    and ``import_module`` string literals."""
+    paths = {}
+    for package, folder in packages.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            paths[".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+    graph = {}
+    for module, path in paths.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = set()
+        for level, name in imported_names(path):
+            base = package[: len(package) - level + 1] if level else []
+            target = ".".join([*base, name] if name else base)
+            if target in paths and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def floor_of(module: str, floors: tuple[set[str], ...]) -> int:
+    """The floor of the longest name in ``floors`` that is ``module`` or a package holding it."""
+    holders = [(len(name), number) for number, names in enumerate(floors) for name in names
+               if module == name or module.startswith(name + ".")]  # fmt: skip
+    assert holders, f"{module} is on no floor: place it in FLOORS"
+    return max(holders)[1]
+
+
+def upward_imports(graph: dict[str, set[str]], floors: tuple[set[str], ...]) -> list[str]:
+    """Each import of a module on a higher floor than the importer's, as "a (floor n) imports b (floor m)"."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        low = floor_of(module, floors)
+        found += [f"{module} (floor {low}) imports {target} (floor {floor_of(target, floors)})"
+                  for target in sorted(targets) if floor_of(target, floors) > low]  # fmt: skip
+    return found
+
+
+def test_no_module_imports_one_on_a_floor_above_its_own():
+    graph = import_graph({"hf_geonorm": PACKAGE, "hf_geonorm_cli": CLI})
+    # edges the check reads: a module-level import, a function-level one within a floor, and the command line's
+    assert "hf_geonorm.patching" in graph["hf_geonorm.loading"]
+    assert "hf_geonorm.training.run.summary" in graph["hf_geonorm.inspection"]
+    assert any(target.startswith("hf_geonorm.") for module, targets in graph.items()
+               if module.startswith("hf_geonorm_cli.") for target in targets)  # fmt: skip
+    stale = sorted(name for names in FLOORS for name in names
+                   if not any(module == name or module.startswith(name + ".") for module in graph))  # fmt: skip
+    assert not stale, f"names in FLOORS that hold no module: {stale}"
+    upward = upward_imports(graph, FLOORS)
+    assert not upward, "imports that run up a floor (move the code down, or the module up):\n" + "\n".join(upward)
+
+
+def test_the_floor_check_finds_an_upward_import_wherever_it_is(tmp_path):
+    """The check on a package of three floors whose lowest module imports the top one inside a function, while the
+    middle imports the lowest and its own floor's other module: only the first is upward."""
+    package = tmp_path / "house"
+    (package / "low").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "low" / "__init__.py").write_text("")
+    (package / "low" / "base.py").write_text("def f():\n    from ..top import g\n")
+    (package / "middle.py").write_text("from .low.base import f\nfrom . import beside\n")
+    (package / "beside.py").write_text("")
+    (package / "top.py").write_text("import house.middle\n\ndef g():\n    pass\n")
+    floors = ({"house.low"}, {"house.middle", "house.beside"}, {"house"})
+    graph = import_graph({"house": package})
+    assert graph["house.middle"] == {"house.low.base", "house.beside"} and graph["house.top"] == {"house.middle"}
+    assert floor_of("house.top", floors) == 2 and floor_of("house.low.base", floors) == 0
+    assert upward_imports(graph, floors) == ["house.low.base (floor 0) imports house.top (floor 2)"]
+
 
 # The top of the package: the patching, loading (with the sizes it checks before it builds) and conversion core,
 # the errors every layer raises, and ``inspection`` (``hf-geonorm info`` and ``architectures``); every other job has
@@ -32,7 +120,7 @@ FLOW = (
     "sweep.storage", "sweep.engine", "sweep.summary",
 )  # fmt: skip
 MAX_ENTRIES = 2
-# Following train's options (``options_walk``), measured on the layout before issue 39 split ``_run`` into steps:
+# Following train's options (``options_walk``), measured on the layout before ``_run`` was split into steps:
 # 22 files, 6 climbs back up.
 MAX_FILES_VISITED = 15
 MAX_CLIMBS = 5

@@ -1,6 +1,6 @@
 """What benchmarks/sweep_study_tables.py states about the study (study.md, study.json): each margin between two arms
 as the difference of their mean test losses ± its standard error with Welch's two-sided p, recomputed here from the
-committed journals with the formulas written out (tests/test_sweep_report.py); never a difference in units of a seed
+committed journals with the formulas written out (tests/helpers.py); never a difference in units of a seed
 spread, which is not a standard error; and study.md is what the script writes from the journals today."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sweep_report import mean, welch_written_out
+from helpers import mean, welch_written_out
 
 ROOT = Path(__file__).parent.parent
 SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"

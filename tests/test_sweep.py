@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import write_sweep_journal
+from helpers import write_sweep_journal
 from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
@@ -219,7 +219,7 @@ def test_a_journal_started_before_an_option_existed_resumes_at_that_options_defa
         open_journal(tmp_path, replace(options, text_column="body"))
 
 
-# --- the study's protocol in one command (issue 35) and the journal's checks (issue 37) ---
+# --- the study's protocol in one command and the journal's checks ---
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def test_extend_and_confirm_seeds_run_the_studys_protocol_and_resume(tmp_path, c
 
 
 def test_a_sweep_refuses_a_non_empty_folder_without_a_journal(tmp_path):
-    """Data loss 2: the user's own sweep.md and runs/ stay as they were."""
+    """The user's own sweep.md and runs/ stay as they were."""
     output = tmp_path / "mine"
     (output / "runs" / "pre-lr1e-3-seed0").mkdir(parents=True)
     (output / "sweep.md").write_text("my notes")
@@ -303,7 +303,7 @@ def test_a_journal_without_a_sweep_header_does_not_make_a_folder_a_sweep(tmp_pat
 def test_a_journal_line_cut_short_by_a_stop_is_dropped_its_run_retrained_and_the_file_repaired(
     tmp_path, corpus, shared_cache
 ):
-    """Data loss 3: the rerun drops the half line (and says so) instead of appending onto it, and the run after
+    """The rerun drops the half line (and says so) instead of appending onto it, and the run after
     that reads a whole journal."""
     output = tmp_path / "sweep"
     args = user_sweep(corpus, output, shared_cache, "--styles", "pre", "--lrs", "2e-3")
@@ -324,7 +324,7 @@ def test_a_journal_line_cut_short_by_a_stop_is_dropped_its_run_retrained_and_the
 def test_rates_that_round_alike_get_their_own_runs_and_the_report_states_how_rates_are_written(
     tmp_path, corpus, shared_cache
 ):
-    """Data loss 4 and issue 38: 1.6e-2 and 1.6000001e-2 no longer share a folder; 16e-3 as typed is written 1.6e-2,
+    """1.6e-2 and 1.6000001e-2 no longer share a folder; 16e-3 as typed is written 1.6e-2,
     and the report says so with its value."""
     output = tmp_path / "sweep"
     args = user_sweep(corpus, output, shared_cache, "--styles", "pre", "--lrs", "16e-3,1.6000001e-2")
@@ -343,7 +343,7 @@ def test_rates_that_round_alike_get_their_own_runs_and_the_report_states_how_rat
 
 
 def test_the_journal_keys_the_data_by_content_not_by_the_paths_spelling(tmp_path, corpus, shared_cache, monkeypatch):
-    """Silent wrong 1: an edited corpus is refused (its runs would average with the earlier file's); the same file
+    """An edited corpus is refused (its runs would average with the earlier file's); the same file
     named from another folder, relative, is the same data."""
     data = tmp_path / "work" / "corpus.txt"
     data.parent.mkdir()
@@ -402,7 +402,7 @@ def user_run(rate: float, val: float | None = 5.0, seed: int = 0, **changes) -> 
     ],
 )
 def test_journal_lines_that_do_not_hold_a_run_of_this_sweep_are_refused_by_line(tmp_path, corpus, lines, message):
-    """Silent wrong 3 and the unclear messages: duplicates, NaN, another sweep's steps or rate, other settings and
+    """Duplicates, NaN, another sweep's steps or rate, other settings and
     malformed lines are named with their line number, never a TypeError or KeyError, and nothing trains."""
     output = tmp_path / "sweep"
     user_journal(output, corpus, lines)
@@ -436,7 +436,7 @@ def test_a_run_log_that_is_a_symbolic_link_is_refused_not_written_through(tmp_pa
 
 
 def test_a_sweep_where_every_rate_diverged_says_no_rate_trained(tmp_path, corpus):
-    """Silent wrong 4: a journal whose every run diverged gets a report with no bold best and no "by nan": it says
+    """A journal whose every run diverged gets a report with no bold best and no "by nan": it says
     that no rate trained."""
     output = tmp_path / "sweep"
     diverged = {"diverged": "the training loss is nan at step 2"}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import write_sweep_journal
+from helpers import write_sweep_journal
 from hf_geonorm_cli.main import cli
 from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 

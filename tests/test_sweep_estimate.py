@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import invoke
+from helpers import invoke
 
 from hf_geonorm.training.sweep import grid as sweep_module
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import invoke, write_sweep_journal
+from helpers import invoke, mean, p_by_integration, variance, welch_written_out, write_sweep_journal
 
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
@@ -28,38 +28,7 @@ TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-st
 RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 
-# ---- statistics written out here: Welch's t-test, its p by integrating Student's t density ----
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def variance(values: list[float]) -> float:
-    centre = mean(values)
-    return sum((v - centre) ** 2 for v in values) / (len(values) - 1)
-
-
-def t_density(x: float, df: float) -> float:
-    log_scale = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    return math.exp(log_scale - (df + 1) / 2 * math.log1p(x * x / df))
-
-
-def p_by_integration(t: float, df: float, intervals: int = 20_000) -> float:
-    """Two-sided p: 1 - 2 x the density's integral from 0 to |t| (Simpson's rule)."""
-    h = abs(t) / intervals
-    total = t_density(0, df) + t_density(abs(t), df)
-    total += sum((4 if i % 2 else 2) * t_density(i * h, df) for i in range(1, intervals))
-    return 1 - 2 * total * h / 3
-
-
-def welch_written_out(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
-    """mean(a) - mean(b), its standard error, Welch-Satterthwaite's degrees of freedom and the two-sided p."""
-    va, vb = variance(a) / len(a), variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    margin = mean(a) - mean(b)
-    return margin, se, df, p_by_integration(margin / se, df)
+# ---- statistics written out (helpers.py): Welch's t-test, its p by integrating Student's t density ----
 
 
 @pytest.mark.parametrize(("t", "df"), [(0.3, 1.0), (2.5, 1.0), (1.7, 2.0), (4.2, 2.0), (2.2, 3.37), (6.0, 7.9),

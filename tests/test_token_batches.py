@@ -1,7 +1,7 @@
 """The documents tokenized in batches of bounded text (hf_geonorm.training.data.token_batches): a document's tokens are
 the tokenizer's own for the whole document (``tokenizer(doc)``), whether it went to the tokenizer whole or in pieces; a
 tokenizer for which pieces could change the tokens gets whole documents; batches hold bounded text, in order; and
-worker processes and small batches build the blocks of the documented rules (tests/test_data_pipeline.py)."""
+worker processes and small batches build the blocks of the documented rules (tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from test_data_pipeline import marked_text, reference_blocks, reference_documents
+from helpers import marked_text, reference_blocks, reference_documents
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
 from hf_geonorm.training.data import token_batches

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import stdlib_text, train
+from helpers import reference_blocks, reference_documents, stdlib_text, train
 from hf_geonorm_cli.main import cli
-from test_data_pipeline import reference_blocks, reference_documents
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,7 +34,7 @@ def data_file(tmp_path_factory) -> Path:
 
 def eval_loss_of(folder: Path, data_file: Path, blocks: int) -> float:
     """The validation loss of a saved model, computed here from the saved tokenizer and weights (the validation
-    documents held out as documented: tests/test_data_pipeline.py), on the first ``blocks`` of them (as many as the
+    documents held out as documented: tests/helpers.py), on the first ``blocks`` of them (as many as the
     run evaluated: metrics.json's ``evaluated_blocks``)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()

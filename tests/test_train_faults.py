@@ -1,10 +1,10 @@
 """`hf-geonorm train` when things go wrong, and what ``--output`` holds then (docs/training.md, "What `--output`
 holds"): runs killed (SIGKILL) or terminated (SIGTERM) while a checkpoint or the final model is being written;
 ``--resume`` from damaged checkpoints (also those whose training state does not fit their step or their run's
-record), from a finished run, and of a run that changed what it trains (issue 30); the model folders, data and
+record), from a finished run, and of a run that changed what it trains; the model folders, data and
 outputs it must refuse; non-finite losses, the bridge anneal and a full disk.
 
-The kills are real: ``conftest.stopped_run`` runs the CLI in a child process that announces its n-th weights file
+The kills are real: ``helpers.stopped_run`` runs the CLI in a child process that announces its n-th weights file
 and waits; the test then sends the signal.
 """
 
@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in
+from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in, written_factor
 from safetensors.torch import load_file, save_file
-from test_training_recipe import written_factor
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -673,3 +672,29 @@ def test_a_finished_run_removes_only_its_own_checkpoints(tmp_path, data_file):
     assert resumed.exit_code == 0, resumed.output
     assert [n for n in names(out) if n.startswith("checkpoint-")] == ["checkpoint-1000"]
     assert (theirs / "notes.txt").read_text() == "my own checkpoint notes"
+
+
+def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_refused(tmp_path, data_file):
+    args = ["--warmup-steps", "3", "--lr", "1e-2", "--logging-steps", "1", "--max-steps", "4", "--eval-every", "2",
+            "--keep-checkpoints"]  # fmt: skip
+    whole = train_in(tmp_path, data_file, *args)
+    assert whole.exit_code == 0, whole.output
+    out = shutil.copytree(tmp_path / "run", tmp_path / "stopped")
+    shutil.rmtree(out / "final")
+    (out / "metrics.json").unlink()
+    (out / "checkpoint-4" / "scheduler.pt").unlink()
+    resumed = train_in(tmp_path, data_file, *args, "--resume", name="stopped")
+    assert resumed.exit_code == 0, resumed.output
+    assert "checkpoint-4/scheduler.pt is missing" in resumed.output and "resuming from checkpoint-2" in resumed.output
+
+    def rates(folder: Path) -> dict[int, float]:
+        history = json.loads((folder / "metrics.json").read_text())["log_history"]
+        return {entry["step"]: entry["learning_rate"] for entry in history if "learning_rate" in entry}
+
+    assert rates(out)[3] == rates(tmp_path / "run")[3] and rates(out)[4] == rates(tmp_path / "run")[4]
+    for checkpoint in ("checkpoint-2", "checkpoint-4"):
+        (out / checkpoint / "scheduler.pt").unlink(missing_ok=True)
+    shutil.rmtree(out / "final")
+    refused = train_in(tmp_path, data_file, *args, "--resume", name="stopped")
+    assert refused.exit_code == 1 and "no whole checkpoint" in refused.output
+    assert "scheduler.pt is missing (the learning-rate schedule would restart its warm-up)" in refused.output

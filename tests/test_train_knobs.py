@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import stdlib_text, train, train_in
+from helpers import fails, stdlib_text, train, train_in
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 
 import hf_geonorm
 from hf_geonorm.training import options as options_module
+from hf_geonorm.training.data.prepare import evaluation_size
 from hf_geonorm.training.data.tokenizer import train_tokenizer
-from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions
 from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
 
 TINY = {"seq_len": 32, "vocab_size": 300, "warmup_steps": 0, "lr": 1e-3}
@@ -298,3 +299,39 @@ def test_the_125m_preset_takes_a_training_step(tmp_path, data_file):
     d, layers = 768, 12
     expected = layers * (12 * d * d + 13 * d) + 320 * d + 64 * d + 2 * d
     assert 0 <= metrics["parameters"] - expected <= 16 * layers, metrics["parameters"] - expected
+
+
+# ---- options refused before a run starts ----
+
+
+def test_non_finite_rates_and_two_precisions_are_usage_errors(tmp_path):
+    message = fails("train", "--lr", "nan", "--output", tmp_path / "run", code=2)
+    assert "'--lr'" in message and "not a finite number" in message
+    assert "'--lr'" in fails("train", "--lr", "inf", "--output", tmp_path / "run", code=2)
+    assert "'--lrs'" in fails("sweep", "--lrs", "1e-3,nan", "--output", tmp_path / "sweep", code=2)
+    message = fails("train", "--bf16", "--fp16", "--output", tmp_path / "run", code=2)
+    assert "--bf16 and --fp16 exclude each other" in message
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+# ---- the evaluation of a short run ----
+
+
+def test_the_default_evaluation_is_sized_to_the_run_and_the_held_out_documents_are_not():
+    assert evaluation_size(TrainOptions()) == EVAL_BLOCKS  # train's default run: as before
+    assert evaluation_size(TrainOptions(max_steps=20)) == 32  # a 20-step fine-tune
+    assert evaluation_size(TrainOptions(max_steps=4, batch_size=2)) == 8  # the floor
+    assert evaluation_size(TrainOptions(max_steps=4, eval_blocks=100)) == 100  # given: kept
+    assert TrainOptions(max_steps=4).held_out_blocks() == TrainOptions().held_out_blocks() == EVAL_BLOCKS
+
+
+def test_a_short_run_shows_its_evaluation_and_leaves_it_out_of_tokens_per_second(short_run):
+    out, output = short_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["evaluated_blocks"] == {"validation": 8, "test": 8}, metrics["data_facts"]
+    assert metrics["options"]["eval_blocks"] is None  # the default: the documents held out are 64 blocks' worth
+    assert 0 < metrics["evaluation_seconds"] < metrics["train_seconds"] + metrics["evaluation_seconds"]
+    assert "evaluating" in output  # the evaluation's own progress bar
+    assert "left out" in output and "tokens/s" in output
+    assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["training_seconds"])
+    assert metrics["training_seconds"] < metrics["train_seconds"]  # the evaluations inside train() are left out

@@ -5,7 +5,6 @@ the weight matrices only) and schedule (warm-up, cosine to a floor)."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import STDLIB, stdlib_text
+from helpers import STDLIB, stdlib_text, written_factor
 from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
@@ -30,13 +29,6 @@ RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from,
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
     return stdlib_text(tmp_path_factory, "json/decoder.py", "textwrap.py")
-
-
-def written_factor(step: int, warmup: int, total: int, floor: float) -> float:
-    """The schedule, written out: linear warm-up with the first step at 1/warmup, then cosine to ``floor``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return floor + (1 - floor) * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) / 2
 
 
 @pytest.fixture
