@@ -7,7 +7,6 @@ model card into a temporary folder that becomes the output only when complete (`
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import time
@@ -20,7 +19,7 @@ from typing import Any
 from .analysis.calibration import bridge_costs, calibrate
 from .analysis.defaults import PERPLEXITY_TOKENS
 from .analysis.evaluation import check_finite, perplexity, text_windows
-from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
+from .files.atomic import atomic_directory, check_output_name, check_target, full_device_as_os_error
 from .files.output_lock import check_not_in_use, output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
@@ -278,12 +277,8 @@ def convert_checkpoint(
             evaluation=evaluation,
         )
         say(f"writing {output_dir}")
-        try:
+        with full_device_as_os_error():
             save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
-        except Exception as error:
-            if isinstance(error, OSError) or not is_full_device(error):
-                raise
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     output = Path(output_dir)
     return ConversionResult(
         output=output,

@@ -8,6 +8,7 @@ written into the temporary folder) and waits on a FIFO; the test then signals it
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import stat
@@ -283,3 +284,17 @@ def test_a_swallowed_sigterm_stops_training_at_the_next_step():
         SignalsWhenCollected()
         with pytest.raises(signals.Terminated):
             SignalCheck().on_step_end()
+
+
+def test_a_full_device_reported_in_a_writers_own_type_is_raised_as_the_os_error():
+    """safetensors' writer reports a full device as a ``SafetensorError`` with the system's words: convert and init
+    raise it as the ``OSError`` ENOSPC any other write raises; any other error passes unchanged."""
+
+    class SafetensorError(Exception):
+        pass
+
+    with pytest.raises(OSError) as raised, atomic.full_device_as_os_error():
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, message: "No space left on device" })')
+    assert raised.value.errno == errno.ENOSPC and raised.value.strerror == os.strerror(errno.ENOSPC)
+    with pytest.raises(SafetensorError, match="shape"), atomic.full_device_as_os_error():
+        raise SafetensorError("shape mismatch")
