@@ -1,39 +1,43 @@
-"""The library's standard-library-only modules, read from their files without importing the package: importing
-``hf_geonorm.X`` runs ``hf_geonorm/__init__`` (torch and transformers), and ``hf-geonorm --help`` must answer
-without them. The commands that run build the library's own classes once torch is loaded.
+"""The library's standard-library-only modules (the options' declarations, the settings, the errors), imported
+under their own names without running ``hf_geonorm/__init__``: that ``__init__`` imports torch and transformers,
+and ``hf-geonorm --help`` must answer without them.
 
-The modules are imported under ``hf_geonorm_cli._library``, a package whose folders are the library's own but whose
-``__init__`` files never run, so that one of them may import another (``from ..modeling.settings import ...``)."""
+Each module is imported once, as ``hf_geonorm.<name>``: when a command then imports the library, the package reuses
+these same modules (``hf_geonorm/__init__`` binds them as its attributes), so a declaration read for ``--help`` is
+the one the library checks the values with."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 from types import ModuleType
 
-MIRROR = "hf_geonorm_cli._library"
+PACKAGE = "hf_geonorm"
 
 
 def library_module(relative: str) -> ModuleType:
-    """The module of ``hf_geonorm/<relative>.py`` (``"errors"``, ``"training/options"``), imported once from its
-    file as ``hf_geonorm_cli._library.<name>``; it, and the library modules it imports, must import only the
-    standard library."""
-    if MIRROR not in sys.modules:
-        _mirror_packages()
-    return importlib.import_module(MIRROR + "." + relative.replace("/", "."))
+    """The module ``hf_geonorm.<relative>`` (``"errors"``, ``"training/options"``); it, and the library modules it
+    imports, must import only the standard library, and so must the ``__init__`` of each package it is in below
+    ``hf_geonorm`` itself."""
+    name = ".".join((PACKAGE, *relative.split("/")))
+    if name in sys.modules or PACKAGE in sys.modules:
+        return importlib.import_module(name)
+    with _package_unrun():
+        return importlib.import_module(name)
 
 
-def _mirror_packages() -> None:
-    """``hf_geonorm_cli._library`` and one package per package folder of ``hf_geonorm`` (``training/sweep`` too),
-    each searching that folder, none running its ``__init__``."""
-    package = importlib.util.find_spec("hf_geonorm")  # finds the package without running it
-    root = Path(package.submodule_search_locations[0])
-    folders = [root, *sorted(path.parent for path in root.rglob("*/__init__.py"))]
-    for folder in folders:
-        name = ".".join((MIRROR, *folder.relative_to(root).parts))
-        module = ModuleType(name)
-        module.__path__ = [str(folder)]
-        module.__package__ = name
-        sys.modules[name] = module
+@contextlib.contextmanager
+def _package_unrun() -> Iterator[None]:
+    """``hf_geonorm`` in ``sys.modules`` as a module that has its path but has not run its ``__init__``, while the
+    block imports modules below it; removed afterwards, so that the first import of the package runs it."""
+    spec = importlib.util.find_spec(PACKAGE)  # finds the package without running it
+    unrun = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = unrun
+    try:
+        yield
+    finally:
+        if sys.modules.get(PACKAGE) is unrun:
+            del sys.modules[PACKAGE]

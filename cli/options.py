@@ -2,8 +2,8 @@
 (``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``, ``angles``, ``perplexity``, ``train`` and
 ``sweep``, and the options of ``train`` and ``sweep`` (``hf_geonorm.training.options``).
 
-The declarations are read from their files without importing the package (``library``), so that ``hf-geonorm
---help`` answers without importing torch and transformers.
+The declarations are imported without the package's ``__init__`` (``library``), so that ``hf-geonorm --help``
+answers without importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -23,28 +23,27 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 NO_CLAMP = "none"
 
 
-# The declarations of the commands' options, by name: the library module of each, read from its file.
+# The declarations of the commands' options, by name: the library module of each.
 DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options",
                 "EngineOptions": "training/sweep/engine_options"}
 
 
 def declarations() -> ModuleType:
-    """``hf_geonorm/training/options.py`` (``TrainOptions``, and how a field declares its option) read from its file
-    (``library``), for a ``--help`` without torch. The commands build the library's own classes from the values."""
-    return library_module("training/options")
+    """``hf_geonorm.declarations``: how a field declares its option, and the limits checked alike by the API."""
+    return library_module("declarations")
 
 
 def declaration(name: str) -> type:
-    """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``), read from its file."""
+    """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``)."""
     return getattr(library_module(DECLARATIONS[name]), name)
 
 
 def setting_declarations() -> ModuleType:
-    """``hf_geonorm/modeling/settings.py`` (``GeoNormSettings`` and its choices), read from its file."""
+    """``hf_geonorm.modeling.settings`` (``GeoNormSettings`` and its choices)."""
     return library_module("modeling/settings")
 
 
-PRESET_NAMES = declarations().PRESET_NAMES
+PRESET_NAMES = library_module("training/options").PRESET_NAMES
 
 
 class AlphaType(click.ParamType):

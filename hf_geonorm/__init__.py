@@ -6,6 +6,8 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
+import sys as _sys
+
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -33,6 +35,12 @@ from .sharing.hub import push_model_to_hub as _push_model_to_hub
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub
+
+# Subpackages imported before the package ran (the command line imports its declarations so, for a --help without
+# torch: hf_geonorm_cli.library) are its attributes too, as they are of a package imported first.
+for _name, _module in list(_sys.modules.items()):
+    if _name.startswith(f"{__name__}.") and _name.count(".") == 1:
+        globals().setdefault(_name.rpartition(".")[2], _module)
 
 __all__ = [
     "NORM_STYLES",

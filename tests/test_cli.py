@@ -125,6 +125,35 @@ def test_help_is_fast_it_imports_neither_torch_nor_transformers():
     assert script.returncode == 0 and "architectures" in script.stdout
 
 
+ONCE = """
+import sys
+from pathlib import Path
+from hf_geonorm_cli.main import cli
+for command in ("train", "convert"):
+    try:
+        cli([command, "--help"], prog_name="hf-geonorm")
+    except SystemExit:
+        pass
+import hf_geonorm
+import hf_geonorm_cli
+from hf_geonorm.training.options import TrainOptions
+packages = [Path(hf_geonorm.__file__).parent, Path(hf_geonorm_cli.__file__).parent]
+files = [Path(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
+mine = [str(f) for f in files if any(f.is_relative_to(package) for package in packages)]
+print(sorted({f for f in mine if mine.count(f) > 1}))
+print(hf_geonorm.training.options.TrainOptions is TrainOptions, hf_geonorm.modeling.settings.GeoNormSettings is
+      hf_geonorm.GeoNormSettings)
+"""
+
+
+def test_the_declarations_help_reads_are_the_ones_the_library_uses():
+    """``--help`` imports the library's declarations without torch, once, under their own names: the library,
+    imported afterwards, uses those same modules (no file runs twice) and has them as its attributes."""
+    result = subprocess.run([sys.executable, "-c", ONCE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-2:] == ["[]", "True True"], result.stdout
+
+
 def test_the_dtype_choices_are_the_librarys():
     """The CLI spells the dtypes out so that --help needs no torch (``loading`` imports it); they must be the
     library's."""

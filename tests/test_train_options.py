@@ -207,5 +207,5 @@ def test_the_declaration_modules_import_only_the_standard_library():
                 assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
     package = Path(declared.__file__).parents[1]
     assert {path.relative_to(package).as_posix() for path in seen} == {
-        "training/options.py", "training/presets.py", "training/sweep/options.py", "training/sweep/engine_options.py",
-        "modeling/settings.py"}
+        "declarations.py", "training/options.py", "training/presets.py", "training/sweep/options.py",
+        "training/sweep/engine_options.py", "modeling/settings.py"}
