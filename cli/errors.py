@@ -1,6 +1,7 @@
-"""How the command line reports: the library's ``ValueError``s become one-line ``Error: ...`` messages (a bad
-setting a usage error, exit 2), its warnings one-line ``warning: ...`` messages, and unexpected exceptions
-one line with a pointer to ``--debug``. Imports nothing heavy, so ``--help`` stays fast."""
+"""How the command line reports, for every command in one place (``GeoNormGroup``): the library's ``ValueError``s
+become one-line ``Error: ...`` messages (a bad setting or option value a usage error, exit 2), its warnings
+one-line ``warning: ...`` messages, Ctrl-C and SIGTERM exits 130 and 143, and unexpected exceptions one line with a
+pointer to ``--debug``. Imports nothing heavy, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -53,17 +54,39 @@ class GeoNormGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(1)
         except Exception as error:
-            if isinstance(error, (ValueError, OSError)) and _raised_by_library(error):  # a message for the user
-                if _is_instance(error, "hf_geonorm.errors", "SettingsError"):
-                    raise click.UsageError(option_words(first_line(error))) from None
-                if _is_instance(error, "hf_geonorm.errors", "NonFiniteError"):
-                    raise click.ClickException(option_words(first_line(error, limit=600))) from None
-                raise click.ClickException(first_line(error, limit=600)) from None
+            if _is_users(error, ctx.invoked_subcommand):  # a message for the user
+                raise user_error(error) from None
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             raise click.ClickException(
                 f"{type(error).__name__}: {first_line(error)} (run with hf-geonorm --debug for the traceback)"
             ) from None
+
+
+# Commands that run a training job: a ValueError raised anywhere in one is the user's (their data, model and
+# options), not only one raised by hf_geonorm's own code
+TRAINING_JOBS = ("train", "sweep")
+
+
+def _is_users(error: BaseException, command: str | None) -> bool:
+    """Whether ``error`` is a mistake to report to the user in one line, not a failure to debug."""
+    if isinstance(error, ValueError) and command in TRAINING_JOBS:
+        return True
+    return isinstance(error, (ValueError, OSError)) and _raised_by_library(error)
+
+
+def user_error(error: BaseException) -> click.ClickException:
+    """The one-line error of a user's mistake: a value given on the command line (a setting, or an option outside
+    its declared limits) a usage error, exit 2, naming it as its option; a perplexity that is not finite names the
+    model's settings as options; anything else as the library words it (a setting read from a config.json keeps
+    its field name and names the file), exit 1."""
+    if _is_instance(error, "hf_geonorm.errors", "SettingsError") or _is_instance(
+        error, "hf_geonorm.declarations", "OptionError"
+    ):
+        return click.UsageError(option_words(first_line(error)))
+    if _is_instance(error, "hf_geonorm.errors", "NonFiniteError"):
+        return click.ClickException(option_words(first_line(error, limit=600)))
+    return click.ClickException(first_line(error, limit=600))
 
 
 def _raised_by_library(error: BaseException) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from .options import declaration, declared_options, given, pop_settings
-from .train import run_checked
+from .train import run_job
 
 
 @click.command()
@@ -40,7 +40,7 @@ def sweep(**kwargs: Any) -> None:
     options = SweepOptions(**sweep_values)
     try:
         train = TrainOptions(settings=settings, **given(kwargs))
-        run_checked(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo,
+        run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo,
                                      given=set(sweep_values)))
     except (KeyboardInterrupt, Terminated) as stop:
         terminated = isinstance(stop, Terminated)

@@ -3,12 +3,12 @@ generated from ``hf_geonorm.training.options.TrainOptions``, where each is decla
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from .errors import first_line
-from .options import _option_words, declared_options, given, pop_settings
+from .options import declared_options, given, pop_settings
 
 
 @click.command()
@@ -24,23 +24,14 @@ def train(**kwargs: Any) -> None:
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.run.trainer import run_training
 
-    run_checked(lambda: run_training(TrainOptions(settings=settings, **given(kwargs)).validate(), log=click.echo))
+    run_job(lambda: run_training(TrainOptions(settings=settings, **given(kwargs)).validate(), log=click.echo))
 
 
-def run_checked(run: Any) -> Any:
-    """Run a training job: the library's mistakes as one-line errors (a setting as a usage error, exit 2); Ctrl-C
-    and SIGTERM stop it wherever they land, also where Python swallows their exception (``signals_stop_the_job``:
-    at the job's next step, evaluation, save or run)."""
-    from hf_geonorm.errors import NonFiniteError, SettingsError
+def run_job(run: Callable[[], Any]) -> Any:
+    """Run a training job so that Ctrl-C and SIGTERM stop it wherever they land, also where Python swallows their
+    exception (``signals_stop_the_job``: at the job's next step, evaluation, save or run); its errors reach the
+    user as every command's do (``errors.GeoNormGroup``)."""
     from hf_geonorm.files.signals import signals_stop_the_job
-    from hf_geonorm.training.options import OptionError
 
-    try:
-        with signals_stop_the_job():
-            return run()
-    except (SettingsError, OptionError) as error:  # a value given on the command line: named as its option
-        raise click.UsageError(_option_words(first_line(error))) from None
-    except NonFiniteError as error:  # names the model's settings, as perplexity does
-        raise click.ClickException(_option_words(first_line(error, limit=600))) from None
-    except ValueError as error:  # settings from a config.json keep their field names and name the file
-        raise click.ClickException(first_line(error, limit=600)) from None
+    with signals_stop_the_job():
+        return run()
