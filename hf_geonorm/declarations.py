@@ -33,13 +33,15 @@ def option(help: str, *, trainer: TrainerCounterpart = None, sweep_key: bool = T
     the options; ``metrics.json`` records the field only then).
 
     ``form`` may hold the limits ``minimum``, ``maximum``, ``min_open``, ``max_open`` (a number range) and
-    ``choices``; ``metavar``, ``folder`` ("existing": a folder that must exist; "any": a folder path), ``flag`` (an
-    on/off switch), ``flag_values`` (switches that set the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the
-    option, when not the field's name), ``items`` (a comma-separated list of that type), ``pair`` (two values of
-    that type), ``optional_value`` (the value of the option given without one: ``--extend``), ``sweep=False`` (an
-    option of ``train`` that ``sweep`` does not take), ``replaces`` (the GeoNorm setting a sweep option sets, whose
-    own option ``sweep`` therefore does not offer) and ``default_text`` (the default as the help states it, for a
-    default that is computed)."""
+    ``choices``; ``metavar``, ``folder`` ("existing": a folder that must exist; "any": a folder path), ``file`` (the
+    same for a file), ``flag`` (an on/off switch; ``switch``: with its ``--no-`` form), ``required``, ``envvar``,
+    ``show_default`` (the default as click states it, for the options of the commands other than ``train`` and
+    ``sweep``), ``settings_follow`` (the GeoNorm settings' options come after this one), ``flag_values`` (switches
+    that set the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name),
+    ``items`` (a comma-separated list of that type), ``pair`` (two values of that type), ``optional_value`` (the
+    value of the option given without one: ``--extend``), ``sweep=False`` (an option of ``train`` that ``sweep``
+    does not take), ``replaces`` (the GeoNorm setting a sweep option sets, whose own option ``sweep`` therefore does
+    not offer) and ``default_text`` (the default as the help states it, for a default that is computed)."""
     return {"option": {"help": help, **form}, "trainer": trainer, "sweep_key": sweep_key, "used_if": used_if}
 
 

@@ -23,7 +23,7 @@ from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
-from hf_geonorm.files import atomic, signals
+from hf_geonorm.files import atomic, full_device, signals
 from hf_geonorm.files.ownership import MARKER_NAME, mark_folder
 
 
@@ -293,8 +293,8 @@ def test_a_full_device_reported_in_a_writers_own_type_is_raised_as_the_os_error(
     class SafetensorError(Exception):
         pass
 
-    with pytest.raises(OSError) as raised, atomic.full_device_as_os_error():
+    with pytest.raises(OSError) as raised, full_device.full_device_as_os_error():
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, message: "No space left on device" })')
     assert raised.value.errno == errno.ENOSPC and raised.value.strerror == os.strerror(errno.ENOSPC)
-    with pytest.raises(SafetensorError, match="shape"), atomic.full_device_as_os_error():
+    with pytest.raises(SafetensorError, match="shape"), full_device.full_device_as_os_error():
         raise SafetensorError("shape mismatch")

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import click
+import hf_geonorm_cli
 import pytest
 from click.testing import CliRunner
 from hf_geonorm_cli.main import cli
@@ -231,3 +232,27 @@ def test_the_api_takes_a_presets_sizes_as_well_as_its_name():
     assert TrainOptions(preset=sizes).validate().preset == sizes
     with pytest.raises(ValueError, match="--preset must be one of tiny, 125m"):
         TrainOptions(preset="huge").validate()
+
+
+def test_no_click_option_is_declared_by_hand_in_the_cli():
+    """Every command's options come from a declaration (``TrainOptions``, ``ConversionOptions``, the command line's
+    own in ``command_options.py``): only the generator (``options.py``) calls ``click.option``."""
+    calling = set()
+    for path in sorted(Path(hf_geonorm_cli.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "option" and getattr(node.value, "id", None) == "click":
+                calling.add(path.name)
+    assert calling == {"options.py"}, sorted(calling)
+
+
+def test_convert_takes_conversion_options_as_declared():
+    """``convert``'s options are ``ConversionOptions``' fields (and the settings), with their defaults: the command
+    builds the options object from its declaration."""
+    from hf_geonorm.conversion import ConversionOptions
+
+    settings_names = {spec.name for spec in dataclasses.fields(settings.GeoNormSettings) if "option" in spec.metadata}
+    params = {param.name: param for param in cli.commands["convert"].params}
+    taken = set(params) - settings_names - {"source", "output_dir"}
+    assert taken == {spec.name for spec in dataclasses.fields(ConversionOptions)}
+    defaults = {name: value for name, value in dataclasses.asdict(ConversionOptions()).items() if value is not None}
+    assert {name: params[name].default for name in defaults} == defaults  # (None: no default given to click)

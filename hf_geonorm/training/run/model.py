@@ -15,7 +15,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ...errors import SettingsError, first_line
-from ...files.atomic import atomic_directory, check_target, full_device_as_os_error
+from ...files.atomic import atomic_directory, check_target
+from ...files.full_device import full_device_as_os_error
 from ...files.output_lock import check_not_in_use, output_lock
 from ...inspection import check_fits_memory, parameter_count
 from ...loading import (
