@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
 from hf_geonorm.files import atomic, full_device, signals
 from hf_geonorm.files.ownership import MARKER_NAME, mark_folder
+from hf_geonorm_cli.main import cli
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 
 from hf_geonorm.training.data import pipeline
@@ -26,6 +25,7 @@ from hf_geonorm.training.data.pipeline import tokenizer_digest
 from hf_geonorm.training.data.prepare import DataSource, data_request, training_data
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
+from hf_geonorm_cli.main import cli
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = (STDLIB / "textwrap.py").read_text()

@@ -11,11 +11,10 @@ import re
 from pathlib import Path
 
 import click
-import hf_geonorm_cli
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
 
+import hf_geonorm_cli
 from hf_geonorm.modeling import settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
@@ -24,10 +23,11 @@ from hf_geonorm.training.sweep import engine as engine_module
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm_cli.main import cli
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
 ROOT = Path(__file__).parent.parent
-SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "hf_geonorm_cli").glob("*.py")])
 
 
 def literals(path: Path) -> list[object]:
@@ -80,7 +80,7 @@ def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
     options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
                if "option" in spec.metadata]  # fmt: skip
     assert len(options) == 11 and "--norm-style" in options and "--post-zero-positions" in options
-    for path in sorted((ROOT / "cli").glob("*.py")):
+    for path in sorted((ROOT / "hf_geonorm_cli").glob("*.py")):
         words = {value for value in literals(path) if isinstance(value, str)}
         assert not words & set(options), (path.name, sorted(words & set(options)))
 

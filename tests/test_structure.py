@@ -277,10 +277,10 @@ def files_and_climbs(start: str, walked: list[tuple[str, str]]) -> tuple[list[st
 
 
 def test_following_trains_options_from_the_command_to_the_run_visits_few_files_and_climbs_back_little():
-    """A run read in one sitting: from ``hf-geonorm train`` (``cli/train.py``), the options go to the run, and the
-    run's steps take what they need of them.
+    """A run read in one sitting: from ``hf-geonorm train`` (``hf_geonorm_cli/train.py``), the options go to the
+    run, and the run's steps take what they need of them.
 
-    How it is measured: ``options_walk`` over the modules of ``hf_geonorm`` and ``cli`` (``hf_geonorm_cli``), from
+    How it is measured: ``options_walk`` over the modules of ``hf_geonorm`` and ``hf_geonorm_cli``, from
     the command's function: it reads the command and every function handed the options object (a parameter
     annotated ``TrainOptions``, and ``TrainOptions``'s own methods), in the order the calls run, and enters the file
     of every function or class such a function calls; a callee handed explicit values is visited (a reader opens it
@@ -289,7 +289,7 @@ def test_following_trains_options_from_the_command_to_the_run_visits_few_files_a
     so a call into it is one visit and the walk goes no further. A file visited is one the walk enters at least
     once; a climb back up is a pair (from, to) where the walk enters a file it first visited before the one it
     comes from (back to a file already read), each pair counted once, however many calls it makes."""
-    code = read_code({"hf_geonorm": PACKAGE, "hf_geonorm_cli": ROOT / "cli"})
+    code = read_code({"hf_geonorm": PACKAGE, "hf_geonorm_cli": ROOT / "hf_geonorm_cli"})
     walked = options_walk(code, ("hf_geonorm_cli.train", "train"), ("hf_geonorm.training.options", "TrainOptions"))
     visited, climbs = files_and_climbs("hf_geonorm_cli.train", walked)
     assert {"hf_geonorm.training.options", "hf_geonorm.training.run.trainer"} <= set(visited)  # it reaches the run

@@ -16,7 +16,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 from conftest import stdlib_text, train
-from hf_geonorm_cli.main import cli
 from test_data_pipeline import reference_blocks, reference_documents
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hf_geonorm
 from hf_geonorm.training.data.corpus import resolve_corpus, stdlib_files
 from hf_geonorm.training.run.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
+from hf_geonorm_cli.main import cli
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 

@@ -1,7 +1,7 @@
 """The GeoNorm decoder block, and the patch that puts it into a stock base model.
 
 Each stock decoder layer's class is swapped for a subclass (``geonorm_layer_class``) whose ``forward`` runs the
-block of docs/method.md, "The block", over the parts its ``BlockLayout`` names; ``patch_base_model`` does the
+block of method.md, "The block", over the parts its ``BlockLayout`` names; ``patch_base_model`` does the
 swap and gives every sublayer its ``GeoNormResidual``. Imports only torch and flat siblings (remote code).
 """
 
@@ -42,7 +42,7 @@ class FirstTokens:
 
 
 class GeoNormDecoderLayerMixin:
-    """The GeoNorm ``forward`` shared by every swapped decoder layer (docs/method.md, "The block").
+    """The GeoNorm ``forward`` shared by every swapped decoder layer (method.md, "The block").
 
     A block reads its parts through ``geonorm_layout``; ``geonorm_attn_residual`` and
     ``geonorm_mlp_residual`` hold the residual update of each sublayer (one for parallel blocks). The values of one

@@ -1,10 +1,10 @@
 """The geodesic update on the sphere, its clamp rule and its layer-wise step sizes: the one place where the
-method's math lives (docs/method.md, "The update" and "Step sizes").
+method's math lives (method.md, "The update" and "Step sizes").
 
 All functions act along the last dimension, one token at a time. bf16/fp16 inputs are computed in float32 and
 cast back; float64 stays float64. Degenerate inputs (a zero update, an update parallel to ``x``, a zero step)
 return ``x`` with finite gradients. A state shorter than ``NORM_FLOOR`` has no direction to turn from and is
-left where it is (docs/method.md, "Choices the paper leaves open").
+left where it is (method.md, "Choices the paper leaves open").
 
 The per-row pieces (``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``,
 ``geonorm_rotation``, ``prenorm_rotation``) are shared by the composed path here and by the fused torch twin in
@@ -226,7 +226,7 @@ class StepParams:
     ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
     at ``MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the interpolation;
     ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame`` (c, c_next / c) the Pre-Norm
-    frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final" (docs/method.md, "The update",
+    frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final" (method.md, "The update",
     "The bridge"). Every field but ``alpha`` is given by keyword: ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
 
     alpha: float | torch.Tensor
@@ -244,7 +244,7 @@ def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) 
     autograd (every setting; ``step.geonorm_step`` dispatches here or to the fused Function).
 
     bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly; in between
-    the angle and the radius interpolate (docs/method.md, "The bridge"). The Pre-Norm update is x + u, or with a
+    the angle and the radius interpolate (method.md, "The bridge"). The Pre-Norm update is x + u, or with a
     ``frame`` (c, r) the same update on a state rescaled by c: r (x + c u) (``prenorm_update``).
     """
     bridge, frame = params.bridge, params.frame
@@ -276,7 +276,7 @@ def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) 
 def prenorm_update(x: torch.Tensor, u: torch.Tensor, frame: tuple[float, float] | None = None) -> torch.Tensor:
     """The Pre-Norm update x + u; with a ``frame`` (c, r), on a state that is c times the Pre-Norm state and is
     handed on as the next update's frame (r = c_next / c): r (x + c u). A chain of framed updates is the Pre-Norm
-    model's state times the last c, which the final norm does not see (docs/method.md, "Converting a pretrained
+    model's state times the last c, which the final norm does not see (method.md, "Converting a pretrained
     model")."""
     if frame is None:
         return x + u

@@ -6,7 +6,7 @@ norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
 
 The settings have one home, the model's config: a residual module keeps a reference to it and reads the clamp,
 radius and the per-update values of the ``UpdateSchedule`` it shares with the model's other residual modules
-(step sizes, bridges, frames; docs/method.md, "Step sizes") from it at every forward, so assigning
+(step sizes, bridges, frames; method.md, "Step sizes") from it at every forward, so assigning
 ``model.config.geo_alpha`` changes the model at once; the schedule is computed again only after such an
 assignment. The two settings that decide which modules and parameters exist (``norm_style``,
 ``geo_learnable_step``) are fixed when the module is built; the config refuses to change them while a module
@@ -195,7 +195,7 @@ class GeoNormResidual(nn.Module):
     ) -> torch.Tensor:
         """The new state from the state ``x`` and the sublayer's ``update``. ``first_tokens`` (bool, broadcast
         against ``x[..., 0]``) marks the rows at position 0 that take the Pre-Norm update (``x + u``, or in the
-        frame of ``geo_frames``) under ``geo_first_token_prenorm`` (docs/method.md, "Converting a pretrained model")."""
+        frame of ``geo_frames``) under ``geo_first_token_prenorm`` (method.md, "Converting a pretrained model")."""
         style = self.norm_style
         if style == "pre":
             return x + update

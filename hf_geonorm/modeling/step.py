@@ -42,7 +42,7 @@ def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.
     clamp=...))``.
 
     bridge = 1 is the clamped GeoNorm step (radius |x| kept); bridge = 0 is the Pre-Norm update exactly (x + u, or
-    in the ``frame``); in between the angle and radius interpolate (docs/method.md, "The update" and "The bridge").
+    in the ``frame``); in between the angle and radius interpolate (method.md, "The update" and "The bridge").
 
     With bridge 1, a number ``alpha`` and no learnable step, the fused Function computes it (the Triton kernel
     on CUDA once it has passed its first-use check, the torch twin elsewhere; ``HF_GEONORM_FUSED=0`` or

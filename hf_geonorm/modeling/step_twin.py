@@ -3,7 +3,7 @@ for line what ``triton_kernels.py`` computes, for every device and for ``torch.c
 never the hand-written kernel, so compiled graphs contain no opaque call and no graph break).
 
 The fused step is ``geometry.composed_geonorm_step`` with ``bridge == 1``, a Python-number ``alpha`` and no
-learnable step scale/bias (docs/method.md, "The update"): per row (one token, along the hidden dim), with
+learnable step scale/bias (method.md, "The update"): per row (one token, along the hidden dim), with
 c = <u,x>/|x|^2 and t = u - c x, ``geometry.geonorm_rotation`` gives the angle theta and the step size applied,
 step = theta/(|t|/|x|), and
 
