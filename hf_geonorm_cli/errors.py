@@ -41,14 +41,10 @@ class GeoNormGroup(click.Group):
             raise
         except SystemExit as error:
             if _is_instance(error, "hf_geonorm.files.signals", "Terminated"):
-                stopped = click.ClickException("terminated (SIGTERM); no partial output is left")
-                stopped.exit_code = 128 + signal.SIGTERM
-                raise stopped from None
+                raise _stopped(ctx, "terminated (SIGTERM)", signal.SIGTERM) from None
             raise
         except KeyboardInterrupt:
-            stopped = click.ClickException("interrupted; no partial output is left")
-            stopped.exit_code = 128 + signal.SIGINT
-            raise stopped from None
+            raise _stopped(ctx, "interrupted", signal.SIGINT) from None
         except BrokenPipeError:  # e.g. `hf-geonorm architectures | head`
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
@@ -61,6 +57,18 @@ class GeoNormGroup(click.Group):
             raise click.ClickException(
                 f"{type(error).__name__}: {first_line(error)} (run with hf-geonorm --debug for the traceback)"
             ) from None
+
+
+# Where a command says what a stop leaves behind (``ctx.meta``, shared by the group's and the command's contexts):
+# the words after "interrupted" or "terminated (SIGTERM)"
+LEFT_BEHIND = "hf_geonorm.left_behind"
+
+
+def _stopped(ctx: click.Context, what: str, signum: int) -> click.ClickException:
+    """Ctrl-C or SIGTERM as the one-line error and the exit status a shell gives a process the signal ends."""
+    stopped = click.ClickException(what + ctx.meta.get(LEFT_BEHIND, "; no partial output is left"))
+    stopped.exit_code = 128 + signum
+    return stopped
 
 
 # Commands that run a training job: a ValueError raised anywhere in one is the user's (their data, model and
