@@ -4,7 +4,9 @@ and ``hf-geonorm --help`` must answer without them.
 
 Each module is imported once, as ``hf_geonorm.<name>``: when a command then imports the library, the package reuses
 these same modules (``hf_geonorm/__init__`` binds them as its attributes), so a declaration read for ``--help`` is
-the one the library checks the values with."""
+the one the library checks the values with. The package itself is not left in ``sys.modules``: the first import of
+a module not read here (every command's entry point reaches one at the top of the package: ``patching``,
+``loading``, ``conversion``) runs ``hf_geonorm/__init__`` first, as any import of the library does."""
 
 from __future__ import annotations
 
