@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from .command_options import CardOptions
-from .errors import first_line
+from .errors import cannot_write
 from .options import command_options
 
 
@@ -47,10 +47,8 @@ def card(path: str, base_model: str | None, license: str | None, license_name: s
     facts = CardInfo.from_dict({**facts.to_dict(), **given})
     try:
         written = write_card_for(path, facts, force=force)
-    except FileExistsError as error:
-        raise click.ClickException(first_line(error)) from None
     except OSError as error:
-        raise click.ClickException(f"cannot write {path}: {error.strerror or first_line(error)}") from None
+        raise cannot_write(path, error) from None
     data = written.readme.with_name("geonorm_card.json")
     if written.text_kept:
         click.echo(f"updated the metadata of {written.readme}, its text kept, and wrote {data} (move README.md "

@@ -59,6 +59,18 @@ class GeoNormGroup(click.Group):
             ) from None
 
 
+def cannot_write(output: str, error: OSError) -> click.ClickException:
+    """The one-line error of an output that could not be written: one there already (with the way to replace it),
+    or what the system said."""
+    from hf_geonorm.files.atomic import OutputExists
+
+    if isinstance(error, OutputExists):
+        return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
+    if isinstance(error, FileExistsError):
+        return click.ClickException(first_line(error))
+    return click.ClickException(f"cannot write {output}: {error.strerror or first_line(error)}")
+
+
 # Where a command says what a stop leaves behind (``ctx.meta``, shared by the group's and the command's contexts):
 # the words after "interrupted" or "terminated (SIGTERM)"
 LEFT_BEHIND = "hf_geonorm.left_behind"

@@ -26,7 +26,7 @@ from .command_options import (
     PlotOptions,
     TableOptions,
 )
-from .errors import GeoNormGroup, first_line
+from .errors import GeoNormGroup, cannot_write
 from .info import info
 from .info import settings_line as _settings_line
 from .options import PRESET_NAMES, command_options, pop_settings, preview_settings_options, settings_options
@@ -75,16 +75,6 @@ def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> 
     shown = ", ".join(f"{a:.4g}" for a in steps[:limit])
     unit = f"{num_layers} layers" if per == 1 else f"{len(steps)} updates, {per} per layer"
     return shown + (f", ... ({unit}, last {steps[-1]:.4g})" if len(steps) > limit else "")
-
-
-def _cannot_write(output_dir: str, error: OSError) -> click.ClickException:
-    from hf_geonorm.files.atomic import OutputExists
-
-    if isinstance(error, OutputExists):
-        return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
-    if isinstance(error, FileExistsError):
-        return click.ClickException(first_line(error))
-    return click.ClickException(f"cannot write {output_dir}: {error.strerror or first_line(error)}")
 
 
 # ---- architectures ----
@@ -145,7 +135,7 @@ def convert(source: str, output_dir: str, **kwargs: Any) -> None:
     try:
         result = convert_checkpoint(source, output_dir, settings, options, progress=_progress)
     except OSError as error:
-        raise _cannot_write(output_dir, error) from None
+        raise cannot_write(output_dir, error) from None
     if result.perplexity_before is not None:
         click.echo(f"source perplexity: {result.perplexity_before:.4f}")
         click.echo(f"converted perplexity: {result.perplexity_after:.4f}")
@@ -176,7 +166,7 @@ def init(arch: str, output_dir: str, preset: str | None, **kwargs: Any) -> None:
     try:
         result = write_scratch_config(arch, output_dir, preset, pop_settings(kwargs), **kwargs)
     except OSError as error:
-        raise _cannot_write(output_dir, error) from None
+        raise cannot_write(output_dir, error) from None
     config, layers = result.config, result.config.num_hidden_layers
     click.echo(
         f"wrote {output_dir}: {config.model_type}, preset {preset}: {layers} layers, width {config.hidden_size}, "
