@@ -1,6 +1,8 @@
-"""The click options of the commands, generated from their one declaration in the library: the GeoNorm settings'
-(``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``, ``angles``, ``perplexity``, ``train`` and
-``sweep``, and the options of ``train`` and ``sweep`` (``hf_geonorm.training.options``).
+"""The click options of every command, generated from their one declaration (the only ``click.option`` calls of
+the command line): the GeoNorm settings' (``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``,
+``angles``, ``perplexity``, ``train`` and ``sweep``; the options of ``train`` and ``sweep``
+(``hf_geonorm.training.options``: ``declared_options``); those of the other commands (``convert``'s
+``ConversionOptions``, ``command_options.py``: ``command_options``).
 
 The declarations are imported without the package's ``__init__`` (``library``), so that ``hf-geonorm --help``
 answers without importing torch and transformers.
