@@ -15,12 +15,13 @@ ConversionOptions = library_module("conversion_options").ConversionOptions
 DTYPES = library_module("conversion_options").DTYPES
 SIZES = library_module("training/presets")  # the presets' shapes and the default vocabulary
 MEASURES = library_module("analysis/defaults")  # the tokens perplexity and the angles are measured on
-CONVERSION = {spec.name: spec for spec in fields(ConversionOptions)}
 
 
-def shared(name: str) -> Any:
-    """A field declared as ``convert``'s of the same name, for another command that takes the same option."""
-    return field(default=CONVERSION[name].default, metadata=CONVERSION[name].metadata)
+def declared_as(declaration: type, name: str, **default: Any) -> Any:
+    """A field declaring the option of ``declaration``'s field ``name``, with its default unless ``default`` says,
+    for another command that takes the same option."""
+    spec = next(spec for spec in fields(declaration) if spec.name == name)
+    return field(default=default.get("default", spec.default), metadata=spec.metadata)
 
 
 @dataclass
@@ -68,7 +69,7 @@ class InitOptions:
     tie_embeddings: bool = field(default=True, metadata=option(
         "Share the input embedding and the output head (as the paper's GPT-3-shaped models count).", flag=True,
         switch=True, show_default=True))  # fmt: skip
-    force: bool = shared("force")
+    force: bool = declared_as(ConversionOptions, "force")
 
 
 @dataclass
@@ -93,13 +94,14 @@ class MeasuringOptions:
         "Dtype to run the model in.", choices=DTYPES, show_default=True))
     device: str = field(default="cpu", metadata=option(
         "torch device to run on.", show_default=True, settings_follow=True))
-    allow_missing: bool = shared("allow_missing")
+    allow_missing: bool = declared_as(ConversionOptions, "allow_missing")
 
 
 @dataclass
 class AngleMeasuringOptions(MeasuringOptions):
-    max_tokens: int = field(default=MEASURES.ANGLE_TOKENS, metadata=MeasuringOptions.__dataclass_fields__[
-        "max_tokens"].metadata)  # fmt: skip
+    """``angles``: the measuring options, on fewer tokens by default."""
+
+    max_tokens: int = declared_as(MeasuringOptions, "max_tokens", default=MEASURES.ANGLE_TOKENS)
 
 
 @dataclass
