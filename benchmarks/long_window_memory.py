@@ -81,8 +81,9 @@ def measure_in_child(tree: Path, args: list[str]) -> dict[str, Any]:
     what a user waits for), peak memory, output, and whether it imported torch or transformers."""
     started = time.perf_counter()
     sys.path.insert(0, str(tree))
-    spec = importlib.util.spec_from_file_location("hf_geonorm_cli", tree / "cli" / "__init__.py",
-                                                  submodule_search_locations=[str(tree / "cli")])  # fmt: skip
+    folder = tree / "hf_geonorm_cli" if (tree / "hf_geonorm_cli").is_dir() else tree / "cli"  # its folder's old name
+    spec = importlib.util.spec_from_file_location("hf_geonorm_cli", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])  # fmt: skip
     package = importlib.util.module_from_spec(spec)
     sys.modules["hf_geonorm_cli"] = package
     spec.loader.exec_module(package)

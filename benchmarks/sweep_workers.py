@@ -201,9 +201,9 @@ def report(r: dict[str, Any]) -> str:
         "",
         "What limits the speed-up besides the load: the sweep's process imports torch and transformers and checks "
         "the data before any run starts (its workers, of one thread each, are forked from it and import nothing "
-        "again); each run prepares its own model and data view; a confirmation run waits for its arm's grid, so the last runs may "
-        "leave one worker idle (the dependency tail of a short sweep); the report and the plot are drawn once at "
-        "the end. And the cores: the runs' own training and evaluation took "
+        "again); each run prepares its own model and data view; a confirmation run waits for its arm's grid, so "
+        "the last runs may leave one worker idle (the dependency tail of a short sweep); the report and the plot "
+        "are drawn once at the end. And the cores: the runs' own training and evaluation took "
         f"{r['training_and_evaluation_seconds']['serial']} s in all serially and "
         f"{r['training_and_evaluation_seconds']['parallel']} s on the two workers, each run slowed by "
         f"{slowed:.2f}x "

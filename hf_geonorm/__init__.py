@@ -6,6 +6,8 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
+import sys as _sys
+
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -31,6 +33,17 @@ from .sharing.hub import push_model_to_hub as _push_model_to_hub
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub
+
+
+def _bind_earlier_imports() -> None:
+    """Make the modules and subpackages imported before the package ran (the command line imports its declarations
+    so, for a ``--help`` without torch: ``hf_geonorm_cli.library``) its attributes, as an import after it does."""
+    for name, module in list(_sys.modules.items()):
+        if name.startswith(f"{__name__}.") and name.count(".") == 1:
+            globals().setdefault(name.rpartition(".")[2], module)
+
+
+_bind_earlier_imports()
 
 __all__ = [
     "NORM_STYLES",

@@ -7,7 +7,6 @@ model card into a temporary folder that becomes the output only when complete (`
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import time
@@ -18,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.calibration import bridge_costs, calibrate
-from .analysis.defaults import PERPLEXITY_TOKENS
 from .analysis.evaluation import check_finite, perplexity, text_windows
-from .files.atomic import atomic_directory, check_output_name, check_target, is_full_device
+from .conversion_options import ConversionOptions
+from .files.atomic import atomic_directory, check_output_name, check_target
+from .files.full_device import full_device_as_os_error
 from .files.output_lock import check_not_in_use, output_lock
 from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
 from .modeling.settings import GeoNormSettings, computes_prenorm
@@ -153,31 +153,6 @@ def calibrated_settings(
 
 
 @dataclass
-class ConversionOptions:
-    """How ``convert_checkpoint`` converts, besides the settings. ``dtype``: of the weights written (``auto``: the
-    source's; GGUF de-quantises to float32); ``force``: replace a non-empty output; ``base_model``, ``license``,
-    ``repo_id``: the model card's (defaults from the source's card or GGUF metadata); ``eval_text``: perplexity on
-    its first ``eval_tokens`` tokens before and after conversion, into the card; ``calibrate_text`` (a Pre-Norm
-    source, ``geo`` settings): ``geo_alpha`` one step size per update and ``geo_frames`` the Pre-Norm frames,
-    measured on its first ``calibrate_tokens`` tokens (``calibration.calibrate``), ``geo_max_angle`` None unless
-    the settings name one, and ``geo_bridge_costs`` what each update costs alone at bridge 1 on its first
-    ``cost_tokens`` tokens (``calibration.bridge_costs``: one forward pass over them per update);
-    ``allow_missing``: load weights with missing or unexpected tensors, with a warning."""
-
-    dtype: str = "auto"
-    force: bool = False
-    base_model: str | None = None
-    license: str | None = None
-    repo_id: str | None = None
-    eval_text: str | os.PathLike | None = None
-    eval_tokens: int = PERPLEXITY_TOKENS
-    calibrate_text: str | os.PathLike | None = None
-    calibrate_tokens: int = 4096
-    cost_tokens: int = 1024
-    allow_missing: bool = False
-
-
-@dataclass
 class ConversionResult:
     """What ``convert_checkpoint`` wrote."""
 
@@ -278,12 +253,8 @@ def convert_checkpoint(
             evaluation=evaluation,
         )
         say(f"writing {output_dir}")
-        try:
+        with full_device_as_os_error():
             save_shareable(model, tmp, tokenizer=tokenizer, card_info=info)
-        except Exception as error:
-            if isinstance(error, OSError) or not is_full_device(error):
-                raise
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     output = Path(output_dir)
     return ConversionResult(
         output=output,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .conversion_options import DTYPES
 from .errors import SettingsError, custom_code_error, first_line, needs_custom_code
 from .files.gguf_files import dequantize_gguf, gguf_config
 from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
@@ -44,7 +45,6 @@ PICKLE_ADVICE = (
     "trust them, by loading the model with transformers and saving it with save_pretrained (it writes "
     "model.safetensors)"
 )
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Sizes a model divides by or builds from (a head count of 0 is a ZeroDivisionError deep in the modelling code).
 POSITIVE_SIZES = (
     "n_head", "num_attention_heads", "num_key_value_heads", "n_embd", "hidden_size", "n_layer", "num_hidden_layers",

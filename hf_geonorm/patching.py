@@ -2,10 +2,9 @@
 
 Importing ``hf_geonorm`` registers every family with AutoConfig (a stand-in that builds the family the first
 time it is used), and registers a family's models with AutoModel, AutoModelForCausalLM and the Auto classes of
-its heads when its classes are built. No family is built at import. PEFT is told which modules LoRA targets by
-default for every ``geonorm_X`` type as soon as PEFT is imported, before or after ``hf_geonorm``
-(``modeling/peft_targets.py``, which the remote code runs too): importing ``hf_geonorm`` does not import PEFT (a
-second of start-up that most uses never need).
+its heads when its classes are built. No family is built at import. A family built tells PEFT which modules LoRA
+targets by default for its ``geonorm_X`` type (``modeling/peft_targets.py``, which the remote code runs too):
+importing ``hf_geonorm`` does not import PEFT.
 """
 
 from __future__ import annotations

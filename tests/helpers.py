@@ -57,6 +57,7 @@ def stdlib_text(tmp_path_factory: pytest.TempPathFactory, *names: str) -> Path:
 def invoke(*args: object) -> Any:
     """``hf-geonorm ARGS`` in this process (click's CliRunner); its result, whatever the exit status."""
     from click.testing import CliRunner
+
     from hf_geonorm_cli.main import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
@@ -158,6 +159,7 @@ def _stopping_child(args: list[str], stop_at_save: int, cwd: Path, out: int) -> 
         os.chdir(cwd)
         os.environ.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
         import transformers.modeling_utils as modeling_utils
+
         from hf_geonorm_cli.main import cli
 
         calls, write = [0], modeling_utils.safe_save_file

@@ -1,5 +1,5 @@
-"""GeoNorm written out plainly, to compare the library against (docs/method.md, "The update", "Step sizes" and
-"The block").
+"""GeoNorm written out plainly, to compare the library against (hf_geonorm/modeling/method.md, "The update", "Step
+sizes" and "The block").
 
 The reference runs a *stock* model with each decoder layer's output replaced by a copy of the stock block's
 forward, written here per layout (tests/tiny_models.py names each case's layout), in which every residual

@@ -8,6 +8,7 @@ written into the temporary folder) and waits on a FIFO; the test then signals it
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -19,12 +20,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
-from hf_geonorm.files import atomic, signals
+from hf_geonorm.files import atomic, full_device, signals
 from hf_geonorm.files.ownership import MARKER_NAME, mark_folder
+from hf_geonorm_cli.main import cli
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])
@@ -320,3 +321,17 @@ def test_a_full_device_is_one_clear_line(stock_llama, tmp_path):
     assert errors[-1] == f"Error: cannot write {small / 'out'}: No space left on device", done.stderr
     assert "SafetensorError" not in done.stderr and "Traceback" not in done.stderr
     assert done.stdout.strip() == ""  # nothing left behind on the full device
+
+
+def test_a_full_device_reported_in_a_writers_own_type_is_raised_as_the_os_error():
+    """safetensors' writer reports a full device as a ``SafetensorError`` with the system's words: convert and init
+    raise it as the ``OSError`` ENOSPC any other write raises; any other error passes unchanged."""
+
+    class SafetensorError(Exception):
+        pass
+
+    with pytest.raises(OSError) as raised, full_device.full_device_as_os_error():
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, message: "No space left on device" })')
+    assert raised.value.errno == errno.ENOSPC and raised.value.strerror == os.strerror(errno.ENOSPC)
+    with pytest.raises(SafetensorError, match="shape"), full_device.full_device_as_os_error():
+        raise SafetensorError("shape mismatch")

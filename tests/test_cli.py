@@ -20,8 +20,6 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 from helpers import edited_copy, fails
-from hf_geonorm_cli import options
-from hf_geonorm_cli.main import PRESETS, cli
 from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -29,6 +27,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 import hf_geonorm
 from hf_geonorm import conversion
 from hf_geonorm.sharing.card_checks import check_remote_code
+from hf_geonorm_cli import options
+from hf_geonorm_cli.main import PRESETS, cli
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
@@ -123,6 +123,37 @@ def test_help_is_fast_it_imports_neither_torch_nor_transformers():
     assert "Usage: hf-geonorm perplexity" in result.stdout
     script = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=60)
     assert script.returncode == 0 and "architectures" in script.stdout
+
+
+ONCE = """
+import sys
+from pathlib import Path
+from hf_geonorm_cli.main import cli
+for command in ("train", "convert"):
+    try:
+        cli([command, "--help"], prog_name="hf-geonorm")
+    except SystemExit:
+        pass
+from hf_geonorm.training.options import TrainOptions  # as train imports the library: these first, then the run
+from hf_geonorm.training.run.trainer import run_training
+print("hf_geonorm" in sys.modules)  # the package's __init__ ran (the families registered) before the run's modules
+import hf_geonorm
+import hf_geonorm_cli
+packages = [Path(hf_geonorm.__file__).parent, Path(hf_geonorm_cli.__file__).parent]
+files = [Path(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
+mine = [str(f) for f in files if any(f.is_relative_to(package) for package in packages)]
+print(sorted({f for f in mine if mine.count(f) > 1}))
+print(hf_geonorm.training.options.TrainOptions is TrainOptions, hf_geonorm.modeling.settings.GeoNormSettings is
+      hf_geonorm.GeoNormSettings)
+"""
+
+
+def test_the_declarations_help_reads_are_the_ones_the_library_uses():
+    """``--help`` imports the library's declarations without torch, once, under their own names: the library,
+    imported afterwards, uses those same modules (no file runs twice) and has them as its attributes."""
+    result = subprocess.run([sys.executable, "-c", ONCE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-3:] == ["True", "[]", "True True"], result.stdout
 
 
 def test_the_dtype_choices_are_the_librarys():

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
 
+import hf_geonorm_cli
 from hf_geonorm.modeling import norm_styles, settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
@@ -23,10 +23,11 @@ from hf_geonorm.training.sweep import engine as engine_module
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm_cli.main import cli
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
 ROOT = Path(__file__).parent.parent
-SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "hf_geonorm_cli").glob("*.py")])
 
 
 def literals(path: Path) -> list[object]:
@@ -89,7 +90,7 @@ def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
     options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
                if "option" in spec.metadata]  # fmt: skip
     assert len(options) == 11 and "--norm-style" in options and "--post-zero-positions" in options
-    for path in sorted((ROOT / "cli").glob("*.py")):
+    for path in sorted((ROOT / "hf_geonorm_cli").glob("*.py")):
         words = {value for value in literals(path) if isinstance(value, str)}
         assert not words & set(options), (path.name, sorted(words & set(options)))
 
@@ -241,3 +242,27 @@ def test_the_api_takes_a_presets_sizes_as_well_as_its_name():
     assert TrainOptions(preset=sizes).validate().preset == sizes
     with pytest.raises(ValueError, match="--preset must be one of tiny, 125m"):
         TrainOptions(preset="huge").validate()
+
+
+def test_no_click_option_is_declared_by_hand_in_the_cli():
+    """Every command's options come from a declaration (``TrainOptions``, ``ConversionOptions``, the command line's
+    own in ``command_options.py``): only the generator (``options.py``) calls ``click.option``."""
+    calling = set()
+    for path in sorted(Path(hf_geonorm_cli.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "option" and getattr(node.value, "id", None) == "click":
+                calling.add(path.name)
+    assert calling == {"options.py"}, sorted(calling)
+
+
+def test_convert_takes_conversion_options_as_declared():
+    """``convert``'s options are ``ConversionOptions``' fields (and the settings), with their defaults: the command
+    builds the options object from its declaration."""
+    from hf_geonorm.conversion import ConversionOptions
+
+    settings_names = {spec.name for spec in dataclasses.fields(settings.GeoNormSettings) if "option" in spec.metadata}
+    params = {param.name: param for param in cli.commands["convert"].params}
+    taken = set(params) - settings_names - {"source", "output_dir"}
+    assert taken == {spec.name for spec in dataclasses.fields(ConversionOptions)}
+    defaults = {name: value for name, value in dataclasses.asdict(ConversionOptions()).items() if value is not None}
+    assert {name: params[name].default for name in defaults} == defaults  # (None: no default given to click)

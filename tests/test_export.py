@@ -33,7 +33,7 @@ from hf_geonorm.sharing.model_card import CardInfo
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hf_geonorm" / "modeling"
-SPEC_SOURCE = REPO / "docs" / "method.md"
+SPEC_SOURCE = REPO / "hf_geonorm" / "modeling" / "method.md"
 STDLIB = set(sys.stdlib_module_names)
 
 
@@ -299,10 +299,10 @@ def test_saving_refuses_stock_quantised_and_peft_models_and_save_with_push(tmp_p
 
 def test_package_data_of_the_wheel(tmp_path):
     """After a non-editable install the card template and the method specification must be found: they are
-    installed as hf_geonorm.model_cards and hf_geonorm.docs."""
+    package data of hf_geonorm.sharing and hf_geonorm.modeling."""
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "hf_geonorm", "cli", "model_cards", "docs"):
+    for name in ("pyproject.toml", "README.md", "hf_geonorm", "hf_geonorm_cli"):
         subprocess.run(["cp", "-r", str(REPO / name), str(source / name)], check=True)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
@@ -314,7 +314,7 @@ def test_package_data_of_the_wheel(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"hf_geonorm/model_cards/geonorm_model_card.md", "hf_geonorm/docs/method.md"} <= names
+    assert {"hf_geonorm/sharing/geonorm_model_card.md", "hf_geonorm/modeling/method.md"} <= names
     assert {f"hf_geonorm/modeling/{p.name}" for p in remote_code_files()} <= names
     assert {"hf_geonorm_cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
 

@@ -177,6 +177,7 @@ def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_pat
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
     from click.testing import CliRunner
+
     from hf_geonorm_cli.main import cli
 
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "stock"), str(tmp_path / "link"), "--bridge", "0"])

@@ -1,4 +1,4 @@
-"""Tests of hf_geonorm.geometry against formulas written out here from docs/method.md (numpy, float64).
+"""Tests of hf_geonorm.geometry against formulas written out here from hf_geonorm/modeling/method.md (numpy, float64).
 
 Nothing below copies a number produced by the code under test: every expected value is computed by the
 reference functions ``ref_*`` in this file, straight from the specification.
@@ -66,7 +66,8 @@ def ref_geo_angle(base, a, max_angle, c=1.0, b=0.0):
 
 
 def ref_geonorm_step(x, u, a, max_angle=PI4, lam=1.0, c=1.0, b=0.0):
-    """docs/method.md, "The bridge": theta = (1-lam) theta_pre + lam theta_geo, radius (1-lam)|x+u| + lam|x|."""
+    """hf_geonorm/modeling/method.md, "The bridge": theta = (1-lam) theta_pre + lam theta_geo, radius
+    (1-lam)|x+u| + lam|x|."""
     t = ref_tangent(x, u)
     nx, nt = nnorm(x), nnorm(t)
     theta_geo = ref_geo_angle(nt / nx, a, max_angle, c, b)
@@ -599,7 +600,7 @@ def test_prenorm_angle():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# what keeps every accepted setting finite (docs/method.md, "Choices the paper leaves open")
+# what keeps every accepted setting finite (hf_geonorm/modeling/method.md, "Choices the paper leaves open")
 # ----------------------------------------------------------------------------------------------------------
 def test_alpha_above_the_largest_accepted_is_refused_and_says_why():
     assert GeoNormSettings(geo_alpha=MAX_ALPHA).geo_alpha == MAX_ALPHA
@@ -644,7 +645,7 @@ def test_a_state_below_the_norm_floor_stays_where_it_is(name, dtype):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Pre-Norm is GeoNorm with depth-dependent angles (docs/method.md, "Pre-Norm as GeoNorm")
+# Pre-Norm is GeoNorm with depth-dependent angles (hf_geonorm/modeling/method.md, "Pre-Norm as GeoNorm")
 # ----------------------------------------------------------------------------------------------------------
 def ref_norm(h, kind, weight, bias):
     """RMSNorm / LayerNorm with eps 0 (exactly scale invariant) and their own weights."""

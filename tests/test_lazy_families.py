@@ -139,6 +139,7 @@ configs = {
 }
 models = {name: AutoModelForCausalLM.from_config(config) for name, config in configs.items()}
 report["peft_after_build"] = "peft" in sys.modules
+report["import_hooks"] = [type(f).__name__ for f in sys.meta_path if "geonorm" in type(f).__module__]
 if order == "peft last":
     import peft
 from peft import LoraConfig, get_peft_model
@@ -157,10 +158,11 @@ def test_import_hf_geonorm_does_not_import_peft(tmp_path):
 
 @pytest.mark.parametrize("order", ["peft first", "peft between", "peft last"])
 def test_lora_default_targets_whenever_peft_is_imported(tmp_path, order):
-    """PEFT learns each geonorm_X type's default LoRA targets whether it is imported before hf_geonorm, after it,
-    or after the families are built; expected from each layout's targets as the stock modules name them."""
+    """PEFT learns each geonorm_X type's default LoRA targets whether a script imports it before hf_geonorm, after
+    it, or after the models are built; expected from each layout's targets as the stock modules name them."""
     script = "import json, sys\nreport = {}\njob = json.loads(sys.argv[1])\n" + PEFT_ORDER + "print(json.dumps(report))"
     out = run_child(sys.executable, script, json.dumps({"order": order}), cwd=tmp_path)
     assert out["peft_after_import"] is (order == "peft first")
-    assert out["peft_after_build"] is (order != "peft last")
+    assert out["peft_after_build"]  # a family's build puts its targets into PEFT's table, importing PEFT for it
+    assert out["import_hooks"] == []  # no finder waits on sys.meta_path for PEFT to be imported
     assert out["wrapped"] == {"llama": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}

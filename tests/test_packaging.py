@@ -1,5 +1,5 @@
 """The wheel works on its own: built from a copy of the source, installed into a new virtual environment and run
-from a folder outside the source tree, its ``hf-geonorm`` command answers, ``hf_geonorm.docs`` holds the method
+from a folder outside the source tree, its ``hf-geonorm`` command answers, ``hf_geonorm.modeling`` holds the method
 specification, and the model card template renders a card beside a saved model.
 
 The new environment installs the wheel alone (``--no-deps``) and sees this interpreter's site-packages through a
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "hf_geonorm", "cli", "model_cards", "docs")
+SOURCES = ("pyproject.toml", "README.md", "hf_geonorm", "hf_geonorm_cli")
 
 CHECK = r"""
 import importlib.resources, json, sys
@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM
 
 venv = Path(sys.argv[1]).resolve()
 assert venv in Path(hf_geonorm.__file__).resolve().parents, hf_geonorm.__file__
-spec = importlib.resources.files("hf_geonorm.docs").joinpath("method.md").read_text(encoding="utf-8")
+spec = importlib.resources.files("hf_geonorm.modeling").joinpath("method.md").read_text(encoding="utf-8")
 assert "\n## Choices the paper leaves open\n" in spec
 assert "{{ model_name }}" in card_template()
 config = hf_geonorm.GeoNormLlamaConfig(
@@ -74,7 +74,7 @@ def test_the_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
         cwd=tmp_path, timeout=300)  # fmt: skip
     (wheel,) = dist.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"hf_geonorm/docs/method.md", "hf_geonorm/model_cards/geonorm_model_card.md"} <= names
+    assert {"hf_geonorm/modeling/method.md", "hf_geonorm/sharing/geonorm_model_card.md"} <= names
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path, timeout=120)

@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hf_geonorm"
+SPEC = PACKAGE / "modeling" / "method.md"  # the method specification, shipped beside the code it specifies
 # spelled in two parts, so that this file does not mention what it looks for
 OLD_SPEC_NAMES = ("GEONORM" + ".md", ".." + "/shared")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -35,10 +36,11 @@ def repository_files() -> list[Path]:
 
 
 def documents() -> list[Path]:
-    """The README, every page of docs/ and every Markdown file of benchmarks/results/ and its history/."""
+    """The README, every page of docs/, the method specification and every Markdown file of benchmarks/results/
+    and its history/."""
     results = sorted((ROOT / "benchmarks" / "results").glob("*.md")) + sorted(
         (ROOT / "benchmarks" / "results" / "history").glob("*.md"))  # fmt: skip
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *results]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), SPEC, *results]
 
 
 def anchors(document: Path) -> set[str]:
@@ -48,8 +50,8 @@ def anchors(document: Path) -> set[str]:
 
 
 def test_the_method_specification_is_in_the_repository():
-    assert (ROOT / "docs" / "method.md").is_file()
-    spec = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
+    assert SPEC.is_file()
+    spec = SPEC.read_text(encoding="utf-8")
     for heading in (
         "The update",
         "Step sizes",
@@ -86,7 +88,7 @@ def test_nothing_points_at_the_specification_outside_the_repository():
         except UnicodeDecodeError:
             continue  # binary: figures, weights
         found += [f"{path.relative_to(ROOT)}: {name}" for name in OLD_SPEC_NAMES if name in text]
-    assert not found, "cite docs/method.md instead:\n" + "\n".join(found)
+    assert not found, "cite hf_geonorm/modeling/method.md instead:\n" + "\n".join(found)
 
 
 MODELING = PACKAGE / "modeling"

@@ -2,7 +2,7 @@
 
 A small decoder is simulated here: T layers of two sublayers each (an "attention" and an "FFN" stand-in:
 random float64 MLPs / linear maps), each sublayer with its own input norm (RMSNorm or LayerNorm with random
-weights). The reference for every style is written out in this file from docs/method.md, "The family".
+weights). The reference for every style is written out in this file from hf_geonorm/modeling/method.md, "The family".
 """
 
 from __future__ import annotations

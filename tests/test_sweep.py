@@ -15,7 +15,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import write_sweep_journal
-from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -28,6 +27,7 @@ from hf_geonorm.training.sweep.journal import check_options, header_options, loa
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm.training.sweep.record import sweep_header
 from hf_geonorm.training.sweep.report import at_edge, best_rates
+from hf_geonorm_cli.main import cli
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",

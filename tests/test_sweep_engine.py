@@ -20,7 +20,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import write_sweep_journal
-from hf_geonorm_cli.main import cli
 from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm.training.options import TrainOptions
@@ -32,6 +31,7 @@ from hf_geonorm.training.sweep.journal import JournalError, entry_key, load_jour
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm.training.sweep.protocol import Task, serial_order, walk
 from hf_geonorm.training.sweep.record import RecordError
+from hf_geonorm_cli.main import cli
 
 # each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
 # of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli import options as cli_options
-from hf_geonorm_cli.main import cli
 
 from hf_geonorm.training import options as declared
 from hf_geonorm.training import rate_rule
@@ -25,6 +23,8 @@ from hf_geonorm.training.sweep import engine_options as engine_declared
 from hf_geonorm.training.sweep import options as sweep_declared
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
+from hf_geonorm_cli import options as cli_options
+from hf_geonorm_cli.main import cli
 
 ROOT = Path(__file__).parent.parent
 
@@ -67,10 +67,10 @@ def test_the_commands_repeat_no_option_and_no_default():
         tree = ast.parse((CLI / name).read_text())
         calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
         options = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "option"]
-        assert not options, f"cli/{name} declares options of its own"
+        assert not options, f"hf_geonorm_cli/{name} declares options of its own"
         keywords = {k.arg for c in calls for k in c.keywords}
         fields = {spec.name for spec in dataclasses.fields(TrainOptions)} - {"settings"}
-        assert not keywords & fields, f"cli/{name} passes {sorted(keywords & fields)} by name"
+        assert not keywords & fields, f"hf_geonorm_cli/{name} passes {sorted(keywords & fields)} by name"
 
 
 def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
@@ -190,7 +190,7 @@ def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
 
 def test_the_declaration_modules_import_only_the_standard_library():
     """The declarations and the library modules they import at load time, followed down their relative imports, as
-    the CLI reads them for ``--help`` (``cli/library.py``): the standard library and each other only."""
+    the CLI reads them for ``--help`` (``hf_geonorm_cli/library.py``): the standard library and each other only."""
     seen: set[Path] = set()
     todo = [Path(declared.__file__), Path(sweep_declared.__file__), Path(engine_declared.__file__)]
     while todo:
@@ -207,5 +207,5 @@ def test_the_declaration_modules_import_only_the_standard_library():
                 assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
     package = Path(declared.__file__).parents[1]
     assert {path.relative_to(package).as_posix() for path in seen} == {
-        "training/options.py", "training/presets.py", "training/sweep/options.py", "training/sweep/engine_options.py",
-        "modeling/settings.py"}
+        "declarations.py", "training/options.py", "training/presets.py", "training/sweep/options.py",
+        "training/sweep/engine_options.py", "modeling/settings.py"}

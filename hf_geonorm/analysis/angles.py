@@ -4,7 +4,8 @@ Forward hooks on the GeoNorm residual modules (a stock model is first patched to
 computation bit for bit) see the state h entering an update and the state h' leaving it, and record the angle
 between them, ``prenorm_angle(h, h' - h)``. For Pre-Norm (stock, ``pre``, or ``geo`` with bridge 0) that is the
 rotation Pre-Norm makes implicitly; for GeoNorm it is the rotation the geodesic step made. The hook also records
-the per-token mass s = |h|/sqrt(d): 1/s is Pre-Norm's implied step size (docs/method.md, "Pre-Norm as GeoNorm").
+the per-token mass s = |h|/sqrt(d): 1/s is Pre-Norm's implied step size (hf_geonorm/modeling/method.md, "Pre-Norm as
+GeoNorm").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Step sizes for converting a pretrained Pre-Norm model, measured from the model itself.
 
-Pre-Norm is GeoNorm with a step size 1/s_k that differs per token and per update (docs/method.md, "Pre-Norm as
-GeoNorm"). ``calibrate`` reads text through the Pre-Norm model and, for every update, takes the median over
+Pre-Norm is GeoNorm with a step size 1/s_k that differs per token and per update (hf_geonorm/modeling/method.md,
+"Pre-Norm as GeoNorm"). ``calibrate`` reads text through the Pre-Norm model and, for every update, takes the median over
 tokens of the step size a GeoNorm update would need to turn the state by the angle Pre-Norm turned it:
 
     a = θ_pre · R / |t|,    θ_pre = angle between h and h + u,    t = tangent(h, u)
@@ -10,7 +10,7 @@ with R the radius the token has on GeoNorm's sphere (``|h_0|`` for ``geo_radius=
 ``"sqrt_d"``). The result is a ``geo_alpha`` list with one value per update, meant for ``geo_max_angle=None``:
 a pretrained model's base angles ``|t| / R`` are far above any clamp. The first position of every window is
 left out: in pretrained models it carries a far larger norm than the other tokens (the attention sink) and a
-step size a hundred times smaller (docs/method.md, "Converting a pretrained model").
+step size a hundred times smaller (hf_geonorm/modeling/method.md, "Converting a pretrained model").
 
 It also measures the frames: c = median |h_0| / |h| before every update, the scale that brings the Pre-Norm state
 to the embeddings' size. Along the bridge the Pre-Norm part of each update then runs on c times the Pre-Norm state

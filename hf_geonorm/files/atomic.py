@@ -235,14 +235,6 @@ def _swap_in(tmp: Path, output: Path) -> None:
         )
 
 
-def is_full_device(error: BaseException) -> bool:
-    """Whether ``error`` reports a full device: an ``OSError`` ENOSPC, or the same reported by safetensors' writer
-    (a ``SafetensorError``) or torch, which raise their own types with the system's words."""
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        return True
-    return "No space left on device" in str(error) or "os error 28" in str(error)
-
-
 def check_output_name(output_dir: str | os.PathLike, force: bool, option: str = "OUTPUT_DIR") -> Path:
     """The absolute path of ``output_dir``, taken as given (a ``~`` the shell did not expand names a folder ``~``,
     as for every program the shell starts); ``ValueError`` when it is empty (an unset shell variable would otherwise

@@ -1,6 +1,6 @@
 """The GeoNorm decoder layers: one class per block shape of the supported types, whose ``forward`` is the stock
 layer's (``LlamaDecoderLayer.forward`` for LLaMA) with each residual addition ``residual + hidden_states`` a call
-to the sublayer's ``GeoNormResidual`` (docs/method.md, "The block").
+to the sublayer's ``GeoNormResidual`` (method.md, "The block").
 
 ``patch_base_model`` (``blocks.py``) sets a stock layer's class to the one its layout names (``DECODER_LAYERS``).
 Every stock decoder layer class defines only ``__init__`` and ``forward`` over ``GradientCheckpointingLayer``

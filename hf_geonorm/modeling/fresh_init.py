@@ -1,5 +1,5 @@
 """What a model of the post-normalising styles built from a config starts with, beyond the stock init
-(docs/method.md, "The family"): DeepNet's init for ``deepnorm`` (``deepnet_init_``), and a learned position table at
+(method.md, "The family"): DeepNet's init for ``deepnorm`` (``deepnet_init_``), and a learned position table at
 zero for ``post`` and ``deepnorm`` (``zero_positions_``). Weights converted from a trained model never pass here.
 
 DeepNet (Wang et al., 2022, decoder-only formulas) draws every projection of a block from Xavier (Glorot) normal,

@@ -1,12 +1,12 @@
 """The geodesic update on the sphere, its clamp rule and its layer-wise step sizes: the one place where the
-method's math lives (docs/method.md, "The update" and "Step sizes").
+method's math lives (method.md, "The update" and "Step sizes").
 
 All functions act along the last dimension, one token at a time. bf16/fp16 inputs are computed in float32 and
 cast back; float64 stays float64. Degenerate inputs (a zero update, an update parallel to ``x``, a zero step)
 return ``x`` with finite gradients. A state shorter than ``NORM_FLOOR`` has no direction to turn from and is
-left where it is (docs/method.md, "Choices the paper leaves open").
+left where it is (method.md, "Choices the paper leaves open").
 
-The update reads as docs/method.md writes it (``geodesic_step``): ``tangent``, the angle with its clamp
+The update reads as method.md writes it (``geodesic_step``): ``tangent``, the angle with its clamp
 (``clamped_turn``), then ``exp_map``; the bridge's angle and radius are ``bridge_turn``. The residual module
 (``residual.py``) composes the bridge, the frames and the learnable step around these. The per-row pieces
 (``floored_norm``, ``tangent_coefficient``, ``tangent_from``, ``geonorm_angle``, ``geonorm_rotation``,
@@ -195,7 +195,7 @@ def clamped_turn(
     step_bias: torch.Tensor | None = None,
     clamp: str = "both",
 ) -> Turn:
-    """The angle with its clamp (docs/method.md, "The model-level step and its clamp") of the step from ``x``
+    """The angle with its clamp (method.md, "The model-level step and its clamp") of the step from ``x``
     towards its tangent ``t``: theta from ``geonorm_angle`` of the base angle |t|/|x| (``geonorm_rotation`` says
     how each case is kept finite). ``x`` and ``t`` in the dtype to compute in."""
     x_norm, moves = floored_norm(row_norm(x))
@@ -209,7 +209,7 @@ def clamped_turn(
 def bridge_turn(
     x: torch.Tensor, u: torch.Tensor, turn: Turn, bridge: float, frame: tuple[float, float] | None = None
 ) -> tuple[Turn, torch.Tensor]:
-    """The bridge (docs/method.md, "The bridge") between the Pre-Norm update of ``x`` by ``u`` (in the ``frame``,
+    """The bridge (method.md, "The bridge") between the Pre-Norm update of ``x`` by ``u`` (in the ``frame``,
     see ``prenorm_update``) and the GeoNorm ``turn`` of ``clamped_turn``: the turn whose angle and step are
     interpolated with weight ``bridge`` on the GeoNorm side, and the new radius over |x|, interpolated the same
     way. The state is then radius/|x| ``exp_map(x, step * t, theta)``."""
@@ -225,7 +225,7 @@ def bridge_turn(
 
 def geodesic_step(x: torch.Tensor, u: torch.Tensor, alpha: float | torch.Tensor,
                   max_angle: float | None = math.pi / 4) -> torch.Tensor:  # fmt: skip
-    """The GeoNorm update as docs/method.md writes it ("The update"): the tangent t of ``u`` at ``x``, the angle
+    """The GeoNorm update as method.md writes it ("The update"): the tangent t of ``u`` at ``x``, the angle
     with its clamp, then the exponential map; the state keeps its radius |x|. ``max_angle=None``: no clamp, the
     turn stops at the antipode (``MAX_TURN``). This is the plain implementation; the fused one
     (``step_autograd.fused_geonorm_step``) computes the same, and ``step.geodesic_step`` chooses between them."""
@@ -292,7 +292,7 @@ def updates_per_layer(alpha: float | list[float] | tuple[float, ...], num_layers
 def prenorm_update(x: torch.Tensor, u: torch.Tensor, frame: tuple[float, float] | None = None) -> torch.Tensor:
     """The Pre-Norm update x + u; with a ``frame`` (c, r), on a state that is c times the Pre-Norm state and is
     handed on as the next update's frame (r = c_next / c): r (x + c u). A chain of framed updates is the Pre-Norm
-    model's state times the last c, which the final norm does not see (docs/method.md, "Converting a pretrained
+    model's state times the last c, which the final norm does not see (method.md, "Converting a pretrained
     model")."""
     if frame is None:
         return x + u

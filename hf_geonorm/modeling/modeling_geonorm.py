@@ -17,7 +17,7 @@ checkpoints as remote code.
 
 from __future__ import annotations
 
-from .families import GeoNormFamily, discover_families
+from .families import FAMILY_BUILT_HOOKS, GeoNormFamily, discover_families
 from .peft_targets import register_lora_targets
 
 FAMILIES: dict[str, GeoNormFamily] = discover_families(__name__)
@@ -28,9 +28,8 @@ GENERATED_CLASSES: dict[str, GeoNormFamily] = {
 }
 
 
-# PEFT learns each geonorm_X type's default LoRA targets now or whenever it is imported (before or after this
-# module: a script may load the model as remote code first and import peft afterwards)
-register_lora_targets((family.model_type, family.layout.lora_targets) for family in FAMILIES.values())
+# PEFT learns a geonorm_X type's default LoRA targets when its family is built, before any model of it exists
+FAMILY_BUILT_HOOKS.append(lambda family: register_lora_targets(family.model_type, family.layout.lora_targets))
 
 
 def __getattr__(name: str) -> type:

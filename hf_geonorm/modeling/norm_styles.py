@@ -1,4 +1,4 @@
-"""The norm styles of the GeoNorm family (docs/method.md, "The family"), each declared once, here: its residual
+"""The norm styles of the GeoNorm family (method.md, "The family"), each declared once, here: its residual
 rule, the modules and init it adds, its model card's words and where its default learning rate comes from. The
 code that builds, patches, describes or trains a model reads these declarations; adding a style is adding one
 (``tests/test_norm_styles.py`` adds a sixth in a copy of the package and runs a model with it).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from transformers.utils import TRANSFORMERS_DYNAMIC_MODULE_NAME
 
 ENTRY_MODULE = "modeling_geonorm"
 AUTO_CLASSES = ("AutoConfig", "AutoModel", "AutoModelForCausalLM")
-# The specification (docs/method.md of the project) as it is written beside the code; the model card links it.
+# The specification (method.md, beside this module) as it is written beside the code; the model card links it.
 METHOD_SPEC = "geonorm_method.md"
 
 
@@ -55,23 +54,16 @@ def _running_as_remote_code() -> bool:
 
 
 def method_spec_file(loaded_from: str | os.PathLike | None = None) -> Path | None:
-    """Where the method specification is read from: the installed package (``hf_geonorm.docs``, or ``docs/``
-    of a source checkout); running as remote code, the folder the model was loaded from, when it has one
-    (None otherwise: transformers copies only the ``.py`` files of a folder into its module cache)."""
+    """Where the method specification is read from: ``method.md`` beside this module (package data of
+    ``hf_geonorm.modeling``); running as remote code, the folder the model was loaded from, when it has one (None
+    otherwise: transformers copies only the ``.py`` files of a folder into its module cache)."""
     if _running_as_remote_code():
         candidate = Path(loaded_from) / METHOD_SPEC if loaded_from else None
         return candidate if candidate is not None and candidate.is_file() else None
-    try:
-        plugin = __package__.rpartition(".")[0]  # hf_geonorm, the package above this one
-        installed = resources.files(f"{plugin}.docs").joinpath("method.md")
-        if installed.is_file():
-            return Path(str(installed))
-    except ModuleNotFoundError:
-        pass
-    source_tree = Path(__file__).resolve().parents[2] / "docs" / "method.md"
-    if source_tree.is_file():
-        return source_tree
-    raise RuntimeError("the GeoNorm method specification (docs/method.md) is not installed with hf_geonorm")
+    spec = Path(__file__).with_name("method.md")
+    if not spec.is_file():
+        raise RuntimeError("the GeoNorm method specification (method.md) is not installed with hf_geonorm.modeling")
+    return spec
 
 
 def auto_map(family: Any) -> dict[str, str]:

@@ -9,7 +9,7 @@ the learnable step around it.
 
 The settings have one home, the model's config: a residual module keeps a reference to it and reads the clamp,
 radius and the per-update values of the ``UpdateSchedule`` it shares with the model's other residual modules
-(step sizes, bridges, frames; docs/method.md, "Step sizes") from it at every forward, so assigning
+(step sizes, bridges, frames; method.md, "Step sizes") from it at every forward, so assigning
 ``model.config.geo_alpha`` changes the model at once; the schedule is computed again only after such an
 assignment. The two settings that decide which modules and parameters exist (``norm_style``,
 ``geo_learnable_step``) are fixed when the module is built; the config refuses to change them while a module
@@ -55,7 +55,7 @@ class StepParams:
     at ``geometry.MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the
     interpolation; ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame``
     (c, c_next / c) the Pre-Norm frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final"
-    (docs/method.md, "The update", "The bridge"). Every field but ``alpha`` is given by keyword:
+    (method.md, "The update", "The bridge"). Every field but ``alpha`` is given by keyword:
     ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
 
     alpha: float | torch.Tensor
@@ -77,7 +77,7 @@ class StepParams:
 def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
     """The update of the ``geo`` style, with the Pre-Norm bridge: bridge = 1 is the clamped GeoNorm step (radius |x|
     kept), bridge = 0 the Pre-Norm update exactly (x + u, or in the ``frame``), in between the angle and radius
-    interpolate (docs/method.md, "The update" and "The bridge").
+    interpolate (method.md, "The update" and "The bridge").
 
     The plain GeoNorm update goes to ``step.geodesic_step`` (the fused implementation where it covers the call;
     ``HF_GEONORM_FUSED=0`` or ``step_switch.set_fused_enabled(False)`` turns that off); every other setting is
@@ -94,7 +94,7 @@ def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.
 
 def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
     """``geonorm_step`` for every setting, composed of torch operations and differentiated by autograd: the update
-    as docs/method.md writes it (tangent, the angle with its clamp, the exponential map), with the learnable step
+    as method.md writes it (tangent, the angle with its clamp, the exponential map), with the learnable step
     on the angle and the bridge to the Pre-Norm update around it."""
     if params.bridge == 0.0:
         return prenorm_update(x, u, params.frame)  # the Pre-Norm end of the bridge, exactly
@@ -281,7 +281,7 @@ class GeoNormResidual(nn.Module):
     def geodesic(self, x: torch.Tensor, update: torch.Tensor, first_tokens: torch.Tensor | None) -> torch.Tensor:
         """The ``geo`` update of this place in the model: its step size, bridge and frame from the schedule, the
         clamp and the learnable step (``geonorm_step``); the rows of ``first_tokens`` take the Pre-Norm update
-        (``x + u``, or in the frame of ``geo_frames``) under ``geo_first_token_prenorm`` (docs/method.md,
+        (``x + u``, or in the frame of ``geo_frames``) under ``geo_first_token_prenorm`` (method.md,
         "Converting a pretrained model")."""
         config, schedule, i = self.config, self.schedule.current(), self.update_index
         frame = None if schedule.frames is None else schedule.frames[i]

@@ -2,7 +2,7 @@
 for line what ``triton_kernels.py`` computes, for every device and for ``torch.compile`` (which traces this,
 never the hand-written kernel, so compiled graphs contain no opaque call and no graph break).
 
-The fused step is ``geometry.geodesic_step`` with a Python-number ``alpha`` (docs/method.md, "The update"): per
+The fused step is ``geometry.geodesic_step`` with a Python-number ``alpha`` (method.md, "The update"): per
 row (one token, along the hidden dim), with c = <u,x>/|x|^2 and t = u - c x, ``geometry.geonorm_rotation`` gives
 the angle theta and the step size applied, step = theta/(|t|/|x|), and
 

@@ -115,15 +115,8 @@ def load_card_info(path: str | os.PathLike) -> CardInfo | None:
 
 
 def card_template() -> str:
-    """The Jinja template of the model card (package data of ``hf_geonorm.model_cards``; the repository's
-    ``model_cards/`` folder when running from a source checkout)."""
-    try:
-        return resources.files("hf_geonorm.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        fallback = Path(__file__).resolve().parents[2] / "model_cards" / CARD_TEMPLATE
-        if not fallback.is_file():
-            raise FileNotFoundError(f"the model card template {CARD_TEMPLATE} is not installed") from None
-        return fallback.read_text(encoding="utf-8")
+    """The Jinja template of the model card: package data beside this module."""
+    return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
 
 
 def max_rotation(a: float, max_angle: float | None, clamp: str = "both") -> float:

@@ -1,5 +1,5 @@
 """The bridge anneal of an uptraining run: ``geo_bridge`` from a converted Pre-Norm checkpoint's value to 1.0
-(docs/method.md, "The bridge"), all updates together or the last first."""
+(hf_geonorm/modeling/method.md, "The bridge"), all updates together or the last first."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def anneal_weights(costs: list[float]) -> list[float]:
 
 class BridgeAnneal(TrainerCallback):
     """Anneal ``geo_bridge`` from its starting value to 1.0 over ``steps`` optimiser steps: the path from a
-    converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (docs/method.md, "The bridge").
+    converted Pre-Norm checkpoint (bridge 0: its exact outputs) to pure GeoNorm (hf_geonorm/modeling/method.md, "The
+    bridge").
 
     The schedule: optimiser step s (1-based) runs at ``value_at(s)``, ``start + (1 - start) * s / steps`` for
     ``"together"``, so the last anneal step (s = ``steps``) and every step after it run at exactly 1.0, and the

@@ -30,7 +30,8 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ...errors import SettingsError, first_line
-from ...files.atomic import is_full_device, remove_stale_partials, remove_tree
+from ...files.atomic import remove_stale_partials, remove_tree
+from ...files.full_device import is_full_device
 from ...files.safetensors_files import safetensors_header, weight_files
 from ...files.text_files import json_or_problem
 from ...loading import NO_REMOTE_CODE, read_config_json

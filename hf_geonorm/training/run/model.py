@@ -4,7 +4,6 @@ benchmarks train on it, so the three agree field for field. A folder's model is 
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 from collections.abc import Mapping
@@ -16,7 +15,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from ...errors import SettingsError, first_line
-from ...files.atomic import atomic_directory, check_target, is_full_device
+from ...files.atomic import atomic_directory, check_target
+from ...files.full_device import full_device_as_os_error
 from ...files.output_lock import check_not_in_use, output_lock
 from ...inspection import check_fits_memory, parameter_count
 from ...loading import (
@@ -280,12 +280,8 @@ def write_scratch_config(
         output_lock(output_dir, "init", "OUTPUT_DIR"),
         atomic_directory(output_dir, force=force, command="init") as tmp,
     ):
-        try:
+        with full_device_as_os_error():
             save_config_with_remote_code(config, tmp, tokenizer=loaded)
-        except Exception as error:
-            if isinstance(error, OSError) or not is_full_device(error):
-                raise
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None  # SafetensorError: the system's words
     return ScratchConfig(Path(output_dir), config, parameters, config.geonorm_settings().to_dict())
 
 

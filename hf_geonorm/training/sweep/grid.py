@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...declarations import OptionError
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
@@ -34,7 +35,7 @@ from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, reco
 from ...files.signals import raise_if_signalled
 from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
-from ..options import OptionError, TrainOptions
+from ..options import TrainOptions
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from ..options import OptionError
+from ...declarations import OptionError
 from .grid import Run
 from .journal import JournalError
 from .options import SweepOptions

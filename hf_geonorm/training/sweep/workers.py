@@ -26,8 +26,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from ...declarations import OptionError
 from ...errors import first_line
-from ..options import OptionError, TrainOptions
+from ..options import TrainOptions
 from .protocol import Task
 
 STEP = re.compile(r"(?:^|\r|\n)\s*(?:step )?(\d+)/(\d+)(?: \[|:)")  # the bar's "3/300 [" or a line's "step 3/300:"

@@ -17,29 +17,28 @@ from typing import Any
 import click
 
 from .card import card, check_card_options
-from .errors import GeoNormGroup, first_line
+from .command_options import (
+    AngleMeasuringOptions,
+    ConversionOptions,
+    GroupOptions,
+    InitOptions,
+    MeasuringOptions,
+    PlotOptions,
+    TableOptions,
+)
+from .errors import GeoNormGroup, cannot_write
 from .info import info
 from .info import settings_line as _settings_line
-from .library import library_module
-from .options import DTYPES, PRESET_NAMES, pop_settings, preview_settings_options, settings_options
+from .options import PRESET_NAMES, command_options, pop_settings, preview_settings_options, settings_options
 from .push import push
 from .sweep import sweep
 from .train import train
 
 PRESETS = PRESET_NAMES
-SIZES = library_module("training/presets")  # the presets' shapes and the default vocabulary, read without torch
-MEASURES = library_module("analysis/defaults")  # the tokens perplexity and the angles are measured on
-
-
-def _preset_help() -> str:
-    """``init --preset``'s help: each preset's layers, width and heads, as ``presets.PRESETS`` declares them."""
-    shapes = [f"{name} ({size['num_hidden_layers']}/{size['hidden_size']}/{size['num_attention_heads']})"
-              for name, size in SIZES.PRESETS.items()]  # fmt: skip
-    return f"Model size, as layers/width/heads: {', '.join(shapes)}."
 
 
 @click.group(cls=GeoNormGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, envvar="HF_GEONORM_DEBUG", help="Show tracebacks of unexpected errors.")
+@command_options(GroupOptions)
 @click.version_option(package_name="hf-geonorm", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
@@ -78,29 +77,11 @@ def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> 
     return shown + (f", ... ({unit}, last {steps[-1]:.4g})" if len(steps) > limit else "")
 
 
-def _cannot_write(output_dir: str, error: OSError) -> click.ClickException:
-    from hf_geonorm.files.atomic import OutputExists
-
-    if isinstance(error, OutputExists):
-        return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
-    if isinstance(error, FileExistsError):
-        return click.ClickException(first_line(error))
-    return click.ClickException(f"cannot write {output_dir}: {error.strerror or first_line(error)}")
-
-
-allow_missing_option = click.option(
-    "--allow-missing",
-    is_flag=True,
-    help="Load a checkpoint that lacks tensors (they stay random) or has tensors the model has no place for, "
-    "with a warning naming them, instead of refusing it.",
-)
-
-
 # ---- architectures ----
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@command_options(TableOptions)
 def architectures(as_json: bool) -> None:
     """List the supported stock model types and the layout GeoNorm patches: where a decoder layer keeps its
     input norms, attention and MLP, and whether it adds one parallel update. Any checkpoint of these types
@@ -128,31 +109,8 @@ def architectures(as_json: bool) -> None:
 @cli.command()
 @click.argument("source")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@settings_options
-@click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-              help="Weight dtype of the output (auto: the source's; GGUF de-quantises to float32).")  # fmt: skip
-@click.option("--force", is_flag=True, help="Replace an existing non-empty OUTPUT_DIR.")
-@click.option("--base-model", help="Hub id (owner/name) of the model this one derives from, for the model card.")
-@click.option("--license", "license_",
-              help="License for the model card, a Hub license id (default: the source's, when known).")  # fmt: skip
-@click.option("--repo-id", help="Hub id the folder will be pushed to, used in the card's loading examples.")
-@click.option("--eval-text", type=click.Path(exists=True, dir_okay=False),
-              help="Measure perplexity on this text before and after conversion (printed, and put in the "
-              "card).")  # fmt: skip
-@click.option("--eval-tokens", type=click.IntRange(min=2), default=MEASURES.PERPLEXITY_TOKENS, show_default=True,
-              help="Tokens of --eval-text to use (as perplexity --max-tokens).")  # fmt: skip
-@click.option("--calibrate", "calibrate_text", type=click.Path(exists=True, dir_okay=False),
-              help="Set geo_alpha to one step size per update measured on this text through the Pre-Norm source "
-              "(and no clamp unless --max-angle is given), and store the Pre-Norm frames and each update's bridge "
-              "cost for `train --bridge-order last-first`; see README, 'Converting a pretrained model'.")  # fmt: skip
-@click.option("--calibrate-tokens", type=click.IntRange(min=2), default=4096, show_default=True,
-              help="Tokens of --calibrate to use.")  # fmt: skip
-@click.option("--cost-tokens", type=click.IntRange(min=2), default=1024, show_default=True,
-              help="Tokens of --calibrate the bridge costs are measured on (one forward pass per update).")  # fmt: skip
-@allow_missing_option
-def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: str | None, license_: str | None,
-            repo_id: str | None, eval_text: str | None, eval_tokens: int, calibrate_text: str | None,
-            calibrate_tokens: int, cost_tokens: int, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
+@command_options(ConversionOptions, settings=settings_options)
+def convert(source: str, output_dir: str, **kwargs: Any) -> None:
     """Convert SOURCE to a GeoNorm checkpoint in OUTPUT_DIR.
 
     SOURCE is a local checkpoint folder, a .gguf file, or a Hugging Face Hub model id. OUTPUT_DIR gets
@@ -164,23 +122,20 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
     With --bridge 0 the converted model computes exactly what the source does; --bridge 1 (the default) is
     pure GeoNorm.
     """
-    from hf_geonorm.conversion import ConversionOptions, convert_checkpoint
+    from hf_geonorm.conversion import convert_checkpoint
 
-    if license_ == "other":
+    settings = pop_settings(kwargs)
+    options = ConversionOptions(**kwargs)
+    if options.license == "other":
         raise click.UsageError(
             "--license other needs a license name, which convert does not take: convert without --license, then "
             f"hf-geonorm card {output_dir} --license other --license-name NAME"
         )
-    check_card_options(license_, None, base_model, "the card names SOURCE, a local folder, by itself")
-    options = ConversionOptions(
-        dtype=dtype, force=force, base_model=base_model, license=license_, repo_id=repo_id, eval_text=eval_text,
-        eval_tokens=eval_tokens, calibrate_text=calibrate_text, calibrate_tokens=calibrate_tokens,
-        cost_tokens=cost_tokens, allow_missing=allow_missing,
-    )  # fmt: skip
+    check_card_options(options.license, None, options.base_model, "the card names SOURCE, a local folder, by itself")
     try:
-        result = convert_checkpoint(source, output_dir, pop_settings(kwargs), options, progress=_progress)
+        result = convert_checkpoint(source, output_dir, settings, options, progress=_progress)
     except OSError as error:
-        raise _cannot_write(output_dir, error) from None
+        raise cannot_write(output_dir, error) from None
     if result.perplexity_before is not None:
         click.echo(f"source perplexity: {result.perplexity_before:.4f}")
         click.echo(f"converted perplexity: {result.perplexity_after:.4f}")
@@ -195,22 +150,8 @@ def convert(source: str, output_dir: str, dtype: str, force: bool, base_model: s
 @cli.command()
 @click.argument("arch")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@click.option("--preset", type=click.Choice(PRESETS), help=_preset_help())
-@settings_options
-@click.option("--tokenizer", "tokenizer_path",
-              help="Tokenizer folder or Hub id; sets the vocabulary and special tokens.")  # fmt: skip
-@click.option("--vocab-size", type=click.IntRange(min=1),
-              help="Vocabulary size [default: the tokenizer's, rounded up to 64; else "
-              f"{SIZES.DEFAULT_VOCAB}].")  # fmt: skip
-@click.option("--max-length", type=click.IntRange(min=1),
-              help=f"max_position_embeddings [default: {SIZES.DEFAULT_POSITIONS}; "
-              f"{SIZES.preset_positions('tiny')} for tiny].")  # fmt: skip
-@click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True,
-              help="Share the input embedding and the output head (as the paper's GPT-3-shaped models "
-              "count).")  # fmt: skip
-@click.option("--force", is_flag=True, help="Replace an existing non-empty OUTPUT_DIR.")
-def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | None, vocab_size: int | None,
-         max_length: int | None, tie_embeddings: bool, force: bool, **kwargs: Any) -> None:  # fmt: skip
+@command_options(InitOptions, settings=settings_options)
+def init(arch: str, output_dir: str, preset: str | None, **kwargs: Any) -> None:
     """Write a from-scratch GeoNorm config for architecture ARCH (a stock model type such as llama or gpt2)
     to OUTPUT_DIR, for pretraining.
 
@@ -223,12 +164,9 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
     from hf_geonorm.training.run.model import write_scratch_config
 
     try:
-        result = write_scratch_config(
-            arch, output_dir, preset, pop_settings(kwargs), tokenizer=tokenizer_path, vocab_size=vocab_size,
-            max_length=max_length, tie_embeddings=tie_embeddings, force=force,
-        )  # fmt: skip
+        result = write_scratch_config(arch, output_dir, preset, pop_settings(kwargs), **kwargs)
     except OSError as error:
-        raise _cannot_write(output_dir, error) from None
+        raise cannot_write(output_dir, error) from None
     config, layers = result.config, result.config.num_hidden_layers
     click.echo(
         f"wrote {output_dir}: {config.model_type}, preset {preset}: {layers} layers, width {config.hidden_size}, "
@@ -241,34 +179,9 @@ def init(arch: str, output_dir: str, preset: str | None, tokenizer_path: str | N
 # ---- angles and perplexity ----
 
 
-def measuring_options(tokens: int) -> Any:
-    """The options of the commands that run a model on a text, ``tokens`` of it by default."""
-    return lambda func: _with_measuring_options(func, tokens)
-
-
-def _with_measuring_options(func: Any, tokens: int) -> Any:
-    for option in reversed([
-        click.option("--text", "text_path", type=click.Path(exists=True, dir_okay=False), required=True,
-                     help="A UTF-8 text file to run the model on."),
-        click.option("--max-tokens", type=click.IntRange(min=2), default=tokens, show_default=True,
-                     help="Tokens of the text to use."),
-        click.option("--window", type=click.IntRange(min=2),
-                     help="Tokens per forward pass [default: the model's context, at most --max-tokens]."),
-        click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-                     help="Dtype to run the model in."),
-        click.option("--device", default="cpu", show_default=True, help="torch device to run on."),
-        preview_settings_options,
-        allow_missing_option,
-    ]):  # fmt: skip
-        func = option(func)
-    return func
-
-
 @cli.command()
 @click.argument("source")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw the angles into this PNG.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@measuring_options(MEASURES.ANGLE_TOKENS)
+@command_options(PlotOptions, TableOptions, AngleMeasuringOptions, settings=preview_settings_options)
 def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, max_tokens: int, window: int | None,
            dtype: str, device: str, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Measure, per layer and sublayer, the rotation angle each residual update makes on the sphere while
@@ -313,7 +226,7 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
 
 @cli.command()
 @click.argument("source")
-@measuring_options(MEASURES.PERPLEXITY_TOKENS)
+@command_options(MeasuringOptions, settings=preview_settings_options)
 def perplexity(source: str, text_path: str, max_tokens: int, window: int | None, dtype: str, device: str,
                allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Perplexity of SOURCE (folder, .gguf or Hub id) on a text, over non-overlapping windows. Settings

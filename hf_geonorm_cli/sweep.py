@@ -5,13 +5,13 @@ generated from their one declaration."""
 from __future__ import annotations
 
 import dataclasses
-import signal
 from typing import Any
 
 import click
 
+from .errors import LEFT_BEHIND
 from .options import declaration, declared_options, given, pop_settings
-from .train import run_checked
+from .train import run_job
 
 
 @click.command()
@@ -31,23 +31,15 @@ def sweep(**kwargs: Any) -> None:
     sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
     engine_names = {spec.name for spec in dataclasses.fields(declaration("EngineOptions"))}
     engine_values = given({name: kwargs.pop(name) for name in engine_names})
-    from hf_geonorm.files.signals import Terminated
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.sweep.engine import sweep_on
     from hf_geonorm.training.sweep.engine_options import EngineOptions
     from hf_geonorm.training.sweep.options import SweepOptions
 
     options = SweepOptions(**sweep_values)
-    try:
-        train = TrainOptions(settings=settings, **given(kwargs))
-        run_checked(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo,
-                                     given=set(sweep_values)))
-    except (KeyboardInterrupt, Terminated) as stop:
-        terminated = isinstance(stop, Terminated)
-        stopped = click.ClickException(
-            f"{'terminated (SIGTERM)' if terminated else 'interrupted'}: the finished runs are in "
-            f"{options.output}/runs.jsonl, and the run that was training left no checkpoint (a sweep resumes by whole "
-            "runs); the same command again trains the runs that are missing"
-        )
-        stopped.exit_code = 128 + (signal.SIGTERM if terminated else signal.SIGINT)
-        raise stopped from None
+    click.get_current_context().meta[LEFT_BEHIND] = (
+        f": the finished runs are in {options.output}/runs.jsonl, and the run that was training left no checkpoint "
+        "(a sweep resumes by whole runs); the same command again trains the runs that are missing"
+    )
+    train = TrainOptions(settings=settings, **given(kwargs))
+    run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo, given=set(sweep_values)))

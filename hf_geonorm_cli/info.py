@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from .command_options import JSONOptions
 from .library import library_module
+from .options import command_options
 
 
 def settings_line(settings: dict[str, Any]) -> str:
@@ -26,7 +28,7 @@ def _positions_line(data: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@command_options(JSONOptions)
 def info(path: str, as_json: bool) -> None:
     """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
     step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights.

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from .command_options import PushCommandOptions
 from .errors import first_line
+from .options import command_options
 
 
 def _size(path: Path, files: list[str]) -> str:
@@ -20,23 +23,8 @@ def _size(path: Path, files: list[str]) -> str:
 @click.command()
 @click.argument("path", type=click.Path(file_okay=True, dir_okay=True))
 @click.argument("repo_id")
-@click.option("--private", is_flag=True,
-              help="Create the repository private (a repository that exists keeps its visibility).")  # fmt: skip
-@click.option("--revision", metavar="BRANCH",
-              help="Push to this branch, created from main when missing [default: main].")  # fmt: skip
-@click.option("--commit-message", help="The commit message [default: 'Upload geonorm_<type> model (GeoNorm) ...'].")
-@click.option("--commit-description", help="A longer description for the commit.")
-@click.option("--create-pr", is_flag=True,
-              help="Open a pull request with the files instead of committing to the branch.")  # fmt: skip
-def push(
-    path: str,
-    repo_id: str,
-    private: bool,
-    revision: str | None,
-    commit_message: str | None,
-    commit_description: str | None,
-    create_pr: bool,
-) -> None:
+@command_options(PushCommandOptions)
+def push(path: str, repo_id: str, **kwargs: Any) -> None:
     """Upload the GeoNorm folder PATH to the Hub model repository REPO_ID (namespace/name).
 
     PATH must be complete: safetensors weights, a config.json of a geonorm_<type> model, the remote code its
@@ -51,18 +39,14 @@ def push(
 
     from hf_geonorm.sharing.hub import NotShareable, PushOptions, push_folder, shareable_files
 
-    if create_pr and revision and revision != "main":
+    if kwargs["create_pr"] and kwargs["revision"] and kwargs["revision"] != "main":
         raise click.UsageError("--create-pr opens a pull request against main; it cannot be combined with --revision")
     folder = Path(path)
     try:
         if folder.is_dir():
             files = shareable_files(folder)
             click.echo(f"checking {path}: {len(files)} files, {_size(folder, files)}", err=True)
-        options = PushOptions(
-            commit_message=commit_message, commit_description=commit_description, private=private or None,
-            revision=revision, create_pr=create_pr,
-        )  # fmt: skip
-        result = push_folder(folder, repo_id, options)
+        result = push_folder(folder, repo_id, PushOptions(**{**kwargs, "private": kwargs["private"] or None}))
     except NotShareable as error:
         raise click.ClickException(f"not pushed: {error}") from None
     except HfHubHTTPError as error:

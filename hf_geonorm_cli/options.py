@@ -1,9 +1,11 @@
-"""The click options of the commands, generated from their one declaration in the library: the GeoNorm settings'
-(``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``, ``angles``, ``perplexity``, ``train`` and
-``sweep``, and the options of ``train`` and ``sweep`` (``hf_geonorm.training.options``).
+"""The click options of every command, generated from their one declaration (the only ``click.option`` calls of
+the command line): the GeoNorm settings' (``hf_geonorm.modeling.settings``), shared by ``convert``, ``init``,
+``angles``, ``perplexity``, ``train`` and ``sweep``; the options of ``train`` and ``sweep``
+(``hf_geonorm.training.options``: ``declared_options``); those of the other commands (``convert``'s
+``ConversionOptions``, ``command_options.py``: ``command_options``).
 
-The declarations are read from their files without importing the package (``library``), so that ``hf-geonorm
---help`` answers without importing torch and transformers.
+The declarations are imported without the package's ``__init__`` (``library``), so that ``hf-geonorm --help``
+answers without importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -19,32 +21,31 @@ import click
 
 from .library import library_module
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = library_module("conversion_options").DTYPES
 NO_CLAMP = "none"
 
 
-# The declarations of the commands' options, by name: the library module of each, read from its file.
+# The declarations of the commands' options, by name: the library module of each.
 DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options",
                 "EngineOptions": "training/sweep/engine_options"}
 
 
 def declarations() -> ModuleType:
-    """``hf_geonorm/training/options.py`` (``TrainOptions``, and how a field declares its option) read from its file
-    (``library``), for a ``--help`` without torch. The commands build the library's own classes from the values."""
-    return library_module("training/options")
+    """``hf_geonorm.declarations``: how a field declares its option, and the limits checked alike by the API."""
+    return library_module("declarations")
 
 
 def declaration(name: str) -> type:
-    """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``), read from its file."""
+    """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``)."""
     return getattr(library_module(DECLARATIONS[name]), name)
 
 
 def setting_declarations() -> ModuleType:
-    """``hf_geonorm/modeling/settings.py`` (``GeoNormSettings`` and its choices), read from its file."""
+    """``hf_geonorm.modeling.settings`` (``GeoNormSettings`` and its choices)."""
     return library_module("modeling/settings")
 
 
-PRESET_NAMES = declarations().PRESET_NAMES
+PRESET_NAMES = library_module("training/options").PRESET_NAMES
 
 
 class AlphaType(click.ParamType):
@@ -369,3 +370,51 @@ def declared_fields(declaration: type) -> list[tuple[dataclasses.Field, dict[str
 def given(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The options the user gave (the others are None: the declaration's defaults apply)."""
     return {name: value for name, value in kwargs.items() if value is not None}
+
+
+def command_options(*declarations: type, settings: Callable[[Callable], Callable] | None = None) -> Callable:
+    """Decorate a command other than ``train`` and ``sweep`` with the options its declarations (dataclasses whose
+    fields declare them) hold, in their order, and the GeoNorm settings' options (``settings_options`` or
+    ``preview_settings_options``) after the field declared ``settings_follow``, else first. Each option has its
+    field's name and default, and click's own value types and statement of the default (``show_default``), so that
+    the command builds its options object from the values as they come (``ConversionOptions(**values)``)."""
+    specs = [spec for declaration in declarations for spec in dataclasses.fields(declaration)]
+    follows = any(spec.metadata["option"].get("settings_follow") for spec in specs)
+    decorators = [settings] if settings is not None and not follows else []
+    for spec in specs:
+        decorators.append(_command_option(spec))
+        if settings is not None and spec.metadata["option"].get("settings_follow"):
+            decorators.append(settings)
+
+    def decorate(func: Callable) -> Callable:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
+def _command_option(spec: dataclasses.Field) -> Callable:
+    form = spec.metadata["option"]
+    name = form.get("name", "--" + spec.name.replace("_", "-"))
+    extra = {key: form[key] for key in ("metavar", "envvar", "required", "show_default") if key in form}
+    if spec.default is not None:  # (a default of None would count as given: click's "required" would pass)
+        extra["default"] = spec.default
+    if form.get("flag"):
+        names = f"{name}/--no-{name.removeprefix('--')}" if form.get("switch") else name
+        flag = {} if form.get("switch") else {"is_flag": True}
+        return click.option(names, spec.name, help=form["help"], **flag, **extra)
+    return click.option(name, spec.name, type=_command_type(form), help=form["help"], **extra)
+
+
+def _command_type(form: dict[str, Any]) -> click.ParamType | None:
+    """click's type of a declared option of the commands other than ``train`` and ``sweep`` (None: text)."""
+    if "choices" in form:
+        return click.Choice(form["choices"])
+    if "file" in form:
+        return click.Path(exists=form["file"] == "existing", dir_okay=False)
+    if "folder" in form:
+        return click.Path(exists=form["folder"] == "existing", file_okay=False)
+    if "minimum" in form:
+        return click.IntRange(min=form["minimum"])
+    return None

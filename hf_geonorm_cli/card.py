@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import click
 
-from .errors import first_line
+from .command_options import CardOptions
+from .errors import cannot_write
+from .options import command_options
 
 
 def check_card_options(license_: str | None, license_name: str | None, base_model: str | None,
@@ -22,17 +24,8 @@ def check_card_options(license_: str | None, license_name: str | None, base_mode
 
 @click.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
-@click.option("--base-model", help="Hub id (owner/name) of the model this one derives from.")
-@click.option("--license", "license_", help="The model's license: a Hub license id (e.g. apache-2.0), or other.")
-@click.option("--license-name", help="With --license other: the license's short name (e.g. my-license).")
-@click.option("--source", help="Where the model came from (a folder, file or Hub id), for the card's first line.")
-@click.option("--from", "from_folder", type=click.Path(exists=True, file_okay=False),
-              help="The GeoNorm folder this one was trained from: its card's base model, license, language and "
-              "source carry over.")  # fmt: skip
-@click.option("--force", is_flag=True,
-              help="Update the metadata of a README.md that is not hf-geonorm's card as written (edited since, or "
-              "another tool's), keeping its text.")  # fmt: skip
-def card(path: str, base_model: str | None, license_: str | None, license_name: str | None, source: str | None,
+@command_options(CardOptions)
+def card(path: str, base_model: str | None, license: str | None, license_name: str | None, source: str | None,
          from_folder: str | None, force: bool) -> None:  # fmt: skip
     """Write the GeoNorm model card (README.md and geonorm_card.json) of the GeoNorm folder PATH that another tool
     saved: run_clm.py's Trainer writes its generic card, TRL's SFTTrainer none, and `hf-geonorm push` needs a
@@ -45,19 +38,17 @@ def card(path: str, base_model: str | None, license_: str | None, license_name: 
     from hf_geonorm.sharing.card_updates import write_card_for
     from hf_geonorm.sharing.model_card import CardInfo, inherited_card_info
 
-    check_card_options(license_, license_name, base_model, "name a local folder with --source")
+    check_card_options(license, license_name, base_model, "name a local folder with --source")
     facts = inherited_card_info(from_folder) if from_folder else CardInfo()
-    given = {"base_model": base_model, "license": license_, "source": source}
+    given = {"base_model": base_model, "license": license, "source": source}
     given = {key: value for key, value in given.items() if value is not None}
-    if license_ is not None:
+    if license is not None:
         given.update(license_name=license_name, license_link=None)
     facts = CardInfo.from_dict({**facts.to_dict(), **given})
     try:
         written = write_card_for(path, facts, force=force)
-    except FileExistsError as error:
-        raise click.ClickException(first_line(error)) from None
     except OSError as error:
-        raise click.ClickException(f"cannot write {path}: {error.strerror or first_line(error)}") from None
+        raise cannot_write(path, error) from None
     data = written.readme.with_name("geonorm_card.json")
     if written.text_kept:
         click.echo(f"updated the metadata of {written.readme}, its text kept, and wrote {data} (move README.md "
