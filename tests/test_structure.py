@@ -19,7 +19,9 @@ from test_repository import PACKAGE, ROOT, absolute, imported_names
 FLOORS = (
     {"hf_geonorm.modeling"},  # the code a saved folder carries as its remote code: imports none of the rest
     {"hf_geonorm.patching", "hf_geonorm.errors", "hf_geonorm.loading_sizes", "hf_geonorm.loading_info",
-     "hf_geonorm.files"},  # the core every job uses: patching, the errors, what loading checks, files written safely
+     "hf_geonorm.files", "hf_geonorm.declarations", "hf_geonorm.conversion_options", "hf_geonorm.analysis.defaults"},
+    # the core every job uses: patching, the errors, what loading checks, files written safely, the options'
+    # declarations and the defaults they name (standard library only)
     {"hf_geonorm.loading"},  # a model from a folder, a Hub id or a GGUF file
     {"hf_geonorm.analysis", "hf_geonorm.sharing"},  # what a loaded model is measured and shared by
     {"hf_geonorm.conversion", "hf_geonorm.inspection", "hf_geonorm.training"},  # the jobs

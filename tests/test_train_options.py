@@ -208,4 +208,4 @@ def test_the_declaration_modules_import_only_the_standard_library():
     package = Path(declared.__file__).parents[1]
     assert {path.relative_to(package).as_posix() for path in seen} == {
         "declarations.py", "training/options.py", "training/presets.py", "training/sweep/options.py",
-        "training/sweep/engine_options.py", "modeling/settings.py"}
+        "training/sweep/engine_options.py", "modeling/settings.py", "modeling/norm_styles.py"}
