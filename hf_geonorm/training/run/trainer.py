@@ -64,7 +64,7 @@ class CheckedTrainer(AtomicCheckpointTrainer):
         check_trainer_overrides()
         super().__init__(*args, **kwargs)
         self.min_lr_ratio = min_lr_ratio
-        self.evaluation_seconds = 0.0  # every evaluation so far: kept out of the training throughput
+        self.evaluation_seconds = self.training_evaluation_seconds = 0.0  # every evaluation; those inside train()
 
     def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
         """The weight matrices (``optim.decayed_parameter_names``): not the norms, biases, embeddings or GeoNorm's
@@ -201,6 +201,7 @@ def train(trainer: CheckedTrainer, progress: RunProgress, checkpoint: Path | Non
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         finally:
             progress.restore_bars()
+    trainer.training_evaluation_seconds = trainer.evaluation_seconds  # the final and test evaluations come after
     return time.perf_counter() - start
 
 
@@ -368,7 +369,7 @@ def run_metrics(
 ) -> dict[str, Any]:
     """What ``metrics.json`` holds of the run: its losses, steps, time and throughput, the model (``built``'s
     parameters, its saved ``config``), the data, the options that applied and where the learning rate came from."""
-    training_seconds = seconds - trainer.evaluation_seconds  # the evaluations inside train() left out
+    training_seconds = seconds - trainer.training_evaluation_seconds  # the evaluations inside train() left out
     steps_run = trainer.state.global_step - resumed_step
     blocks_per_step = options.batch_size * options.gradient_accumulation_steps * trainer.args.world_size
     tokens = steps_run * blocks_per_step * options.seq_len
