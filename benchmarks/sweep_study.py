@@ -271,7 +271,7 @@ def phase_g(results: Path, cache: str) -> None:
 I_SHAPES = ("gpt2", "llama")
 # warm-up shares of the run, the same for every style (one style with more knobs is unfair tuning): the grid starts
 # at the middle two and takes one more step of the ladder while a style's best share is at an edge
-I_WARMUP_LADDER = (0.0, 0.1, 0.3, 0.5)
+I_WARMUP_LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)  # 0.7 and 0.9 added when every GPT-2 style chose 0.5, its top
 I_WARMUP_START = (0.1, 0.3)
 # each style's grid: four rates a factor 2 apart from half its centre, centred where phase h and the history
 # ablation put it; Post-Norm and DeepNorm where postnorm_diagnosis.py's study-shape cells found them best (2e-3, its
