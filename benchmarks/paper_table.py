@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sweep_study import I_SHAPES, STUDY_FILES, phase_i_options
+from sweep_study import I_SHAPES, I_WARMUP_LADDER, I_WARMUP_START, STEPS, STUDY_FILES, WARMUP, phase_i_options
 
 from hf_geonorm.training.data.pipeline import ArrowBlocks
 from hf_geonorm.training.data.prepare import data_request, data_source, training_data
@@ -34,6 +34,7 @@ from hf_geonorm.training.sweep.welch import welch_test
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STYLES = {"pre": "Pre-Norm", "post": "Post-Norm", "deepnorm": "DeepNorm", "sandwich": "SandwichNorm", "geo": "GeoNorm"}
 SHAPE_NAMES = {"gpt2": "GPT-2 4 x 128", "llama": "LLaMA 4 x 128"}
+UNTRAINED = 0.1  # a seed whose test loss is within this of the unigram reference learned nothing of the context
 
 
 def unigram_reference(cache: str) -> dict[str, float]:
@@ -96,9 +97,32 @@ def shape_table(results: Path, arch: str) -> dict[str, Any]:
         if pre is None or style == "pre":
             continue
         row["minus_pre"] = row["test_mean"] - pre["test_mean"]
-        test = welch_test(row["test"], pre["test"])
-        row["welch"] = None if test is None else {"standard_error": test.standard_error, "p": test.p, "df": test.df}
-    return {"runs": sum(len(r) for r in runs.values()), "styles": rows}
+        row["welch"] = margin(row["test"], pre["test"])
+    geo = rows.get("geo")
+    for style, row in rows.items():
+        if geo is not None and style != "geo":
+            row["geo_minus"] = geo["test_mean"] - row["test_mean"]
+            row["geo_welch"] = margin(geo["test"], row["test"])
+    return {"runs": sum(len(r) for r in runs.values()), "styles": rows, "default_share": default_share(runs)}
+
+
+def margin(first: list[float], second: list[float]) -> dict[str, float] | None:
+    """Welch's test of two seeded cells' test losses (None where either has one seed)."""
+    test = welch_test(first, second)
+    return None if test is None else {"standard_error": test.standard_error, "p": test.p, "df": test.df}
+
+
+def default_share(runs: dict[float, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Each style's best rate at train's default warm-up share (a tenth of the run), chosen on seed 0's validation
+    at that share alone, with seed 0's test loss: what a comparison at train's default warm-up sees."""
+    share = WARMUP / STEPS
+    found = {}
+    for style in STYLES:
+        cells = [r for r in runs.get(share, []) if r["style"] == style and r["seed"] == 0]
+        if cells:
+            best = min(cells, key=lambda r: r["val_loss"])
+            found[style] = {"lr": best["lr"], "val": best["val_loss"], "test": best["test_loss"]}
+    return found
 
 
 def page(tables: dict[str, dict[str, Any]], reference: dict[str, float], corpus: dict[str, Any]) -> str:
@@ -112,8 +136,12 @@ def page(tables: dict[str, dict[str, Any]], reference: dict[str, float], corpus:
         f"source of torch and transformers; validation and test are whole files, near-duplicates of training text "
         f"removed; {corpus['tokens']['train_tokens']:,} training tokens, {reference['test_blocks']} test blocks). "
         "Every style: the same grid rule, rate x warm-up share (four rates a factor 2 apart around the style's "
-        "centre, extended at an edge, at warm-up shares 0.1 and 0.3 of the run, extended along 0, 0.1, 0.3, 0.5 "
-        "at an edge), chosen on seed 0's validation, then seeds 0-2 at the chosen cell; test loss mean ± sample sd. "
+        f"centre, extended at an edge, at warm-up shares {' and '.join(f'{s:g}' for s in I_WARMUP_START)} of the "
+        f"run, extended along {', '.join(f'{s:g}' for s in I_WARMUP_LADDER)} while the best share is at an edge; "
+        f"{I_WARMUP_LADDER[-1]:g} is the ladder's top), chosen on seed 0's validation, then seeds 0-2 at the chosen "
+        "cell; test loss mean ± sample sd, each seed's loss listed (* within "
+        f"{UNTRAINED:g} of the unigram reference: that seed learned nothing of the context). A margin is the "
+        "difference of the means ± its standard error, with Welch's two-sided p. "
         "Post-Norm and DeepNorm start GPT-2's position table at zero and DeepNorm draws DeepNet's init (the "
         "library's defaults: docs/training.md, \"Post-Norm on GPT-2\").",
         "",
@@ -123,20 +151,27 @@ def page(tables: dict[str, dict[str, Any]], reference: dict[str, float], corpus:
     ]
     for arch, table in tables.items():
         lines += ["", f"## {SHAPE_NAMES[arch]} ({table['runs']} runs)", "",
-                  "| style | chosen rate | warm-up share | at a grid edge | seeds | test loss | − Pre-Norm ± SE | "
-                  "Welch's p | − unigram |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| style | chosen rate | warm-up share | at a grid edge | seeds' test losses | test loss | "
+                  "− Pre-Norm ± SE (p) | GeoNorm − it ± SE (p) | − unigram |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for style, row in table["styles"].items():
             sd = "" if row["test_sd"] is None else f" ± {row['test_sd']:.3f}"
-            welch = row.get("welch")
-            minus = "–" if "minus_pre" not in row else f"{row['minus_pre']:+.3f}" + (
-                "" if welch is None else f" ± {welch['standard_error']:.3f}")
-            p = "–" if not welch else f"{welch['p']:.2g}"
+            seeds = ", ".join(f"{t:.3f}" + ("*" if t > unigram - UNTRAINED else "") for t in row["test"])
             lines.append(
                 f"| {STYLES[style]} | {row['lr']:g} | {row['share']:g} | {', '.join(row['edges']) or 'no'} | "
-                f"{len(row['seeds'])} | {row['test_mean']:.3f}{sd} | {minus} | {p} | "
-                f"{row['test_mean'] - unigram:+.3f} |"
+                f"{seeds} | {row['test_mean']:.3f}{sd} | {margin_text(row.get('minus_pre'), row.get('welch'))} | "
+                f"{margin_text(row.get('geo_minus'), row.get('geo_welch'))} | {row['test_mean'] - unigram:+.3f} |"
             )
         lines.append(f"| unigram (reference) | – | – | – | – | {unigram:.3f} | – | – | 0 |")
+        if table["default_share"]:
+            lines += ["", f"At train's default warm-up alone ({WARMUP} of {STEPS} steps), each style's best rate on "
+                      "seed 0's validation at that share, and seed 0's test loss there (one seed: no standard error):",
+                      "", "| style | rate | validation | test | − GeoNorm |", "|---|---|---|---|---|"]  # fmt: skip
+            geo = table["default_share"].get("geo")
+            for style, cell in table["default_share"].items():
+                behind = "–" if geo is None or style == "geo" else f"{cell['test'] - geo['test']:+.3f}"
+                lines.append(f"| {STYLES[style]} | {cell['lr']:g} | {cell['val']:.3f} | {cell['test']:.3f} | "
+                             f"{behind} |")  # fmt: skip
         lines += ["", "Seed 0's validation loss in every cell tried (rows: warm-up share; chosen in bold):", ""]
         for style, row in table["styles"].items():
             rates = sorted({float(rate) for grid in row["grid"].values() for rate in grid})
@@ -152,6 +187,12 @@ def page(tables: dict[str, dict[str, Any]], reference: dict[str, float], corpus:
                 lines.append(f"| {share} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def margin_text(difference: float | None, welch: dict[str, float] | None) -> str:
+    if difference is None:
+        return "–"
+    return f"{difference:+.3f}" + ("" if welch is None else f" ± {welch['standard_error']:.3f} ({welch['p']:.2g})")
 
 
 def main() -> None:

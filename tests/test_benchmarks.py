@@ -163,3 +163,28 @@ def test_paper_table_chooses_on_seed_0_validation_over_rates_and_warm_up_shares(
     var = lambda xs: sum((x - sum(xs) / 3) ** 2 for x in xs) / 2  # noqa: E731
     assert rows["post"]["minus_pre"] == pytest.approx(sum(a) / 3 - sum(b) / 3)
     assert rows["post"]["welch"]["standard_error"] == pytest.approx(((var(a) + var(b)) / 3) ** 0.5)
+
+
+def test_paper_table_sets_geonorm_against_each_style_and_shows_the_default_warm_up_alone(monkeypatch):
+    """GeoNorm's margin over each style is its mean minus theirs with the two-sample standard error written out
+    here; the default-share table chooses at a tenth of the run alone, on seed 0's validation."""
+    table = load(BENCHMARKS / "paper_table.py", monkeypatch)
+
+    def run(style, lr, seed, val, test):
+        return {"style": style, "lr": lr, "seed": seed, "val_loss": val, "test_loss": test}
+
+    geo, pre = [4.1, 4.2, 4.15], [4.4, 4.35, 4.5]
+    runs = {
+        0.1: [run("geo", 8e-3, 0, 4.5, 4.45), run("geo", 4e-3, 0, 4.6, 4.3), run("pre", 2e-3, 0, 5.0, 4.9),
+              run("pre", 4e-3, 0, 5.1, 4.8)],
+        0.5: [run("geo", 8e-3, s, 4.3, t) for s, t in enumerate(geo)]
+        + [run("pre", 8e-3, s, 4.4, t) for s, t in enumerate(pre)],
+    }
+    monkeypatch.setattr(table, "shape_runs", lambda results, arch: runs)
+    result = table.shape_table(Path("unused"), "gpt2")
+    var = lambda xs: sum((x - sum(xs) / 3) ** 2 for x in xs) / 2  # noqa: E731
+    assert result["styles"]["pre"]["geo_minus"] == pytest.approx(sum(geo) / 3 - sum(pre) / 3)
+    assert result["styles"]["pre"]["geo_welch"]["standard_error"] == pytest.approx(((var(geo) + var(pre)) / 3) ** 0.5)
+    assert "geo_minus" not in result["styles"]["geo"]
+    assert result["default_share"] == {"geo": {"lr": 8e-3, "val": 4.5, "test": 4.45},
+                                       "pre": {"lr": 2e-3, "val": 5.0, "test": 4.9}}  # fmt: skip
