@@ -165,8 +165,9 @@ def early_training(runs: list[dict[str, Any]]) -> list[str]:
         "runs of the project's length study, so read this report's losses, margins and best rates as early-training "
         "figures. In that study (GPT-2, 4 layers of width 128, on 32M tokens of torch and transformers source, each "
         "arm's peak rate re-tuned at each length, the warm-up a tenth of each run) GeoNorm's lead over Pre-Norm on "
-        f"test fell as the runs grew {growth} times longer: {points}; and Pre-Norm's best rate moved ({', '.join(rate for *_, rate in LENGTH_STUDY)}): a margin "
-        "measured this early may shrink, and a best rate move, with longer training. The study: "
+        f"test fell as the runs grew {growth} times longer: {points}; and Pre-Norm's best rate moved "
+        f"({', '.join(rate for *_, rate in LENGTH_STUDY)}): a margin measured this early may shrink, and a best rate "
+        "move, with longer training. The study: "
         f"{STUDY_SECTION}.",
         "",
     ]
