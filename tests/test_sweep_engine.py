@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from helpers import write_sweep_journal
 from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
+from hf_geonorm.files.children import environment_set
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.sweep import grid as grid_module
 from hf_geonorm.training.sweep import workers as workers_module
@@ -150,6 +151,21 @@ def test_workers_spread_over_the_devices_named_each_seeing_its_own(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert [(s.device, s.threads) for s in workers_module.worker_slots(4, None)] == [(None, 2)] * 4
     assert workers_module.device_id(None, "4,6") == ""
+
+
+def test_a_child_started_in_environment_set_inherits_it_and_the_parent_gets_its_own_back(monkeypatch):
+    """What workers and tokenizing pools start under: the child sees the values; afterwards a name the parent had
+    holds its own value again and a name it lacked is gone, also when the block raised."""
+    monkeypatch.setenv("GEONORM_KEPT", "mine")
+    monkeypatch.delenv("GEONORM_NEW", raising=False)
+    child = [sys.executable, "-c", "import os; print(os.environ['GEONORM_KEPT'], os.environ['GEONORM_NEW'])"]
+    with environment_set({"GEONORM_KEPT": "child", "GEONORM_NEW": "1"}):
+        seen = subprocess.run(child, capture_output=True, text=True, check=True).stdout.split()
+    assert seen == ["child", "1"]
+    assert os.environ["GEONORM_KEPT"] == "mine" and "GEONORM_NEW" not in os.environ
+    with pytest.raises(RuntimeError), environment_set({"GEONORM_KEPT": "child", "GEONORM_NEW": "1"}):
+        raise RuntimeError
+    assert os.environ["GEONORM_KEPT"] == "mine" and "GEONORM_NEW" not in os.environ
 
 
 def test_a_worker_is_forked_only_where_it_runs_one_cpu_thread(monkeypatch):

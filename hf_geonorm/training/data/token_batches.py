@@ -10,7 +10,6 @@ import collections
 import contextlib
 import itertools
 import multiprocessing
-import os
 import re
 import signal
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ...files.children import environment_set
 from .corpus import Corpus
 
 BATCH_CHARS = 1 << 20  # the text of one tokenizer call
@@ -133,21 +133,16 @@ def _tokenizer_pool(tokenizer: Any, eos: list[int], workers: int) -> Iterator[An
     not by ``Pool.terminate``'s SIGTERM: a worker that SIGTERM reached while it started could swallow the raise and
     wait for tasks for ever, and the pool's join with it (seen in CI)."""
     method = "fork" if sys.platform.startswith("linux") else "spawn"
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     in_main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if in_main else None
     if handler is not None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        pool = multiprocessing.get_context(method).Pool(workers, _start_worker, (tokenizer, eos))
+        with environment_set({"TOKENIZERS_PARALLELISM": "false"}):
+            pool = multiprocessing.get_context(method).Pool(workers, _start_worker, (tokenizer, eos))
     finally:
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)
-        if previous is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
     try:
         yield pool
     except BaseException:

@@ -13,14 +13,12 @@ of memory) is reported as such: its run left no entry, so it trains again.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 from ...declarations import OptionError
 from ...errors import first_line
+from ...files.children import environment_set
 from ..options import TrainOptions
 from .protocol import Task
 
@@ -133,7 +132,7 @@ class Pool:
             environment = {"CUDA_VISIBLE_DEVICES": device_id(slot.device, given)}
             if method == "fork":
                 environment["TOKENIZERS_PARALLELISM"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
-            with _environment(environment):
+            with environment_set(environment):
                 process.start()
             child.close()
             self.workers.append(Worker(slot, process, parent))
@@ -190,19 +189,6 @@ class Pool:
         return events
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` set in this process's environment for the block (a child started in it inherits them)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _send(worker: Worker, task: Task | None) -> None:
