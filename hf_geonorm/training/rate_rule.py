@@ -154,8 +154,8 @@ def _extrapolated(family_cells: list[dict[str, Any]], style: str, pre: DefaultRa
     best = own[(both["width"], both["layers"])]["lr"]
     ratio, cell = best / both["lr"], f"{both['arch']} {_shape(both)}: {best:g} / {both['lr']:g}"
     return DefaultRate(_figures(ratio * pre.lr), EXTRAPOLATED, f"{EXTRAPOLATED}: {style}'s best rate is {ratio:g} "
-                       f"times pre's at the largest measured cell ({cell}), times Pre-Norm's {pre.lr:g} here "
-                       f"({pre.why})")  # fmt: skip
+                       f"times pre's at the largest shape both were measured at ({cell}), times Pre-Norm's "
+                       f"{pre.lr:g} here ({pre.why})")  # fmt: skip
 
 
 def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRate:
