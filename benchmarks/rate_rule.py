@@ -65,7 +65,8 @@ def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
         if not path.is_file():
             continue
         header, entries = read_journal(path)
-        steps, warmup = header["train_options"]["max_steps"], header["train_options"]["warmup_steps"]
+        steps, warmup = header["train_options"]["max_steps"], header["train_options"].get("warmup_steps")
+        warmup = steps // WARMUP_SHARE if warmup is None else warmup  # None: train's default
         if warmup != steps // WARMUP_SHARE:
             raise SystemExit(
                 f"{path}: a warm-up of {warmup} of {steps} steps, not train's default a {WARMUP_SHARE}th of the run "

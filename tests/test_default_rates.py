@@ -46,7 +46,7 @@ def journal_cells() -> dict[tuple[str, str, int, int], tuple[float, str]]:
         corpus = Path(str(options["data"])).name
         if corpus not in ("study", "study_files") or options["max_steps"] != 300 or options["settings"]:
             continue
-        if options["warmup_steps"] * WARMUP_SHARE != options["max_steps"]:
+        if options.get("warmup_steps") not in (None, options["max_steps"] // WARMUP_SHARE):  # None: train's default
             continue
         sizes = PRESETS[options["preset"]] if isinstance(options["preset"], str) else options["preset"]
         shape = (options["arch"], sizes["hidden_size"], sizes["num_hidden_layers"])
