@@ -1,9 +1,10 @@
 """The learning rate ``hf-geonorm train`` gives a model trained from scratch, at every preset, norm style and
-architecture family (GPT-2, LLaMA): the rate, where it comes from (a measured cell, the rule within the fitted
-range, GPT-3's published recipe, an extrapolation from it, or Pre-Norm's as a fallback) and GPT-3's rate for the
-same shape beside it (Brown et al. 2020, table 2.1); and GeoNorm's best rate over Pre-Norm's at each measured cell,
-which the extrapolation beyond the cells rests on. Asks the function ``train`` asks (``default_rate``, on the config
-``train`` would build), which reads ``hf_geonorm/training/rate_rule.json`` (``benchmarks/rate_rule.py`` writes it);
+architecture family (GPT-2, LLaMA): the rate, where it comes from (a measured cell, log-log between measured cells,
+GPT-3's published recipe, an extrapolation from it, or Pre-Norm's as a fallback) and GPT-3's rate for the same shape
+beside it (Brown et al. 2020, table 2.1); and each non-Pre style's best rate over Pre-Norm's at each cell both were
+measured at, which the extrapolation beyond the cells rests on. Asks the function ``train`` asks (``default_rate``,
+on the config ``train`` would build), which reads ``hf_geonorm/training/rate_rule.json`` (``benchmarks/rate_rule.py``
+writes it, and its fit to ``benchmarks/results/rate_rule.json``, read here for where the fitted rules would cross);
 trains nothing. Writes ``benchmarks/results/default_rates.json`` and ``default_rates.md``:
 
     python benchmarks/default_rates.py [--output benchmarks/results]
@@ -19,11 +20,13 @@ from typing import Any
 from hf_geonorm.modeling.settings import NORM_STYLES
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.presets import PRESETS
-from hf_geonorm.training.rate_rule import RATE_RULE
+from hf_geonorm.training.rate_rule import EXTRAPOLATED, RATE_RULE
 from hf_geonorm.training.run.model import default_rate, planned_config
+from hf_geonorm.training.sweep.options import UNMEASURED_GRID_STEPS
 from hf_geonorm.training.sweep.report import rate_text
 
 RESULTS = Path(__file__).parent / "results"
+FIT = RESULTS / "rate_rule.json"  # benchmarks/rate_rule.py's fit over the cells, which train does not use
 FAMILIES = ("gpt2", "llama")
 
 
@@ -48,23 +51,36 @@ def preset_rates() -> list[dict[str, Any]]:
 
 
 def measured_ratios() -> list[dict[str, Any]]:
-    """GeoNorm's best rate over Pre-Norm's at each shape the rule's cells measured both."""
+    """Each non-Pre style's best rate over Pre-Norm's at each shape the library's cells measured both at."""
     cells = json.loads(RATE_RULE.read_text(encoding="utf-8"))["cells"]
     best = {(c["arch"], c["layers"], c["width"], c["style"]): c for c in cells}
     rows = []
     for (arch, layers, width, style), cell in best.items():
-        geo = best.get((arch, layers, width, "geo"))
-        if style == "pre" and geo is not None:
-            rows.append({"arch": arch, "layers": layers, "width": width, "phase": cell["phase"], "steps": cell["steps"],
-                         "pre": cell["lr"], "geo": geo["lr"], "ratio": geo["lr"] / cell["lr"]})  # fmt: skip
-    return sorted(rows, key=lambda r: (r["arch"], r["layers"] * r["width"] ** 2, r["width"]))
+        pre = best.get((arch, layers, width, "pre"))
+        if style != "pre" and pre is not None:
+            rows.append({"arch": arch, "style": style, "layers": layers, "width": width, "phase": cell["phase"],
+                         "steps": cell["steps"], "pre": pre["lr"], "lr": cell["lr"],
+                         "ratio": cell["lr"] / pre["lr"]})  # fmt: skip
+    return sorted(rows, key=lambda r: (r["arch"], NORM_STYLES.index(r["style"]), r["layers"] * r["width"] ** 2,
+                                       r["width"]))  # fmt: skip
+
+
+def extrapolation_ratios(ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ratio the extrapolation takes for each family and style: the one at the largest shape (by non-embedding
+    parameters, then width) both were measured at."""
+    largest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in ratios:
+        key, size = (row["arch"], row["style"]), (row["layers"] * row["width"] ** 2, row["width"])
+        if key not in largest or size > (largest[key]["layers"] * largest[key]["width"] ** 2, largest[key]["width"]):
+            largest[key] = row
+    return list(largest.values())
 
 
 def rule_crossings() -> tuple[list[str], dict[str, float]]:
     """Where each family's fitted GeoNorm rule would meet Pre-Norm's, were the two rules taken beyond the widths their
-    cells span (``train`` does not take them there): the measured ratio says nothing beyond those widths. The lines,
+    cells span (``train`` uses no fitted rule): the measured ratio says nothing beyond those widths. The lines,
     and the width where GeoNorm's rule falls below Pre-Norm's, by family."""
-    table = json.loads(RATE_RULE.read_text(encoding="utf-8"))
+    table = json.loads(FIT.read_text(encoding="utf-8"))
     lines, below = [], {}
     for arch, rules in table["rules"].items():
         if not {"pre", "geo"} <= set(rules):
@@ -89,18 +105,20 @@ def rule_crossings() -> tuple[list[str], dict[str, float]]:
 
 
 def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
-    pre = {(r["preset"], r["arch"]): r["lr"] for r in rates if r["style"] == "pre"}
     lines = [
         "# Default learning rates",
         "",
         "Written by `benchmarks/default_rates.py`: the peak rate `hf-geonorm train` gives a model trained from scratch "
         "without `--lr` (`default_rate` on the config `train` would build), with its source, and GPT-3's rate for "
         "the same shape (Brown et al. 2020, table 2.1). Sources: a *measured cell* (the study's best rate at exactly "
-        "that shape), the *rule within the fitted range* (between cells), the *published recipe* (GPT-3's rates by "
-        "non-embedding parameters, log-log, from the largest measured cell up), an *extrapolation* (GeoNorm: the "
-        "published rate times its measured ratio to Pre-Norm at the largest cell) or a *fallback (unmeasured)* "
-        "(Pre-Norm's rate for a style no cell measured at that shape). Every source but the first two is a guess "
-        "to sweep around: `train` says so, and `hf-geonorm sweep`'s default grid spans 1/8 to 8 times it.",
+        "that shape), *between measured cells* (inside the widths and depths a style's own cells span: log-log "
+        "interpolation between its neighbouring cells, along width and along depth, combined through the cell where "
+        "the two lines cross; it passes through every cell by construction), the *published recipe* (Pre-Norm: "
+        "GPT-3's rates by non-embedding parameters, log-log, from the largest measured cell up), an *extrapolation* "
+        "(every other style: Pre-Norm's rate there times the style's best over Pre-Norm's at the largest shape both "
+        "were measured at) or a *fallback (unmeasured)* (Pre-Norm's rate, for a style no cell measured beside "
+        "Pre-Norm). Every source but the first two is a guess to sweep around: `train` says so, and `hf-geonorm "
+        f"sweep`'s default grid spans 1/{2**UNMEASURED_GRID_STEPS} to {2**UNMEASURED_GRID_STEPS} times it.",
         "",
         "| preset | layers x width | family | " + " | ".join(NORM_STYLES) + " | GPT-3 |",
         "|---|---|---|" + "---|" * len(NORM_STYLES) + "---|",
@@ -112,29 +130,34 @@ def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
             gpt3 = "–" if first["gpt3"] is None else f"{rate_text(first['gpt3']['lr'])} ({first['gpt3']['name']})"
             styles = " | ".join(f"{rate_text(row[s]['lr'])}, {row[s]['source']}" for s in NORM_STYLES)
             lines.append(f"| {preset} | {first['layers']} x {first['width']} | {family} | {styles} | {gpt3} |")
-    lines += ["", "GeoNorm's best rate over Pre-Norm's at each measured cell (the study's phases, seed 0's "
-              "validation): the largest cell's ratio is the one the extrapolation uses:", "",
-              "| cell | phase | steps | pre | geo | geo / pre |", "|---|---|---|---|---|---|"]  # fmt: skip
+    steps = ", ".join(str(s) for s in sorted({row["steps"] for row in ratios}))
+    lines += ["", f"Each style's best rate over Pre-Norm's at each cell the study measured both at ({steps} steps, "
+              "seed 0's validation):", "",
+              "| cell | style | phase | pre | style's best | ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
     for row in ratios:
-        lines.append(f"| {row['arch']} {row['layers']} x {row['width']} | {row['phase']} | {row['steps']} | "
-                     f"{rate_text(row['pre'])} | {rate_text(row['geo'])} | {row['ratio']:g} |")  # fmt: skip
-    extrapolated = [r for r in rates if r["style"] == "geo" and r["source"] == "extrapolation"]
-    held = sorted({f"{r['lr'] / pre[(r['preset'], r['arch'])]:g}" for r in extrapolated})
+        lines.append(f"| {row['arch']} {row['layers']} x {row['width']} | {row['style']} | {row['phase']} | "
+                     f"{rate_text(row['pre'])} | {rate_text(row['lr'])} | {row['ratio']:g} |")  # fmt: skip
+    used = extrapolation_ratios(ratios)
+    measured = {(row["arch"], row["style"]) for row in used}
+    unmeasured = [f"{family} {style}" for family in FAMILIES for style in NORM_STYLES
+                  if style != "pre" and (family, style) not in measured]  # fmt: skip
+    lines += ["", "The ratio each style's *extrapolation* takes beyond its cells (the largest cell's, held at every "
+              "larger shape, which no larger cell measures):", "",
+              *(f"- {row['arch']} {row['style']}: {row['ratio']:g}, at {row['layers']} x {row['width']} "
+                f"({row['phase']})" for row in used)]  # fmt: skip
+    if unmeasured:
+        lines += [f"- no cell beside Pre-Norm's yet, so Pre-Norm's rate (*fallback*): {', '.join(unmeasured)}"]
     crossings, below = rule_crossings()
+    extrapolated = [r for r in rates if r["style"] == "geo" and r["source"] == EXTRAPOLATED]
     against = [arch for arch, width in below.items() if any(r["arch"] == arch and r["width"] >= width
                                                              for r in extrapolated)]  # fmt: skip
-    contradicted = (
-        ""
-        if not against
-        else (
-            f"; there {' and '.join(against)}'s fitted rules, taken that far, would put GeoNorm's rate below Pre-Norm's"
-        )
-    )
-    lines += ["", "The ratio is measured at these cells only (300 steps). The fitted rules, which `train` uses only "
-              "inside the widths their cells span:", "", *crossings, "",
-              "Beyond those widths neither rule is used: Pre-Norm gets the published recipe and GeoNorm the "
-              f"*extrapolation*, {' or '.join(held)} times it (the largest cell's ratio, held at every larger width, "
-              f"which no wider cell measures){contradicted}. Sweep both there."]  # fmt: skip
+    contradicted = "".join(f" There {arch}'s fitted rules, taken that far, would put GeoNorm's rate below Pre-Norm's."
+                           for arch in against)  # fmt: skip
+    lines += ["", "The ratios are measured at these cells only. The power laws `benchmarks/rate_rule.py` fits over "
+              "the cells ([rate_rule.md](rate_rule.md)), which `train` does not use, taken beyond the widths their "
+              "cells span:", "", *crossings, "",
+              "Beyond the cells GeoNorm gets the *extrapolation*, Pre-Norm's published rate times its ratio."
+              f"{contradicted} Sweep there."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

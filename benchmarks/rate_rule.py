@@ -1,22 +1,26 @@
-"""The learning-rate rule: each arm's best rate in the study's phases on the study corpus (h: GPT-2 4 x 128, all five
-styles; g: GPT-2 at widths 64 and 256 and depths 2 and 8, LLaMA at widths 64-256), fit per norm style and
-architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
+"""How the best learning rate scales, and the cells ``train``'s default rests on: each arm's best rate in the
+study's phases on the study corpus (i: GPT-2 and LLaMA 4 x 128, all five styles, at train's default warm-up of a
+tenth of the run; g: GPT-2 at widths 64 and 256 and depths 2 and 8, LLaMA at widths 64 and 256), fit per norm
+style and architecture as ``lr* = c * width^a * depth^b`` by least squares in log space.
 
 - An architecture whose cells do not vary depth (LLaMA) borrows GPT-2's depth exponent for the same style; a style
-  measured at one shape only (post, sandwich, deepnorm: phase h) borrows Pre-Norm's exponents for its architecture
-  and fits its own ``c``.
+  measured at one shape only (post, sandwich, deepnorm) borrows Pre-Norm's exponents for its architecture and fits
+  its own ``c``.
 - Each cell is also predicted by the rule fit without it (leave one out): the ratio of prediction to measurement
-  says how far the rule can be trusted between and beyond the cells. Each rule's account counts its cells within
-  10% of it, fit with them and without each; a rule over one cell, or over cells that all measured one rate (a
-  constant), fits them and each left out by construction, and is said to, not counted as a prediction.
-- Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at:
-  the reason ``train`` uses the rule only inside the widths and depths its cells span.
+  says how far the fit describes the cells. Each rule's account counts its cells within 10% of it, fit with them
+  and without each; a rule over one cell, or over cells that all measured one rate (a constant), fits them and each
+  left out by construction, and is said to, not counted as a prediction.
+- Pre-Norm's rule extrapolated to GPT-3's 125M shape (12 layers x 768) is set against the 6e-4 GPT-3 trained it at.
 
-A best rate at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and
-left out of the fit. Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md``, and the rules, the measured
-cells and GPT-3's published rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its
-default learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``; ``benchmarks/default_rates.py`` tables it
-at the presets); trains nothing:
+The fit describes; ``train`` does not use it: it takes a cell's rate at the cell's shape and, between a style's
+cells, log-log interpolation between them, which passes through every cell by construction (the fit misses some:
+``hf_geonorm.training.rate_rule``). Every cell was measured at train's default warm-up (``WARMUP_SHARE``): a
+phase at another share is refused, as its best rate is not the one train's default warm-up matches. A best rate
+at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and left out.
+Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md`` (the fit and its account), and the measured cells
+and GPT-3's published rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its default
+learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``; ``benchmarks/default_rates.py`` tables it at the
+presets); trains nothing:
 
     python benchmarks/rate_rule.py [--results benchmarks/results/sweeps]
 """
@@ -31,15 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from hf_geonorm.training.options import WARMUP_SHARE
 from hf_geonorm.training.sweep.grid import read_journal
 from hf_geonorm.training.sweep.report import at_edge, best_rates, rate_text
 
 RESULTS = Path(__file__).parent / "results"
 LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rule.json"
-# phase: (architecture, layers, width)
-SHAPES = {"h_styles": ("gpt2", 4, 128), "g_width_64": ("gpt2", 4, 64), "g_width_256": ("gpt2", 4, 256),
+# phase: (architecture, layers, width); phase i's 4 x 128 cells at train's default warm-up share (i_*_w10)
+SHAPES = {"i_gpt2_w10": ("gpt2", 4, 128), "g_width_64": ("gpt2", 4, 64), "g_width_256": ("gpt2", 4, 256),
           "g_depth_2": ("gpt2", 2, 128), "g_depth_8": ("gpt2", 8, 128), "g_llama_64": ("llama", 4, 64),
-          "g_llama_128": ("llama", 4, 128), "g_llama_256": ("llama", 4, 256)}  # fmt: skip
+          "i_llama_w10": ("llama", 4, 128), "g_llama_256": ("llama", 4, 256)}  # fmt: skip
 # GPT-3's models: their shapes and peak learning rates (Brown et al. 2020, table 2.1), the rates train follows by size
 # beyond the measured cells
 GPT3_SOURCE = "GPT-3's peak rates (Brown et al. 2020, table 2.1)"
@@ -51,19 +56,28 @@ GPT3_125M = GPT3[0]
 
 
 def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Each style's best rate (chosen on validation) in each phase that has run: the cells, and those left out
-    because the best is at an edge of the grid."""
+    """Each style's best rate (chosen on validation) in each phase that has run (a style its journal does not hold
+    yet has no cell): the cells, and those left out because the best is at an edge of the grid. A phase whose
+    warm-up is not train's default share of its steps is refused."""
     cells, edges = [], []
     for phase, (arch, layers, width) in SHAPES.items():
         path = sweeps / phase / "runs.jsonl"
         if not path.is_file():
             continue
         header, entries = read_journal(path)
+        steps, warmup = header["train_options"]["max_steps"], header["train_options"].get("warmup_steps")
+        warmup = steps // WARMUP_SHARE if warmup is None else warmup  # None: train's default
+        if warmup != steps // WARMUP_SHARE:
+            raise SystemExit(
+                f"{path}: a warm-up of {warmup} of {steps} steps, not train's default a {WARMUP_SHARE}th of the run "
+                f"({steps // WARMUP_SHARE} steps): its best rates are not the ones train's default warm-up uses; "
+                "name a phase run at the default warm-up in SHAPES"
+            )
         runs = [r for r in entries if r["alpha"] is None and r["seed"] == 0]
-        edge, steps = at_edge(runs), header["train_options"]["max_steps"]
+        edge = at_edge(runs)
         for style, lr in best_rates(runs).items():
             cell = {"phase": phase, "arch": arch, "style": style, "layers": layers, "width": width, "lr": lr,
-                    "steps": steps}
+                    "steps": steps, "warmup_share": warmup / steps}  # fmt: skip
             (edges if style in edge else cells).append(cell)
     return cells, edges
 
@@ -160,11 +174,9 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
 
 
 def library_rule(record: dict[str, Any]) -> dict[str, Any]:
-    """What ``train`` reads: each architecture's rules, the cells they were fit over (each the default at its own
-    shape; the widths and depths a style's cells span are where its rule holds) and GPT-3's rates (beyond them)."""
-    return {"written_by": "benchmarks/rate_rule.py (from benchmarks/results/sweeps: phases h and g)",
-            "rules": {arch: {style: {k: rule[k] for k in ("c", "a", "b", "borrowed")} for style, rule in styles.items()}
-                      for arch, styles in record["rules"].items()},
+    """What ``train`` reads: the measured cells (each the default at its own shape, and between a style's cells the
+    log-log interpolation between them) and GPT-3's rates (beyond them); not the fit."""
+    return {"written_by": f"benchmarks/rate_rule.py (from benchmarks/results/sweeps: {', '.join(SHAPES)})",
             "cells": record["cells"],
             "published": {"source": GPT3_SOURCE, "models": GPT3}}  # fmt: skip
 
@@ -173,8 +185,12 @@ def page(record: dict[str, Any]) -> str:
     lines = [
         "# The learning-rate rule",
         "",
-        "Written by `benchmarks/rate_rule.py` from the study's journals (phases h and g, seed 0's validation): "
-        "`lr* = c * width^a * depth^b` per architecture and style, fit in log space.",
+        f"Written by `benchmarks/rate_rule.py` from the study's journals ({', '.join(SHAPES)}: seed 0's "
+        f"validation, each at a warm-up of a {WARMUP_SHARE}th of its steps, train's default): "
+        "`lr* = c * width^a * depth^b` per architecture and style, fit in log space. The fit describes how the best "
+        "rate moves over the cells; `train` does not use it: it takes each cell's rate at the cell's shape and, "
+        "between a style's cells, log-log interpolation between the neighbouring cells, which passes through every "
+        "cell by construction ([default_rates.md](default_rates.md)).",
         "",
         "| architecture | style | c | a (width) | b (depth) | borrowed |",
         "|---|---|---|---|---|---|",
@@ -196,9 +212,8 @@ def page(record: dict[str, Any]) -> str:
     if "gpt3_125m" in record:
         check = record["gpt3_125m"]
         lines += ["", f"Pre-Norm's rule at GPT-3's 125M shape (12 x 768): {check['pre_rule']:.2e}, against the "
-                  f"{check['lr']:g} GPT-3 trained it at ({check['ratio']:.2f}x). So `train` uses a measured cell's "
-                  "rate at its own shape and the rule only between cells; beyond them, GPT-3's rates by size "
-                  "([default_rates.md](default_rates.md))."]  # fmt: skip
+                  f"{check['lr']:g} GPT-3 trained it at ({check['ratio']:.2f}x): beyond the cells `train` follows "
+                  "GPT-3's rates by size instead ([default_rates.md](default_rates.md))."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -208,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     cells, edges = measured_cells(args.results)
     if not cells:
-        raise SystemExit(f"no phase h or g journal under {args.results}: run benchmarks/sweep_study.py first")
+        raise SystemExit(f"no journal of {', '.join(SHAPES)} under {args.results}: run benchmarks/sweep_study.py first")
     record = report(cells, edges)
     (RESULTS / "rate_rule.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     (RESULTS / "rate_rule.md").write_text(page(record), encoding="utf-8")

@@ -136,6 +136,34 @@ def test_rate_rule_says_how_many_cells_each_rule_fits_and_which_fit_by_construct
     assert "exactly" not in page
 
 
+def copy_journal(phase: str, target: Path, keep=lambda entry: True) -> None:
+    """The committed journal of ``phase`` written to ``target``/runs.jsonl: its header and the runs ``keep`` keeps."""
+    header, *lines = (BENCHMARKS / "results" / "sweeps" / phase / "runs.jsonl").read_text(encoding="utf-8").splitlines()
+    target.mkdir(parents=True)
+    kept = [header] + [line for line in lines if keep(json.loads(line))]
+    (target / "runs.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+
+
+def test_rate_rule_leaves_out_a_best_at_the_grid_edge_and_refuses_a_phase_at_another_warm_up(tmp_path, monkeypatch):
+    """Phase i's GPT-2 journal with Pre-Norm's rates above its best (the lowest seed-0 validation loss, found here)
+    taken away: Pre-Norm's best is then the grid's highest rate, left out as at an edge, while the other styles stay
+    cells; the 30% warm-up's journal under the 10% one's name is refused, naming its warm-up."""
+    bench = load(BENCHMARKS / "rate_rule.py", monkeypatch)
+    runs = [json.loads(line) for line in (BENCHMARKS / "results" / "sweeps" / "i_gpt2_w10" / "runs.jsonl")
+            .read_text(encoding="utf-8").splitlines()[1:]]  # fmt: skip
+    pre = [r for r in runs if (r["style"], r["seed"], r["alpha"]) == ("pre", 0, None)]
+    best = min(pre, key=lambda r: (math.inf if r["val_loss"] is None else r["val_loss"], r["lr"]))["lr"]
+    assert best < max(r["lr"] for r in pre)
+    copy_journal("i_gpt2_w10", tmp_path / "cut" / "i_gpt2_w10", lambda r: r["style"] != "pre" or r["lr"] <= best)
+    cells, edges = bench.measured_cells(tmp_path / "cut")
+    assert [(c["style"], c["lr"]) for c in edges] == [("pre", best)]
+    assert {c["style"] for c in cells} == {r["style"] for r in runs} - {"pre"}
+    assert all(c["warmup_share"] == 0.1 for c in cells)
+    copy_journal("i_gpt2_w30", tmp_path / "other" / "i_gpt2_w10")
+    with pytest.raises(SystemExit, match=r"i_gpt2_w10/runs.jsonl: a warm-up of 90 of 300 steps, not train's default"):
+        bench.measured_cells(tmp_path / "other")
+
+
 def test_paper_table_chooses_on_seed_0_validation_over_rates_and_warm_up_shares(monkeypatch):
     """Phase i's table: the chosen cell is the lowest seed-0 validation loss over every share and rate, its edges are
     named, and the test loss is over the seeds at that cell only; the margin against Pre-Norm and its standard

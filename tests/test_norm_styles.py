@@ -91,10 +91,11 @@ def test_a_sixth_style_is_its_declaration_alone(tmp_path):
 
 @pytest.mark.parametrize("style", list(NORM_STYLE_DECLARATIONS))
 def test_each_style_declares_a_known_rate_source_that_the_rate_rule_follows(style):
-    """At a shape no cell measured (GPT-2 at 24 x 2048), pre takes the published recipe, geo its measured ratio to
-    Pre-Norm, and the others Pre-Norm's rate: what their declarations say."""
+    """At a shape no cell measured (GPT-2 at 24 x 2048), pre takes the published recipe and every other style its
+    measured ratio to Pre-Norm (phase i measured each beside Pre-Norm on GPT-2): what their declarations say; the
+    sixth style above, with no cell, falls back to Pre-Norm's rate."""
     declared = NORM_STYLE_DECLARATIONS[style].rate_source
     assert declared in RATE_SOURCES
     chosen = rate_rule.pretraining_rate("gpt2", style, 2048, 24)
-    expected = {"pre": rate_rule.PUBLISHED, "geo": rate_rule.EXTRAPOLATED}.get(style, rate_rule.FALLBACK)
+    expected = rate_rule.PUBLISHED if style == "pre" else rate_rule.EXTRAPOLATED
     assert chosen.source == expected

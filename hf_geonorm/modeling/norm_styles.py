@@ -13,14 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-# Where a style's default peak learning rate comes from where no cell of the study measured it at a shape
-# (``training/rate_rule.py``): the Pre-Norm recipe itself (the measured Pre-Norm cells, then GPT-3's published
-# rates by size), Pre-Norm's rate times this style's measured ratio to it at the largest shape both were measured
-# at (an extrapolation), or Pre-Norm's rate (a fallback).
+# Where a style's default peak learning rate comes from beyond its own measured cells (``training/rate_rule.py``):
+# the Pre-Norm recipe itself (the measured Pre-Norm cells, then GPT-3's published rates by size), or Pre-Norm's rate
+# times this style's measured ratio to it at the largest shape both were measured at (an extrapolation; Pre-Norm's
+# rate, as a fallback, for a style no cell measured beside Pre-Norm).
 PRE_NORM_RECIPE = "the Pre-Norm recipe"
 RATIO_TO_PRE_NORM = "ratio to Pre-Norm"
-PRE_NORM_RATE = "Pre-Norm's rate"
-RATE_SOURCES = (PRE_NORM_RECIPE, RATIO_TO_PRE_NORM, PRE_NORM_RATE)
+RATE_SOURCES = (PRE_NORM_RECIPE, RATIO_TO_PRE_NORM)
 
 # (residual, x, u, norm, first_tokens) -> the new state: the residual module (``residual.GeoNormResidual``) of the
 # update, the state, the sublayer's update, the block's norm before that sublayer, the first-token mask or None.
@@ -39,7 +38,8 @@ class NormStyle:
     factor on the state for a model of T layers (``residual.residual_scale``); ``deepnet_init``: a model built
     from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``: the GeoNorm update with its
     entry (``geo_radius``), learnable step, padding row and first-token rule; ``rate_source`` one of
-    ``RATE_SOURCES``; ``is_stock``: the style is the stock model itself (``pre``)."""
+    ``RATE_SOURCES`` (every style but Pre-Norm: its ratio to Pre-Norm); ``is_stock``: the style is the stock model
+    itself (``pre``)."""
 
     name: str
     rule: ResidualRule
@@ -50,7 +50,7 @@ class NormStyle:
     residual_scale: Callable[[int], float] | None = None
     deepnet_init: bool = False
     geodesic: bool = False
-    rate_source: str = PRE_NORM_RATE
+    rate_source: str = RATIO_TO_PRE_NORM
 
     @property
     def only_input_norms(self) -> bool:
@@ -105,10 +105,7 @@ NORM_STYLE_DECLARATIONS: dict[str, NormStyle] = {
             "deepnorm", normalise_sum, "DeepNorm, N(alpha x + F(x))", normalises_after=True,
             residual_scale=deepnorm_alpha, deepnet_init=True,
         ),  # fmt: skip
-        NormStyle(
-            "geo", take_geodesic_step, "GeoNorm: geodesic steps on the sphere", geodesic=True,
-            rate_source=RATIO_TO_PRE_NORM,
-        ),  # fmt: skip
+        NormStyle("geo", take_geodesic_step, "GeoNorm: geodesic steps on the sphere", geodesic=True),
     )
 }
 NORM_STYLES = tuple(NORM_STYLE_DECLARATIONS)

@@ -3,11 +3,13 @@
 library only, like ``options``.
 
 In order: the best rate a cell of the study measured at exactly this architecture, style and shape; else, inside
-the widths and depths a style's own cells span, the rule fit over them (``c * width^a * depth^b``); beyond them,
-what the style's declaration names as its ``rate_source`` (``modeling/norm_styles.py``): Pre-Norm follows GPT-3's
-published rates by size, from the largest measured cell up; GeoNorm takes that rate times its measured ratio to
-Pre-Norm at the largest cell (an extrapolation); the others fall back to Pre-Norm's rate. Adding a measured cell to
-the file's ``cells`` is all it takes for a shape to use it."""
+the widths and depths a style's own cells span, log-log interpolation between its neighbouring cells, which passes
+through every cell by construction (no fitted rule: a power law fit over the cells missed some of them); beyond
+them, what the style's declaration names as its ``rate_source`` (``modeling/norm_styles.py``): Pre-Norm follows
+GPT-3's published rates by size, from the largest measured cell up; every other style takes Pre-Norm's rate times
+its own best over Pre-Norm's at the largest shape both were measured at (an extrapolation), or Pre-Norm's rate
+where no cell measured it beside Pre-Norm (a fallback). Adding a measured cell to the file's ``cells`` is all it
+takes for a shape to use it."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS, PRE_NORM_RECIPE, RATIO_TO_PRE_NORM
+from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS, PRE_NORM_RECIPE
 
 RATE_RULE = Path(__file__).with_name("rate_rule.json")
 MEASURED_CELL = "measured cell"
-FITTED_RULE = "rule within the fitted range"
+BETWEEN = "between measured cells"
 PUBLISHED = "published recipe"
 EXTRAPOLATED = "extrapolation"
 FALLBACK = "fallback (unmeasured)"
@@ -41,7 +43,7 @@ class DefaultRate:
 
     @property
     def needs_sweep(self) -> bool:
-        """Whether no cell measured this shape and style, nor the rule fit between cells: a guess to sweep around."""
+        """Whether the rate is neither a measured cell's nor between the style's cells: a guess to sweep around."""
         return self.source in UNMEASURED
 
 
@@ -59,10 +61,6 @@ def _figures(lr: float) -> float:
     return float(f"{lr:.2g}")
 
 
-def _span(noun: str, values: list[int]) -> str:
-    return f"{noun} {values[0]}" if values[0] == values[-1] else f"{noun}s {values[0]}–{values[-1]}"
-
-
 def _shape(cell: dict[str, Any]) -> str:
     return f"{cell['layers']} x {cell['width']}"
 
@@ -71,24 +69,52 @@ def _largest(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(cells, key=lambda c: (non_embedding_parameters(c["width"], c["layers"]), c["width"]), default=None)
 
 
-def _measured(cells: list[dict[str, Any]], rules: dict[str, Any], style: str, width: int,
-              depth: int) -> DefaultRate | None:  # fmt: skip
-    """The cell measured at exactly this shape, else the style's rule where its own cells span the shape and it
-    fit an exponent of its own (not only borrowed ones); None beyond them."""
-    own = [c for c in cells if c["style"] == style]
-    for cell in own:
-        if (cell["width"], cell["layers"]) == (width, depth):
+def _cell(cells: list[dict[str, Any]], style: str, width: int, depth: int) -> DefaultRate | None:
+    """The cell of ``style`` measured at exactly this shape: its best rate; None where none was."""
+    for cell in cells:
+        if (cell["style"], cell["width"], cell["layers"]) == (style, width, depth):
             where = f"{cell['arch']} {_shape(cell)} in the study's phase {cell['phase']} ({cell['steps']} steps)"
             return DefaultRate(cell["lr"], MEASURED_CELL, f"{MEASURED_CELL}: {style}'s best rate at {where}")
-    rule = rules.get(style)
-    if rule is None or not own or {"a", "b"} <= set(rule["borrowed"]):
+    return None
+
+
+def _along(line: list[dict[str, Any]], size: str, at: int) -> tuple[float, str] | None:
+    """The log rate at ``at`` log-log between the two neighbouring cells of ``line`` along ``size`` ("width" or
+    "layers"), and which cells those were; None outside the sizes the line spans."""
+    points = sorted(line, key=lambda c: c[size])
+    if not points or not points[0][size] <= at <= points[-1][size]:
         return None
-    widths, depths = sorted({c["width"] for c in own}), sorted({c["layers"] for c in own})
-    if not (widths[0] <= width <= widths[-1] and depths[0] <= depth <= depths[-1]):
+    noun = "width" if size == "width" else "depth"
+    high = next(i for i, cell in enumerate(points) if at <= cell[size])
+    if points[high][size] == at:
+        return math.log(points[high]["lr"]), f"{noun} {at} at {_shape(points[high])} ({points[high]['lr']:g})"
+    low, high_cell = points[high - 1], points[high]
+    share = (math.log(at) - math.log(low[size])) / (math.log(high_cell[size]) - math.log(low[size]))
+    log_lr = math.log(low["lr"]) + share * (math.log(high_cell["lr"]) - math.log(low["lr"]))
+    return log_lr, f"{noun} {at} between {_shape(low)} ({low['lr']:g}) and {_shape(high_cell)} ({high_cell['lr']:g})"
+
+
+def _between(cells: list[dict[str, Any]], style: str, width: int, depth: int) -> DefaultRate | None:
+    """Inside the widths and depths ``style``'s own cells span, log-log between its neighbouring measured cells:
+    along width among the cells at the centre's depth, along depth among those at the centre's width, combined
+    through the centre (the cell whose row and column hold the most cells: phase g's cross meets at 4 x 128), so
+    ``log r(w, d) = log r_w(w) + log r_d(d) - log r(centre)``. At a cell it gives the cell's rate exactly, by
+    construction: it measures nothing and predicts nothing, it only fills the shapes between cells. None beyond
+    them."""
+    own = [c for c in cells if c["style"] == style]
+    if not own:
         return None
-    lr = _figures(rule["c"] * width ** rule["a"] * depth ** rule["b"])
-    return DefaultRate(lr, FITTED_RULE, f"{FITTED_RULE}: {style}'s rate rule for {own[0]['arch']} at width {width}, "
-                       f"depth {depth}, inside its measured {_span('width', widths)} and {_span('depth', depths)}")
+    centre = max(own, key=lambda c: sum(o["width"] == c["width"] or o["layers"] == c["layers"] for o in own))
+    row = _along([c for c in own if c["layers"] == centre["layers"]], "width", width)
+    column = _along([c for c in own if c["width"] == centre["width"]], "layers", depth)
+    if row is None or column is None:
+        return None
+    lr = _figures(math.exp(row[0] + column[0] - math.log(centre["lr"])))
+    moved = [line[1] for line, off in ((row, width != centre["width"]), (column, depth != centre["layers"])) if off]
+    steps = "; ".join(moved)
+    through = f", combined through {_shape(centre)} ({centre['lr']:g})" if len(moved) == 2 else ""
+    return DefaultRate(lr, BETWEEN, f"{BETWEEN}: {style}'s best rates on {centre['arch']} {depth} x {width}, "
+                       f"log-log between its neighbouring cells: {steps}{through}")  # fmt: skip
 
 
 def _published(table: dict[str, Any], pre_cells: list[dict[str, Any]], width: int, depth: int) -> DefaultRate:
@@ -128,8 +154,8 @@ def _extrapolated(family_cells: list[dict[str, Any]], style: str, pre: DefaultRa
     best = own[(both["width"], both["layers"])]["lr"]
     ratio, cell = best / both["lr"], f"{both['arch']} {_shape(both)}: {best:g} / {both['lr']:g}"
     return DefaultRate(_figures(ratio * pre.lr), EXTRAPOLATED, f"{EXTRAPOLATED}: {style}'s best rate is {ratio:g} "
-                       f"times pre's at the largest measured cell ({cell}), times Pre-Norm's {pre.lr:g} here "
-                       f"({pre.why})")  # fmt: skip
+                       f"times pre's at the largest shape both were measured at ({cell}), times Pre-Norm's "
+                       f"{pre.lr:g} here ({pre.why})")  # fmt: skip
 
 
 def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRate:
@@ -139,16 +165,17 @@ def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRa
     table = json.loads(RATE_RULE.read_text(encoding="utf-8"))
     family = arch if any(c["arch"] == arch for c in table["cells"]) else MEASURED_FAMILY
     cells = [c for c in table["cells"] if c["arch"] == family]
-    rules = table["rules"].get(family, {})
-    pre = _measured(cells, rules, "pre", width, depth) or _published(
-        table, [c for c in cells if c["style"] == "pre"], width, depth
-    )
-    source = NORM_STYLE_DECLARATIONS[style].rate_source
-    chosen = pre if source == PRE_NORM_RECIPE else _measured(cells, rules, style, width, depth)
-    if chosen is None and source == RATIO_TO_PRE_NORM:
-        chosen = _extrapolated(cells, style, pre)
+
+    def own_cells(of: str) -> DefaultRate | None:
+        return _cell(cells, of, width, depth) or _between(cells, of, width, depth)
+
+    pre = own_cells("pre") or _published(table, [c for c in cells if c["style"] == "pre"], width, depth)
+    if NORM_STYLE_DECLARATIONS[style].rate_source == PRE_NORM_RECIPE:
+        chosen: DefaultRate | None = pre
+    else:
+        chosen = own_cells(style) or _extrapolated(cells, style, pre)
     if chosen is None:
-        chosen = DefaultRate(pre.lr, FALLBACK, f"{FALLBACK}: no cell measured {style} at {family} {depth} x {width}: "
+        chosen = DefaultRate(pre.lr, FALLBACK, f"{FALLBACK}: no {family} cell measured {style} beside Pre-Norm: "
                              f"Pre-Norm's rate ({pre.why})")  # fmt: skip
     if family == arch:
         return chosen
