@@ -99,8 +99,8 @@ class GeoNormSettings:
     Set ``geo_alpha`` for your budget where you can tune it."""
 
     norm_style: str = field(default="geo", metadata=setting_option(
-        "--norm-style", "Residual update of every block: geo (GeoNorm), pre (stock Pre-Norm), post, sandwich, "
-        "deepnorm.", choices=NORM_STYLES))  # fmt: skip
+        "--norm-style", "Residual update of every block, one of the family the choices name: geo is GeoNorm, pre "
+        "the stock Pre-Norm.", choices=NORM_STYLES))  # fmt: skip
     post_zero_positions: bool = field(default=True, metadata=setting_option(
         "--post-zero-positions", "post and deepnorm built from a config: a learned position table (GPT-2's) starts at "
         "zero, not at random (other styles, and trained weights, are left alone).", flag=True))  # fmt: skip
