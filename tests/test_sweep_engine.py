@@ -260,6 +260,35 @@ def test_sigterm_stops_the_workers_leaves_no_checkpoint_and_the_same_command_fin
     assert len((tmp_path / "s" / "runs.jsonl").read_text().splitlines()) == 5
 
 
+@pytest.mark.slow
+def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path, corpus):  # noqa: F811
+    """SIGKILL to a `--workers 2` sweep (no handler runs in it) while its runs train: each worker is stopped as by
+    SIGTERM, well before its run would end, so no orphan trains on for nobody holding the folder's lock, and no
+    checkpoint is left."""
+    args = [sys.executable, "-m", "hf_geonorm_cli.main", "sweep", "--output", str(tmp_path / "s"), "--workers", "2",
+            "--styles", "pre,geo", "--lrs", "1e-5", "--data", str(corpus), *TINY, "--max-steps", "100000",
+            "--eval-every", "100000"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    sweep = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = tmp_path / "s" / "logs"
+    while not (logs.is_dir() and len(list(logs.glob("*.log"))) == 2):  # both workers have started a run
+        assert sweep.poll() is None
+        time.sleep(0.1)
+    workers = [int(pid) for pid in Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()]
+    sweep.kill()
+    sweep.wait(timeout=60)
+
+    def running() -> list[int]:
+        return [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]  # fmt: skip
+
+    deadline = time.monotonic() + 120  # a run of 100,000 steps trains for far longer
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert workers and not running()
+    assert not list((tmp_path / "s").rglob("checkpoint-*"))
+
+
 def test_workers_refuse_a_sweep_begun_on_other_data_before_any_starts(tmp_path):
     """`--workers 2` over a journal begun on other data: refused with the field named, as a serial sweep is, before a
     worker starts or the journal changes."""

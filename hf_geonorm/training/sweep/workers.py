@@ -251,6 +251,21 @@ def checked_run(task: Task, train: TrainOptions, folder: Path, header: dict[str,
     return entry
 
 
+def _stop_with_the_sweep() -> None:
+    """On Linux, SIGTERM this worker when the sweep's process ends, even by SIGKILL (where no handler of the sweep
+    runs to stop it): its run stops as the sweep's own SIGTERM would stop it, instead of training on for nobody while
+    it holds the folder's lock. Elsewhere a worker ends at its next run (the pipe is closed)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG, linux/prctl.h
+    ctypes.CDLL(None, use_errno=True).prctl(set_parent_death_signal, signal.SIGTERM)
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the sweep ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any], pipe: Connection) -> None:
     """A worker process: train each run handed over (``checked_run``) until told to stop (None)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops its workers
@@ -261,6 +276,7 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any]
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, terminated)
+    _stop_with_the_sweep()
     import torch
 
     from ...files.output_lock import share_parents_lock
