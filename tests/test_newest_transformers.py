@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import STDLIB, PluginFreePython, invoke
+from helpers import PluginFreePython, bpe_tokenizer, invoke
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from tiny_models import tiny_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 
@@ -99,21 +99,12 @@ def newest_python() -> tuple[PluginFreePython, dict[str, str]]:
     return PluginFreePython(python), probe["versions"]
 
 
-def byte_level_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tokenizer.train_from_iterator((STDLIB / "textwrap.py").read_text().splitlines(), trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> dict[str, Path]:
     """A GeoNorm folder of each family, converted by ``hf-geonorm convert`` from a stock folder with a tokenizer."""
-    root, tokenizer = tmp_path_factory.mktemp("newest"), byte_level_tokenizer()
+    root, tokenizer = tmp_path_factory.mktemp("newest"), bpe_tokenizer()
     folders = {}
     for name in FAMILIES:
         stock = root / f"stock-{name}"
