@@ -8,6 +8,7 @@ first use:
 
 import sys as _sys
 
+from .liger import enable_liger_kernels as _enable_liger_kernels
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -33,6 +34,8 @@ from .sharing.hub import push_model_to_hub as _push_model_to_hub
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub
+# Liger-Kernel's patches of a stock type X apply to geonorm_X too (when liger-kernel is installed)
+_enable_liger_kernels()
 
 
 def _bind_earlier_imports() -> None:
