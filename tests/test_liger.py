@@ -1,0 +1,254 @@
+"""Liger-Kernel's patches on GeoNorm models (``hf_geonorm.liger``).
+
+Liger's kernels are Triton kernels that do not run on CPU (not even through Triton's interpreter), so these tests
+check the swap structurally: which modules a patch replaces on a GeoNorm model, against what Liger replaces on the
+stock model of the same config (an independent reference), and that the GeoNorm decoder layers and
+``GeoNormResidual`` modules are not among them. ``benchmarks/gpu_check.sh`` checks the numbers on a GPU.
+
+Liger's patches also replace attributes of transformers' modelling modules for the whole process, so each check
+that applies them runs in a child Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from tiny_models import tiny_model
+
+import hf_geonorm
+from hf_geonorm.liger import check_geonorm_kept, geonorm_liger_patch, geonorm_parts, register_liger_patches
+from hf_geonorm.modeling.layouts import LAYOUTS
+
+LIGER_INSTALLED = importlib.util.find_spec("liger_kernel") is not None
+needs_liger = pytest.mark.skipif(not LIGER_INSTALLED, reason="liger-kernel is not installed (pip install -e '.[liger]')")
+TESTS = Path(__file__).parent
+
+# Defines state(model): each module's name -> (its class, the name it prints, the function bound on it as its own
+# forward); a module a Liger patch replaces changes one of them.
+STATE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+job = json.loads(sys.argv[2])
+report = {}
+
+
+def state(model):
+    return {
+        name: [type(module).__qualname__, module._get_name(),
+               getattr(vars(module).get("forward"), "__qualname__", None)]
+        for name, module in model.named_modules()
+    }
+
+
+def swapped(before, after):
+    return sorted(name for name in after if after[name] != before.get(name))
+
+
+def geonorm_names(model):
+    import hf_geonorm.liger
+    return sorted(hf_geonorm.liger.geonorm_parts(model))
+"""
+
+# Stock and GeoNorm models of each case built first, then Liger applied to each instance as Trainer's and TRL's
+# use_liger_kernel=True apply it (liger imported after hf_geonorm and the models, as Trainer imports it), the last
+# GeoNorm model through Trainer's own call.
+INSTANCE = """
+import hf_geonorm
+import torch
+from tiny_models import tiny_model
+from transformers import Trainer, TrainingArguments
+from transformers.integrations.liger import apply_liger_kernel
+
+models = {}
+for case in job["cases"]:
+    stock = tiny_model(case)
+    models[case] = (stock, hf_geonorm.convert(stock))
+trained = hf_geonorm.convert(tiny_model(job["cases"][0]))
+before = {case: (state(stock), state(geo)) for case, (stock, geo) in models.items()}
+trained_before = state(trained)
+report["liger_imported_before_use"] = "liger_kernel.transformers.monkey_patch" in sys.modules
+
+from liger_kernel.transformers import _apply_liger_kernel_to_instance
+from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+report["registered"] = sorted(name for name in MODEL_TYPE_TO_APPLY_LIGER_FN if name.startswith("geonorm_"))
+report["liger_types"] = sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)
+report["cases"] = {}
+for case, (stock, geo) in models.items():
+    _apply_liger_kernel_to_instance(model=stock)
+    _apply_liger_kernel_to_instance(model=geo)
+    layer = geo.base_model.layers[0]
+    rope = getattr(sys.modules[type(layer.self_attn).__module__], "apply_rotary_pos_emb", None)
+    report["cases"][case] = {
+        "stock": swapped(before[case][0], state(stock)),
+        "geo": swapped(before[case][1], state(geo)),
+        "geonorm_parts": geonorm_names(geo),
+        "layer_class": type(layer).__name__,
+        "rope": getattr(rope, "__module__", None),
+    }
+trainer = Trainer(model=trained, args=TrainingArguments(output_dir="out", use_liger_kernel=True, report_to=[]))
+# what Trainer.train runs first under use_liger_kernel=True (training itself would run Liger's kernels, GPU only)
+apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
+report["trainer"] = swapped(trained_before, state(trained))
+print(json.dumps(report))
+"""
+
+# AutoLigerKernelForCausalLM on a GeoNorm folder (liger imported before hf_geonorm, as a script using it does),
+# then on the stock folder it was converted from, whose patch is the reference.
+AUTO = """
+from liger_kernel.transformers import AutoLigerKernelForCausalLM
+import hf_geonorm
+import transformers
+
+report["unpatched"] = state(transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(job["stock"])))
+geo = AutoLigerKernelForCausalLM.from_pretrained(job["geo"])
+report["geo"] = state(geo)
+report["geo_forward"] = type(geo).forward.__module__
+report["geonorm_parts"] = geonorm_names(geo)
+stock = AutoLigerKernelForCausalLM.from_pretrained(job["stock"])
+report["stock"] = state(stock)
+report["stock_forward"] = type(stock).forward.__module__
+print(json.dumps(report))
+"""
+
+
+def run_child(script: str, job: dict, cwd: Path) -> dict:
+    """``STATE`` and ``script`` in a fresh Python (``tests/`` on its path); its last output line, as JSON."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    result = subprocess.run(
+        [sys.executable, "-c", STATE + script, str(TESTS), json.dumps(job)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check_same_swaps_as_stock(found: dict, layers: int) -> None:
+    """The GeoNorm model had the stock model's modules swapped (by the same names), and none of its own."""
+    assert found["geo"] == found["stock"]
+    assert found["stock"], "Liger swapped nothing on the stock model: the reference is empty"
+    assert not set(found["geo"]) & set(found["geonorm_parts"])
+    residuals = [name for name in found["geonorm_parts"] if name.rsplit(".", 1)[-1].endswith("_residual")]
+    assert len(residuals) == 2 * layers  # the parts checked are there: one update per sublayer
+
+
+@needs_liger
+def test_liger_on_a_geonorm_llama_swaps_the_stock_parts_and_not_the_update(tmp_path):
+    """``_apply_liger_kernel_to_instance`` (and Trainer's ``use_liger_kernel=True``) replaces on a GeoNorm LLaMA
+    exactly the modules it replaces on the stock LLaMA of the same weights: norms, MLPs and the causal LM's forward
+    (fused linear cross-entropy); RoPE is the module function its attention calls. The decoder layers and
+    ``GeoNormResidual`` modules are untouched."""
+    out = run_child(INSTANCE, {"cases": ["llama"]}, tmp_path)
+    assert not out["liger_imported_before_use"]  # the GeoNorm types were registered when Trainer imported Liger
+    found = out["cases"]["llama"]
+    check_same_swaps_as_stock(found, layers=3)
+    layer_parts = {name.split(".", 3)[-1] for name in found["geo"] if name.startswith("model.layers.")}
+    assert layer_parts == {"input_layernorm", "post_attention_layernorm", "mlp"}
+    assert {"", "model.norm"} <= set(found["geo"])  # the causal LM's forward and the final norm
+    assert found["layer_class"] == "GeoNormLlamaDecoderLayer"
+    assert found["rope"].startswith("liger_kernel.")
+    assert out["trainer"] == found["stock"]
+    expected = sorted(f"geonorm_{t}" for t in LAYOUTS if t in out["liger_types"])
+    assert out["registered"] == expected and "geonorm_llama" in expected
+
+
+@needs_liger
+@pytest.mark.slow
+def test_liger_on_every_geonorm_type_liger_supports(tmp_path):
+    """The same for every supported type whose stock type Liger patches (each block shape Liger knows: LLaMA's,
+    Gemma 2's four norms, OLMo 2's output norms, Phi-3's fused MLP, Granite's multipliers, GLM-4's...)."""
+    from tiny_models import CASES
+
+    probe = run_child(INSTANCE, {"cases": ["llama"]}, tmp_path / "probe")
+    cases = [name for name, case in CASES.items() if case.model_type in probe["liger_types"]]
+    out = run_child(INSTANCE, {"cases": cases}, tmp_path / "all")
+    for case in cases:
+        found = out["cases"][case]
+        assert found["geo"] == found["stock"], case
+        assert not set(found["geo"]) & set(found["geonorm_parts"]), case
+        assert found["layer_class"].startswith("GeoNorm"), case
+
+
+@needs_liger
+def test_auto_liger_model_from_a_geonorm_folder(tmp_path, stock_llama):
+    """``AutoLigerKernelForCausalLM.from_pretrained`` on a GeoNorm folder (the plugin imported) builds the model with
+    Liger's modules where the stock folder gets them, the GeoNorm decoder layers and updates kept."""
+    geo = tmp_path / "geo"
+    hf_geonorm.convert(tiny_model("llama")).save_pretrained(geo)
+    out = run_child(AUTO, {"geo": str(geo), "stock": str(stock_llama)}, tmp_path)
+    stock, unpatched, geo = out["stock"], out["unpatched"], out["geo"]
+    liger_modules = {name: stock[name][1] for name in stock if stock[name] != unpatched[name]}
+    assert liger_modules, "Liger swapped nothing on the stock model: the reference is empty"
+    assert {name: geo[name][1] for name in liger_modules} == liger_modules  # the same modules, Liger's classes
+    assert out["geo_forward"] == out["stock_forward"] and out["stock_forward"].startswith("liger_kernel.")
+    assert not set(out["geonorm_parts"]) & set(liger_modules)
+    assert sorted(geo[name][0] for name in out["geonorm_parts"])[-1] == "GeoNormResidual"
+    assert {geo[name][0] for name in out["geonorm_parts"] if name.count(".") == 2} == {"GeoNormLlamaDecoderLayer"}
+
+
+def fake_table_module(**table: object) -> types.ModuleType:
+    """A stand-in for Liger's module of patches: its dict of patch functions by model type."""
+    module = types.ModuleType("liger_patches")
+    module.MODEL_TYPE_TO_APPLY_LIGER_FN = dict(table)
+    return module
+
+
+def test_registration_covers_the_supported_types_liger_patches_and_keeps_existing_entries():
+    def patch_llama(rope: bool = True, rms_norm: bool = True, model: object = None) -> None:
+        pass
+
+    def own_entry(model: object = None) -> None:
+        pass
+
+    module = fake_table_module(llama=patch_llama, qwen2=patch_llama, bert=patch_llama, geonorm_qwen2=own_entry)
+    registered = register_liger_patches(module, ("llama", "qwen2", "gpt2"))
+    table = module.MODEL_TYPE_TO_APPLY_LIGER_FN
+    assert registered == ["geonorm_llama", "geonorm_qwen2"]
+    assert table["geonorm_qwen2"] is own_entry and "geonorm_bert" not in table and "geonorm_gpt2" not in table
+    # Liger passes a patch only the keyword arguments its signature names: the stock function's
+    assert inspect.signature(table["geonorm_llama"]) == inspect.signature(patch_llama)
+
+
+def test_a_patch_that_replaces_the_geonorm_update_is_refused():
+    """A patch (a later Liger, say) that binds its own forward on a GeoNorm decoder layer or residual module, or
+    changes its class, is a ``ValueError`` naming the module; one that swaps a norm is not."""
+    model = hf_geonorm.convert(tiny_model("llama"))
+
+    def swap_norm(model: object = None) -> None:
+        model.model.norm.forward = lambda hidden_states: hidden_states
+
+    def bypass_update(model: object = None) -> None:
+        layer = model.model.layers[1]
+        layer.geonorm_mlp_residual.forward = lambda residual, update, *args: residual + update
+
+    def replace_layer(model: object = None) -> None:
+        model.model.layers[0].__class__ = type(tiny_model("llama").model.layers[0])
+
+    geonorm_liger_patch(swap_norm)(model=model)
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.geonorm_mlp_residual \(GeoNormResidual\)"):
+        geonorm_liger_patch(bypass_update)(model=model)
+    with pytest.raises(ValueError, match=r"model\.layers\.0 \(GeoNormLlamaDecoderLayer\)"):
+        geonorm_liger_patch(replace_layer)(model=hf_geonorm.convert(tiny_model("llama")))
+
+
+def test_geonorm_parts_are_the_layers_and_updates():
+    model = hf_geonorm.convert(tiny_model("llama"))
+    parts = geonorm_parts(model)
+    assert sorted(parts) == sorted(
+        [f"model.layers.{k}" for k in range(3)]
+        + [f"model.layers.{k}.geonorm_{part}_residual" for k in range(3) for part in ("attn", "mlp")]
+    )
+    check_geonorm_kept(model, parts)  # an untouched model passes
