@@ -28,7 +28,9 @@ from hf_geonorm.liger import check_geonorm_kept, geonorm_liger_patch, geonorm_pa
 from hf_geonorm.modeling.layouts import LAYOUTS
 
 LIGER_INSTALLED = importlib.util.find_spec("liger_kernel") is not None
-needs_liger = pytest.mark.skipif(not LIGER_INSTALLED, reason="liger-kernel is not installed (pip install -e '.[liger]')")
+needs_liger = pytest.mark.skipif(
+    not LIGER_INSTALLED, reason="liger-kernel is not installed (pip install -e '.[liger]')"
+)
 TESTS = Path(__file__).parent
 
 # Defines state(model): each module's name -> (its class, the name it prints, the function bound on it as its own
