@@ -5,6 +5,10 @@
 #   1. tests/test_fused.py on CUDA: the Triton kernel against the composed torch path (float32, bfloat16,
 #      model widths, strided rows, a float32 state with a bf16 update), a tiny model's training step with the
 #      fused update on and off, and (in a child process) the same kernels through Triton's interpreter;
+#   1b. benchmarks/liger_check.py: Liger-Kernel on against off, one training step of a tiny GeoNorm LLaMA per
+#      norm style (geo, pre, post) in float32 and bfloat16: loss, gradients and the loss after the step agree
+#      within 1e-4 (float32) and 5e-2 (bfloat16), relative (needs liger-kernel: pip install -e ".[liger]");
+#      writes liger_check.{txt,json};
 #   2. benchmarks/overhead.py --device cuda, eager: every style, GeoNorm with the fused kernel on and off;
 #   3. the same compiled (stock, pre, geo, geo_unfused), with whatever time is left;
 #   4. benchmarks/sweep_workers.py --gpu: a small sweep on one accelerator against all of them, if time is left.
@@ -66,6 +70,13 @@ timeout 150 "$python" -m pytest -q -rs -p no:cacheprovider tests/test_fused.py \
 tests_rc=$?
 tail -n 15 "$out/pytest_fused.txt"
 
+# -- Liger-Kernel (issue 56): Liger on against off, one training step of a tiny GeoNorm LLaMA (benchmarks/liger_check.py)
+echo "== 1b. Liger-Kernel on against off, one training step (limit 60s)"
+timeout 60 "$python" benchmarks/liger_check.py --out "$out" > "$out/liger_check.txt" 2>&1
+liger_rc=$?
+cat "$out/liger_check.txt"
+# -- end of Liger-Kernel
+
 eager_limit=$(( $(left) > 90 ? 90 : $(left) ))
 echo "== 2. overhead benchmark, eager (limit ${eager_limit}s)"
 timeout "$eager_limit" "$python" benchmarks/overhead.py --device cuda --modes eager \
@@ -93,6 +104,7 @@ fi
 {
     echo "kernel check rc=$check_rc (0 = the kernel agrees with the torch twin in every case)"
     echo "tests rc=$tests_rc (0 = all passed)"
+    echo "liger on/off rc=$liger_rc (0 = loss and gradients agree within tolerance, 2 = no liger-kernel or CUDA)"
     grep -E "passed|failed|error" "$out/pytest_fused.txt" | tail -n 1
     echo "eager benchmark rc=$eager_rc, compiled benchmark rc=$compiled_rc (124 = cut at its time limit)"
     echo "sweep one device against all rc=$sweep_rc"
