@@ -254,3 +254,26 @@ def test_geonorm_parts_are_the_layers_and_updates():
         + [f"model.layers.{k}.geonorm_{part}_residual" for k in range(3) for part in ("attn", "mlp")]
     )
     check_geonorm_kept(model, parts)  # an untouched model passes
+
+
+def test_the_gpu_check_stops_without_cuda_and_measures_relative_differences(monkeypatch, capsys):
+    """benchmarks/liger_check.py (gpu_check.sh's Liger stage) on CPU: it refuses in one line without CUDA (exit 2);
+    its step and its comparison run, a gradient 0.1% off is 1e-3 off, a loss 2% off is 2e-2 off."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("liger_check", TESTS.parent / "benchmarks" / "liger_check.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--out", "checked"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "liger_check.py needs a CUDA device: Liger-Kernel's kernels run on GPUs only"
+    )
+    monkeypatch.setitem(bench.SIZES, "num_hidden_layers", 2)
+    step = bench.one_step(bench.tiny_geonorm_llama("geo", torch.float32, "cpu"), torch.randint(0, 1024, (1, 16)))
+    assert len(step["grads"]) == len(list(bench.tiny_geonorm_llama("geo", torch.float32, "cpu").parameters()))
+    off = {"loss": step["loss"] * 1.02, "loss_after": step["loss_after"],
+           "grads": {name: grad * 1.001 for name, grad in step["grads"].items()}}  # fmt: skip
+    found = bench.compare(step, off)
+    assert found["loss_difference"] == pytest.approx(0.02) and found["loss_after_difference"] == 0
+    assert found["grad_difference"] == pytest.approx(1e-3, rel=1e-4)
