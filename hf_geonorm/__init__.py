@@ -8,7 +8,6 @@ first use:
 
 import sys as _sys
 
-from .liger import enable_liger_kernels as _enable_liger_kernels
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -31,6 +30,7 @@ from .patching import (
     supported_architectures,
 )
 from .sharing.hub import push_model_to_hub as _push_model_to_hub
+from .training.liger import enable_liger_kernels as _enable_liger_kernels
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub

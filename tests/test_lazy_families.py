@@ -139,7 +139,7 @@ configs = {
 }
 models = {name: AutoModelForCausalLM.from_config(config) for name, config in configs.items()}
 report["peft_after_build"] = "peft" in sys.modules
-# (hf_geonorm.liger's finder, there where liger-kernel is installed, waits for Liger's module, not PEFT)
+# (hf_geonorm.training.liger's finder, there where liger-kernel is installed, waits for Liger's module, not PEFT)
 report["import_hooks"] = [type(f).__name__ for f in sys.meta_path
                           if "geonorm" in type(f).__module__ and type(f).__name__ != "LigerImportWatch"]
 if order == "peft last":

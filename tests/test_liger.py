@@ -1,4 +1,4 @@
-"""Liger-Kernel's patches on GeoNorm models (``hf_geonorm.liger``).
+"""Liger-Kernel's patches on GeoNorm models (``hf_geonorm.training.liger``).
 
 Liger's kernels are Triton kernels that do not run on CPU (not even through Triton's interpreter), so these tests
 check the swap structurally: which modules a patch replaces on a GeoNorm model, against what Liger replaces on the
@@ -24,8 +24,8 @@ import pytest
 from tiny_models import tiny_model
 
 import hf_geonorm
-from hf_geonorm.liger import check_geonorm_kept, geonorm_liger_patch, geonorm_parts, register_liger_patches
 from hf_geonorm.modeling.layouts import LAYOUTS
+from hf_geonorm.training.liger import check_geonorm_kept, geonorm_liger_patch, geonorm_parts, register_liger_patches
 
 LIGER_INSTALLED = importlib.util.find_spec("liger_kernel") is not None
 needs_liger = pytest.mark.skipif(
@@ -55,8 +55,8 @@ def swapped(before, after):
 
 
 def geonorm_names(model):
-    import hf_geonorm.liger
-    return sorted(hf_geonorm.liger.geonorm_parts(model))
+    import hf_geonorm.training.liger
+    return sorted(hf_geonorm.training.liger.geonorm_parts(model))
 """
 
 # Stock and GeoNorm models of each case built first, then Liger applied to each instance as Trainer's and TRL's

@@ -107,13 +107,13 @@ def test_the_floor_check_finds_an_upward_import_wherever_it_is(tmp_path):
 TOP_LEVEL = {"__init__", "patching", "loading", "loading_info", "loading_sizes", "conversion", "conversion_options",
              "declarations", "errors", "inspection"}
 TRAINING = PACKAGE / "training"
-# The training modules (by their path under training/), each after every module it imports: the model sizes, the
-# declaration and the rate rule, the transformers internals named, then the data as it flows (documents, a folder's
-# files, tokenizer, token batches, blocks, made ready for Trainer), the run's record and its checkpoints, the model and
-# what trains it, the run's outputs, the run and what `info` reads of it, and the sweep over runs (and what `info`
-# reads of it).
+# The training modules (by their path under training/), each after every module it imports: Liger-Kernel's patches
+# for the GeoNorm types, the model sizes, the declaration and the rate rule, the transformers internals named, then the
+# data as it flows (documents, a folder's files, tokenizer, token batches, blocks, made ready for Trainer), the run's
+# record and its checkpoints, the model and what trains it, the run's outputs, the run and what `info` reads of it, and
+# the sweep over runs (and what `info` reads of it).
 FLOW = (
-    "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
+    "liger", "presets", "options", "rate_rule", "run.transformers_internals", "data.cache_checks", "data.documents",
     "data.folders", "data.corpus", "data.tokenizer", "data.token_batches", "data.duplicates", "data.split",
     "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",

@@ -9,5 +9,7 @@
 - ``run``: one run (``run.trainer.run_training``, a sequence of named steps over transformers' Trainer) and what it
   is made of: ``model``, ``optim``, ``bridge``, ``checkpoints``, ``record``, ``outputs`` and the transformers
   internals it relies on;
-- ``sweep``: a grid of runs (``sweep.grid.run_sweep``), what it takes (``sweep.options``), its journal and report.
+- ``sweep``: a grid of runs (``sweep.grid.run_sweep``), what it takes (``sweep.options``), its journal and report;
+- ``liger``: Liger-Kernel's patches of a stock type for the ``geonorm_X`` types (Trainer's ``use_liger_kernel``),
+  registered by ``import hf_geonorm``.
 """

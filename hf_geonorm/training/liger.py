@@ -26,9 +26,9 @@ from typing import Any
 
 from torch import nn
 
-from .modeling.decoder_layers import GeoNormDecoderLayer
-from .modeling.layouts import LAYOUTS
-from .modeling.residual import GeoNormResidual
+from ..modeling.decoder_layers import GeoNormDecoderLayer
+from ..modeling.layouts import LAYOUTS
+from ..modeling.residual import GeoNormResidual
 
 LIGER_PATCHES = "liger_kernel.transformers.monkey_patch"  # the module holding Liger's dict of patches by model type
 
