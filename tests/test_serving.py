@@ -32,7 +32,8 @@ PROMPTS = [[1, 5, 9, 33, 70], [1, 100, 3, 4], [1, 17, 17, 200, 41, 8, 90]]
 NEW_TOKENS = 8
 LOGPROB_TOLERANCE = 1e-4
 
-# Run by the vLLM environment's Python: greedy tokens and their log-probabilities, as JSON on the last line.
+# Run by the vLLM environment's Python: greedy tokens and their log-probabilities, as JSON in the file argv[4] (vLLM
+# logs to stdout until its engine has shut down).
 SERVE = """
 import importlib.util, json, sys
 
@@ -53,7 +54,8 @@ def main():
         tokens = list(output.outputs[0].token_ids)
         logprobs = [step[token].logprob for step, token in zip(output.outputs[0].logprobs, tokens)]
         served.append({"tokens": tokens, "logprobs": logprobs})
-    print(json.dumps({"transformers": transformers.__version__, "vllm": vllm.__version__, "served": served}))
+    with open(sys.argv[4], "w") as out:
+        json.dump({"transformers": transformers.__version__, "vllm": vllm.__version__, "served": served}, out)
 
 
 if __name__ == "__main__":  # vLLM starts its engine in spawned processes, which import this file again
@@ -116,9 +118,10 @@ def test_vllm_serves_geonorm_llama_folders_as_transformers_computes_them(tmp_pat
     for name, folder in folders.items():
         expected = reference(folder)
         assert min(case["gap"] for case in expected) > 10 * LOGPROB_TOLERANCE, "greedy tokens too close to call"
-        out = run([python, tmp_path / "serve.py", folder, json.dumps(PROMPTS), NEW_TOKENS], cwd=tmp_path,
-                  timeout=1200, env=env)  # fmt: skip
-        served = json.loads(out.strip().splitlines()[-1])
+        result = tmp_path / f"{folder.name}.json"
+        run([python, tmp_path / "serve.py", folder, json.dumps(PROMPTS), NEW_TOKENS, result], cwd=tmp_path,
+            timeout=1200, env=env)  # fmt: skip
+        served = json.loads(result.read_text())
         print(f"{name}: vllm {served['vllm']}, transformers {served['transformers']}")
         for prompt, want, got in zip(PROMPTS, expected, served["served"], strict=True):
             assert got["tokens"] == want["tokens"], (name, prompt)
