@@ -11,6 +11,7 @@ that applies them runs in a child Python.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
 import json
@@ -59,12 +60,14 @@ def geonorm_names(model):
     return sorted(hf_geonorm.training.liger.geonorm_parts(model))
 """
 
-# Stock and GeoNorm models of each case built first, then Liger applied to each instance as Trainer's and TRL's
-# use_liger_kernel=True apply it (liger imported after hf_geonorm and the models, as Trainer imports it), the last
-# GeoNorm model through Trainer's own call.
-INSTANCE = """
+# Stock and GeoNorm models of each case built first; then Liger imported (after hf_geonorm, as Trainer imports it);
+# then, where the job names folders, AutoLigerKernelForCausalLM on the GeoNorm folder and on the stock folder it was
+# converted from (whose patch is the reference); then Liger applied to each model built first, as Trainer's and TRL's
+# use_liger_kernel=True apply it, the last GeoNorm model through Trainer's own call.
+SCRIPT = """
 import hf_geonorm
 import torch
+import transformers
 from tiny_models import tiny_model
 from transformers import Trainer, TrainingArguments
 from transformers.integrations.liger import apply_liger_kernel
@@ -76,13 +79,21 @@ for case in job["cases"]:
 trained = hf_geonorm.convert(tiny_model(job["cases"][0]))
 before = {case: (state(stock), state(geo)) for case, (stock, geo) in models.items()}
 trained_before = state(trained)
+if "geo" in job:
+    config = transformers.LlamaConfig.from_pretrained(job["stock"])
+    report["auto"] = {"unpatched": state(transformers.LlamaForCausalLM(config))}
 report["liger_imported_before_use"] = "liger_kernel.transformers.monkey_patch" in sys.modules
 
-from liger_kernel.transformers import _apply_liger_kernel_to_instance
+from liger_kernel.transformers import AutoLigerKernelForCausalLM, _apply_liger_kernel_to_instance
 from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
 report["registered"] = sorted(name for name in MODEL_TYPE_TO_APPLY_LIGER_FN if name.startswith("geonorm_"))
 report["liger_types"] = sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)
+if "geo" in job:
+    geo = AutoLigerKernelForCausalLM.from_pretrained(job["geo"])
+    stock = AutoLigerKernelForCausalLM.from_pretrained(job["stock"])
+    report["auto"].update(geo=state(geo), geo_forward=type(geo).forward.__module__, geonorm_parts=geonorm_names(geo),
+                          stock=state(stock), stock_forward=type(stock).forward.__module__)
 report["cases"] = {}
 for case, (stock, geo) in models.items():
     _apply_liger_kernel_to_instance(model=stock)
@@ -100,24 +111,6 @@ trainer = Trainer(model=trained, args=TrainingArguments(output_dir="out", use_li
 # what Trainer.train runs first under use_liger_kernel=True (training itself would run Liger's kernels, GPU only)
 apply_liger_kernel(trainer.model, trainer.args.liger_kernel_config)
 report["trainer"] = swapped(trained_before, state(trained))
-print(json.dumps(report))
-"""
-
-# AutoLigerKernelForCausalLM on a GeoNorm folder (liger imported before hf_geonorm, as a script using it does),
-# then on the stock folder it was converted from, whose patch is the reference.
-AUTO = """
-from liger_kernel.transformers import AutoLigerKernelForCausalLM
-import hf_geonorm
-import transformers
-
-report["unpatched"] = state(transformers.LlamaForCausalLM(transformers.LlamaConfig.from_pretrained(job["stock"])))
-geo = AutoLigerKernelForCausalLM.from_pretrained(job["geo"])
-report["geo"] = state(geo)
-report["geo_forward"] = type(geo).forward.__module__
-report["geonorm_parts"] = geonorm_names(geo)
-stock = AutoLigerKernelForCausalLM.from_pretrained(job["stock"])
-report["stock"] = state(stock)
-report["stock_forward"] = type(stock).forward.__module__
 print(json.dumps(report))
 """
 
@@ -148,12 +141,15 @@ def check_same_swaps_as_stock(found: dict, layers: int) -> None:
 
 
 @needs_liger
-def test_liger_on_a_geonorm_llama_swaps_the_stock_parts_and_not_the_update(tmp_path):
+def test_liger_on_a_geonorm_llama_swaps_the_stock_parts_and_not_the_update(tmp_path, stock_llama):
     """``_apply_liger_kernel_to_instance`` (and Trainer's ``use_liger_kernel=True``) replaces on a GeoNorm LLaMA
     exactly the modules it replaces on the stock LLaMA of the same weights: norms, MLPs and the causal LM's forward
-    (fused linear cross-entropy); RoPE is the module function its attention calls. The decoder layers and
+    (fused linear cross-entropy); RoPE is the module function its attention calls. ``AutoLigerKernelForCausalLM``
+    on a GeoNorm folder builds Liger's modules where it does from the stock folder. The decoder layers and
     ``GeoNormResidual`` modules are untouched."""
-    out = run_child(INSTANCE, {"cases": ["llama"]}, tmp_path)
+    geo_folder = tmp_path / "geo"
+    hf_geonorm.convert(tiny_model("llama")).save_pretrained(geo_folder)
+    out = run_child(SCRIPT, {"cases": ["llama"], "geo": str(geo_folder), "stock": str(stock_llama)}, tmp_path)
     assert not out["liger_imported_before_use"]  # the GeoNorm types were registered when Trainer imported Liger
     found = out["cases"]["llama"]
     check_same_swaps_as_stock(found, layers=3)
@@ -166,6 +162,16 @@ def test_liger_on_a_geonorm_llama_swaps_the_stock_parts_and_not_the_update(tmp_p
     expected = sorted(f"geonorm_{t}" for t in LAYOUTS if t in out["liger_types"])
     assert out["registered"] == expected and "geonorm_llama" in expected
 
+    auto = out["auto"]
+    stock, unpatched, geo = auto["stock"], auto["unpatched"], auto["geo"]
+    liger_modules = {name: stock[name][1] for name in stock if stock[name] != unpatched[name]}
+    assert liger_modules, "Liger swapped nothing on the stock model: the reference is empty"
+    assert {name: geo[name][1] for name in liger_modules} == liger_modules  # the same modules, Liger's classes
+    assert auto["geo_forward"] == auto["stock_forward"] and auto["stock_forward"].startswith("liger_kernel.")
+    assert not set(auto["geonorm_parts"]) & set(liger_modules)
+    assert sorted(geo[name][0] for name in auto["geonorm_parts"])[-1] == "GeoNormResidual"
+    assert {geo[name][0] for name in auto["geonorm_parts"] if name.count(".") == 2} == {"GeoNormLlamaDecoderLayer"}
+
 
 @needs_liger
 @pytest.mark.slow
@@ -176,29 +182,12 @@ def test_liger_on_every_geonorm_type_liger_supports(tmp_path):
     from tiny_models import CASES
 
     cases = [name for name, case in CASES.items() if case.model_type in MODEL_TYPE_TO_APPLY_LIGER_FN]
-    out = run_child(INSTANCE, {"cases": cases}, tmp_path)
+    out = run_child(SCRIPT, {"cases": cases}, tmp_path)
     for case in cases:
         found = out["cases"][case]
         assert found["geo"] == found["stock"], case
         assert not set(found["geo"]) & set(found["geonorm_parts"]), case
         assert found["layer_class"].startswith("GeoNorm"), case
-
-
-@needs_liger
-def test_auto_liger_model_from_a_geonorm_folder(tmp_path, stock_llama):
-    """``AutoLigerKernelForCausalLM.from_pretrained`` on a GeoNorm folder (the plugin imported) builds the model with
-    Liger's modules where the stock folder gets them, the GeoNorm decoder layers and updates kept."""
-    geo = tmp_path / "geo"
-    hf_geonorm.convert(tiny_model("llama")).save_pretrained(geo)
-    out = run_child(AUTO, {"geo": str(geo), "stock": str(stock_llama)}, tmp_path)
-    stock, unpatched, geo = out["stock"], out["unpatched"], out["geo"]
-    liger_modules = {name: stock[name][1] for name in stock if stock[name] != unpatched[name]}
-    assert liger_modules, "Liger swapped nothing on the stock model: the reference is empty"
-    assert {name: geo[name][1] for name in liger_modules} == liger_modules  # the same modules, Liger's classes
-    assert out["geo_forward"] == out["stock_forward"] and out["stock_forward"].startswith("liger_kernel.")
-    assert not set(out["geonorm_parts"]) & set(liger_modules)
-    assert sorted(geo[name][0] for name in out["geonorm_parts"])[-1] == "GeoNormResidual"
-    assert {geo[name][0] for name in out["geonorm_parts"] if name.count(".") == 2} == {"GeoNormLlamaDecoderLayer"}
 
 
 def fake_table_module(**table: object) -> types.ModuleType:
@@ -277,3 +266,30 @@ def test_the_gpu_check_stops_without_cuda_and_measures_relative_differences(monk
     found = bench.compare(step, off)
     assert found["loss_difference"] == pytest.approx(0.02) and found["loss_after_difference"] == 0
     assert found["grad_difference"] == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_registration_when_liger_is_imported_before_or_after_the_plugin(tmp_path, monkeypatch):
+    """Liger's table module already imported: ``enable_liger_kernels`` registers at once. Not yet: the finder it
+    leaves on ``sys.meta_path`` registers when the module is imported, then leaves (a stand-in module by another
+    name here, so that this runs with or without liger-kernel)."""
+    from hf_geonorm.training import liger
+
+    def patch_llama(model: object = None) -> None:
+        pass
+
+    monkeypatch.setitem(sys.modules, liger.LIGER_PATCHES, fake_table_module(llama=patch_llama))
+    liger.enable_liger_kernels()
+    assert "geonorm_llama" in sys.modules[liger.LIGER_PATCHES].MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    stand_in = "def patch_qwen2(model=None):\n    pass\n\nMODEL_TYPE_TO_APPLY_LIGER_FN = {'qwen2': patch_qwen2}\n"
+    (tmp_path / "stand_in_liger_table.py").write_text(stand_in)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(liger, "LIGER_PATCHES", "stand_in_liger_table")
+    others = [finder for finder in sys.meta_path if not isinstance(finder, liger.LigerImportWatch)]
+    monkeypatch.setattr(sys, "meta_path", [liger.LigerImportWatch(), *others])
+    try:
+        table = importlib.import_module("stand_in_liger_table").MODEL_TYPE_TO_APPLY_LIGER_FN
+    finally:
+        sys.modules.pop("stand_in_liger_table", None)
+    assert sorted(table) == ["geonorm_qwen2", "qwen2"]
+    assert not any(isinstance(finder, liger.LigerImportWatch) for finder in sys.meta_path)
