@@ -17,8 +17,11 @@ cells, log-log interpolation between them, which passes through every cell by co
 ``hf_geonorm.training.rate_rule``). Every cell was measured at train's default warm-up (``WARMUP_SHARE``): a
 phase at another share is refused, as its best rate is not the one train's default warm-up matches. A best rate
 at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and left out.
-Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md`` (the fit and its account), and the measured cells
-and GPT-3's published rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its default
+Beside the cells, each style's best cell at phase i's shapes with the warm-up share tuned with the rate (chosen as
+``paper_table.py`` chooses, over every share and rate): not a default (train's warm-up is a tenth of the run), but
+part of the basis ``train`` states for a rate extrapolated past the cells. Writes ``benchmarks/results/rate_rule.json``
+and ``rate_rule.md`` (the fit and its account), and the measured cells, the tuned-warm-up cells and GPT-3's published
+rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its default
 learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``; ``benchmarks/default_rates.py`` tables it at the
 presets); trains nothing:
 
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paper_table import STYLES, shape_runs, style_row
 
 from hf_geonorm.training.options import WARMUP_SHARE
 from hf_geonorm.training.sweep.grid import read_journal
@@ -53,6 +57,8 @@ GPT3 = [{"name": name, "layers": layers, "width": width, "lr": lr} for name, lay
     ("2.7B", 32, 2560, 1.6e-4), ("6.7B", 32, 4096, 1.2e-4), ("13B", 40, 5140, 1.0e-4), ("175B", 96, 12288, 0.6e-4),
 )]  # fmt: skip
 GPT3_125M = GPT3[0]
+# phase i's shapes (architecture: layers, width), whose folders i_ARCH_wNN tuned the warm-up share with the rate
+TUNED_WARMUP = {"gpt2": (4, 128), "llama": (4, 128)}
 
 
 def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -173,11 +179,27 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
     return record
 
 
+def tuned_warmup_cells(sweeps: Path) -> list[dict[str, Any]]:
+    """Each style's best cell at phase i's shapes (``TUNED_WARMUP``: all ``i_ARCH_wNN`` folders) over every warm-up
+    share and rate, chosen on seed 0's validation as the paper's table chooses."""
+    cells = []
+    for arch, (layers, width) in TUNED_WARMUP.items():
+        runs = shape_runs(sweeps, arch)
+        for style in STYLES:
+            row = style_row(runs, style)
+            if row is not None:
+                cells.append({"phase": f"i_{arch}_w*", "arch": arch, "style": style, "layers": layers, "width": width,
+                              "lr": row["lr"], "warmup_share": row["share"]})  # fmt: skip
+    return cells
+
+
 def library_rule(record: dict[str, Any]) -> dict[str, Any]:
     """What ``train`` reads: the measured cells (each the default at its own shape, and between a style's cells the
-    log-log interpolation between them) and GPT-3's rates (beyond them); not the fit."""
-    return {"written_by": f"benchmarks/rate_rule.py (from benchmarks/results/sweeps: {', '.join(SHAPES)})",
-            "cells": record["cells"],
+    log-log interpolation between them), the tuned-warm-up cells (the basis an extrapolation states) and GPT-3's
+    rates (beyond the cells); not the fit."""
+    return {"written_by": f"benchmarks/rate_rule.py (from benchmarks/results/sweeps: {', '.join(SHAPES)}; tuned "
+                          f"warm-up: {', '.join(f'i_{arch}_w*' for arch in TUNED_WARMUP)})",
+            "cells": record["cells"], "tuned_warmup_cells": record["tuned_warmup_cells"],
             "published": {"source": GPT3_SOURCE, "models": GPT3}}  # fmt: skip
 
 
@@ -224,7 +246,7 @@ def main() -> None:
     cells, edges = measured_cells(args.results)
     if not cells:
         raise SystemExit(f"no journal of {', '.join(SHAPES)} under {args.results}: run benchmarks/sweep_study.py first")
-    record = report(cells, edges)
+    record = {**report(cells, edges), "tuned_warmup_cells": tuned_warmup_cells(args.results)}
     (RESULTS / "rate_rule.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     (RESULTS / "rate_rule.md").write_text(page(record), encoding="utf-8")
     LIBRARY_RULE.write_text(json.dumps(library_rule(record), indent=1) + "\n", encoding="utf-8")

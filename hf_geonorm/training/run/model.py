@@ -299,9 +299,8 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
         chosen = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
         changes["lr"] = chosen.lr
         advice = "" if fine_tuning else "; `hf-geonorm sweep` measures it on your data"
-        if chosen.needs_sweep:
-            advice = ("; no cell measured this shape and style: run `hf-geonorm sweep` first (its default grid spans "
-                      "1/8 to 8 times this rate)")  # fmt: skip
+        if chosen.needs_sweep:  # its account ends in rate_rule.SWEEP_FIRST
+            advice = " (`hf-geonorm sweep`: its default grid spans 1/8 to 8 times this rate)"
         lines.append(f"learning rate {chosen.lr:g}, the default for {chosen.why}{advice}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
