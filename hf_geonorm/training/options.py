@@ -166,6 +166,9 @@ class TrainOptions:
         "Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to --min-lr-ratio times it "
         "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text(),
         trainer="learning_rate", sweep_key=False))  # fmt: skip
+    # who gave ``lr`` when a program did rather than --lr (``rate_rule.SWEEP_RATE``: a rate of a sweep's grid), for
+    # the card's and metrics.json's rate source; no option of the command line, no part of a sweep's key
+    lr_source: str | None = field(default=None, metadata={"sweep_key": False})
     warmup_steps: int | None = field(default=None, metadata=option(
         "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
         minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps", trainer="warmup_steps"))  # fmt: skip

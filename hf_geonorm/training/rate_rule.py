@@ -33,6 +33,8 @@ UNMEASURED = (PUBLISHED, EXTRAPOLATED, FALLBACK)  # no cell measured this shape 
 SWEEP_FIRST = "not measured at this size: sweep first"  # what the log and the card say of an UNMEASURED rate
 FINE_TUNING = "fine-tuning"  # a --model with trained weights: train's fine-tuning default, not this rule's
 RATE_GIVEN = "given by --lr"  # no default at all: the run's own
+# the rate source of a sweep's run (``TrainOptions.lr_source``): the sweep gave it, not the user's --lr
+SWEEP_RATE = "set by hf-geonorm sweep: one rate of its grid for this style (the sweep's report names the rate it chose)"
 MEASURED_FAMILY = "gpt2"  # an architecture no cell measured takes its cells
 
 

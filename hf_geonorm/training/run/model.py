@@ -324,12 +324,12 @@ def default_rate(model: str | None, config: Any, style: str) -> DefaultRate:
     return replace(chosen, why=FROM_SCRATCH + chosen.why)
 
 
-def rate_choice(lr: float | None, model: str | None, config: Any) -> DefaultRate:
+def rate_choice(lr: float | None, model: str | None, config: Any, given_by: str | None = None) -> DefaultRate:
     """Where the run's peak learning rate comes from, for its card and ``metrics.json``: ``--lr`` where given
-    (``lr``), else ``default_rate``'s source for the ``--model`` (``model``) of ``config``, with a ``why`` that names
-    no folder of this machine (the card is shared)."""
+    (``lr``; ``given_by`` names the program that gave it, such as a sweep), else ``default_rate``'s source for the
+    ``--model`` (``model``) of ``config``, with a ``why`` that names no folder of this machine (the card is shared)."""
     if lr is not None:
-        return DefaultRate(lr, RATE_GIVEN, RATE_GIVEN)
+        return DefaultRate(lr, RATE_GIVEN, given_by or RATE_GIVEN)
     chosen = default_rate(model, config, getattr(config, "norm_style", "pre"))
     if chosen.source == FINE_TUNING:
         return replace(chosen, why=f"{FINE_TUNING}: the default for a --model with trained weights")

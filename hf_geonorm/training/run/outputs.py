@@ -251,6 +251,12 @@ def last_evaluation(state: TrainerState) -> dict[str, float] | None:
     return None
 
 
+def shared_data(name: str, fingerprint: str) -> str:
+    """The data as the model card states it: its name (no folder of the machine it trained on) and the fingerprint
+    of its content, by which another copy of it is known to be the same."""
+    return f"{name} (content fingerprint {fingerprint[:16]})"
+
+
 def training_facts(
     options: TrainOptions, data: str, steps: int, peak: float, val_loss: float, test_loss: float, rate: DefaultRate
 ) -> dict:

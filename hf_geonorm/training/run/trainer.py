@@ -46,6 +46,7 @@ from .outputs import (
     publish_results,
     run_output,
     save_final_model,
+    shared_data,
     training_facts,
 )
 from .record import check_same_run, learning_rate_facts, run_record
@@ -231,7 +232,8 @@ def save_results(
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     steps = trainer.state.global_step
     peak = peak_reached(options.lr, steps, options.warmup_steps, options.max_steps, options.min_lr_ratio)
-    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss, built.rate))
+    shared = shared_data(data.name, data.facts["fingerprint"])
+    card = final_card(options.model, training_facts(options, shared, steps, peak, loss, test_loss, built.rate))
     if trainer.is_world_process_zero():
         save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
     metrics = run_metrics(options, trainer, data, built, to_save.config, resumed_step, seconds, loss, test_loss)
@@ -277,7 +279,8 @@ def model_to_train(
             check_resumable_adapters(model, checkpoint)
     parameters = sum(p.numel() for p in model.parameters())
     log(f"model: {type(model).__name__}, {parameters / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
-    rate = rate_choice(options.lr, options.model, model.config)  # before the default is set: --lr given or not
+    # before the default is set: --lr given (by whom) or not
+    rate = rate_choice(options.lr, options.model, model.config, options.lr_source)
     options, defaults = with_learning_rate(options, model.config)
     for line in defaults if main else ():
         log(line)

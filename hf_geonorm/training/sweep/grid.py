@@ -36,6 +36,7 @@ from ...files.signals import raise_if_signalled
 from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
 from ..options import TrainOptions
+from ..rate_rule import SWEEP_RATE
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training
@@ -269,8 +270,8 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     logs = folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     options = replace(
-        train, output=str(output), lr=run.lr, seed=run.seed, settings=run.settings(train.settings), force=True,
-        resume=False,
+        train, output=str(output), lr=run.lr, lr_source=SWEEP_RATE, seed=run.seed,
+        settings=run.settings(train.settings), force=True, resume=False,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed,
                              "train_options": journal_key(train)}  # fmt: skip
