@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from paper_table import STYLES, shape_runs, style_row
 
 from hf_geonorm.training.options import WARMUP_SHARE
 from hf_geonorm.training.sweep.grid import read_journal
@@ -180,16 +179,17 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
 
 
 def tuned_warmup_cells(sweeps: Path) -> list[dict[str, Any]]:
-    """Each style's best cell at phase i's shapes (``TUNED_WARMUP``: all ``i_ARCH_wNN`` folders) over every warm-up
-    share and rate, chosen on seed 0's validation as the paper's table chooses."""
+    """Each style's best cell at phase i's shapes (``TUNED_WARMUP``: every ``i_ARCH_wNN`` folder, one per warm-up
+    share) over every share and rate: the lowest seed-0 validation loss, as the paper's table chooses."""
     cells = []
     for arch, (layers, width) in TUNED_WARMUP.items():
-        runs = shape_runs(sweeps, arch)
-        for style in STYLES:
-            row = style_row(runs, style)
-            if row is not None:
-                cells.append({"phase": f"i_{arch}_w*", "arch": arch, "style": style, "layers": layers, "width": width,
-                              "lr": row["lr"], "warmup_share": row["share"]})  # fmt: skip
+        runs = [(int(folder.name.rsplit("_w", 1)[1]) / 100, run) for folder in sorted(sweeps.glob(f"i_{arch}_w*"))
+                if (folder / "runs.jsonl").is_file() for run in read_journal(folder / "runs.jsonl")[1]
+                if run["seed"] == 0 and run["alpha"] is None and run.get("val_loss") is not None]  # fmt: skip
+        for style in dict.fromkeys(run["style"] for _, run in runs):
+            share, best = min(((s, r) for s, r in runs if r["style"] == style), key=lambda item: item[1]["val_loss"])
+            cells.append({"phase": f"i_{arch}_w*", "arch": arch, "style": style, "layers": layers, "width": width,
+                          "lr": best["lr"], "warmup_share": share})  # fmt: skip
     return cells
 
 

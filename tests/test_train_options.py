@@ -130,10 +130,10 @@ def test_the_library_rule_is_the_one_the_committed_journals_give():
     """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py writes from the committed journals today
     (tests/test_default_rates.py checks train's rate at every measured cell against the journals themselves)."""
     bench = rate_rule_script()
-    cells, edges = bench.measured_cells(ROOT / "benchmarks" / "results" / "sweeps")
-    assert json.loads(rate_rule.RATE_RULE.read_text()) == json.loads(
-        json.dumps(bench.library_rule(bench.report(cells, edges)))
-    )
+    sweeps = ROOT / "benchmarks" / "results" / "sweeps"
+    cells, edges = bench.measured_cells(sweeps)
+    record = {**bench.report(cells, edges), "tuned_warmup_cells": bench.tuned_warmup_cells(sweeps)}
+    assert json.loads(rate_rule.RATE_RULE.read_text()) == json.loads(json.dumps(bench.library_rule(record)))
 
 
 def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(tmp_path):
