@@ -168,7 +168,8 @@ class TrainOptions:
         trainer="learning_rate", sweep_key=False))  # fmt: skip
     # who gave ``lr`` when a program did rather than --lr (``rate_rule.SWEEP_RATE``: a rate of a sweep's grid), for
     # the card's and metrics.json's rate source; no option of the command line, no part of a sweep's key
-    lr_source: str | None = field(default=None, metadata={"sweep_key": False})
+    lr_source: str | None = field(default=None, metadata={"sweep_key": False,
+                                                          "used_if": lambda options: options.lr_source is not None})
     warmup_steps: int | None = field(default=None, metadata=option(
         "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
         minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps", trainer="warmup_steps"))  # fmt: skip
