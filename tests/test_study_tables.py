@@ -139,15 +139,16 @@ def test_each_finished_phases_report_is_what_the_sweeps_report_writer_writes_fro
 
 # ---- what the README and docs/training.md quote of the study ----
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-TRAINING = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+# the pages as read, their line breaks as spaces (a figure may be wrapped)
+README = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+TRAINING = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
 RESULT_PAGES = [*(ROOT / "benchmarks" / "results").glob("*.md"), *SWEEPS.glob("*.md")]
 
 
 @pytest.mark.parametrize("text", [README, TRAINING], ids=["README", "training.md"])
 def test_every_margin_the_readme_and_training_docs_quote_is_in_a_results_page(text):
     """Each "X ± Y" figure of the README and docs/training.md stands in a page a script wrote from the results."""
-    pages = "".join(page.read_text(encoding="utf-8") for page in RESULT_PAGES)
+    pages = " ".join(" ".join(page.read_text(encoding="utf-8").split()) for page in RESULT_PAGES)
     quoted = set(re.findall(r"\d+\.\d+ ± \d+\.\d+", text))
     assert quoted and not [figure for figure in sorted(quoted) if figure not in pages]
 
