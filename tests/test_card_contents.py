@@ -264,7 +264,8 @@ def test_a_sweeps_baseline_run_is_carded_as_its_style_with_the_sweeps_rate_and_i
     final = output / "runs" / "pre-lr2e-3-seed0" / "final"
     data, text = card_of(final)
     assert title(text) == "# Pre-Norm gpt2 (hf-geonorm baseline)", title(text)
-    assert "GeoNorm gpt2" not in text and "A Pre-Norm (a baseline hf-geonorm trains beside GeoNorm) model" in text
+    assert "GeoNorm gpt2" not in text
+    assert "A Pre-Norm model of the gpt2 architecture (a baseline hf-geonorm trains beside GeoNorm)" in text
     training = json.loads((final / "geonorm_card.json").read_text())["training"]
     assert "hf-geonorm sweep" in training["learning rate source"] and "--lr" not in training["learning rate source"]
     fingerprint = resolve_corpus(str(folder)).fingerprint
