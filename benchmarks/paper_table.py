@@ -355,6 +355,15 @@ def margin_text(difference: float | None, welch: dict[str, float] | None) -> str
     return f"{difference:+.3f}" + ("" if welch is None else f" ± {welch['standard_error']:.3f} ({welch['p']:.2g})")
 
 
+def all_tables(results: Path, unigram: float) -> dict[str, dict[str, Any]]:
+    """Each shape's table with its margins over the seeds that trained and the warm-up's share of the lead."""
+    tables = {arch: shape_table(results, arch) for arch in I_SHAPES}
+    for table in tables.values():
+        table["trained_seed_margins"] = trained_seed_margins(table, unigram)
+        table["warmup_share_of_lead"] = warmup_share_of_lead(table, table["trained_seed_margins"])
+    return tables
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
@@ -367,10 +376,7 @@ def main() -> None:
         reference = {**json.loads((args.results / "paper_table.json").read_text(encoding="utf-8"))["reference"],
                      "computed": False}  # fmt: skip
         print(f"{REPOSITORY / corpus['folder']} is not built: the unigram reference is the one written before")
-    tables = {arch: shape_table(args.results, arch) for arch in I_SHAPES}
-    for table in tables.values():
-        table["trained_seed_margins"] = trained_seed_margins(table, reference["unigram_cross_entropy"])
-        table["warmup_share_of_lead"] = warmup_share_of_lead(table, table["trained_seed_margins"])
+    tables = all_tables(args.results, reference["unigram_cross_entropy"])
     (args.results / "paper_table.md").write_text(page(tables, reference, corpus), encoding="utf-8")
     payload = {"reference": reference, "shapes": tables}
     (args.results / "paper_table.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")

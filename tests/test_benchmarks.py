@@ -256,3 +256,14 @@ def test_paper_table_shows_the_first_ladder_the_unshown_runs_and_the_margins_ove
     assert lead["post"]["removed_trained"] == pytest.approx(1 - (4.31 - mean(geo)) / (5.4 - 4.4))
     assert lead["geo"]["gain_seed0"] == pytest.approx(4.4 - 4.1)
     assert "told" not in lead["geo"]
+
+
+def test_paper_table_md_is_what_the_script_writes_from_the_committed_journals(monkeypatch):
+    """The committed page is the script's output from the journals (its unigram reference as the script recorded
+    it): no figure of it was typed by hand."""
+    table = load(BENCHMARKS / "paper_table.py", monkeypatch)
+    sweeps = BENCHMARKS / "results" / "sweeps"
+    reference = json.loads((sweeps / "paper_table.json").read_text(encoding="utf-8"))["reference"]
+    corpus = json.loads(table.STUDY_FILES.read_text(encoding="utf-8"))
+    written = table.page(table.all_tables(sweeps, reference["unigram_cross_entropy"]), reference, corpus)
+    assert (sweeps / "paper_table.md").read_text(encoding="utf-8") == written
