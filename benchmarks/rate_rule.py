@@ -231,6 +231,16 @@ def page(record: dict[str, Any]) -> str:
     if record["left_out_at_edge"]:
         edges = ", ".join(f"{c['phase']} {c['style']} ({rate_text(c['lr'])})" for c in record["left_out_at_edge"])
         lines += ["", f"Left out, the best at an edge of its grid: {edges}."]
+    tuned = record.get("tuned_warmup_cells", [])
+    if tuned:
+        pre = {(c["arch"], c["layers"], c["width"]): c["lr"] for c in tuned if c["style"] == "pre"}
+        lines += ["", "With the warm-up share tuned with the rate (phase i, every `i_ARCH_wNN` folder; seed 0's "
+                  "validation over every share and rate): not a default, but the basis `train` states beside a rate "
+                  "it extrapolates. Each style's best, and its ratio to Pre-Norm's:", "",
+                  "| cell | style | rate | warm-up share | over Pre-Norm |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {c['arch']} {c['layers']} x {c['width']} | {c['style']} | {rate_text(c['lr'])} | "
+                  f"{c['warmup_share']:g} | {c['lr'] / pre[(c['arch'], c['layers'], c['width'])]:g} |"
+                  for c in tuned]  # fmt: skip
     if "gpt3_125m" in record:
         check = record["gpt3_125m"]
         lines += ["", f"Pre-Norm's rule at GPT-3's 125M shape (12 x 768): {check['pre_rule']:.2e}, against the "
