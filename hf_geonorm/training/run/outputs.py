@@ -46,6 +46,7 @@ from ...files.ownership import (
     check_replaceable,
     is_bookkeeping,
     only_bookkeeping_left,
+    read_marker,
     record_paths,
     temporary_folder,
 )
@@ -238,6 +239,9 @@ class RunOutputs(list):
         run's ``runs/DATE_HOST``), and drop from the marker what is gone (the checkpoints removed at the end)."""
         if not self.main or not self.output.is_dir():
             return
+        marker = read_marker(self.output)
+        if not self and (marker is None or marker["command"] != "train"):
+            return  # the run stopped before it wrote anything: a folder that is not its output stays as it is
         logs = []
         for callback in self.tensorboard:
             if callback.tb_writer is not None:
