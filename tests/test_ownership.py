@@ -80,7 +80,7 @@ def test_a_model_saved_over_its_own_output_at_the_same_size_is_refused(stock, tm
     fine_tuned_in_place(out)
     before = hashes(out)
     message = fails("convert", stock, out, "--bridge", "0", "--force")
-    assert "model.safetensors" in message and "changed since" in message, message
+    assert "changed since (blocks.py" in message, message  # save_pretrained wrote every file again
     assert hashes(out) == before
 
 
