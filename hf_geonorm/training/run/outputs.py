@@ -46,7 +46,6 @@ from ...files.ownership import (
     check_replaceable,
     is_bookkeeping,
     only_bookkeeping_left,
-    read_marker,
     record_paths,
     temporary_folder,
 )
@@ -239,9 +238,6 @@ class RunOutputs(list):
         run's ``runs/DATE_HOST``), and drop from the marker what is gone (the checkpoints removed at the end)."""
         if not self.main or not self.output.is_dir():
             return
-        marker = read_marker(self.output)
-        if not self and (marker is None or marker["command"] != "train"):
-            return  # the run stopped before it wrote anything: a folder that is not its output stays as it is
         logs = []
         for callback in self.tensorboard:
             if callback.tb_writer is not None:
@@ -273,8 +269,9 @@ def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[Ru
                     with contextlib.suppress(OSError):
                         folder.rmdir()
             elif main:
-                with contextlib.suppress(OSError):  # the run's own error is the one to report
-                    published.finish()
+                if published:  # a run refused before it wrote anything leaves the folder as it was, marker too
+                    with contextlib.suppress(OSError):  # the run's own error is the one to report
+                        published.finish()
                 if created:
                     log(f"the run stopped; its checkpoints are in {output}: continue with --resume")
             raise
