@@ -31,7 +31,7 @@ from ...declarations import OptionError
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
-from ...files.ownership import only_bookkeeping_left, proven_entries, read_marker, record_paths
+from ...files.ownership import only_bookkeeping_left, read_marker, record_paths
 from ...files.signals import raise_if_signalled
 from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
@@ -295,11 +295,10 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
 
 
 def _remove_checkpoints(output: Path) -> None:
-    """Remove the checkpoints the run's marker proves are its own, and drop them from the marker."""
-    own = set(proven_entries(output)) if output.is_dir() else set()
+    """Remove the checkpoints of the run that trained into ``output`` (the folder ``--force`` gave it, locked while
+    the sweep runs), and drop them from its marker."""
     for _, checkpoint in checkpoints(output):
-        if checkpoint.name in own:
-            shutil.rmtree(checkpoint, ignore_errors=True)
+        shutil.rmtree(checkpoint, ignore_errors=True)
     if output.is_dir() and only_bookkeeping_left(output):
         output.rmdir()
     elif output.is_dir() and read_marker(output) is not None:
