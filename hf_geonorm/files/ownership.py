@@ -329,7 +329,7 @@ def ownership_problem(folder: Path) -> str | None:
         return None
     marker = read_marker(folder)
     if marker is None:
-        return f"was not written by hf-geonorm (it holds {_shown(names)}; no {MARKER_NAME} proves them its own)"
+        return f"was not written by hf-geonorm (it holds {_shown(names)}; no {MARKER_NAME} of this version proves them)"
     unlisted = _unlisted(folder, marker["paths"])
     if unlisted:
         return (
