@@ -33,6 +33,7 @@ from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumab
 from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
 from .optim import RunSizes, decayed_parameter_names, make_scheduler, peak_reached, run_sizes
 from .outputs import (
+    RunOutputs,
     RunProgress,
     check_output_path,
     clear_earlier_run,
@@ -154,7 +155,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         return _run(options, output, main, log, published)
 
 
-def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
+def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: RunOutputs) -> dict[str, Any]:
     """The run's steps: the output folder (a new run, or the checkpoint a resumed one continues), the data, the
     model, the run's record, Trainer, and what the run saves."""
     data_log = log if main else _silent
@@ -217,7 +218,7 @@ def save_results(
     resumed_step: int,
     seconds: float,
     output: Path,
-    published: list[Path],
+    published: RunOutputs,
     log: Any,
 ) -> dict[str, Any]:
     """The save step: the final validation and test losses, ``final/`` (the model with its card), ``metrics.json``
@@ -288,7 +289,7 @@ def model_to_train(
 
 
 def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingData, record: dict[str, Any],
-                    checkpoint: Path | None, resumed_step: int, output: Path, published: list[Path], main: bool,
+                    checkpoint: Path | None, resumed_step: int, output: Path, published: RunOutputs, main: bool,
                     log: Any) -> tuple[CheckedTrainer, RunProgress]:  # fmt: skip
     """The Trainer step: ``CheckedTrainer`` over the model and the data, with the ``TrainingArguments`` the options
     set (``trainer_arguments``) and the library's recipe, and its progress bar (``RunProgress``)."""
@@ -329,6 +330,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         eval_dataset=data.val,
         callbacks=callbacks,
     )
+    published.watch_tensorboard(trainer)
     if main:  # the device is Trainer's (accelerate's) choice: CUDA, MPS, XPU, ... or the CPU
         log(f"device: {trainer.args.device}, {trainer.args.world_size} process(es), precision {options.precision}")
     trainer.remove_callback(ProgressCallback)
