@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -378,12 +379,202 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+FLUSH_BYTES = 256 * 2**20  # launches timed together touch at least this much: 5x the 50 MiB L2 of an H100/H200
+
+
+def _launch_microseconds(launches: list) -> tuple[float, str]:
+    """Median time of one of ``launches`` (calls on distinct buffers, so that together they overflow the L2 cache and
+    each reads HBM) and how it was timed: all of them captured in one CUDA graph and replayed 10 times (no Python
+    launch cost in the time), or, where capture fails, launched back to back between CUDA events."""
+    for launch in launches:  # compiled and warm
+        launch()
+    torch.cuda.synchronize()
+    try:
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            launches[0]()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            for launch in launches:
+                launch()
+        replay, method = graph.replay, "CUDA graph"
+    except Exception:  # a launch that cannot be captured: Python's launch cost stays in the time
+        torch.cuda.synchronize()
+
+        def replay():
+            for launch in launches:
+                launch()
+
+        method = "eager launches"
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(launches))
+    return sorted(times)[len(times) // 2], method
+
+
+def _copies(bytes_per_launch: int) -> int:
+    """How many buffer sets the timed launches rotate through: FLUSH_BYTES in all, at least 2."""
+    return max(2, math.ceil(FLUSH_BYTES / bytes_per_launch))
+
+
+def _device_bandwidth(name: str) -> str | None:
+    """The HBM entry the device is: "H100 SXM" for an H100 with HBM3 (SXM; the PCIe card has 2 TB/s), "H200"."""
+    if "H200" in name:
+        return "H200"
+    if "H100" in name and ("SXM" in name or "HBM3" in name):
+        return "H100 SXM"
+    return None
+
+
+def _geonorm_microseconds(width: int, dtype: str, tokens: int) -> dict:
+    """The kernels as the fused step launches them (clamped; the backward reading u) at ``tokens`` x ``width``:
+    per direction the time, how it was timed and the launched kernel's registers and spills."""
+    state, update = DTYPES[dtype]
+    per_token = geonorm_bytes(width, state, update)
+    sets = []
+    for _ in range(_copies(tokens * per_token["forward"])):
+        x = torch.randn(tokens, width, device="cuda", dtype=state)
+        u = torch.randn(tokens, width, device="cuda", dtype=update) * 0.1
+        out, stats = torch.empty_like(x), torch.empty(tokens, 3, device="cuda", dtype=torch.float32)
+        sets.append((x, u, torch.randn_like(x), out, stats, torch.empty_like(x), torch.empty_like(u)))
+    grid = (tokens,)
+    forward = [functools.partial(triton_kernels._geonorm_fwd_kernel[grid], *arguments, **options)
+               for arguments, options in (triton_kernels.forward_launch(x, u, out, stats, 0.5, math.pi / 4)
+                                          for x, u, _, out, stats, _, _ in sets)]  # fmt: skip
+    backward = [functools.partial(triton_kernels._geonorm_bwd_kernel[grid], *arguments, **options)
+                for arguments, options in (triton_kernels.backward_launch(x, u, g, stats, dx, du, 0.5, math.pi / 4,
+                                                                          False)
+                                           for x, u, g, _, stats, dx, du in sets)]  # fmt: skip
+    found = {}
+    for way, launches in (("forward", forward), ("backward", backward)):  # the forward first: its row numbers
+        compiled = launches[0]()  # Triton's launch returns the compiled kernel: its registers and spills
+        microseconds, method = _launch_microseconds(launches)
+        found[way] = {"microseconds": microseconds, "timed_by": method, "buffer_sets": len(sets),
+                      "registers": compiled.n_regs, "spills": compiled.n_spills}  # fmt: skip
+    return found
+
+
+def _liger_microseconds(width: int, dtype: str, tokens: int) -> dict | str:
+    """Liger's fused add + RMSNorm kernels (forward; backward without dW) at the shape, or why not measured."""
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_backward, fused_add_rms_norm_forward
+    except ImportError as missing:
+        return f"not measured ({missing}; pip install liger-kernel)"
+    state = DTYPES[dtype][0]
+    try:
+        weight, forward, backward = torch.ones(width, device="cuda", dtype=state), [], []
+        for _ in range(_copies(tokens * liger_bytes(width, state)["forward"])):
+            x = torch.randn(tokens, width, device="cuda", dtype=state)
+            r = torch.randn_like(x)
+            y, s, rstd, block, warps, stages, casting = fused_add_rms_norm_forward(x, r, weight, 1e-6, 0.0, "llama")
+            forward.append(functools.partial(fused_add_rms_norm_forward, x, r, weight, 1e-6, 0.0, "llama"))
+            backward.append(functools.partial(fused_add_rms_norm_backward, torch.randn_like(y), torch.randn_like(s),
+                                              s, weight, rstd, 0.0, casting, block, warps, stages, False,
+                                              needs_dw=False))  # fmt: skip
+        return {way: _launch_microseconds(launches)[0] for way, launches in (("forward", forward),
+                                                                             ("backward", backward))}  # fmt: skip
+    except Exception as error:  # its internal API changed: say so, measure the rest
+        return f"not measured ({type(error).__name__}: {error})"
+
+
+def _measured_line(row: dict) -> str:
+    """One measured row as a line of the script's output."""
+    predicted = ", ".join(f"{gpu} {us:.1f} us" for gpu, us in row["predicted_microseconds"].items())
+    liger = row["liger_microseconds"]
+    return (f"{row['dtype']} {row['tokens']} x {row['width']} {row['kernel']}: {row['microseconds']:.1f} us "
+            f"({row['bandwidth_tb_s']:.2f} TB/s, {row['timed_by']}), predicted {predicted}; registers "
+            f"{row['registers']} (predicted {row['predicted_registers']}), spills {row['spills']} (predicted "
+            f"{row['predicted_spills']}); Liger " + (liger if isinstance(liger, str) else f"{liger:.1f} us"))
+
+
+def measure(predicted_path: Path, out: Path) -> dict:
+    """On the CUDA device: each roofline shape (ROOFLINE_TOKENS x every width, bf16 and fp32) through the kernels
+    as the fused step launches them, the launched kernels' registers and spills, and Liger's fused add + RMSNorm
+    at the same shapes where liger-kernel is installed; printed and written (kernel_measured.json, .md in ``out``)
+    next to what ``predicted_path`` (this script's .json) predicts."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--measure needs a CUDA device; without one, run this script without it")
+    if not predicted_path.is_file():
+        raise SystemExit(f"{predicted_path} is missing: run python benchmarks/kernel_resources.py first")
+    predicted = json.loads(predicted_path.read_text(encoding="utf-8"))
+    major, minor = torch.cuda.get_device_capability()
+    target, name = f"sm_{major}{minor}", torch.cuda.get_device_name()
+    resources = {(e["target"], e["dtype"], e["width"], e["variant"]): e
+                 for e in predicted["kernels"] if "error" not in e}  # fmt: skip
+    rooflines = {(e["dtype"], e["width"]): e for e in predicted["roofline"]}
+    tokens, rows = ROOFLINE_TOKENS, []
+    for dtype in ("bf16", "fp32"):
+        for width in predicted["widths"]:
+            roof = rooflines.get((dtype, width), roofline(width, dtype))
+            geonorm, liger = _geonorm_microseconds(width, dtype, tokens), _liger_microseconds(width, dtype, tokens)
+            for way, got in geonorm.items():
+                aot = resources.get((target, dtype, width, way))
+                rows.append({
+                    "dtype": dtype, "width": width, "kernel": way, "tokens": tokens, **got,
+                    "bandwidth_tb_s": roof["geonorm"]["bytes_per_token"][way] * tokens / got["microseconds"] / 1e6,
+                    "predicted_registers": aot and aot["registers"],
+                    "predicted_spills": aot and aot["spill_stores"] + aot["spill_loads"],
+                    "predicted_microseconds": {gpu: roof["geonorm"]["microseconds"][gpu][way] for gpu in HBM},
+                    "liger_microseconds": liger if isinstance(liger, str) else liger[way],
+                    "liger_predicted_microseconds": {gpu: roof["liger"]["microseconds"][gpu][way] for gpu in HBM},
+                })  # fmt: skip
+                print(_measured_line(rows[-1]), flush=True)
+    payload = {"device": name, "target": target, "hbm": _device_bandwidth(name), "torch": torch.__version__,
+               "triton": triton.__version__, "predicted_from": str(predicted_path),
+               "predicted_triton": predicted["triton"], "rows": rows}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_measured.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    (out / "kernel_measured.md").write_text(measured_markdown(payload), encoding="utf-8")
+    return payload
+
+
+def measured_markdown(payload: dict) -> str:
+    """The measured page: a row per shape and kernel, measured next to predicted."""
+    hbm = payload["hbm"]
+    gpus = [hbm] if hbm else list(HBM)
+    lines = [f"# The fused GeoNorm kernels measured on {payload['device']} ({payload['target']})", "",
+             f"Written by `benchmarks/kernel_resources.py --measure` (torch {payload['torch']}, Triton "
+             f"{payload['triton']}); predictions from {payload['predicted_from']} (Triton "
+             f"{payload['predicted_triton']}). Each time is the median over 10 replays of launches on distinct "
+             f"buffers ({FLUSH_BYTES // 2**20} MiB in all, beyond the L2 cache), per launch; 'timed by' says whether "
+             "they ran as one CUDA graph or as eager launches (then Python's launch cost is in the time). Predicted: "
+             f"the kernel's bytes at {' and '.join(gpus)} HBM bandwidth"
+             + ("" if hbm else " (this device is neither: both given, in that order)") + ".", "",
+             "| dtype | shape | kernel | measured us | TB/s | timed by | predicted us | registers (predicted) | "
+             "spills (predicted) | Liger us | Liger predicted us |",
+             "|---|---|---|---:|---:|---|---:|---|---|---:|---:|"]  # fmt: skip
+    for row in payload["rows"]:
+        predicted = ", ".join(f"{row['predicted_microseconds'][gpu]:.1f}" for gpu in gpus)
+        liger_predicted = ", ".join(f"{row['liger_predicted_microseconds'][gpu]:.1f}" for gpu in gpus)
+        liger = row["liger_microseconds"]
+        lines.append(
+            f"| {row['dtype']} | {row['tokens']} x {row['width']} | {row['kernel']} | {row['microseconds']:.1f} | "
+            f"{row['bandwidth_tb_s']:.2f} | {row['timed_by']} | {predicted} | {row['registers']} "
+            f"({row['predicted_registers']}) | {row['spills']} ({row['predicted_spills']}) | "
+            f"{liger if isinstance(liger, str) else f'{liger:.1f}'} | {liger_predicted} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help="folder for kernel_resources.json and .md")
+    parser.add_argument("--measure", action="store_true",
+                        help="on a CUDA device: measure the roofline's shapes and write kernel_measured.json and .md "
+                        "to --out, next to the predictions of --predicted")  # fmt: skip
+    parser.add_argument("--predicted", type=Path, default=OUT / "kernel_resources.json",
+                        help="the .json this script wrote without --measure (default: the committed one)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
+    if args.measure:
+        return measure(args.predicted, args.out)
     with tempfile.TemporaryDirectory() as cache:  # a cold cache: every kernel compiled from its source
         os.environ["TRITON_CACHE_DIR"] = cache
         kernels = compile_matrix()
