@@ -65,7 +65,7 @@ check_rc=$?
 cat "$out/kernel_check.txt"
 
 echo "== 0b. the kernels measured against benchmarks/results/kernel_resources.json"
-timeout 90 "$python" benchmarks/kernel_resources.py --measure --out "$out" > "$out/kernel_measured.txt" 2>&1
+timeout 120 "$python" benchmarks/kernel_resources.py --measure --out "$out" > "$out/kernel_measured.txt" 2>&1
 measured_rc=$?
 cat "$out/kernel_measured.txt"
 

@@ -10,12 +10,14 @@ needs a GPU: Triton ships ptxas and cuobjdump for every target.
 
 Per variant it reads, from the compiler itself:
 - registers, stack frame and static shared memory from the cubin (cuobjdump -res-usage), spill stores and loads
-  from ptxas's own log (``-v``, which Triton passes), Triton's dynamic shared memory from its metadata;
+  from ptxas's own log (``-v``, which Triton passes), Triton's dynamic shared memory from its metadata, and the
+  local arrays the PTX itself declares (a stack frame that holds one is not a spill);
 - occupancy from those and the block's threads, as CUDA's occupancy calculator (cuda_occupancy.h, shipped with
   Triton) computes it, against each architecture's limits (LIMITS, with their sources);
 - whether the row loads and stores are 128-bit vectors, from the PTX: the masked ``ld.global``/``st.global`` of
-  the rows (``.v4.b32`` is 128 bits; the backward's three per-row statistics are unmasked scalars, and the
-  ``ld.global.nc`` without an operand list are libdevice's sin/cos reduction table, neither counted).
+  the rows (``.v4.b32`` is 128 bits). Not counted: the forward's three float32 row numbers (masked scalar
+  stores), the backward's reads of them (unmasked) and libdevice's sin/cos reduction table (``ld.global.nc``
+  without an operand list).
 
 And a roofline: the bytes each kernel moves per token (every read and write once), and the time those bytes take
 at H100 SXM and H200 HBM bandwidth for ROOFLINE_TOKENS tokens, next to Liger-Kernel's fused add + RMSNorm (what
@@ -51,7 +53,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from hf_geonorm.modeling import triton_kernels
+from hf_geonorm.modeling import step_autograd, triton_kernels
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -111,9 +113,9 @@ LIMITS_SOURCE = (
 # HBM bandwidth, bytes per second: NVIDIA's H100 SXM5 and H200 SXM datasheets
 HBM = {"H100 SXM": 3.35e12, "H200": 4.8e12}
 ROOFLINE_TOKENS = 2048
-ROOFLINE_SHAPE = (2048, 4096, "bf16")  # the shape the results page leads with
+ROOFLINE_SHAPE = (4096, "bf16")  # the width and dtype the roofline section leads with, at ROOFLINE_TOKENS
 STATS_BYTES = 3 * 4  # the three float32 row numbers the forward writes and the backward reads
-LIGER_SOURCE = "liger_kernel 0.8.5, ops/fused_add_rms_norm.py (LigerFusedAddRMSNormFunction)"
+LIGER_SOURCE = "liger_kernel 0.8.5, ops/fused_add_rms_norm.py, LigerFusedAddRMSNormFunction"
 
 
 @dataclass
@@ -132,6 +134,7 @@ class Resources:
     spill_loads: int
     static_shared: int
     dynamic_shared: int
+    ptx_local_bytes: int
     row_load_bits: list[int]
     row_store_bits: list[int]
     row_loads_128: bool
@@ -170,6 +173,8 @@ def occupancy(registers: int, shared: int, warps: int, limits: dict) -> tuple[in
     cudaOccMaxActiveBlocksPerMultiprocessor computes it (partitioned global caching off, the default carveout
     rounded up to the configuration that fits the block, as the driver chooses)."""
     by = {"blocks": limits["max_blocks_per_sm"], "warps": limits["max_warps_per_sm"] // warps}
+    if warps * 32 > limits["max_threads_per_block"]:
+        by["warps"] = 0
     per_warp = math.ceil(registers * 32 / limits["register_unit"]) * limits["register_unit"]
     sub = limits["sub_partitions"]
     if per_warp * math.ceil(warps / sub) * sub > limits["registers_per_block"]:
@@ -233,6 +238,7 @@ def _compile_variant(target: str, dtype: str, width: int, variant: Variant, opti
         target=target, dtype=dtype, width=width, variant=variant.name, block=launch_options["BLOCK"], warps=warps,
         registers=usage["REG"], stack_frame=usage["STACK"], spill_stores=int(spills.group(2)),
         spill_loads=int(spills.group(3)), static_shared=usage["SHARED"], dynamic_shared=compiled.metadata.shared,
+        ptx_local_bytes=sum(int(size) for size in re.findall(r"\.local\b[^\n]*__local_depot\d+\[(\d+)\]", ptx)),
         row_load_bits=loads, row_store_bits=stores, row_loads_128=bool(loads) and set(loads) == {128},
         row_stores_128=bool(stores) and set(stores) == {128}, blocks_per_sm=blocks, occupancy=occupied,
         occupancy_limit=limit,
@@ -241,10 +247,11 @@ def _compile_variant(target: str, dtype: str, width: int, variant: Variant, opti
 
 def geonorm_bytes(width: int, state_dtype: torch.dtype, update_dtype: torch.dtype) -> dict[str, int]:
     """Bytes per token. Forward: reads x and u, writes the output (x's dtype) and three float32 row numbers.
-    Backward (reading u; reading the output instead moves as many bytes): reads x, u, the output gradient and
-    the row numbers, writes dx and du."""
+    Backward: reads x, what the step kept (the output or u, as ``step_autograd.kept_for_backward`` picks at the
+    default clamp), the output gradient and the row numbers, writes dx and du."""
     xb, ub = state_dtype.itemsize * width, update_dtype.itemsize * width
-    return {"forward": xb + ub + xb + STATS_BYTES, "backward": xb + ub + xb + STATS_BYTES + xb + ub}
+    kept = xb if step_autograd.kept_for_backward(torch.empty(0, dtype=state_dtype), math.pi / 4) == "output" else ub
+    return {"forward": xb + ub + xb + STATS_BYTES, "backward": xb + kept + xb + STATS_BYTES + xb + ub}
 
 
 def liger_bytes(width: int, dtype: torch.dtype) -> dict[str, int]:
@@ -300,6 +307,22 @@ def _percent(values: list[float]) -> str:
     return _span([round(100 * value) for value in values]) + "%"
 
 
+def headline(payload: dict) -> str:
+    """The roofline at ROOFLINE_TOKENS x ROOFLINE_SHAPE: GeoNorm's update next to Liger's fused add + RMSNorm."""
+    width, dtype = ROOFLINE_SHAPE
+    entry = next(e for e in payload["roofline"] if (e["width"], e["dtype"]) == (width, dtype))
+
+    def times(name: str) -> str:
+        part = entry[name]["microseconds"]
+        return "; ".join(f"{gpu} {part[gpu]['forward']:.1f} us forward, {part[gpu]['backward']:.1f} us backward"
+                         for gpu in HBM)  # fmt: skip
+
+    geonorm, liger = entry["geonorm"]["bytes_per_token"], entry["liger"]["bytes_per_token"]
+    return (f"**{entry['tokens']} x {width} {dtype}:** the GeoNorm update moves {geonorm['forward']} bytes per token "
+            f"forward and {geonorm['backward']} backward, predicted {times('geonorm')}. Liger's fused add + RMSNorm "
+            f"moves {liger['forward']} and {liger['backward']}: {times('liger')}.")  # fmt: skip
+
+
 def markdown(payload: dict) -> str:
     """The results page: the limits, the roofline, then per target a row per dtype and width."""
     lines = [
@@ -311,15 +334,22 @@ def markdown(payload: dict) -> str:
         "and prints them against this page's predictions. "
         + "; ".join(f"{target} uses {version}" for target, version in payload["ptxas"].items()) + ".",
         "",
-        f"Variants: {', '.join(payload['variants'])}. A cell gives the range over the forward's or the backward's "
+        f"Variants: {'; '.join(payload['variants'])}. A cell gives the range over the forward's or the backward's "
         "variants. Registers, stack and static shared memory are the cubin's (cuobjdump), spills ptxas's log, "
-        "dynamic shared memory Triton's (its reductions). Occupancy: active warps over the SM's maximum, from "
-        "registers, shared memory (static, dynamic and the 1 KiB the driver reserves per block) and the block's "
-        "warps, by CUDA's occupancy formulas. 128-bit: every masked row load (store) is a 128-bit vector "
-        "(`ld.global.v4.b32`); width 5000 is not a multiple of 16, so Triton cannot mark it divisible and the "
+        "dynamic shared memory Triton's (its reductions and layout conversions). Occupancy: active warps over the "
+        "SM's maximum, from registers, shared memory (static, dynamic and the 1 KiB the driver reserves per block) "
+        "and the block's warps, by CUDA's occupancy formulas. 128-bit: every masked row load (store) is a 128-bit "
+        "vector (`ld.global.v4.b32`); width 5000 is not a multiple of 16, so Triton cannot mark it divisible and the "
         "accesses are scalar.",
         "",
     ]
+    stacked = [e for e in payload["kernels"] if e.get("stack_frame")]
+    if stacked:
+        where = sorted({f"{e['target']} {e['variant'].split(',')[0]}" for e in stacked})
+        lines += [f"Stack frames ({', '.join(where)}: {_span([e['stack_frame'] for e in stacked])} bytes) hold the "
+                  f"local arrays the PTX itself declares ({_span([e['ptx_local_bytes'] for e in stacked])} bytes, "
+                  "`__local_depot`: libdevice's sin/cos argument reduction, its path for large arguments), with "
+                  f"{sum(e['spill_stores'] + e['spill_loads'] for e in stacked)} bytes of spills.", ""]  # fmt: skip
     errors = [entry for entry in payload["kernels"] if "error" in entry]
     if errors:
         lines += ["**Compile errors:**", ""] + [
@@ -327,16 +357,18 @@ def markdown(payload: dict) -> str:
     lines += ["## Roofline", "",
               f"Bytes per token, every read and write once; time = {ROOFLINE_TOKENS} tokens x bytes / HBM bandwidth "
               f"({', '.join(f'{gpu} {bw / 1e12:g} TB/s' for gpu, bw in HBM.items())}). GeoNorm's forward reads x "
-              "and u and writes the output and three float32 row numbers; its backward reads x, u (or the output), "
-              "the output gradient and the row numbers and writes dx and du. Liger's fused add + RMSNorm "
+              "and u and writes the output and three float32 row numbers; its backward reads x, the output or u "
+              "(what the step keeps at the default clamp: the output for a float32 state), the output gradient and "
+              "the row numbers and writes dx and du. Liger's fused add + RMSNorm "
               f"({LIGER_SOURCE}), what a Pre-Norm block fuses where GeoNorm's update sits: forward reads x and the "
               "residual, writes their sum, the normed row and a float32 rstd; backward reads dY, the residual "
               "stream's gradient, the sum and rstd and writes dX. It also computes the next RMSNorm, which a GeoNorm "
-              f"block runs as its own kernel. {ROOFLINE_SHAPE[2]} here; every dtype in the .json.", "",
+              f"block runs as its own kernel. {ROOFLINE_SHAPE[1]} here; every dtype in the .json.", "",
+              headline(payload), "",
               "| shape | kernel | bytes/token fwd | bytes/token bwd | "
               + " | ".join(f"{gpu} fwd us | {gpu} bwd us" for gpu in HBM) + " |",
               "|---|---|---:|---:|" + "---:|---:|" * len(HBM)]  # fmt: skip
-    for entry in [entry for entry in payload["roofline"] if entry["dtype"] == ROOFLINE_SHAPE[2]]:
+    for entry in [entry for entry in payload["roofline"] if entry["dtype"] == ROOFLINE_SHAPE[1]]:
         for name, label in (("geonorm", "GeoNorm update"), ("liger", "Liger fused add + RMSNorm")):
             part = entry[name]
             times = " | ".join(f"{part['microseconds'][gpu]['forward']:.1f} | "
@@ -433,8 +465,9 @@ def _device_bandwidth(name: str) -> str | None:
 
 
 def _geonorm_microseconds(width: int, dtype: str, tokens: int) -> dict:
-    """The kernels as the fused step launches them (clamped; the backward reading u) at ``tokens`` x ``width``:
-    per direction the time, how it was timed and the launched kernel's registers and spills."""
+    """The kernels as the fused step launches them at the defaults (clamped at pi/4; the backward reading the
+    output or u as ``step_autograd.kept_for_backward`` picks) at ``tokens`` x ``width``: per direction the variant,
+    its time, how it was timed and the launched kernel's registers and spills."""
     state, update = DTYPES[dtype]
     per_token = geonorm_bytes(width, state, update)
     sets = []
@@ -443,20 +476,22 @@ def _geonorm_microseconds(width: int, dtype: str, tokens: int) -> dict:
         u = torch.randn(tokens, width, device="cuda", dtype=update) * 0.1
         out, stats = torch.empty_like(x), torch.empty(tokens, 3, device="cuda", dtype=torch.float32)
         sets.append((x, u, torch.randn_like(x), out, stats, torch.empty_like(x), torch.empty_like(u)))
-    grid = (tokens,)
+    from_out = step_autograd.kept_for_backward(sets[0][0], math.pi / 4) == "output"
+    grid, kept = (tokens,), 3 if from_out else 1  # the forward's output, or u
     forward = [functools.partial(triton_kernels._geonorm_fwd_kernel[grid], *arguments, **options)
                for arguments, options in (triton_kernels.forward_launch(x, u, out, stats, 0.5, math.pi / 4)
                                           for x, u, _, out, stats, _, _ in sets)]  # fmt: skip
     backward = [functools.partial(triton_kernels._geonorm_bwd_kernel[grid], *arguments, **options)
-                for arguments, options in (triton_kernels.backward_launch(x, u, g, stats, dx, du, 0.5, math.pi / 4,
-                                                                          False)
-                                           for x, u, g, _, stats, dx, du in sets)]  # fmt: skip
+                for arguments, options in (triton_kernels.backward_launch(
+                    tensors[0], tensors[kept], tensors[2], tensors[4], tensors[5], tensors[6], 0.5, math.pi / 4,
+                    from_out) for tensors in sets)]  # fmt: skip
+    variants = {"forward": "forward", "backward": "backward from the output" if from_out else "backward"}
     found = {}
     for way, launches in (("forward", forward), ("backward", backward)):  # the forward first: its row numbers
         compiled = launches[0]()  # Triton's launch returns the compiled kernel: its registers and spills
         microseconds, method = _launch_microseconds(launches)
-        found[way] = {"microseconds": microseconds, "timed_by": method, "buffer_sets": len(sets),
-                      "registers": compiled.n_regs, "spills": compiled.n_spills}  # fmt: skip
+        found[way] = {"variant": variants[way], "microseconds": microseconds, "timed_by": method,
+                      "buffer_sets": len(sets), "registers": compiled.n_regs, "spills": compiled.n_spills}  # fmt: skip
     return found
 
 
@@ -487,7 +522,7 @@ def _measured_line(row: dict) -> str:
     """One measured row as a line of the script's output."""
     predicted = ", ".join(f"{gpu} {us:.1f} us" for gpu, us in row["predicted_microseconds"].items())
     liger = row["liger_microseconds"]
-    return (f"{row['dtype']} {row['tokens']} x {row['width']} {row['kernel']}: {row['microseconds']:.1f} us "
+    return (f"{row['dtype']} {row['tokens']} x {row['width']} {row['variant']}: {row['microseconds']:.1f} us "
             f"({row['bandwidth_tb_s']:.2f} TB/s, {row['timed_by']}), predicted {predicted}; registers "
             f"{row['registers']} (predicted {row['predicted_registers']}), spills {row['spills']} (predicted "
             f"{row['predicted_spills']}); Liger " + (liger if isinstance(liger, str) else f"{liger:.1f} us"))
@@ -497,7 +532,7 @@ def measure(predicted_path: Path, out: Path) -> dict:
     """On the CUDA device: each roofline shape (ROOFLINE_TOKENS x every width, bf16 and fp32) through the kernels
     as the fused step launches them, the launched kernels' registers and spills, and Liger's fused add + RMSNorm
     at the same shapes where liger-kernel is installed; printed and written (kernel_measured.json, .md in ``out``)
-    next to what ``predicted_path`` (this script's .json) predicts."""
+    next to what ``predicted_path`` (this script's .json) predicts, after each shape."""
     if not torch.cuda.is_available():
         raise SystemExit("--measure needs a CUDA device; without one, run this script without it")
     if not predicted_path.is_file():
@@ -509,12 +544,16 @@ def measure(predicted_path: Path, out: Path) -> dict:
                  for e in predicted["kernels"] if "error" not in e}  # fmt: skip
     rooflines = {(e["dtype"], e["width"]): e for e in predicted["roofline"]}
     tokens, rows = ROOFLINE_TOKENS, []
+    payload = {"device": name, "target": target, "hbm": _device_bandwidth(name), "torch": torch.__version__,
+               "triton": triton.__version__, "predicted_from": str(predicted_path),
+               "predicted_triton": predicted["triton"], "rows": rows}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
     for dtype in ("bf16", "fp32"):
         for width in predicted["widths"]:
             roof = rooflines.get((dtype, width), roofline(width, dtype))
             geonorm, liger = _geonorm_microseconds(width, dtype, tokens), _liger_microseconds(width, dtype, tokens)
             for way, got in geonorm.items():
-                aot = resources.get((target, dtype, width, way))
+                aot = resources.get((target, dtype, width, got["variant"]))
                 rows.append({
                     "dtype": dtype, "width": width, "kernel": way, "tokens": tokens, **got,
                     "bandwidth_tb_s": roof["geonorm"]["bytes_per_token"][way] * tokens / got["microseconds"] / 1e6,
@@ -525,12 +564,9 @@ def measure(predicted_path: Path, out: Path) -> dict:
                     "liger_predicted_microseconds": {gpu: roof["liger"]["microseconds"][gpu][way] for gpu in HBM},
                 })  # fmt: skip
                 print(_measured_line(rows[-1]), flush=True)
-    payload = {"device": name, "target": target, "hbm": _device_bandwidth(name), "torch": torch.__version__,
-               "triton": triton.__version__, "predicted_from": str(predicted_path),
-               "predicted_triton": predicted["triton"], "rows": rows}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernel_measured.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    (out / "kernel_measured.md").write_text(measured_markdown(payload), encoding="utf-8")
+            # after each shape, so that a run cut short keeps what it measured
+            (out / "kernel_measured.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+            (out / "kernel_measured.md").write_text(measured_markdown(payload), encoding="utf-8")
     return payload
 
 
@@ -554,7 +590,7 @@ def measured_markdown(payload: dict) -> str:
         liger_predicted = ", ".join(f"{row['liger_predicted_microseconds'][gpu]:.1f}" for gpu in gpus)
         liger = row["liger_microseconds"]
         lines.append(
-            f"| {row['dtype']} | {row['tokens']} x {row['width']} | {row['kernel']} | {row['microseconds']:.1f} | "
+            f"| {row['dtype']} | {row['tokens']} x {row['width']} | {row['variant']} | {row['microseconds']:.1f} | "
             f"{row['bandwidth_tb_s']:.2f} | {row['timed_by']} | {predicted} | {row['registers']} "
             f"({row['predicted_registers']}) | {row['spills']} ({row['predicted_spills']}) | "
             f"{liger if isinstance(liger, str) else f'{liger:.1f}'} | {liger_predicted} |"
@@ -575,15 +611,21 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("unset TRITON_INTERPRET: the interpreter's kernels cannot be compiled")
     if args.measure:
         return measure(args.predicted, args.out)
+    previous = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory() as cache:  # a cold cache: every kernel compiled from its source
         os.environ["TRITON_CACHE_DIR"] = cache
-        kernels = compile_matrix()
+        try:
+            kernels = compile_matrix()
+        finally:
+            if previous is None:
+                del os.environ["TRITON_CACHE_DIR"]
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
     payload = {
         "triton": triton.__version__, "torch": torch.__version__, "ptxas": ptxas_versions(),
         "variants": [variant.name for variant in VARIANTS], "dtypes": list(DTYPES), "widths": list(WIDTHS),
         "limits": LIMITS, "limits_source": LIMITS_SOURCE, "hbm_bytes_per_second": HBM,
         "roofline": [roofline(width, dtype) for dtype in DTYPES for width in WIDTHS],
-        "roofline_shape": {"tokens": ROOFLINE_SHAPE[0], "width": ROOFLINE_SHAPE[1], "dtype": ROOFLINE_SHAPE[2]},
         "kernels": kernels,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

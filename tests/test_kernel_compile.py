@@ -9,10 +9,10 @@ Default suite: every variant (forward and backward, every constexpr the launch p
 (fp32, bf16, fp16) x every target, 45 compiles, each at one of the widths 768, 8192 and 16384, assigned in a Latin
 square so that every pair of axes meets every width (each variant sees each width on each target and with each
 dtype). The compiled kernel depends on the width only through its power-of-two block (and so its warps) and
-whether it is divisible by 16, so those three widths are the smallest, the widest without spills and the widest
-block. With --runslow: the whole matrix of benchmarks/kernel_resources.py (every width of WIDTHS, the float32 state
-with a bf16 update too, 420 compiles, a few minutes). Also: the checks see a spill and a scalar load when there is
-one, and the occupancy follows CUDA's calculator on cases worked out here.
+whether it is divisible by 16, so those three widths are the smallest block, the widest that must not spill and
+the widest block. With --runslow: the whole matrix of benchmarks/kernel_resources.py (every width of WIDTHS, the
+float32 state with a bf16 update too, 420 compiles, a few minutes). Also: the checks see a spill and a scalar load
+when there is one, and the occupancy follows CUDA's calculator on cases worked out here.
 """
 
 from __future__ import annotations
@@ -144,6 +144,9 @@ def test_roofline_counts_every_read_and_write_once():
     assert entry["liger"]["bytes_per_token"] == {"forward": 4 * row + 4, "backward": 4 * row + 4}
     seconds = entry["geonorm"]["microseconds"]["H100 SXM"]["forward"] / 1e6
     assert seconds == pytest.approx(2048 * (3 * row + 12) / 3.35e12)
+    # a float32 state with a bf16 update: the backward reads the float32 output the step keeps, not u
+    mixed = kernel_resources.roofline(4096, "fp32 state, bf16 update")["geonorm"]["bytes_per_token"]
+    assert mixed == {"forward": 4096 * (4 + 2 + 4) + 12, "backward": 4096 * (4 + 4 + 4 + 4 + 2) + 12}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
