@@ -164,7 +164,7 @@ def launch_arguments(variant: Variant, state_dtype: torch.dtype, update_dtype: t
 def row_access_bits(ptx: str, op: str) -> list[int]:
     """Bits per masked (predicated) ``op`` (ld.global / st.global) of the PTX: the row accesses Triton emits,
     e.g. ``@%p1 ld.global.v4.b32 { ... }`` is 128."""
-    pattern = re.compile(rf"@%p\d+\s+{re.escape(op)}(?:\.\w+)*?(?:\.v(\d+))?\.b(\d+)\s")
+    pattern = re.compile(rf"@!?%p\d+\s+{re.escape(op)}(?:\.[\w:]+)*?(?:\.v(\d+))?\.b(\d+)\s")
     return [int(vec or 1) * int(bits) for vec, bits in pattern.findall(ptx)]
 
 

@@ -154,3 +154,18 @@ def test_measuring_without_a_gpu_says_what_it_needs(tmp_path):
     with pytest.raises(SystemExit, match="--measure needs a CUDA device"):
         kernel_resources.main(["--measure", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_row_accesses_are_read_from_the_ptx():
+    """Masked accesses count, with their width (vector count x element bits); unmasked ones (the backward's row
+    numbers, libdevice's tables) do not."""
+    ptx = """
+        @%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd5 + 0 ];
+        @!%p2 ld.global.L1::evict_last.v2.b64 { %rd1, %rd2 }, [ %rd6 + 0 ];
+        @%p3 ld.global.b16 { %rs1 }, [ %rd13 + 0 ];
+        ld.global.b32 { %r85 }, [ %rd11 + 0 ];
+        ld.global.nc.b32 	%r237, [%rd21];
+        @%p4 st.global.v4.b32 [ %rd36 + 0 ], { %r306, %r307, %r308, %r309 };
+    """
+    assert kernel_resources.row_access_bits(ptx, "ld.global") == [128, 128, 16]
+    assert kernel_resources.row_access_bits(ptx, "st.global") == [128]
