@@ -108,7 +108,10 @@ def check_shareable(path: str | os.PathLike, allow_modified_code: bool = False) 
     if not problems:
         problems = _loading_problems(path, config)
     readme = path / "README.md"
-    if not readme.is_file():
+    if os.path.lexists(readme) and not readme.is_file():
+        problems.append(f"{readme} is not a file (a folder, or a link to none): move it away, then write the card "
+                        f"with hf-geonorm card {path}")  # fmt: skip
+    elif not readme.is_file():
         problems.append(f"{path} has no README.md model card: write one with hf-geonorm card {path}")
     else:
         card_problems = validate_card(readme)
