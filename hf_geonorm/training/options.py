@@ -48,6 +48,14 @@ MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
+# Path options that an empty value would turn into the working folder: each refused, with what to give instead
+EMPTY_REFUSED = {
+    "output": "the folder to write",
+    "data": "the text to train on (or leave --data out: the Python standard library's source)",
+    "model": "the model folder or Hub id (or leave --model out: a model from --arch and --preset)",
+    "tokenizer": "the tokenizer folder (or leave --tokenizer out)",
+    "data_cache": "the folder to cache the tokenized data in (or leave --data-cache out)",
+}
 MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (data.prepare.evaluation_size)
 
 
@@ -248,8 +256,10 @@ class TrainOptions:
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
-        if not os.fspath(self.output).strip():
-            raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
+        for name, what in EMPTY_REFUSED.items():
+            value = getattr(self, name)
+            if value is not None and not os.fspath(value).strip():
+                raise OptionError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); give {what}")
         refuse_out_of_limits(self)
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
             raise OptionError(
