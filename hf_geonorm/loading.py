@@ -230,7 +230,23 @@ def open_source(spec: str | os.PathLike) -> Source:
         source = Source(spec, "hub", spec, None, _hub_config(spec))
     check_supported(source.model_type, source.spec)
     check_sizes(source.config, source.config_label)
+    check_activations(source.config, source.config_label)
     return source
+
+
+ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation")  # what the stock configs name them
+
+
+def check_activations(config: dict[str, Any], where: str) -> None:
+    """``ValueError`` naming ``where`` for an activation function transformers does not have (its model would
+    fail to build with the name alone as its message)."""
+    from transformers.activations import ACT2FN
+
+    for key in ACTIVATION_KEYS:
+        value = config.get(key)
+        if isinstance(value, str) and value not in ACT2FN:
+            raise ValueError(f"{where}: {key} {value!r} is not an activation function transformers has (it has "
+                             f"{', '.join(sorted(ACT2FN))}); fix it")  # fmt: skip
 
 
 def torch_dtype(dtype: str) -> Any:

@@ -146,7 +146,8 @@ def _weight_problems(path: Path) -> list[str]:
         try:
             safetensors_header(file)
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-            problems.append(f"{file.name} is damaged: {' '.join(str(error).split())}")
+            words = " ".join(str(error).split())
+            problems.append(words if words.startswith(f"{file.name} ") else f"{file.name} is damaged: {words}")
     return problems
 
 
