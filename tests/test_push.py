@@ -253,7 +253,7 @@ REFUSALS = {
     "unsupported": "which this hf-geonorm does not support",
     "no_weights": "has no weights",
     "pickle_weights": "pickle weights only",
-    "truncated_weights": "model.safetensors is damaged",
+    "truncated_weights": "model.safetensors is truncated or damaged: ",
     "missing_shard": "model-00002-of-00002.safetensors (named by model.safetensors.index.json) missing",
     "no_auto_map": "no auto_map, so the model does not load without hf-geonorm",
     "foreign_auto_map": "auto_map does not name this family's classes for AutoModelForCausalLM",
