@@ -733,6 +733,14 @@ def test_a_vocab_size_beyond_the_data_is_refused_before_training_with_no_lock_le
     sampled = int(lines[0].split("per byte it trains on, here ")[1].split(" bytes")[0].replace(",", ""))
     assert 0 < sampled <= data_file.stat().st_size and f"so {257 + sampled:,} at most" in lines[0], lines[0]
     assert not out.exists() and not list(tmp_path.rglob(LOCK))
+    # the same number from a from-scratch --model folder's config is named as that
+    assert invoke("init", "gpt2", tmp_path / "cfg", "--preset", "tiny", "--vocab-size", "50000").exit_code == 0
+    result = train("--data", data_file, "--model", tmp_path / "cfg", "--max-steps", "1", "--data-cache",
+                   tmp_path / "cache", "--output", out)  # fmt: skip
+    lines = error_lines(result.output)
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert f"the vocab_size of --model {tmp_path / 'cfg'} 50,000 is more than a tokenizer" in lines[0], lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(LOCK))
 
 
 def test_a_vocab_size_the_machine_cannot_train_is_refused_by_its_memory(tmp_path, data_file, monkeypatch):

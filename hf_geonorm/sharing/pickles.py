@@ -46,7 +46,7 @@ MAX_DEPTH = 4  # archives and compressed streams inside one another
 MAX_DECOMPRESSED = 1 << 31  # 2 GiB: a compressed stream decompressing to more is not checked (so refused)
 SPOOLED_IN_MEMORY = 1 << 26  # a decompressed stream up to 64 MiB is held in memory, a longer one on disk
 READ_CHUNK = 1 << 20
-ZSTD_MAGICS = (b"\x28\xb5\x2f\xfd",)  # a zstd frame; skippable frames are told apart below
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame (a stream may also start with a skippable frame: 0x184D2A5?)
 XZ_MAGIC = b"\xfd7zXZ\x00"
 LZMA_ALONE_PROPERTIES = 0x5D  # the first byte of nearly every .lzma (lc=3, lp=0, pb=2: the encoders' default)
 # Opcodes that hand the unpickler an extension code, which names something to import when it is registered
@@ -166,7 +166,7 @@ def _compression(head: bytes) -> tuple[str, Callable[[IO[bytes]], IO[bytes]] | N
         return "xz", lzma.LZMAFile
     if len(head) >= 13 and head[0] == LZMA_ALONE_PROPERTIES:
         return "lzma", lambda stream: lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
-    if head[:4] in ZSTD_MAGICS or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"):
+    if head.startswith(ZSTD_MAGIC) or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"):
         return "zstd", _zstd_reader()
     if len(head) >= 2 and head[0] == 0x78 and int.from_bytes(head[:2], "big") % 31 == 0:
         return "zlib", _ZlibFile

@@ -48,21 +48,21 @@ def machine_memory() -> int | None:
         return None
 
 
-def trained_vocab_problem(vocab_size: int, text_bytes: int | None = None) -> str | None:
-    """Why a tokenizer of ``vocab_size`` tokens cannot be trained on the fly: more tokens than it can learn from
-    ``text_bytes`` of text (None: the most it ever trains on), or more memory than the machine has for the
-    tokenizers library's trainer; None when it can."""
+def trained_vocab_problem(vocab_size: int, text_bytes: int | None = None, asked: str = "--vocab-size") -> str | None:
+    """Why a tokenizer of ``vocab_size`` tokens (``asked`` names where that number comes from) cannot be trained on
+    the fly: more tokens than it can learn from ``text_bytes`` of text (None: the most it ever trains on), or more
+    memory than the machine has for the tokenizers library's trainer; None when it can."""
     most = BYTE_LEVEL_TOKENS + (4 * TOKENIZER_SAMPLE_CHARS if text_bytes is None else text_bytes)
     if vocab_size > most:
         what = (f"at most {4 * TOKENIZER_SAMPLE_CHARS:,} bytes ({TOKENIZER_SAMPLE_CHARS // 10**6} million characters)"
                 if text_bytes is None else f"{text_bytes:,} bytes")  # fmt: skip
-        return (f"--vocab-size {vocab_size:,} is more than a tokenizer trained on the data can hold: byte-level BPE "
+        return (f"{asked} {vocab_size:,} is more than a tokenizer trained on the data can hold: byte-level BPE "
                 f"has {BYTE_LEVEL_TOKENS} (bytes, end of text) and learns at most one more per byte it trains on, "
                 f"here {what}, so {most:,} at most; give a smaller --vocab-size")  # fmt: skip
     memory = machine_memory()
     needed = vocab_size * TRAINER_BYTES_PER_TOKEN
     if memory is not None and needed > memory:
-        return (f"--vocab-size {vocab_size:,} is more than this machine's memory can train: the tokenizers library "
+        return (f"{asked} {vocab_size:,} is more than this machine's memory can train: the tokenizers library "
                 f"reserves about {TRAINER_BYTES_PER_TOKEN} bytes a token, {needed / 1e9:.1f} GB, and this machine has "
                 f"{memory / 1e9:.1f} GB; give --vocab-size {memory // TRAINER_BYTES_PER_TOKEN:,} or less")  # fmt: skip
     return None

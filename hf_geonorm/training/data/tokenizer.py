@@ -61,7 +61,8 @@ def training_tokenizer(
     else:
         vocab = tokenizer_vocab(vocab_size, model)
         check_trained_fits(vocab, model, vocab_size)
-        loaded = corpus_tokenizer(corpus, vocab, cache, builder, log)
+        asked = "--vocab-size" if vocab_size is not None else f"the vocab_size of --model {model}"
+        loaded = corpus_tokenizer(corpus, vocab, cache, builder, log, asked)
     if loaded.pad_token is None:
         loaded.pad_token = loaded.eos_token
     return loaded, folder is not None
@@ -241,12 +242,15 @@ def cache_problem(path: Path) -> str | None:
     return None
 
 
-def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any) -> Any:
+def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any,
+                     asked: str = "--vocab-size") -> Any:  # fmt: skip
     """A byte-level BPE tokenizer trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters (whole documents) of
     the corpus's training documents (``Corpus.tokenizer_sample``): training on all of a large corpus would take long
     and hold it in memory, for little gain. Cached under ``cache`` by the data and the vocabulary, so that a second
     run (and its cached blocks) finds the same one, and verified by its checksum (``cache_problem``); only the
-    ``builder`` (the first process of a machine) trains it, the others wait for a file that verifies."""
+    ``builder`` (the first process of a machine) trains it, the others wait for a file that verifies. A
+    ``vocab_size`` (``asked`` says where it comes from) the sample or the machine cannot give is a ``ValueError``
+    before the tokenizers library would abort the process trying (``options.trained_vocab_problem``)."""
     check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS, TOKENIZER_SAMPLE]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
@@ -271,7 +275,7 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool
             warnings.warn(f"the cached tokenizer {path} {problem}: it is trained again", stacklevel=3)
     sample, complete = corpus.tokenizer_sample(TOKENIZER_SAMPLE_CHARS)
     chars = sum(map(len, sample))
-    problem = trained_vocab_problem(vocab_size, sum(len(doc.encode("utf-8", "surrogatepass")) for doc in sample))
+    problem = trained_vocab_problem(vocab_size, sum(len(doc.encode("utf-8", "surrogatepass")) for doc in sample), asked)
     if problem is not None:
         raise ValueError(problem)
     what = "all of its training documents" if complete else "a sample: the first of its training documents"
