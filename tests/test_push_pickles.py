@@ -10,6 +10,7 @@ of a pickle header, compressed text, a tar of texts) are pushed."""
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import io
 import json
@@ -165,6 +166,43 @@ def test_a_zstd_stream_this_python_cannot_decompress_is_refused_as_unchecked(hub
     (folder / "frame.zst").write_bytes(frame)
     message = fails("push", folder, "me/zstd")
     assert "frame.zst (a zstd stream, which this Python cannot decompress to check" in message, message
+    assert hub.requests == [] and hub.repos == {}
+
+
+class FullDisk:
+    """A temporary file on a full device: every write fails."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self) -> FullDisk:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def tell(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_compressed_stream_that_cannot_be_checked_whole_is_refused_saying_why(hub, converted, tmp_path, monkeypatch):
+    """Decompressed at most MAX_DECOMPRESSED bytes (2 GiB; 1 kB here): a longer stream, even of text, is refused as
+    too long to check, and so is one a full disk keeps from being decompressed: never taken for checked."""
+    from hf_geonorm.sharing import pickles
+
+    folder = tmp_path / "folder"
+    shutil.copytree(converted, folder)
+    (folder / "notes.txt.gz").write_bytes(gzip.compress(b"text, compressed\n" * 100))
+    monkeypatch.setattr(pickles, "MAX_DECOMPRESSED", 1024)
+    message = fails("push", folder, "me/long")
+    assert "notes.txt.gz (a gzip stream of more than 1,024 bytes decompressed, too long to check" in message, message
+    monkeypatch.setattr(pickles, "MAX_DECOMPRESSED", 1 << 31)
+    monkeypatch.setattr(pickles.tempfile, "SpooledTemporaryFile", FullDisk)
+    message = fails("push", folder, "me/full")
+    assert "notes.txt.gz (a gzip stream that could not be decompressed to check (No space left on device)" in message
     assert hub.requests == [] and hub.repos == {}
 
 

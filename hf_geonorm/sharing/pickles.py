@@ -185,21 +185,30 @@ def _compressed_reason(
                 "the zstandard package), so it may hold a pickle")  # fmt: skip
     if depth >= MAX_DEPTH:
         return f"a {compression} stream nested too deep to check"
-    with tempfile.SpooledTemporaryFile(max_size=SPOOLED_IN_MEMORY) as out:
-        try:
-            with reader(stream) as decompressed:
-                while chunk := decompressed.read1(READ_CHUNK):
-                    if out.tell() + len(chunk) > MAX_DECOMPRESSED:
-                        return (f"a {compression} stream of more than {MAX_DECOMPRESSED >> 30} GiB decompressed, too "
-                                "long to check, so it may hold a pickle")  # fmt: skip
-                    out.write(chunk)
-        except Exception:  # noqa: BLE001 - a damaged stream (each library raises its own): checked as far as it went
-            pass
+    with tempfile.SpooledTemporaryFile(max_size=SPOOLED_IN_MEMORY) as out, reader(stream) as decompressed:
+        while chunk := _read_as_far_as_it_goes(decompressed):
+            if out.tell() + len(chunk) > MAX_DECOMPRESSED:
+                return (f"a {compression} stream of more than {MAX_DECOMPRESSED:,} bytes decompressed, too long "
+                        "to check, so it may hold a pickle")  # fmt: skip
+            try:
+                out.write(chunk)
+            except OSError as error:  # a full disk: not a stream that ends, so not checked whole
+                return (f"a {compression} stream that could not be decompressed to check ({error.strerror or error}), "
+                        "so it may hold a pickle")  # fmt: skip
         if out.tell() == 0:
             return None
         out.seek(0)
         reason = _stream_reason(out, depth + 1)  # type: ignore[arg-type]
     return None if reason is None else f"{compression}-compressed: {reason or 'a pickle'}"
+
+
+def _read_as_far_as_it_goes(decompressed: Any) -> bytes:
+    """The next chunk of a decompressed stream; b"" at its end, or where it is damaged (each library raises its own
+    error): what decompressed before is what a loader reads too."""
+    try:
+        return decompressed.read1(READ_CHUNK)
+    except Exception:  # noqa: BLE001 - a damaged stream ends here
+        return b""
 
 
 def _is_tar(stream: IO[bytes]) -> bool:
