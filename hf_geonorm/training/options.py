@@ -30,6 +30,42 @@ BETA1, BETA2 = 0.9, 0.95  # AdamW's betas: beta2 is --adam-beta2's default
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
+# A byte-level BPE tokenizer holds its 256 bytes and the end-of-text token, and learns at most one token per byte of
+# the text it trains on (each merge joins two of the text's tokens into one); UTF-8 has at most 4 bytes a character.
+BYTE_LEVEL_TOKENS = 257
+# The BPE trainer of the tokenizers library reserves about 70 bytes of memory per token of its vocab_size when it
+# starts (measured with tokenizers 0.22: 6.6 GB of address space for 10^8 tokens, 0.9 GB for 10^7), and aborts the
+# whole process, without a Python exception, when the machine cannot give it.
+TRAINER_BYTES_PER_TOKEN = 70
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def trained_vocab_problem(vocab_size: int, text_bytes: int | None = None, asked: str = "--vocab-size") -> str | None:
+    """Why a tokenizer of ``vocab_size`` tokens (``asked`` names where that number comes from) cannot be trained on
+    the fly: more tokens than it can learn from ``text_bytes`` of text (None: the most it ever trains on), or more
+    memory than the machine has for the tokenizers library's trainer; None when it can."""
+    most = BYTE_LEVEL_TOKENS + (4 * TOKENIZER_SAMPLE_CHARS if text_bytes is None else text_bytes)
+    if vocab_size > most:
+        what = (f"at most {4 * TOKENIZER_SAMPLE_CHARS:,} bytes ({TOKENIZER_SAMPLE_CHARS // 10**6} million characters)"
+                if text_bytes is None else f"{text_bytes:,} bytes")  # fmt: skip
+        return (f"{asked} {vocab_size:,} is more than a tokenizer trained on the data can hold: byte-level BPE "
+                f"has {BYTE_LEVEL_TOKENS} (bytes, end of text) and learns at most one more per byte it trains on, "
+                f"here {what}, so {most:,} at most; give a smaller --vocab-size")  # fmt: skip
+    memory = machine_memory()
+    needed = vocab_size * TRAINER_BYTES_PER_TOKEN
+    if memory is not None and needed > memory:
+        return (f"{asked} {vocab_size:,} is more than this machine's memory can train: the tokenizers library "
+                f"reserves about {TRAINER_BYTES_PER_TOKEN} bytes a token, {needed / 1e9:.1f} GB, and this machine has "
+                f"{memory / 1e9:.1f} GB; give --vocab-size {memory // TRAINER_BYTES_PER_TOKEN:,} or less")  # fmt: skip
+    return None
 MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
 
 # A --model folder with trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on
@@ -48,6 +84,14 @@ MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
+# Path options that an empty value would turn into the working folder: each refused, with what to give instead
+EMPTY_REFUSED = {
+    "output": "the folder to write",
+    "data": "the text to train on (or leave --data out: the Python standard library's source)",
+    "model": "the model folder or Hub id (or leave --model out: a model from --arch and --preset)",
+    "tokenizer": "the tokenizer folder (or leave --tokenizer out)",
+    "data_cache": "the folder to cache the tokenized data in (or leave --data-cache out)",
+}
 MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (data.prepare.evaluation_size)
 
 
@@ -252,9 +296,14 @@ class TrainOptions:
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
-        if not os.fspath(self.output).strip():
-            raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
+        for name, what in EMPTY_REFUSED.items():
+            value = getattr(self, name)
+            if value is not None and not os.fspath(value).strip():
+                raise OptionError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); give {what}")
         refuse_out_of_limits(self)
+        problem = None if self.vocab_size is None else trained_vocab_problem(self.vocab_size)
+        if problem is not None:  # before the tokenizers library would abort the process trying
+            raise OptionError(problem)
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
             raise OptionError(
                 f"--max-tokens {self.max_tokens} is less than one block of --seq-len {self.seq_len}: give at least "
