@@ -247,7 +247,9 @@ class TrainOptions:
 
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
+        from ..modeling.transformers_versions import check_transformers_for_training
 
+        check_transformers_for_training()  # before any option: no value makes an older transformers train
         if not os.fspath(self.output).strip():
             raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
         refuse_out_of_limits(self)

@@ -1,0 +1,108 @@
+"""The transformers releases hf-geonorm runs on (hf_geonorm.modeling.transformers_versions): the range is written
+once and pyproject.toml's pin agrees with it; outside it the plugin and a folder's remote code refuse in one line
+naming the range and the installed version (above the newest tested they run, warning, and refuse a decoder layer
+they cannot take over); ``hf-geonorm train`` refuses a release too old for it; the names that transformers changed
+within the range are the installed release's. The folders under the oldest release itself:
+tests/test_oldest_transformers.py."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import fails
+from tiny_models import layers_of, tiny_model
+from transformers import AutoModelForCausalLM
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+import hf_geonorm
+from hf_geonorm.modeling import blocks
+from hf_geonorm.modeling import transformers_versions as versions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_pin_in_pyproject_is_the_tested_range():
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (pin,) = [d for d in dependencies if re.match(r"transformers\b", d)]
+    assert pin == f"transformers{versions.SUPPORTED_RANGE}"
+    oldest, newest = versions.OLDEST_TESTED, versions.NEWEST_TESTED
+    assert versions.SUPPORTED_RANGE == f">={oldest[0]}.{oldest[1]},<{newest[0]}.{newest[1] + 1}"
+    assert oldest <= (5, 23) and oldest <= versions.OLDEST_FOR_TRAINING <= newest
+    assert oldest <= versions.INSTALLED <= newest  # this environment is one the range names
+
+
+@pytest.mark.parametrize(("version", "expected"), [("5.16.1", (5, 16)), ("5.26.0.dev0", (5, 26)), ("6.0", (6, 0))])
+def test_release_reads_major_and_minor(version, expected):
+    assert versions.release(version) == expected
+
+
+def test_an_older_transformers_is_refused_in_one_line_naming_the_range(monkeypatch):
+    monkeypatch.setattr(versions, "INSTALLED", (5, 15))
+    monkeypatch.setattr(versions, "INSTALLED_VERSION", "5.15.2")
+    with pytest.raises(versions.UnsupportedTransformers) as refused:
+        versions.check_transformers()
+    message = str(refused.value)
+    assert "\n" not in message and isinstance(refused.value, ValueError)
+    assert f"transformers {versions.SUPPORTED_RANGE}" in message and "5.15.2 is installed" in message
+
+
+def test_a_release_in_the_range_passes_silently_and_a_newer_one_warns(monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        versions.check_transformers()
+    monkeypatch.setattr(versions, "UNTESTED_RELEASE", True)
+    monkeypatch.setattr(versions, "INSTALLED_VERSION", "5.99.0")
+    with pytest.warns(UserWarning, match=r"5\.99\.0 is newer than the releases .* tested on \(>=5\.\d+,<5\.\d+\)"):
+        versions.check_transformers()
+
+
+def test_above_the_newest_release_a_decoder_layer_that_gained_a_method_is_refused(monkeypatch):
+    stock = tiny_model("llama")
+    layer_class = type(layers_of(stock)[0])
+    blocks.check_stock_layer_class(layer_class)  # the stock LlamaDecoderLayer: __init__ and forward alone
+    monkeypatch.setattr(blocks, "UNTESTED_RELEASE", True)
+    assert hf_geonorm.convert(stock) is not None  # checked, and taken over
+    monkeypatch.setattr(layer_class, "extra_step", lambda self: None, raising=False)
+    with pytest.raises(versions.UnsupportedTransformers, match=r"LlamaDecoderLayer .* defines __init__, extra_step"):
+        hf_geonorm.convert(stock)
+    monkeypatch.setattr(blocks, "UNTESTED_RELEASE", False)  # within the range the tests vouch for the class instead
+    assert hf_geonorm.convert(stock) is not None
+    changed_base = type("LlamaDecoderLayer", (GradientCheckpointingLayer, torch.nn.Identity), {
+        "__init__": layer_class.__init__, "forward": layer_class.forward})  # fmt: skip
+    with pytest.raises(versions.UnsupportedTransformers, match="over GradientCheckpointingLayer, Identity"):
+        blocks.check_stock_layer_class(changed_base)
+
+
+def test_train_refuses_a_transformers_too_old_for_it_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(versions, "INSTALLED", (5, 22))
+    monkeypatch.setattr(versions, "INSTALLED_VERSION", "5.22.0")
+    line = fails("train", "--arch", "gpt2", "--preset", "tiny", "--max-steps", "1", "--output", tmp_path / "run")
+    assert line.startswith("Error: hf-geonorm train needs transformers >=5.23") and "5.22.0 is installed" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_renamed_names_are_the_installed_releases():
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+    from transformers.models.gptj.modeling_gptj import GPTJAttention
+
+    import inspect
+
+    assert versions.CACHE_ARGUMENT in inspect.signature(GPT2Attention.forward).parameters
+    assert versions.GPTJ_BLOCK_RETURNS_TUPLE == hasattr(GPTJAttention, "_split_heads")
+    registry = type(__import__("transformers.utils.output_capturing").utils.output_capturing._CAN_RECORD_REGISTRY)
+    assert versions.CAPTURE_REGISTRY_BY_MODEL == (registry is not dict)
+
+
+def test_a_forward_past_the_learned_positions_with_a_cache_names_the_limit():
+    """The position guard counts the cached tokens under the installed release's name of the cache argument."""
+    config = hf_geonorm.GeoNormGPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=128)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        cache = getattr(model(torch.ones((1, 60), dtype=torch.long), use_cache=True), versions.CACHE_ARGUMENT)
+        with pytest.raises(ValueError, match="reaches 68 tokens .* beyond this model's 64 learned positions"):
+            model(torch.ones((1, 8), dtype=torch.long), use_cache=True, **{versions.CACHE_ARGUMENT: cache})
