@@ -8,11 +8,12 @@ tests/test_oldest_transformers.py."""
 from __future__ import annotations
 
 import re
-import tomllib
+import shutil
 import warnings
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from helpers import fails
 from tiny_models import layers_of, tiny_model
@@ -87,10 +88,10 @@ def test_train_refuses_a_transformers_too_old_for_it_in_one_line(monkeypatch, tm
 
 
 def test_the_renamed_names_are_the_installed_releases():
+    import inspect
+
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
     from transformers.models.gptj.modeling_gptj import GPTJAttention
-
-    import inspect
 
     assert versions.CACHE_ARGUMENT in inspect.signature(GPT2Attention.forward).parameters
     assert versions.GPTJ_BLOCK_RETURNS_TUPLE == hasattr(GPTJAttention, "_split_heads")
@@ -106,3 +107,64 @@ def test_a_forward_past_the_learned_positions_with_a_cache_names_the_limit():
         cache = getattr(model(torch.ones((1, 60), dtype=torch.long), use_cache=True), versions.CACHE_ARGUMENT)
         with pytest.raises(ValueError, match="reaches 68 tokens .* beyond this model's 64 learned positions"):
             model(torch.ones((1, 8), dtype=torch.long), use_cache=True, **{versions.CACHE_ARGUMENT: cache})
+
+
+# Runs where hf_geonorm cannot be imported: loads a folder as remote code, keeping what it raises and warns.
+LOAD_AS_REMOTE_CODE = """
+import warnings
+from transformers import AutoModelForCausalLM
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True).eval()
+    except Exception as error:
+        report["refused"] = {"type": type(error).__name__, "message": str(error)}
+    else:
+        with torch.no_grad():
+            results["model"] = {"logits": model(torch.tensor([job["ids"]])).logits}
+report["warnings"] = [str(w.message) for w in caught if "GeoNorm" in str(w.message)]
+report["installed"] = transformers.__version__
+"""
+
+
+def folder_tested_on(source: Path, target: Path, oldest: tuple[int, int], newest: tuple[int, int]) -> Path:
+    """A copy of the saved folder ``source`` whose code names another tested range: the installed transformers is
+    then below or above it, as an older or newer release would be for the real range."""
+    shutil.copytree(source, target)
+    code = target / "transformers_versions.py"
+    text = code.read_text()
+    for name, value in (("OLDEST_TESTED", oldest), ("NEWEST_TESTED", newest)):
+        text, count = re.subn(rf"^{name} = \(\d+, \d+\)$", f"{name} = {value}", text, flags=re.M)
+        assert count == 1, name
+    code.write_text(text)
+    return target
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("versions") / "llama"
+    hf_geonorm.convert(tiny_model("llama", perturb=True)).save_pretrained(folder)
+    return folder
+
+
+def test_a_folders_code_refuses_an_older_transformers_and_runs_under_a_newer_one_with_a_warning(
+    saved_llama, plugin_free_python, tmp_path
+):
+    major, minor = versions.INSTALLED
+    above = folder_tested_on(saved_llama, tmp_path / "above", (major, minor + 1), (major, minor + 2))
+    job = {"folder": str(above), "ids": [5, 17, 42, 9]}
+    report, _ = plugin_free_python.run(LOAD_AS_REMOTE_CODE, job, tmp_path / "older")
+    refused = report["refused"]
+    assert refused["type"] == "UnsupportedTransformers" and "\n" not in refused["message"]
+    assert f"need transformers >={major}.{minor + 1},<{major}.{minor + 3} (" in refused["message"]
+    assert f"but {report['installed']} is installed" in refused["message"]
+
+    below = folder_tested_on(saved_llama, tmp_path / "below", (major, minor - 2), (major, minor - 1))
+    report, results = plugin_free_python.run(LOAD_AS_REMOTE_CODE, {**job, "folder": str(below)}, tmp_path / "newer")
+    assert "refused" not in report
+    (warning,) = report["warnings"]
+    assert warning.startswith(f"transformers {report['installed']} is newer than the releases the GeoNorm code is")
+    model = AutoModelForCausalLM.from_pretrained(saved_llama).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(results["model"]["logits"], model(torch.tensor([job["ids"]])).logits)

@@ -1,11 +1,12 @@
 """The transformers releases the GeoNorm modelling code is tested on, the check of the installed one, and the names
-that changed across them.
+transformers changed within them.
 
 A saved GeoNorm folder runs its remote code under whatever transformers its user has, not under the plugin's pin,
 so the modelling code checks the installed release itself when it is imported (by the plugin, or by transformers
-loading a folder): below the oldest release tested it refuses in one line naming the range; above the newest it
-runs, warning once, and refuses a stock decoder layer it cannot take over (``blocks.check_stock_layer_class``). ``pyproject.toml``'s
-pin is ``SUPPORTED_RANGE`` (``tests/test_transformers_versions.py`` checks that they agree).
+loading a folder). Below the oldest release tested it refuses in one line naming the range. Above the newest it
+runs, warning once, and refuses a stock decoder layer it cannot take over (``blocks.check_stock_layer_class``):
+refusing outright would stop every saved folder on the day transformers releases. ``pyproject.toml`` pins
+``SUPPORTED_RANGE`` (``tests/test_transformers_versions.py`` checks that they agree).
 
 Imports only the standard library and transformers (remote code).
 """
@@ -22,12 +23,13 @@ import transformers
 OLDEST_TESTED = (5, 16)
 NEWEST_TESTED = (5, 25)
 SUPPORTED_RANGE = f">={OLDEST_TESTED[0]}.{OLDEST_TESTED[1]},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}"
-# ``hf-geonorm train`` needs TrainingArguments(activation_checkpointing=...), added in 5.23.
+# ``hf-geonorm train`` sets TrainingArguments(activation_checkpointing=...), which transformers added in 5.23.
 OLDEST_FOR_TRAINING = (5, 23)
 
 
 class UnsupportedTransformers(ValueError):
-    """The installed transformers is older than the oldest release the GeoNorm code is tested on."""
+    """The installed transformers is not one the GeoNorm code can run on: older than the oldest release tested, or
+    (above the newest) with a decoder layer it cannot take over."""
 
 
 def release(version: str) -> tuple[int, int]:
@@ -41,11 +43,12 @@ def release(version: str) -> tuple[int, int]:
 INSTALLED_VERSION = transformers.__version__
 INSTALLED = release(INSTALLED_VERSION)
 # Newer than the newest release tested: the code runs, warning once, and checks each stock decoder layer class it
-# takes over (``blocks.check_stock_layer_class``).
+# takes over.
 UNTESTED_RELEASE = INSTALLED > NEWEST_TESTED
 
 # What transformers renamed within the range, each keyed on the release that renamed it.
-# 5.24: the attention of GPT-2 (and every stock attention) takes the KV cache as ``cache``, not ``past_key_values``.
+# 5.24: the attention of GPT-2 (and every stock attention) takes the KV cache as ``cache``, before as
+# ``past_key_values``; the model's outputs name it so too.
 CACHE_ARGUMENT = "cache" if INSTALLED >= (5, 24) else "past_key_values"
 # 5.24: GPT-J's and CodeGen's models read the hidden states alone from a block, before ``(hidden states, attention
 # weights)`` (their attention, rewritten then, had ``_split_heads``).
@@ -54,25 +57,25 @@ GPTJ_BLOCK_RETURNS_TUPLE = INSTALLED < (5, 24)
 CAPTURE_REGISTRY_BY_MODEL = INSTALLED >= (5, 23)
 
 
-def check_transformers(what: str = "GeoNorm models") -> None:
-    """Refuse a transformers older than the oldest release tested (``UnsupportedTransformers``, one line naming
-    the range and the installed version); warn once above the newest."""
+def check_transformers() -> None:
+    """``UnsupportedTransformers`` below the oldest release tested (one line naming the range and the installed
+    version); a warning above the newest."""
     if INSTALLED < OLDEST_TESTED:
         raise UnsupportedTransformers(
-            f"{what} need transformers {SUPPORTED_RANGE} (the releases their code is tested on), but "
+            f"GeoNorm models need transformers {SUPPORTED_RANGE} (the releases their code is tested on), but "
             f"{INSTALLED_VERSION} is installed: pip install 'transformers{SUPPORTED_RANGE}'"
         )
     if UNTESTED_RELEASE:
         warnings.warn(
-            f"transformers {INSTALLED_VERSION} is newer than the releases the GeoNorm code is tested on ({SUPPORTED_RANGE}): "
-            "it runs, and refuses a decoder layer it cannot take over; pip install "
+            f"transformers {INSTALLED_VERSION} is newer than the releases the GeoNorm code is tested on "
+            f"({SUPPORTED_RANGE}): it runs, and refuses a decoder layer it cannot take over; pip install "
             f"'transformers{SUPPORTED_RANGE}' for a tested one",
             stacklevel=2,
         )
 
 
 def check_transformers_for_training() -> None:
-    """Refuse a transformers too old for ``hf-geonorm train`` (one line naming the release it needs)."""
+    """``UnsupportedTransformers`` (one line naming the release needed) below the oldest release ``train`` runs on."""
     if INSTALLED < OLDEST_FOR_TRAINING:
         oldest = ".".join(map(str, OLDEST_FOR_TRAINING))
         raise UnsupportedTransformers(
