@@ -7,8 +7,11 @@ tests/test_oldest_transformers.py."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -77,6 +80,34 @@ def test_above_the_newest_release_a_decoder_layer_that_gained_a_method_is_refuse
         "__init__": layer_class.__init__, "forward": layer_class.forward})  # fmt: skip
     with pytest.raises(versions.UnsupportedTransformers, match="over GradientCheckpointingLayer, Identity"):
         blocks.check_stock_layer_class(changed_base)
+
+
+# The command line in a process whose transformers is, for the modelling code, older than the range: the module is
+# imported first without the package (as the command line reads its declarations) and told so.
+COMMAND_UNDER_AN_OLDER_RELEASE = """
+import sys
+from hf_geonorm_cli.library import library_module
+
+versions = library_module("modeling/transformers_versions")
+versions.INSTALLED, versions.INSTALLED_VERSION = (5, 15), "5.15.1"
+from hf_geonorm_cli.main import cli
+
+sys.argv = ["hf-geonorm", "architectures"]
+cli()
+"""
+
+
+def test_the_command_line_refuses_an_older_transformers_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", COMMAND_UNDER_AN_OLDER_RELEASE], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert lines == [
+        f"Error: GeoNorm models need transformers {versions.SUPPORTED_RANGE} (the releases their code is tested on), "
+        f"but 5.15.1 is installed: pip install 'transformers{versions.SUPPORTED_RANGE}'"
+    ]
+    assert "Traceback" not in done.stderr
 
 
 def test_train_refuses_a_transformers_too_old_for_it_in_one_line(monkeypatch, tmp_path):
