@@ -25,6 +25,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 import hf_geonorm
 from hf_geonorm.modeling import blocks
 from hf_geonorm.modeling import transformers_versions as versions
+from hf_geonorm.training.options import OLDEST_TRANSFORMERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def test_the_pin_in_pyproject_is_the_tested_range():
     assert pins == [f"transformers{versions.SUPPORTED_RANGE}"]  # the one pin, in the dependencies
     oldest, newest = versions.OLDEST_TESTED, versions.NEWEST_TESTED
     assert versions.SUPPORTED_RANGE == f">={oldest[0]}.{oldest[1]},<{newest[0]}.{newest[1] + 1}"
-    assert oldest <= (5, 23) and oldest <= versions.OLDEST_FOR_TRAINING <= newest
+    assert oldest <= (5, 23) and oldest <= OLDEST_TRANSFORMERS <= newest  # train's own oldest within the range
     assert oldest <= versions.INSTALLED <= newest  # this environment is one the range names
 
 

@@ -23,8 +23,6 @@ import transformers
 OLDEST_TESTED = (5, 16)
 NEWEST_TESTED = (5, 25)
 SUPPORTED_RANGE = f">={OLDEST_TESTED[0]}.{OLDEST_TESTED[1]},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}"
-# ``hf-geonorm train`` sets TrainingArguments(activation_checkpointing=...), which transformers added in 5.23.
-OLDEST_FOR_TRAINING = (5, 23)
 
 
 class UnsupportedTransformers(ValueError):
@@ -73,13 +71,3 @@ def check_transformers() -> None:
             stacklevel=2,
         )
 
-
-def check_transformers_for_training() -> None:
-    """``UnsupportedTransformers`` (one line naming the release needed) below the oldest release ``train`` runs on."""
-    if INSTALLED < OLDEST_FOR_TRAINING:
-        oldest = ".".join(map(str, OLDEST_FOR_TRAINING))
-        raise UnsupportedTransformers(
-            f"hf-geonorm train needs transformers >={oldest} (TrainingArguments' activation_checkpointing), but "
-            f"{INSTALLED_VERSION} is installed: pip install 'transformers>={oldest},<"
-            f"{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}'"
-        )

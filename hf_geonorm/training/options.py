@@ -28,6 +28,8 @@ PRESET_NAMES = tuple(PRESETS)
 DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
 BETA1, BETA2 = 0.9, 0.95  # AdamW's betas: beta2 is --adam-beta2's default
 MAX_GRAD_NORM = 1.0
+# The oldest transformers release a run works with (check_transformers_release), as (major, minor).
+OLDEST_TRANSFORMERS = (5, 23)
 MIN_LR_RATIO = 0.1
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
@@ -247,9 +249,8 @@ class TrainOptions:
 
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
-        from ..modeling.transformers_versions import check_transformers_for_training
 
-        check_transformers_for_training()  # before any option: no value makes an older transformers train
+        check_transformers_release()  # before any option: no value makes an older transformers train
         if not os.fspath(self.output).strip():
             raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
         refuse_out_of_limits(self)
@@ -296,6 +297,20 @@ class TrainOptions:
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self
+
+
+def check_transformers_release() -> None:
+    """``UnsupportedTransformers`` (one line naming the release needed) below the oldest transformers a run works
+    with: ``TrainingArguments(activation_checkpointing=...)``, which ``--gradient-checkpointing`` sets, is 5.23's.
+    Loading, inference and ``generate`` run from the oldest release of the modelling code's range."""
+    from ..modeling import transformers_versions as versions
+
+    if versions.INSTALLED < OLDEST_TRANSFORMERS:
+        needed = f">={'.'.join(map(str, OLDEST_TRANSFORMERS))},{versions.SUPPORTED_RANGE.split(',')[1]}"
+        raise versions.UnsupportedTransformers(
+            f"hf-geonorm train needs transformers {needed} (TrainingArguments' activation_checkpointing), but "
+            f"{versions.INSTALLED_VERSION} is installed: pip install 'transformers{needed}'"
+        )
 
 
 def trainer_arguments(options: TrainOptions) -> dict[str, Any]:
