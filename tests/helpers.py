@@ -71,7 +71,8 @@ def skip_where_train_refuses() -> None:
     from hf_geonorm.training.options import OLDEST_TRANSFORMERS
 
     if INSTALLED < OLDEST_TRANSFORMERS:
-        pytest.skip(f"hf-geonorm train refuses transformers {INSTALLED_VERSION}: it needs {OLDEST_TRANSFORMERS[0]}.{OLDEST_TRANSFORMERS[1]}")
+        needed = ".".join(map(str, OLDEST_TRANSFORMERS))
+        pytest.skip(f"hf-geonorm train refuses transformers {INSTALLED_VERSION}: it needs {needed}")
 
 
 def train(*args: object) -> Any:
