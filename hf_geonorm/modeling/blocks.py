@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import transformers
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -22,6 +21,7 @@ from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
 from .transformers_versions import (
     CAPTURE_REGISTRY_BY_MODEL,
+    INSTALLED_VERSION,
     SUPPORTED_RANGE,
     UNTESTED_RELEASE,
     UnsupportedTransformers,
@@ -107,7 +107,7 @@ def check_stock_layer_class(layer_class: type) -> None:
     defined = set(vars(layer_class)) - CLASS_BODY_ENTRIES
     if layer_class.__bases__ != (GradientCheckpointingLayer,) or defined != {"__init__", "forward"}:
         raise UnsupportedTransformers(
-            f"{layer_class.__name__} of transformers {transformers.__version__} is not the decoder layer the GeoNorm "
+            f"{layer_class.__name__} of transformers {INSTALLED_VERSION} is not the decoder layer the GeoNorm "
             f"code was tested with (it defines {', '.join(sorted(defined))} over "
             f"{', '.join(base.__name__ for base in layer_class.__bases__)}): pip install "
             f"'transformers{SUPPORTED_RANGE}', the releases it is tested on"
