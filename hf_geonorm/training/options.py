@@ -28,8 +28,11 @@ PRESET_NAMES = tuple(PRESETS)
 DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
 BETA1, BETA2 = 0.9, 0.95  # AdamW's betas: beta2 is --adam-beta2's default
 MAX_GRAD_NORM = 1.0
+# The oldest transformers release a run works with (check_transformers_release), as (major, minor).
+OLDEST_TRANSFORMERS = (5, 23)
 MIN_LR_RATIO = 0.1
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
+MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
 TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
 # A byte-level BPE tokenizer holds its 256 bytes and the end-of-text token, and learns at most one token per byte of
 # the text it trains on (each merge joins two of the text's tokens into one); UTF-8 has at most 4 bytes a character.
@@ -66,7 +69,7 @@ def trained_vocab_problem(vocab_size: int, text_bytes: int | None = None, asked:
                 f"reserves about {TRAINER_BYTES_PER_TOKEN} bytes a token, {needed / 1e9:.1f} GB, and this machine has "
                 f"{memory / 1e9:.1f} GB; give --vocab-size {memory // TRAINER_BYTES_PER_TOKEN:,} or less")  # fmt: skip
     return None
-MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
+
 
 # A --model folder with trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on
 # SmolLM2-135M (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that
@@ -296,6 +299,7 @@ class TrainOptions:
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
+        check_transformers_release()  # before any option: no value makes an older transformers train
         for name, what in EMPTY_REFUSED.items():
             value = getattr(self, name)
             if value is not None and not os.fspath(value).strip():
@@ -347,6 +351,20 @@ class TrainOptions:
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self
+
+
+def check_transformers_release() -> None:
+    """``UnsupportedTransformers`` (one line naming the release needed) below the oldest transformers a run works
+    with: ``TrainingArguments(activation_checkpointing=...)``, which ``--gradient-checkpointing`` sets, is 5.23's.
+    Loading, inference and ``generate`` run from the oldest release of the modelling code's range."""
+    from ..modeling import transformers_versions as versions
+
+    if versions.INSTALLED < OLDEST_TRANSFORMERS:
+        needed = f">={'.'.join(map(str, OLDEST_TRANSFORMERS))},{versions.SUPPORTED_RANGE.split(',')[1]}"
+        raise versions.UnsupportedTransformers(
+            f"hf-geonorm train needs transformers {needed} (TrainingArguments' activation_checkpointing), but "
+            f"{versions.INSTALLED_VERSION} is installed: pip install 'transformers{needed}'"
+        )
 
 
 def trainer_arguments(options: TrainOptions) -> dict[str, Any]:
