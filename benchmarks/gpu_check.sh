@@ -2,6 +2,10 @@
 # GPU checks of issue 6, in one go and under 5 minutes on one modern GPU:
 #   0. the Triton kernel's first-use check (the one every process runs before trusting the kernel), for each
 #      dtype, clamp and saved tensor at two widths, against the torch twin;
+#   0b. the kernels at the shapes of benchmarks/results/kernel_resources.md (2048 tokens x widths 768-16384, bf16
+#      and fp32, forward and backward), timed and read back (registers, spills), printed against what that page
+#      predicted ahead of time (HBM roofline, the cubin's registers), and Liger's fused add + RMSNorm at the same
+#      shapes where liger-kernel is installed (kernel_measured.{txt,json,md} in OUT_DIR);
 #   1. tests/test_fused.py on CUDA: the Triton kernel against the composed torch path (float32, bfloat16,
 #      model widths, strided rows, a float32 state with a bf16 update), a tiny model's training step with the
 #      fused update on and off, and (in a child process) the same kernels through Triton's interpreter;
@@ -64,6 +68,11 @@ PY
 check_rc=$?
 cat "$out/kernel_check.txt"
 
+echo "== 0b. the kernels measured against benchmarks/results/kernel_resources.json"
+timeout 120 "$python" benchmarks/kernel_resources.py --measure --out "$out" > "$out/kernel_measured.txt" 2>&1
+measured_rc=$?
+cat "$out/kernel_measured.txt"
+
 echo "== 1. tests/test_fused.py on CUDA"
 timeout 150 "$python" -m pytest -q -rs -p no:cacheprovider tests/test_fused.py \
     --junitxml="$out/pytest_fused.xml" > "$out/pytest_fused.txt" 2>&1
@@ -103,6 +112,7 @@ fi
 
 {
     echo "kernel check rc=$check_rc (0 = the kernel agrees with the torch twin in every case)"
+    echo "kernels measured against predicted rc=$measured_rc (kernel_measured.md)"
     echo "tests rc=$tests_rc (0 = all passed)"
     echo "liger on/off rc=$liger_rc (0 = loss and gradients agree within tolerance, 2 = no liger-kernel or CUDA)"
     grep -E "passed|failed|error" "$out/pytest_fused.txt" | tail -n 1

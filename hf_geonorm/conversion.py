@@ -214,6 +214,8 @@ def convert_checkpoint(
         atomic_directory(output_dir, force=force, command="convert") as tmp,
     ):
         tokenizer = load_tokenizer(src)  # first: one that needs custom code is refused before the weights load
+        if tokenizer is None:
+            warnings.warn(f"{src.spec} has no tokenizer, so {output_dir} has none either", stacklevel=2)
         say(f"loading the {src.model_type} model ({src.kind})")
         model = load_model(src, options.dtype, allow_missing=options.allow_missing)
         if eval_text is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from torch import nn
 from .conversion_options import DTYPES
 from .errors import SettingsError, custom_code_error, first_line, needs_custom_code
 from .files.gguf_files import dequantize_gguf, gguf_config
+from .files.gguf_header import read_gguf_header
 from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
 from .files.text_files import SPECIAL_FILES
 from .loading_info import check_loading_info, geonorm_keys
@@ -230,7 +230,23 @@ def open_source(spec: str | os.PathLike) -> Source:
         source = Source(spec, "hub", spec, None, _hub_config(spec))
     check_supported(source.model_type, source.spec)
     check_sizes(source.config, source.config_label)
+    check_activations(source.config, source.config_label)
     return source
+
+
+ACTIVATION_KEYS = ("hidden_act", "activation_function", "hidden_activation")  # what the stock configs name them
+
+
+def check_activations(config: dict[str, Any], where: str) -> None:
+    """``ValueError`` naming ``where`` for an activation function transformers does not have (its model would
+    fail to build with the name alone as its message)."""
+    from transformers.activations import ACT2FN
+
+    for key in ACTIVATION_KEYS:
+        value = config.get(key)
+        if isinstance(value, str) and value not in ACT2FN:
+            raise ValueError(f"{where}: {key} {value!r} is not an activation function transformers has (it has "
+                             f"{', '.join(sorted(ACT2FN))}); fix it")  # fmt: skip
 
 
 def torch_dtype(dtype: str) -> Any:
@@ -327,27 +343,43 @@ def load_model(source: Source, dtype: str = "auto", config: Any = None, allow_mi
     return model.eval()
 
 
-def has_tokenizer(source: Source) -> bool:
+GGUF_TOKENIZER_KEY = "tokenizer.ggml.model"  # the metadata a GGUF file holds its tokenizer under
+
+
+def tokenizer_files(source: Source) -> list[str]:
+    """The tokenizer files of a folder source, or of a GGUF file the file itself when its metadata holds a
+    tokenizer; empty when the source has none (a Hub repository is not listed: see ``has_tokenizer``)."""
     if source.kind == "folder":
-        return any((source.path / name).is_file() for name in TOKENIZER_FILES)
-    return True  # a GGUF file carries one; a Hub repository may
+        return [str(source.path / name) for name in TOKENIZER_FILES if (source.path / name).is_file()]
+    if source.kind == "gguf":
+        return [str(source.path)] if GGUF_TOKENIZER_KEY in read_gguf_header(source.path).fields else []
+    return []
+
+
+def has_tokenizer(source: Source) -> bool:
+    return source.kind == "hub" or bool(tokenizer_files(source))  # a Hub repository may have one
 
 
 def load_tokenizer(source: Source) -> Any:
-    """The source's tokenizer, or None when it has none (a warning when a tokenizer is there but fails to load);
-    ``ValueError`` when it needs custom code."""
+    """The source's tokenizer, or None when it truly has none (no tokenizer file in a folder, no tokenizer in a
+    GGUF file's metadata, none in a Hub repository). ``ValueError`` naming the files and the cause when a tokenizer
+    is there but does not load, or needs custom code: a figure measured without it would mean nothing."""
     if not has_tokenizer(source):
         return None
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.load_dir, **source.load_kwargs(), **NO_REMOTE_CODE)
-    except Exception as error:  # noqa: BLE001 - a source without a usable tokenizer is still usable
+    except Exception as error:  # noqa: BLE001 - whatever the tokenizer libraries raise, reported in one line
         if needs_custom_code(error):
             raise custom_code_error("tokenizer", source.spec, STANDARD_TOKENIZER) from None
-        if source.kind != "hub":
-            warnings.warn(f"could not load the tokenizer of {source.spec}: {first_line(error)}", stacklevel=2)
-        return None
+        if source.kind == "hub":
+            return None  # files are not listed before a download: a repository without a tokenizer fails alike
+        files = ", ".join(tokenizer_files(source))
+        raise ValueError(
+            f"the tokenizer of {source.spec} ({files}) does not load: {first_line(error)}; repair or replace those "
+            "files (save_pretrained of the model's tokenizer), or remove them to run without a tokenizer"
+        ) from None
     return standard_tokenizer(tokenizer, source.spec, STANDARD_TOKENIZER)
 
 

@@ -9,6 +9,7 @@ is what the config says. ``parameter_count`` counts a config's parameters withou
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -33,7 +34,9 @@ def stated_layers(config: dict[str, Any], where: str) -> int:
     states none (its model would be built at its class's default depth and sizes) or more than ``MAX_LAYERS``."""
     for key in SIZE_NAMES["num_hidden_layers"]:
         value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if key in config and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{where}: {key} is {json.dumps(value)}, not a whole number of layers; fix it")
+        if isinstance(value, int):
             if value > MAX_LAYERS:
                 raise ValueError(
                     f"{where}: {key} is {value:,}; hf-geonorm reads models of at most {MAX_LAYERS:,} layers (no "
@@ -60,6 +63,16 @@ def built_config(config: dict[str, Any]) -> Any | None:
         return None
 
 
+def config_refusal(config: dict[str, Any]) -> str:
+    """Why the stock config class refuses ``config``, in one line (its validation errors span several)."""
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        family_for(config["model_type"]).stock_config_class.from_dict(fields)
+    except Exception as error:  # noqa: BLE001 - whatever the class raises is its reason
+        return " ".join(str(error).split()) or type(error).__name__
+    return "its config class refuses it"
+
+
 def check_sizes(config: dict[str, Any], where: str) -> Any | None:
     """``built_config`` of ``config`` once its sizes are what loading builds: ``ValueError`` naming ``where`` for a
     config that states no number of layers, or more than ``MAX_LAYERS``, or a size under a name its model type does
@@ -67,7 +80,7 @@ def check_sizes(config: dict[str, Any], where: str) -> Any | None:
     stated_layers(config, where)
     built = built_config(config)
     if built is None:
-        return None
+        raise ValueError(f"{where}: {config_refusal(config)}; fix config.json")
     unread, built_with = [], []
     for attribute, names in SIZE_NAMES.items():
         try:

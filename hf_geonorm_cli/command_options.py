@@ -137,3 +137,6 @@ class PushCommandOptions:
     commit_description: str | None = field(default=None, metadata=option("A longer description for the commit."))
     create_pr: bool = field(default=False, metadata=option(
         "Open a pull request with the files instead of committing to the branch.", flag=True))
+    allow_modified_code: bool = field(default=False, metadata=option(
+        "Push remote code that is not what this hf-geonorm writes (refused otherwise: loading the model with "
+        "trust_remote_code=True runs it); the pushed card says which files differ.", flag=True))

@@ -63,3 +63,5 @@ def push(path: str, repo_id: str, **kwargs: Any) -> None:
     where = f"a pull request {result.pr_url}" if result.pr_url else f"{result.repo_id} ({result.revision})"
     click.echo(f"pushed {len(result.files)} files to {where}: {', '.join(result.files)}")
     click.echo(f"commit {result.commit_oid}: {result.commit_url}")
+    if result.modified_code:
+        click.echo(f"with modified remote code ({', '.join(result.modified_code)}); the card says so", err=True)

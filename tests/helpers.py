@@ -63,6 +63,18 @@ def invoke(*args: object) -> Any:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def skip_where_train_refuses() -> None:
+    """Skip, saying why, where ``hf-geonorm train`` refuses the installed transformers (below 5.23; the modelling
+    tests also run under the range's oldest release, in .ci/run): tests/test_transformers_versions.py checks the
+    refusal itself."""
+    from hf_geonorm.modeling.transformers_versions import INSTALLED, INSTALLED_VERSION
+    from hf_geonorm.training.options import OLDEST_TRANSFORMERS
+
+    if INSTALLED < OLDEST_TRANSFORMERS:
+        needed = ".".join(map(str, OLDEST_TRANSFORMERS))
+        pytest.skip(f"hf-geonorm train refuses transformers {INSTALLED_VERSION}: it needs {needed}")
+
+
 def train(*args: object) -> Any:
     """``hf-geonorm train ARGS``; its result, whatever the exit status."""
     return invoke("train", *args)

@@ -64,6 +64,18 @@ class PostgresServer:
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
         self.run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.folder / "server.log"), "-w", "start")
 
+    def add_user_with_password(self, user: str, password: str) -> str:
+        """A role that must log in with ``password`` (every other role is trusted): its URL, without the password.
+        The rule is put first in pg_hba.conf (which the server owner's files hold; root writes it as that user)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            connection.execute(f"CREATE ROLE {user} SUPERUSER LOGIN PASSWORD '{password}'")
+        rules = self.data / "pg_hba.conf"
+        rules.write_text(f"host all {user} 127.0.0.1/32 scram-sha-256\n" + rules.read_text())
+        self.run("pg_ctl", "-D", str(self.data), "reload")
+        return f"postgresql://{user}@127.0.0.1:{self.port}/postgres"
+
     def stop(self) -> None:
         self.run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 

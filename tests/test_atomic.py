@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import contents
 from tiny_models import tiny_model
 
 from hf_geonorm import conversion
 from hf_geonorm.files import atomic, full_device, signals
-from hf_geonorm.files.ownership import MARKER_NAME, mark_folder
+from hf_geonorm.files.ownership import MARKER_NAME, mark_folder, mark_temporary
 from hf_geonorm_cli.main import cli
 
 
@@ -107,26 +108,42 @@ def test_force_replaces_read_only_folders_and_symlinks_without_leftovers(tmp_pat
     assert names(tmp_path) == ["elsewhere", "link", "out"]
 
 
-def test_leftovers_of_dead_processes_are_cleaned_up_and_live_ones_kept(tmp_path):
+def leftover(path: Path, target: str, pid: int, proof: bool = True) -> Path:
+    """A folder ``path`` holding a file, with the proof that process ``pid`` made it for ``target`` (``proof``)."""
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(b"x" * 100)
+    if proof:
+        mark_temporary(path, target, pid=pid)
+    return path
+
+
+def test_only_leftovers_proven_of_a_dead_process_are_removed_and_nothing_moves_into_the_output(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)  # a process that has exited (and been reaped)
     target = tmp_path / "out"
-    (tmp_path / f".out.partial-{dead_pid}-abcd").mkdir()
-    (tmp_path / f".out.partial-{dead_pid}-abcd" / "model.safetensors").write_bytes(b"x" * 100)
-    (tmp_path / f".out.partial-{os.getppid()}-live").mkdir()  # a running process's (pytest's parent)
-    (tmp_path / f".other.partial-{dead_pid}-abcd").mkdir()  # another output's
-    (tmp_path / f".out.old-{dead_pid}-abcd").mkdir()  # a two-step replacement killed half-way: the old output
-    (tmp_path / f".out.old-{dead_pid}-abcd" / "old.txt").write_text("old")
+    leftover(tmp_path / f".out.partial-{dead_pid}-abcd", "out", dead_pid)
+    leftover(tmp_path / f".out.old-{dead_pid}-abcd", "out", dead_pid)  # a two-step replacement killed half-way
+    leftover(tmp_path / f".out.partial-{os.getppid()}-live", "out", os.getppid())  # a running process's
+    leftover(tmp_path / f".other.partial-{dead_pid}-abcd", "other", dead_pid)  # another output's
+    leftover(tmp_path / f".out.old-{dead_pid}-archive", "out", dead_pid, proof=False)  # the user's, named alike
+    shutil.copytree(tmp_path / f".out.partial-{dead_pid}-abcd", tmp_path / f".out.partial-{dead_pid}-copy")
+    # the copy's proof names the folder it was copied from: not this one
+    kept = [f".other.partial-{dead_pid}-abcd", f".out.old-{dead_pid}-archive", f".out.partial-{dead_pid}-copy",
+            f".out.partial-{os.getppid()}-live"]  # fmt: skip
+    before = {name: contents(tmp_path / name) for name in kept}
     done = atomic.remove_stale_partials(target)
-    assert len(done) == 2 and any("restored" in line for line in done)
-    assert (target / "old.txt").read_text() == "old"  # the old output, which was missing, is back
-    assert names(tmp_path) == [f".other.partial-{dead_pid}-abcd", f".out.partial-{os.getppid()}-live", "out"]
+    assert len(done) == 2 and all(line.startswith("removed .out.") for line in done), done
+    assert names(tmp_path) == sorted(kept)
+    assert {name: contents(tmp_path / name) for name in kept} == before
+    target.mkdir()  # nothing was moved into the missing output: it is made here, as hf-geonorm's
+    (target / "a.txt").write_text("a")
     mark_folder(target, "convert")
-    (tmp_path / f".out.partial-{dead_pid}-efgh").mkdir()
+    leftover(tmp_path / f".out.partial-{dead_pid}-efgh", "out", dead_pid)
     with pytest.warns(UserWarning, match=f"removed .out.partial-{dead_pid}-efgh"):
         with atomic.atomic_directory(target, force=True) as tmp:
             (tmp / "new.txt").write_text("new")
     assert names(target) == ["new.txt"]
+    assert f".out.old-{dead_pid}-archive" in names(tmp_path)
 
 
 # ---- hf-geonorm convert, for real ----
@@ -302,6 +319,7 @@ def test_an_output_name_of_240_characters_is_written(tmp_path):
     with atomic_directory(tmp_path / ("m" * 240 + "2")) as other:
         stale = other.parent / other.name.replace(f"-{os.getpid()}-", "-999999999-")
         other.rename(stale)
+        mark_temporary(stale, stale.name.split(".partial-")[0][1:], pid=999999999)  # a process that cannot run
         other.mkdir()
     assert remove_stale_partials(tmp_path / ("m" * 240 + "2")) and not stale.exists()
 

@@ -148,6 +148,36 @@ def test_another_tools_readme_keeps_its_text_and_metadata_under_force(converted,
     assert ModelCard.load(folder / "README.md").data.license == "mit"
 
 
+def test_a_byte_order_mark_is_read_as_the_start_of_the_readme(converted, hub, tmp_path):
+    """A README.md saved with a byte-order mark (as some Windows editors save UTF-8): card --force keeps its
+    metadata (the license too) and text, and writes the card without the mark, once; push refuses the file with
+    the mark, whose metadata neither huggingface_hub nor the Hub would find."""
+    folder = copy_of(converted, tmp_path / "bom")
+    theirs = "---\nlicense: apache-2.0\ntags:\n- mine\n---\n# my notes\n\nkeep this\n"
+    (folder / "README.md").write_bytes(b"\xef\xbb\xbf" + theirs.encode())
+    message = fails("push", folder, "me/bom")
+    assert "README.md: it starts with a byte-order mark (U+FEFF)" in message, message
+    assert hub.requests == []
+    succeeds("card", folder, "--force")
+    written = (folder / "README.md").read_bytes()
+    assert not written.startswith(b"\xef\xbb\xbf") and written.count(b"\n---\n") == 1
+    card = ModelCard(written.decode())
+    assert card.text == "# my notes\n\nkeep this\n"
+    assert card.data.license == "apache-2.0" and "mine" in card.data.tags and "geonorm" in card.data.tags
+    assert check_shareable(folder) == []
+    assert succeeds("push", folder, "me/bom")
+
+
+def test_a_readme_that_is_a_folder_is_named(converted, hub, tmp_path):
+    folder = copy_of(converted, tmp_path / "folder-readme")
+    (folder / "README.md").unlink()
+    (folder / "README.md").mkdir()
+    for command in (["card", folder, "--force"], ["push", folder, "me/x"]):
+        message = fails(*command)
+        assert f"{folder / 'README.md'} is not a file" in message, message
+    assert hub.requests == [] and (folder / "README.md").is_dir()
+
+
 # ---- the facts a card states ----
 
 

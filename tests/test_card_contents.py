@@ -243,3 +243,42 @@ def test_info_and_the_card_state_the_positions_and_generate_beyond_them_names_th
     assert model.generate(prompt, max_new_tokens=8, min_new_tokens=8, **fill).shape[-1] == 16
     with pytest.raises(ValueError, match=r"beyond this model's 64 learned positions.*max_new_tokens"):
         model.generate(prompt, max_new_tokens=200, min_new_tokens=200, **fill)
+
+
+# ---- a sweep's baseline run ----
+
+
+def test_a_sweeps_baseline_run_is_carded_as_its_style_with_the_sweeps_rate_and_its_data_by_name(tmp_path, data_file):
+    """A Pre-Norm run of a sweep: the card's title names Pre-Norm as a baseline (not "GeoNorm gpt2"), its rate
+    source names the sweep (not --lr), and its data is named by the file's name with the fingerprint train's data
+    step gives it, with no folder of this machine in the card."""
+    from hf_geonorm.training.data.corpus import resolve_corpus
+
+    folder = tmp_path / "my-corpus"
+    folder.mkdir()
+    shutil.copy(data_file, folder / "notes.txt")
+    output = tmp_path / "sweep"
+    succeeds("sweep", "--output", output, "--styles", "pre", "--lrs", "2e-3", "--seeds", "0", "--data", folder,
+             "--data-cache", tmp_path / "cache", "--seq-len", "64", "--vocab-size", "300", "--batch-size", "4",
+             "--warmup-steps", "0", "--max-steps", "1", "--eval-every", "1", "--eval-blocks", "8")  # fmt: skip
+    final = output / "runs" / "pre-lr2e-3-seed0" / "final"
+    data, text = card_of(final)
+    assert title(text) == "# Pre-Norm gpt2 (hf-geonorm baseline)", title(text)
+    assert "GeoNorm gpt2" not in text
+    assert "A Pre-Norm model of the gpt2 architecture (a baseline hf-geonorm trains beside GeoNorm)" in text
+    training = json.loads((final / "geonorm_card.json").read_text())["training"]
+    assert "hf-geonorm sweep" in training["learning rate source"] and "--lr" not in training["learning rate source"]
+    fingerprint = resolve_corpus(str(folder)).fingerprint
+    assert training["data"] == f"1 files under my-corpus/ (content fingerprint {fingerprint[:16]})", training["data"]
+    assert str(tmp_path) not in (final / "README.md").read_text() and str(tmp_path) not in json.dumps(training)
+
+
+def test_a_geonorm_run_keeps_its_title_and_a_given_rate_says_so(tmp_path, data_file):
+    """A train run of the default GeoNorm model with --lr: the card is titled GeoNorm, its rate source is --lr."""
+    result = train_in(tmp_path, data_file, "--lr", "3e-3")
+    assert result.exit_code == 0, result.output
+    data, text = card_of(tmp_path / "run" / "final")
+    assert title(text) == "# GeoNorm gpt2" and "baseline" not in title(text)
+    training = json.loads((tmp_path / "run" / "final" / "geonorm_card.json").read_text())["training"]
+    assert training["learning rate source"] == "given by --lr"
+    assert training["data"].startswith(f"{data_file.name} (content fingerprint ")

@@ -26,7 +26,7 @@ SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"
 GPT3 = {"125m": (12, 768, 6.0e-4), "350m": (24, 1024, 3.0e-4), "760m": (24, 1536, 2.5e-4), "1.3b": (24, 2048, 2.0e-4),
         "2.7b": (32, 2560, 1.6e-4), "6.7b": (32, 4096, 1.2e-4), "13b": (40, 5140, 1.0e-4),
         "175b": (96, 12288, 0.6e-4)}  # fmt: skip
-SWEEP_FIRST = "run `hf-geonorm sweep` first"
+SWEEP_FIRST = "not measured at this size: sweep first"  # the words the log and the card must carry
 
 
 def two_figures(value: float) -> float:
@@ -182,6 +182,37 @@ def test_gpt2_post_sandwich_and_deepnorm_are_their_phase_i_cells_and_extrapolate
     assert default_line("gpt2", style, 128, 4)[0] == best
     lr, line = default_line("gpt2", style, 768, 12)
     assert lr == two_figures(6e-4 * best / pre) and "extrapolation" in line and SWEEP_FIRST in line, line
+
+
+def tuned_warmup_best(arch: str, style: str) -> float:
+    """``style``'s best rate on phase i's ``arch`` shape over every warm-up share and rate (all ``i_ARCH_wNN``
+    journals), on seed 0's validation: read from the journals here."""
+    runs = [json.loads(line) for journal in sorted(SWEEPS.glob(f"i_{arch}_w*/runs.jsonl"))
+            for line in journal.read_text(encoding="utf-8").splitlines()[1:]]  # fmt: skip
+    own = [r for r in runs if r["style"] == style and r["seed"] == 0 and r["val_loss"] is not None]
+    return min(own, key=lambda r: r["val_loss"])["lr"]
+
+
+@pytest.mark.parametrize(("arch", "style"), [("gpt2", "geo"), ("gpt2", "post"), ("llama", "sandwich")])
+def test_an_extrapolated_rate_states_its_basis_and_the_card_says_to_sweep_first(arch, style):
+    """Past the cells, the log line names the ratio it holds, the ratio at every shape the journals measured both
+    styles at (GeoNorm's falls with width on GPT-2), how the cells were chosen, and the ratio with the warm-up tuned
+    (phase i, read from the journals here); the card's rate source carries the same words, sweep first included."""
+    from hf_geonorm.training.run.model import rate_choice
+
+    cells = journal_cells()
+    lr, line = default_line(arch, style, 768, 12)
+    assert "extrapolation" in line and "held at every size" in line and SWEEP_FIRST in line, line
+    assert "seed 0's validation at a warm-up of a tenth of the run" in line, line
+    shapes = [(w, d) for (a, s, w, d) in cells if a == arch and s == "pre" and (a, style, w, d) in cells]
+    assert shapes
+    for width, depth in shapes:
+        ratio = cells[(arch, style, width, depth)][0] / cells[(arch, "pre", width, depth)][0]
+        assert f"{ratio:g} at {depth} x {width}" in line, (width, depth, line)
+    tuned = tuned_warmup_best(arch, style) / tuned_warmup_best(arch, "pre")
+    assert f"with the warm-up tuned with the rate: {tuned:g} at 4 x 128" in line, line
+    card = rate_choice(None, None, Config(arch, style, 768, 12))
+    assert card.lr == lr and SWEEP_FIRST in card.why and "the basis" in card.why, card.why
 
 
 def test_the_published_recipe_is_interpolated_by_size_and_anchored_at_the_largest_cell():

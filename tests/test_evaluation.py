@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -155,3 +156,56 @@ def test_angles_reports_the_share_of_updates_at_the_clamp(short_run, data_file):
     data = json.loads(result.stdout)
     assert 0 <= data["summary"]["at_clamp_share"] <= 1
     assert all(row["at_clamp_share"] is not None for row in data["sublayers"])
+
+
+BROKEN_TOKENIZERS = {
+    "corrupt": ("tokenizer.json", lambda folder: (folder / "tokenizer.json").write_text("{ not json")),
+    "missing": ("tokenizer_config.json", lambda folder: (folder / "tokenizer.json").unlink()),
+    "unknown_model": ("tokenizer.json", lambda folder: (folder / "tokenizer.json").write_text(
+        (folder / "tokenizer.json").read_text().replace('"type": "BPE"', '"type": "NoSuchModel"', 1))),
+}
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(llama_folder, tmp_path_factory):
+    from helpers import bpe_tokenizer
+
+    folder = tmp_path_factory.mktemp("tokenized") / "llama"
+    shutil.copytree(llama_folder, folder)
+    bpe_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("how", list(BROKEN_TOKENIZERS))
+def test_a_tokenizer_that_does_not_load_is_an_error_not_bytes(with_tokenizer, tmp_path, how):
+    """A tokenizer there but broken (corrupt, its tokenizer.json missing beside its config, a model type the
+    tokenizers library does not know) is an error naming its files and the cause, for perplexity and for
+    convert --eval-text (which writes nothing): never a figure measured on raw bytes."""
+    named, damage = BROKEN_TOKENIZERS[how]
+    folder = tmp_path / "llama"
+    shutil.copytree(with_tokenizer, folder)
+    damage(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    message = fails("perplexity", folder, "--text", text, "--max-tokens", 64)
+    assert f"the tokenizer of {folder} (" in message and str(folder / named) in message, message
+    assert "does not load: " in message and "raw UTF-8" not in message, message
+    message = fails("convert", folder, tmp_path / "out", "--eval-text", text, "--eval-tokens", 64)
+    assert str(folder / named) in message and "does not load: " in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_without_a_tokenizer_says_so(llama_folder, tmp_path):
+    """A folder with no tokenizer file at all is measured on UTF-8 bytes, and perplexity's line and the converted
+    card say so; the conversion warns that the output has no tokenizer."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    assert "windows, raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer))" in succeeds(
+        "perplexity", llama_folder, "--text", text, "--max-tokens", 64
+    )
+    result = invoke("convert", llama_folder, tmp_path / "out", "--eval-text", text, "--eval-tokens", 64)
+    assert result.exit_code == 0, result.output
+    assert f"has no tokenizer, so {tmp_path / 'out'} has none either" in result.output
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)" in card
+    assert not any((tmp_path / "out" / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))

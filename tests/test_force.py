@@ -131,16 +131,15 @@ def test_an_output_whose_card_hf_geonorm_rewrote_is_still_its_output(stock, tmp_
     assert result.exit_code == 0, result.output
 
 
-def test_earlier_outputs_without_the_marker_are_recognised_by_what_they_hold(stock, tmp_path):
+def test_a_folder_without_the_marker_is_the_users_whatever_it_holds(stock, tmp_path):
+    """No resemblance rule: a GeoNorm model and nothing else, as an hf-geonorm of before the marker wrote it or as
+    save_pretrained writes it, is the user's; --force refuses it, naming its files."""
     out = tmp_path / "out"
     assert invoke("convert", stock, out).exit_code == 0
-    (out / MARKER).unlink()  # as an hf-geonorm of before the marker wrote it: a GeoNorm model and nothing else
-    result = invoke("init", "gpt2", out, "--preset", "tiny", "--force")
-    assert result.exit_code == 0, result.output
     (out / MARKER).unlink()
-    (out / "data.csv").write_text("a,b")  # a GeoNorm model and a file of the user's beside it
     before = contents(out)
-    assert "(it holds" in fails("convert", stock, out, "--force")
+    message = fails("init", "gpt2", out, "--preset", "tiny", "--force")
+    assert "was not written by hf-geonorm (it holds README.md, blocks.py" in message, message
     assert contents(out) == before
 
 
@@ -155,7 +154,6 @@ def test_train_force_starts_anew_only_over_its_own_output(data_file, tmp_path):
     assert "did not write there, or changed since (checkpoint-7/)" in message, message
     assert contents(run) == before
     shutil.rmtree(run / "checkpoint-7")
-    (run / MARKER).unlink()  # a run of before the marker: recognised by its checkpoints' run records
     result = train_in(tmp_path, data_file, "--force", "--seed", "1")
     assert result.exit_code == 0, result.output
     assert "--force: removed the earlier output's checkpoint-1, final, loss_curve.png, metrics.json" in result.output

@@ -25,6 +25,7 @@ from transformers.pytorch_utils import Conv1D
 
 import hf_geonorm
 from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
+from hf_geonorm.modeling.transformers_versions import INSTALLED
 
 IDS = list(CASES)
 
@@ -227,8 +228,9 @@ def test_gradient_checkpointing_recomputes_and_keeps_gradients(case):
 
     def grads_and_calls(checkpointing):
         model = hf_geonorm.convert(stock_model(case)).train()
-        if checkpointing:
-            model.activation_checkpointing_enable({"use_reentrant": False})
+        if checkpointing:  # named so from transformers 5.23 on, gradient checkpointing before
+            enable = "activation_checkpointing_enable" if INSTALLED >= (5, 23) else "gradient_checkpointing_enable"
+            getattr(model, enable)({"use_reentrant": False})
         calls = []
         layers_of(model)[0].mlp.register_forward_hook(lambda *a: calls.append(1))
         torch.manual_seed(0)  # the same dropout masks (Falcon, Phi...) in both runs

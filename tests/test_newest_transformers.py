@@ -1,7 +1,9 @@
 """Folders written by ``hf-geonorm convert`` load where hf-geonorm is not installed with the newest transformers and
 peft the package registry serves, not only with the range pyproject.toml pins: the tokenizer as a stock one with no
 trust prompt, the model with ``trust_remote_code=True`` and LoRA with PEFT's default targets, peft imported after
-the models; their logits are those the plugin computes for the same folders here.
+the models; their logits are those the plugin computes for the same folders here. Beyond the newest release the
+range names (``transformers_versions.NEWEST_TESTED``) the folders' code runs with a warning saying so, and only
+there.
 
 That environment is ``.venv-newest`` at the repository root, or the one ``HF_GEONORM_NEWEST_VENV`` names: torch
 2.13.0 (the CPU wheel), the newest transformers and peft, no hf-geonorm. ``.ci/run`` creates or upgrades it before
@@ -24,6 +26,7 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
+from hf_geonorm.modeling.transformers_versions import NEWEST_TESTED, release
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_VARIABLE = "HF_GEONORM_NEWEST_VENV"
@@ -43,13 +46,16 @@ print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec
 # asks whether to trust its code prints the question here, where it is caught; input() gets no answer from closed
 # stdin.
 CHILD = """
-import contextlib, io
+import contextlib, io, warnings
 import transformers
 import transformers.dynamic_module_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 transformers.dynamic_module_utils.TIME_OUT_REMOTE_CODE = 15  # transformers' own default: ask, 15 s for an answer
 printed, models = io.StringIO(), {}
+caught = warnings.catch_warnings(record=True)
+warned = caught.__enter__()
+warnings.simplefilter("always")
 for name, folder in job["folders"].items():
     with contextlib.redirect_stdout(printed):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # the card's line: no trust_remote_code
@@ -74,7 +80,9 @@ for name, model in models.items():
     with torch.no_grad():
         results[name]["lora_logits"] = lora(results[name]["ids"]).logits
     results[f"{name}_adapter"] = get_peft_model_state_dict(lora)
+caught.__exit__(None, None, None)
 report["prompts"] = printed.getvalue()
+report["untested_release_warnings"] = [str(w.message) for w in warned if "is newer than the releases" in str(w.message)]
 report["versions"] = {"transformers": transformers.__version__, "torch": torch.__version__}
 """
 
@@ -122,6 +130,9 @@ def test_converted_folders_load_without_the_plugin_under_the_newest_transformers
     report, results = python.run(CHILD, job, tmp_path / "child")
     assert report["versions"]["transformers"] == versions["transformers"]
     assert report["prompts"] == "", f"a trust prompt under transformers {versions['transformers']}"
+    # beyond the newest release tested, the folders' code runs and says so
+    beyond = release(versions["transformers"]) > NEWEST_TESTED
+    assert bool(report["untested_release_warnings"]) == beyond, report["untested_release_warnings"]
     for name, folder in converted.items():
         seen, computed = report[name], results[name]
         assert seen["tokenizers"][0].startswith("transformers.") and seen["tokenizers"][1].startswith("transformers.")

@@ -228,6 +228,9 @@ def mutate(folder: Path, how: str) -> None:
     elif how == "broken_code":
         with open(folder / "geometry.py", "a") as f:
             f.write("\ndef broken(:\n")
+    elif how == "edited_code":
+        with open(folder / "modeling_geonorm.py", "a") as f:
+            f.write("\nimport os\nos.system('touch /tmp/hf-geonorm-remote-code-ran')\n")
     elif how == "no_card":
         (folder / "README.md").unlink()
     elif how in ("bad_license", "no_metadata", "wrong_pipeline", "no_geonorm_tag"):
@@ -250,13 +253,14 @@ REFUSALS = {
     "unsupported": "which this hf-geonorm does not support",
     "no_weights": "has no weights",
     "pickle_weights": "pickle weights only",
-    "truncated_weights": "model.safetensors is damaged",
+    "truncated_weights": "model.safetensors is truncated or damaged: ",
     "missing_shard": "model-00002-of-00002.safetensors (named by model.safetensors.index.json) missing",
     "no_auto_map": "no auto_map, so the model does not load without hf-geonorm",
     "foreign_auto_map": "auto_map does not name this family's classes for AutoModelForCausalLM",
     "missing_code": "the remote code is incomplete: residual.py missing",
     "missing_spec": f"the method specification {METHOD_SPEC}, which the card links, is missing",
     "broken_code": "geometry.py does not compile",
+    "edited_code": "the remote code modeling_geonorm.py is not what hf-geonorm ",
     "no_card": "has no README.md model card",
     "bad_license": "README.md: license 'Apache 2.0' is not a Hub license identifier",
     "no_metadata": "README.md: no YAML metadata block",
@@ -269,6 +273,42 @@ REFUSALS = {
 def test_incomplete_folders_are_refused_before_anything_is_sent(hub, converted, tmp_path, how):
     message = refused_before_sending(hub, converted, tmp_path / "folder", lambda f: mutate(f, how), "me/incomplete")
     assert REFUSALS[how] in message, message
+
+
+def test_edited_remote_code_is_pushed_only_knowingly_and_the_card_says_so(hub, converted, tmp_path):
+    """The remote code is compared, byte for byte, with the modelling source this hf-geonorm copies into a folder:
+    an edit that compiles is refused by default (above), and --allow-modified-code pushes it with a warning in the
+    card, naming the file; the folder's own README.md is left as it was."""
+    folder = tmp_path / "folder"
+    shutil.copytree(converted, folder)
+    mutate(folder, "edited_code")
+    (folder / "notes.py").write_text("print('a script of the user, not remote code')\n")
+    readme = (folder / "README.md").read_bytes()
+    written = {source.name: source.read_bytes() for source in remote_code_files()}
+    assert (folder / "modeling_geonorm.py").read_bytes() != written["modeling_geonorm.py"]
+    result = push(folder, "me/modified", "--allow-modified-code")
+    assert result.exit_code == 0, result.output
+    assert "with modified remote code (modeling_geonorm.py)" in result.output
+    pushed = hub.files("me/modified")
+    assert pushed["modeling_geonorm.py"] == (folder / "modeling_geonorm.py").read_bytes()
+    card = pushed["README.md"].decode()
+    metadata, body = card.split("---\n", 2)[1:]
+    assert "Modified remote code" not in metadata
+    assert body.lstrip().startswith("> **Modified remote code.** modeling_geonorm.py in this repository")
+    assert (folder / "README.md").read_bytes() == readme
+    assert not validate_card(card_file(tmp_path, pushed["README.md"]))
+    restored = tmp_path / "restored"
+    shutil.copytree(converted, restored)
+    assert push(restored, "me/restored").exit_code == 0
+    assert "Modified remote code" not in hub.files("me/restored")["README.md"].decode()
+    assert not Path("/tmp/hf-geonorm-remote-code-ran").exists()
+
+
+def card_file(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "pushed-card" / "README.md"
+    path.parent.mkdir()
+    path.write_bytes(data)
+    return path
 
 
 class Payload:

@@ -22,7 +22,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 from fake_hub import FakeHub
-from helpers import saved_with_lineage
+from helpers import saved_with_lineage, skip_where_train_refuses
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
@@ -69,6 +69,7 @@ def hub():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, hub):
     """Every kind of folder the project writes, and the LoRA adapter; built once."""
+    skip_where_train_refuses()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("sharing")
     tiny_model("llama").save_pretrained(root / "stock")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -134,3 +135,56 @@ def test_each_finished_phases_report_is_what_the_sweeps_report_writer_writes_fro
     running = "i_"  # phase i's own sweep writes its reports as it runs
     phases = {p.parent.name for p in SWEEPS.glob("*/runs.jsonl") if not p.parent.name.startswith(running)}
     assert phases == set(module.FINISHED)
+
+
+# ---- what the README and docs/training.md quote of the study ----
+
+# the pages as read, their line breaks as spaces (a figure may be wrapped)
+README = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+TRAINING = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+RESULT_PAGES = [*(ROOT / "benchmarks" / "results").glob("*.md"), *SWEEPS.glob("*.md")]
+
+
+@pytest.mark.parametrize("text", [README, TRAINING], ids=["README", "training.md"])
+def test_every_margin_the_readme_and_training_docs_quote_is_in_a_results_page(text):
+    """Each "X ± Y" figure of the README and docs/training.md stands in a page a script wrote from the results."""
+    pages = " ".join(" ".join(page.read_text(encoding="utf-8").split()) for page in RESULT_PAGES)
+    quoted = set(re.findall(r"\d+\.\d+ ± \d+\.\d+", text))
+    assert quoted and not [figure for figure in sorted(quoted) if figure not in pages]
+
+
+def phase_i_cell(arch: str, style: str, top_share: float = 1.0) -> list[float]:
+    """The test losses at ``style``'s phase-i cell: the lowest seed-0 validation loss over every warm-up share up to
+    ``top_share`` and rate, read from the journals here."""
+    runs = [(int(folder.name.rsplit("_w", 1)[1]) / 100, run) for folder in sorted(SWEEPS.glob(f"i_{arch}_w*"))
+            for run in journal(folder.name)]  # fmt: skip
+    own = [(share, r) for share, r in runs if r["style"] == style and share <= top_share and r["val_loss"] is not None]
+    share, best = min(((s, r) for s, r in own if r["seed"] == 0), key=lambda item: item[1]["val_loss"])
+    return [r["test_loss"] for s, r in own if (s, r["lr"]) == (share, best["lr"])]
+
+
+def quoted(margin: float, se: float) -> str:
+    return f"{'−' if margin < 0 else ''}{abs(margin):.3f} ± {se:.3f}"
+
+
+@pytest.mark.parametrize("style", ["pre", "post", "deepnorm", "sandwich"])
+def test_the_readme_and_docs_give_gpt2s_first_table_before_the_ladder_was_raised(style):
+    """GeoNorm against each style over the warm-up shares up to 50% (the ladder before it was raised), Welch
+    written out on the journals' test losses: the README and docs/training.md quote it."""
+    margin, se, _, _ = welch_written_out(phase_i_cell("gpt2", "geo", 0.5), phase_i_cell("gpt2", style, 0.5))
+    assert quoted(margin, se) in README and quoted(margin, se) in TRAINING, quoted(margin, se)
+
+
+@pytest.mark.parametrize("style", ["deepnorm", "post"])
+def test_llamas_margins_over_the_seeds_that_trained_are_quoted(style):
+    """On LLaMA, GeoNorm against DeepNorm and Post-Norm over their seeds below the unigram reference (minus 0.1),
+    Welch written out: the README and docs/training.md quote both, with p."""
+    unigram = json.loads((SWEEPS / "paper_table.json").read_text())["reference"]["unigram_cross_entropy"]
+    trained = [t for t in phase_i_cell("llama", style) if t <= unigram - 0.1]
+    assert len(trained) == 2
+    margin, se, _, p = welch_written_out(phase_i_cell("llama", "geo"), trained)
+    for text in (README, TRAINING):
+        stated = re.search(re.escape(quoted(margin, se)) + r" \(p = (\d\.\d+)", text)
+        assert stated is not None, quoted(margin, se)
+        decimals = len(stated.group(1).split(".")[1])
+        assert abs(float(stated.group(1)) - p) <= 0.5 * 10**-decimals, (stated.group(0), p)

@@ -231,3 +231,48 @@ def test_a_trial_that_is_not_a_run_of_the_sweep_is_refused_naming_it(tmp_path, p
     assert "study 'foreign' in postgresql://" in refused.output and "trial 2: seq_len: expected 32, found 16" in (
         refused.output), refused.output
     assert "Traceback" not in refused.output and not (tmp_path / "b" / "runs").exists()
+
+
+def closed_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_database_errors_fail_at_once_with_their_cause(tmp_path, postgres, corpus, monkeypatch):  # noqa: F811
+    """Only a lost connection is waited out (a restart, above). A refused login, a missing database, a malformed URL,
+    a study name longer than Optuna's column, a closed port and an unknown host each fail at once, in one line that
+    says why, the password never shown; nothing is written to the output folder."""
+    from hf_geonorm.training.sweep import storage
+
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 0.01)  # a retry, were there one, would only say so
+    with_password = postgres.add_user_with_password("geonorm_secret", "right")
+    one_run = ["--styles", "pre", "--lrs", "1e-5", "--seeds", "0", "--max-steps", "1", "--takeover-after", "600"]
+    port = postgres.url.rsplit(":", 1)[1].split("/")[0]
+    cases = [
+        (with_password.replace("geonorm_secret@", "geonorm_secret:wrong@"), "hf", 'password authentication failed '
+         'for user "geonorm_secret"'),
+        (postgres.url.rsplit("/", 1)[0] + "/no_such_db", "hf", 'database "no_such_db" does not exist'),
+        (f"postgresql://geonorm:wrong@127.0.0.1:{port}x/postgres", "hf", "--storage is not a valid URL (its port is "
+         "not a number); give postgresql://USER:PASSWORD@HOST:PORT/DATABASE"),
+        (postgres.url, "s" * 600, "--study is 600 characters long; the study's name is stored in at most 512"),
+        (f"postgresql://geonorm:wrong@127.0.0.1:{closed_port()}/postgres", "hf", "Connection refused"),
+        ("postgresql://geonorm:wrong@no-such-host.invalid:5432/postgres", "hf", "no-such-host.invalid"),
+    ]
+    for number, (url, study, cause) in enumerate(cases):
+        out = tmp_path / f"sweep{number}"
+        started = time.monotonic()
+        result = CliRunner().invoke(cli, ["sweep", "--output", str(out), "--storage", url, "--study", study,
+                                          "--data", str(corpus), *TINY, *one_run])  # fmt: skip
+        lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+        assert result.exit_code != 0 and len(lines) == 1 and "Traceback" not in result.output, result.output
+        assert cause in lines[0] and "wrong" not in lines[0], (url, lines[0])
+        assert "trying again" not in result.output and time.monotonic() - started < 60, (url, result.output)
+        assert not (out / "runs").exists() and not (out / "runs.jsonl").exists()
+    import psycopg  # the right password logs in: the refusal above was the password's
+
+    with psycopg.connect(with_password.replace("geonorm_secret@", "geonorm_secret:right@")) as connection:
+        assert connection.execute("SELECT current_user").fetchone() == ("geonorm_secret",)

@@ -698,3 +698,80 @@ def test_a_checkpoint_without_its_scheduler_is_skipped_for_an_earlier_one_or_ref
     refused = train_in(tmp_path, data_file, *args, "--resume", name="stopped")
     assert refused.exit_code == 1 and "no whole checkpoint" in refused.output
     assert "scheduler.pt is missing (the learning-rate schedule would restart its warm-up)" in refused.output
+
+
+# ---- sizes the data or the machine cannot hold ----
+
+LOCK = ".hf-geonorm.lock"
+
+
+def test_a_vocab_size_no_tokenizer_trained_on_the_fly_can_have_is_refused_up_front(tmp_path, data_file):
+    """The rule, written out: a byte-level BPE tokenizer has 256 byte tokens and an end-of-text token and learns at
+    most one token per byte of the text it trains on, which is at most 20 million characters of 4 UTF-8 bytes. A
+    --vocab-size beyond that (the trial's 10^9 made the tokenizers library abort the process allocating 70 GB,
+    leaving the lock file) is one line before anything is read or locked, for train and sweep."""
+    most = 256 + 1 + 4 * 20_000_000
+    for command in ("train", "sweep"):
+        out = tmp_path / command
+        result = invoke(command, "--data", data_file, "--vocab-size", most + 1, "--max-steps", "1", "--output", out)
+        lines = error_lines(result.output)
+        assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+        assert f"--vocab-size {most + 1:,} is more than a tokenizer trained on the data can hold" in lines[0]
+        assert f"so {most:,} at most; give a smaller --vocab-size" in lines[0], lines[0]
+        assert not out.exists()
+
+
+def test_a_vocab_size_beyond_the_data_is_refused_before_training_with_no_lock_left(tmp_path, data_file):
+    """textwrap.py's 20 kB cannot give 50,000 tokens: refused when the tokenizer's sample is read, before the
+    tokenizers library trains, naming the bytes it has; the lock is released and the output folder it made
+    removed."""
+    out = tmp_path / "run"
+    result = train_in(tmp_path, data_file, "--vocab-size", "50000", name="run")
+    lines = error_lines(result.output)
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "--vocab-size 50,000 is more than a tokenizer trained on the data can hold" in lines[0], lines[0]
+    sampled = int(lines[0].split("per byte it trains on, here ")[1].split(" bytes")[0].replace(",", ""))
+    assert 0 < sampled <= data_file.stat().st_size and f"so {257 + sampled:,} at most" in lines[0], lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(LOCK))
+    # the same number from a from-scratch --model folder's config is named as that
+    assert invoke("init", "gpt2", tmp_path / "cfg", "--preset", "tiny", "--vocab-size", "50000").exit_code == 0
+    result = train("--data", data_file, "--model", tmp_path / "cfg", "--max-steps", "1", "--data-cache",
+                   tmp_path / "cache", "--output", out)  # fmt: skip
+    lines = error_lines(result.output)
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert f"the vocab_size of --model {tmp_path / 'cfg'} 50,000 is more than a tokenizer" in lines[0], lines[0]
+    assert not out.exists() and not list(tmp_path.rglob(LOCK))
+
+
+def test_a_vocab_size_the_machine_cannot_train_is_refused_by_its_memory(tmp_path, data_file, monkeypatch):
+    """The tokenizers library reserves about 70 bytes a token when it starts training: on a machine of 1 GB,
+    20 million tokens (1.4 GB) are refused, naming both figures and the most it can train."""
+    from hf_geonorm.training import options
+
+    monkeypatch.setattr(options, "machine_memory", lambda: 10**9)
+    out = tmp_path / "run"
+    result = train("--data", data_file, "--vocab-size", 20_000_000, "--output", out)
+    lines = error_lines(result.output)
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "1.4 GB, and this machine has 1.0 GB; give --vocab-size 14,285,714 or less" in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_a_crash_of_the_tokenizer_library_is_one_line_and_leaves_no_lock(tmp_path, data_file, monkeypatch):
+    """A Rust panic in the tokenizers library reaches Python as pyo3's PanicException, a BaseException that no
+    ``except Exception`` catches: it is one line naming the library, and the run's lock is released."""
+    from hf_geonorm.training.data import tokenizer as tokenizer_module
+
+    class PanicException(BaseException):  # the name pyo3 gives it
+        pass
+
+    def panics(texts, vocab_size):
+        raise PanicException("capacity overflow")
+
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", panics)
+    result = train_in(tmp_path, data_file, name="run")
+    lines = error_lines(result.output)
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "the tokenizers library failed training a tokenizer of 300 tokens" in lines[0], lines[0]
+    assert "capacity overflow" in lines[0]
+    assert not (tmp_path / "run").exists() and not list(tmp_path.rglob(LOCK))

@@ -130,10 +130,10 @@ def test_the_library_rule_is_the_one_the_committed_journals_give():
     """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py writes from the committed journals today
     (tests/test_default_rates.py checks train's rate at every measured cell against the journals themselves)."""
     bench = rate_rule_script()
-    cells, edges = bench.measured_cells(ROOT / "benchmarks" / "results" / "sweeps")
-    assert json.loads(rate_rule.RATE_RULE.read_text()) == json.loads(
-        json.dumps(bench.library_rule(bench.report(cells, edges)))
-    )
+    sweeps = ROOT / "benchmarks" / "results" / "sweeps"
+    cells, edges = bench.measured_cells(sweeps)
+    record = {**bench.report(cells, edges), "tuned_warmup_cells": bench.tuned_warmup_cells(sweeps)}
+    assert json.loads(rate_rule.RATE_RULE.read_text()) == json.loads(json.dumps(bench.library_rule(record)))
 
 
 def test_fine_tuning_defaults_reach_the_peak_and_the_card_says_what_was_reached(tmp_path):
@@ -209,3 +209,22 @@ def test_the_declaration_modules_import_only_the_standard_library():
     assert {path.relative_to(package).as_posix() for path in seen} == {
         "declarations.py", "training/options.py", "training/presets.py", "training/sweep/options.py",
         "training/sweep/engine_options.py", "modeling/settings.py", "modeling/norm_styles.py"}
+
+
+@pytest.mark.parametrize("option", ["--data", "--model", "--tokenizer", "--data-cache", "--output"])
+def test_an_empty_path_option_is_refused_as_an_empty_output_is(option, tmp_path, monkeypatch):
+    """An empty value (an unset shell variable) would name the working folder: `train --data ""` trained on it.
+    Each path option refuses it in one line before anything is read or written, for train and for sweep."""
+    from helpers import contents, fails
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("the user's own file\n" * 50)
+    before = contents(tmp_path)
+    others = [] if option == "--output" else ["--output", "run"]
+    for command in ("train", "sweep"):
+        message = fails(command, option, "", *others, "--max-steps", "1", code=2)
+        said = (f"Error: {option} is empty (an unset shell variable?); give ",
+                f"Error: Invalid value for '{option}': Directory '' does not exist")  # sweep's --model: click's check
+        assert message.startswith(said), message
+        assert "  " not in message, message
+    assert contents(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -5,7 +5,9 @@ What is guaranteed (Linux, where ``renameat2`` moves without replacing and swaps
 
 - the block raises, Ctrl-C or SIGTERM: the temporary folder is removed and the target is as it was;
 - SIGKILL (or a crash of the machine): the temporary folder ``.NAME.partial-PID-XXXX`` stays behind; the next
-  ``atomic_directory`` for the same target removes it, since process PID no longer runs;
+  ``atomic_directory`` for the same target removes it when it carries the proof that a process of this host made
+  it (``ownership.temporary_owner``) and that process no longer runs; a folder of that name without the proof is
+  left alone;
 - without ``force`` the final move never removes anything: a target that appeared while the block ran is left
   alone and ``FileExistsError`` is raised (an empty folder that was there at the start is replaced, as asked);
 - with ``force`` the new folder and the target swap in one step, so the target is always either the old or the
@@ -17,7 +19,8 @@ holds it; and replacing a folder while a run holds the lock of a folder inside i
 
 Elsewhere the same holds except that the final moves are two steps (a target appearing in between can be an
 empty folder that gets replaced; with ``force`` a SIGKILL between the steps leaves the old folder as
-``.NAME.old-PID-XXXX``, which the next run puts back when the target is missing).
+``.NAME.old-PID-XXXX``, with the proof, which the next run removes: nothing outside the target is ever moved into
+it).
 """
 
 from __future__ import annotations
@@ -29,17 +32,27 @@ import functools
 import hashlib
 import json
 import os
-import re
 import shutil
+import socket
 import stat
-import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .ownership import LOCK_NAME, MARKER_NAME, check_replaceable, mark_folder, ownership_problem, protected_reason
+from .ownership import (
+    LOCK_NAME,
+    MARKER_NAME,
+    TEMPORARY_NAME,
+    check_replaceable,
+    mark_folder,
+    mark_temporary,
+    ownership_problem,
+    protected_reason,
+    temporary_folder,
+    temporary_owner,
+)
 from .signals import raise_if_signalled, signals_held, signals_stop_the_job
 
 _RENAME_NOREPLACE = 1
@@ -116,35 +129,29 @@ def _temporary_stem(output: Path) -> str:
     return f"{os.fsdecode(os.fsencode(name)[:_NAME_BYTES - 13]).rstrip(chr(0xFFFD))}~{digest}"
 
 
-def _leftovers(output: Path) -> Iterator[tuple[str, int, Path]]:
-    """(kind, pid, path) of the temporary folders of ``output`` that runs of this module left next to it."""
-    pattern = re.compile(rf"\.{re.escape(_temporary_stem(output))}\.(partial|old)-(\d+)-[^/]+")
+def remove_leftovers(folder: Path, target: str | None = None) -> list[str]:
+    """Remove the temporary folders in ``folder`` (for ``target`` only, the name they spell, where given) that
+    hf-geonorm processes of this host made and that no longer run; return what was done. Only a folder carrying
+    that proof counts (``ownership.temporary_owner``): one merely named like it is left alone."""
+    done = []
     with contextlib.suppress(OSError):
-        for entry in output.parent.iterdir():
-            match = pattern.fullmatch(entry.name)
-            if match:
-                yield match.group(1), int(match.group(2)), entry
+        for entry in sorted(folder.iterdir()):
+            owner = temporary_owner(entry)
+            if owner is None or (target is not None and owner["temporary_for"] != target):
+                continue
+            pid = owner["pid"]
+            if owner["host"] != socket.gethostname() or pid == os.getpid() or _pid_alive(pid):
+                continue
+            remove_tree(entry)
+            done.append(f"removed {entry.name}, left in {folder} by an interrupted run of hf-geonorm (process {pid})")
+    return done
 
 
 def remove_stale_partials(output_dir: str | os.PathLike) -> list[str]:
-    """Clean up after runs that were killed (SIGKILL) while writing ``output_dir``; return what was done.
-
-    A temporary folder ``.NAME.partial-PID-*`` whose process PID no longer runs is removed. A ``.NAME.old-PID-*``
-    (the previous contents during a two-step replacement) is put back when ``output_dir`` is missing, and removed
-    otherwise. Folders of processes that still run are left alone.
-    """
+    """Clean up after runs that were killed (SIGKILL) while writing ``output_dir``: the temporary folders they made
+    next to it (``remove_leftovers``); return what was done. Nothing is ever moved into ``output_dir``."""
     output = Path(output_dir).absolute()
-    done = []
-    for kind, pid, path in _leftovers(output):
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        if kind == "old" and not os.path.lexists(output):
-            os.rename(path, output)
-            done.append(f"restored {output} from {path.name}, left by an interrupted run (process {pid})")
-        else:
-            remove_tree(path)
-            done.append(f"removed {path.name}, left next to {output.name} by an interrupted run (process {pid})")
-    return done
+    return remove_leftovers(output.parent, _temporary_stem(output))
 
 
 class OutputInUse(ValueError):
@@ -186,7 +193,7 @@ def _appeared(output: Path) -> OutputExists:
 
 def _holds_content(folder: Path) -> bool:
     """Whether ``folder`` holds anything but hf-geonorm's bookkeeping (its lock, its output marker)."""
-    return any(entry.name not in (LOCK_NAME, MARKER_NAME) for entry in folder.iterdir())
+    return any(entry.name not in (LOCK_NAME, MARKER_NAME, TEMPORARY_NAME) for entry in folder.iterdir())
 
 
 def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
@@ -194,8 +201,8 @@ def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
     (and the lock file in it, which the caller holds)."""
     if replace_empty:
         try:
-            (output / LOCK_NAME).unlink(missing_ok=True)
-            (output / MARKER_NAME).unlink(missing_ok=True)
+            for name in (LOCK_NAME, MARKER_NAME, TEMPORARY_NAME):
+                (output / name).unlink(missing_ok=True)
             output.rmdir()
         except FileNotFoundError:
             pass
@@ -214,17 +221,30 @@ def _move_new(tmp: Path, output: Path, replace_empty: bool) -> None:
 
 
 def _swap_in(tmp: Path, output: Path) -> None:
-    """Replace ``output`` by ``tmp`` and remove the old contents (a warning names them when that fails)."""
-    if _renameat2(tmp, output, _RENAME_EXCHANGE):
-        old = tmp  # the swap put the old contents there
-    else:
-        old = output.with_name(f".{_temporary_stem(output)}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        os.rename(output, old)
-        try:
-            os.rename(tmp, output)
-        except BaseException:
-            os.rename(old, output)
-            raise
+    """Replace ``output`` by ``tmp`` and remove the old contents (a warning names them when that fails). The old
+    folder first gets the proof of a temporary folder of this process, so that a SIGKILL before it is removed leaves
+    a leftover the next run removes (``remove_leftovers``); where it cannot (a read-only folder), such a leftover
+    stays until removed by hand."""
+    proven = False
+    if output.is_dir() and not output.is_symlink():  # a link is replaced as a link: nothing is written in it
+        with contextlib.suppress(OSError):
+            mark_temporary(output, _temporary_stem(output))
+            proven = True
+    try:
+        if _renameat2(tmp, output, _RENAME_EXCHANGE):
+            old = tmp  # the swap put the old contents there
+        else:
+            old = output.with_name(f".{_temporary_stem(output)}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            os.rename(output, old)
+            try:
+                os.rename(tmp, output)
+            except BaseException:
+                os.rename(old, output)
+                raise
+    except BaseException:
+        if proven:
+            (output / TEMPORARY_NAME).unlink(missing_ok=True)
+        raise
     try:
         remove_tree(old)
     except OSError as error:
@@ -368,7 +388,7 @@ def atomic_directory(
         tmp = None
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{_temporary_stem(output)}.partial-{os.getpid()}-", dir=output.parent))
+            tmp = temporary_folder(output.parent, _temporary_stem(output))
             os.chmod(tmp, 0o777 & ~_umask())
             yield tmp
             raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed while the block wrote: nothing moves
@@ -382,6 +402,7 @@ def atomic_directory(
                     _swap_in(tmp, output)
                 else:
                     _move_new(tmp, output, replace_empty=existed_empty)
+                (output / TEMPORARY_NAME).unlink(missing_ok=True)  # the proof went with tmp: it is the output now
         except BaseException:
             with signals_held():
                 if tmp is not None:

@@ -21,6 +21,7 @@ STRING, ARRAY = 8, 9
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 GGUF_PACKAGE_NEEDED = "reading .gguf files needs the gguf package (pip install gguf, or hf-geonorm[gguf])"
 ARRAY_KEPT = 64  # an array of at most this many items is kept (languages, tags); of a longer one, its length
+SUPPORTED_VERSIONS = (2, 3)  # the versions the gguf package's reader (which transformers uses) reads
 
 
 @dataclass
@@ -47,15 +48,24 @@ class GGUFHeader:
     fields: dict[str, Any] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
     tensors: list[GGUFTensorInfo] = field(default_factory=list)
+    path: str = ""  # the file it was read from, for messages
 
     def tensor_types(self) -> list[str]:
         """Each tensor's type by its ggml name (``Q4_1``, ``F32``), from the ``gguf`` package (``ValueError``
-        saying how to install it where it is missing)."""
+        saying how to install it where it is missing, and naming the file and the tensor for a type number the
+        package does not know)."""
         try:
             from gguf import GGMLQuantizationType
         except ImportError:
             raise ValueError(GGUF_PACKAGE_NEEDED) from None
-        return [GGMLQuantizationType(t.type_id).name for t in self.tensors]
+        known = {member.value: member.name for member in GGMLQuantizationType}
+        for tensor in self.tensors:
+            if tensor.type_id not in known:
+                raise ValueError(
+                    f"{self.path}: tensor {tensor.name} has GGML type number {tensor.type_id}, which is not a type the "
+                    "gguf package knows: the file is damaged, or newer than the gguf package (pip install -U gguf)"
+                )
+        return [known[t.type_id] for t in self.tensors]
 
 
 class _Cursor:
@@ -70,11 +80,18 @@ class _Cursor:
         self.at += struct.calcsize(fmt)
         return value
 
-    def string(self) -> str:
+    def string(self, what: str = "") -> str:
+        """A string; ``what`` names one that must be UTF-8 (a key, a tensor name: readers fail on any other),
+        otherwise bytes that are not UTF-8 are replaced."""
         length = self.read("Q")
         if self.at + length > len(self.data):
             raise ValueError("a string runs past the end of the file")
-        text = bytes(self.data[self.at : self.at + length]).decode("utf-8", errors="replace")
+        raw = bytes(self.data[self.at : self.at + length])
+        try:
+            text = raw.decode("utf-8", errors="strict" if what else "replace")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{what} at byte {self.at} is not UTF-8 text ({error.reason} at its byte "
+                             f"{error.start}): {raw[:60]!r}") from None  # fmt: skip
         self.at += length
         return text
 
@@ -109,7 +126,9 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
     path = Path(path)
     try:
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _parse(data)
+            header = _parse(data)
+            header.path = str(path)
+            return header
     except (OSError, ValueError, struct.error, OverflowError) as error:
         raise ValueError(f"cannot read {path} as a GGUF checkpoint: {error}") from None
 
@@ -119,11 +138,15 @@ def _parse(data: Any) -> GGUFHeader:
         raise ValueError("it does not start with GGUF's magic number")
     (version,) = struct.unpack_from("<I", data, 4)
     cursor = _Cursor(data, "<" if version & 0xFFFF else ">")  # a big-endian file reads as a version above 65535
-    cursor.at = 8
+    cursor.at = 4
+    version = cursor.read("I")
+    if version not in SUPPORTED_VERSIONS:
+        read = " and ".join(map(str, SUPPORTED_VERSIONS))
+        raise ValueError(f"it is GGUF version {version}, and versions {read} are read (those llama.cpp writes)")
     tensor_count, field_count = cursor.read("Q"), cursor.read("Q")
     header = GGUFHeader()
     for _ in range(field_count):
-        key, kind = cursor.string(), cursor.read("I")
+        key, kind = cursor.string("a metadata key"), cursor.read("I")
         if kind == ARRAY:
             items, header.array_lengths[key] = cursor.array()
             if items is not None:
@@ -131,7 +154,7 @@ def _parse(data: Any) -> GGUFHeader:
         else:
             header.fields[key] = cursor.value(kind)
     for _ in range(tensor_count):
-        name, dims = cursor.string(), cursor.read("I")
+        name, dims = cursor.string("a tensor name"), cursor.read("I")
         shape = tuple(cursor.read("Q") for _ in range(dims))
         type_id = cursor.read("I")
         cursor.read("Q")  # the data's offset: not read here

@@ -1,13 +1,23 @@
-"""Which folders ``--force`` may replace: empty ones, and hf-geonorm's own outputs holding nothing else.
+"""Which folders ``--force`` may replace, and which temporary folders hf-geonorm may remove: only what it can prove
+it wrote, never what merely looks like its output.
 
-Every folder that ``convert``, ``init``, ``train`` and ``sweep`` write carries ``.hf-geonorm-output.json``: the
-command that wrote it and every path it wrote there, with each file's size (``record_paths``, ``mark_folder``). A
-non-empty folder is an hf-geonorm output (``ownership_problem`` is None) when that marker is there and everything in
-the folder is listed in it at its recorded size (a folder inside that carries its own marker, a sweep's run, is
-checked against its own). A file added, grown or shrunk since, or a marker that does not parse, makes it someone
-else's. A folder written before the marker existed is recognised by what it holds (``earlier_kind``): a GeoNorm
-model (its card or a ``geonorm_*`` config), a run (checkpoints with run records, ``final/``, metrics) or a sweep (its
-journal), with nothing else beside.
+Every folder that ``convert``, ``init``, ``train`` and ``sweep`` write carries ``.hf-geonorm-output.json``, the
+marker: the command that wrote it and every path it wrote there, each file with its proof, taken when it was
+written (``file_proof``: size, modification and change times in nanoseconds, inode). A non-empty folder is an
+hf-geonorm output (``ownership_problem`` is None) only when the marker is there and everything in the folder is
+listed in it with the same proof (a folder inside that carries its own marker, ``final/`` or a sweep's run, is checked
+against its own). Anything else makes the whole folder the user's: a file added, written again, or replaced since
+(a copy has other inodes; a write, even of the same size, sets the change time, which no program can set back), a
+marker that does not parse, a nested ``.git``, and any folder without a marker (a folder ``save_pretrained``
+wrote, or one an earlier hf-geonorm wrote before the marker proved its files).
+
+The marker lists what is on disk now and stays small: it is a header line and one line per update, appended
+(``record_paths``); an update drops the listed paths that are gone (rotated checkpoints), and when the lines
+outgrow twice what they list, the file is rewritten whole with that listing (``_MARKER_SLACK``).
+
+A temporary folder (``temporary_folder``: ``.NAME.partial-PID-XXXXXXXX`` or ``.NAME.old-PID-XXXXXXXX``) holds
+``.hf-geonorm-temporary.json``, the identity of the process that made it (its host and process number) and of the
+folder itself (its inode): a leftover is removed only with that proof (``temporary_owner``), never by its name.
 
 Never replaced, whatever they hold (``protected_reason``): ``/``, the user's home folder (``$HOME`` and the
 account's), any folder that holds one of them, and a folder holding ``.git``.
@@ -20,221 +30,261 @@ import json
 import os
 import pwd
 import re
+import socket
 import stat
-import uuid
+import tempfile
 from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
 MARKER_NAME = ".hf-geonorm-output.json"
-MARKER_FORMAT = 1
-_MARKER_BYTES = 64 << 20  # a marker lists paths: one larger than this is not one hf-geonorm wrote
-# what an interrupted write of this package leaves next to its target (files.atomic, training.run.checkpoints): the
-# next run removes it, so it is the tool's own, not the user's
-_TEMPORARY = re.compile(r"\..+\.(partial|old)-\d+-[^/]+")
+TEMPORARY_NAME = ".hf-geonorm-temporary.json"  # in a temporary folder: who made it
+MARKER_FORMAT = 2
+_MARKER_BYTES = 64 << 20  # a marker lists what is on disk: one larger than this is not one hf-geonorm wrote
+_MARKER_SLACK = 4096  # the appended lines may outgrow twice the listing by this much before a rewrite
+_TEMPORARY = re.compile(r"\.(.+)\.(partial|old)-(\d+)-[^/]+")
 _SHOWN = 5
+FOLDER, OUTPUT = "folder", "output"  # how a marker lists a folder, and a folder with its own marker
 
 
-def is_own_name(name: str) -> bool:
-    """Whether a folder entry named ``name`` is hf-geonorm's bookkeeping (lock, marker, a temporary folder)."""
-    return name in (LOCK_NAME, MARKER_NAME) or _TEMPORARY.fullmatch(name) is not None
+def file_proof(info: os.stat_result) -> list[int]:
+    """What a marker records of a file it lists: size, modification and change times (ns), inode. A write of any
+    size sets both times, a copy or a replacement has another inode, and the change time cannot be set back."""
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+# ---- temporary folders ----
+
+
+def _read_small_json(path: Path, limit: int) -> Any:
+    """The JSON in the regular file ``path`` of at most ``limit`` bytes (None otherwise), never through a link."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def mark_temporary(folder: Path, target: str, pid: int | None = None) -> None:
+    """Put into ``folder`` the proof that process ``pid`` (this one by default) of this host made it as a temporary
+    folder for ``target`` (the name its ``.NAME.partial-PID-...`` spells): ``temporary_owner`` reads it."""
+    record = {"format": MARKER_FORMAT, "temporary_for": target, "pid": os.getpid() if pid is None else pid,
+              "host": socket.gethostname(), "folder_inode": os.lstat(folder).st_ino}  # fmt: skip
+    fd = os.open(folder / TEMPORARY_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+
+
+def temporary_folder(parent: Path, target: str, kind: str = "partial") -> Path:
+    """A new hidden folder ``.TARGET.KIND-PID-XXXXXXXX`` in ``parent``, with the proof that this process made it."""
+    path = Path(tempfile.mkdtemp(prefix=f".{target}.{kind}-{os.getpid()}-", dir=parent))
+    try:
+        mark_temporary(path, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        raise
+    return path
+
+
+def temporary_owner(path: Path) -> dict[str, Any] | None:
+    """The record of the hf-geonorm process that made the temporary folder ``path`` (``mark_temporary``), when
+    ``path`` carries the proof: its name spells that process and target, and the record names this very folder.
+    None for anything else, whatever its name."""
+    match = _TEMPORARY.fullmatch(path.name)
+    if match is None:
+        return None
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    record = _read_small_json(path / TEMPORARY_NAME, 4096)
+    if (
+        not isinstance(record, dict) or record.get("format") != MARKER_FORMAT
+        or record.get("temporary_for") != match.group(1) or record.get("pid") != int(match.group(3))
+        or record.get("folder_inode") != info.st_ino or not isinstance(record.get("host"), str)
+    ):  # fmt: skip
+        return None
+    return {**record, "kind": match.group(2)}
+
+
+def is_bookkeeping(path: Path) -> bool:
+    """Whether the entry ``path`` is hf-geonorm's bookkeeping rather than content: the lock, the marker, the proof of
+    a temporary folder, or a proven temporary folder (``temporary_owner``)."""
+    return path.name in (LOCK_NAME, MARKER_NAME, TEMPORARY_NAME) or temporary_owner(path) is not None
 
 
 def _entries(folder: Path) -> list[str]:
-    return sorted(entry.name for entry in folder.iterdir() if not is_own_name(entry.name))
+    return sorted(name for name in os.listdir(folder) if not is_bookkeeping(folder / name))
+
+
+# ---- the marker ----
+
+
+def _is_entry(value: Any) -> bool:
+    return value in (FOLDER, OUTPUT) or (
+        isinstance(value, list) and len(value) == 4 and all(type(item) is int for item in value)
+    )
+
+
+def _apply(paths: dict[str, Any], update: dict[str, Any]) -> bool:
+    """Apply one marker line's update to ``paths`` in place (its ``drop``: paths removed with all under them, then
+    its ``set``); False when the line is not an update."""
+    drop, listed = update.get("drop", []), update.get("set", {})
+    if not isinstance(drop, list) or not isinstance(listed, dict) or not all(isinstance(d, str) for d in drop):
+        return False
+    if not all(_is_entry(value) for value in listed.values()):
+        return False
+    for gone in drop:
+        for key in [key for key in paths if key == gone or key.startswith(gone + "/")]:
+            del paths[key]
+    paths.update(listed)
+    return True
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
-    """The marker of ``folder`` (None when it has none, or one that is not a regular file or does not parse)."""
+    """The marker of ``folder``: its ``command`` and the ``paths`` it lists now (None when it has none, or one that
+    is not a regular file or does not parse). A last line cut short (a write stopped) is left out; ``whole`` says
+    whether the file ends with a whole line, ``size`` its bytes."""
     path = folder / MARKER_NAME
     try:
         info = os.lstat(path)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _MARKER_BYTES:
             return None
-        marker = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = path.read_bytes()
+    except OSError:
         return None
-    if (
-        not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT
-        or not isinstance(marker.get("command"), str) or not isinstance(marker.get("paths"), dict)
-    ):  # fmt: skip
+    lines = data.split(b"\n")
+    whole = lines[-1] == b""
+    lines = lines[:-1]  # the empty rest after the last newline, or a line cut short
+    try:
+        header = json.loads(lines[0]) if lines else None
+        updates = [json.loads(line) for line in lines[1:]]
+    except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return marker
+    if not isinstance(header, dict) or header.get("format") != MARKER_FORMAT or not isinstance(header.get("command"),
+                                                                                                str):  # fmt: skip
+        return None
+    paths: dict[str, Any] = {}
+    if not all(isinstance(update, dict) and _apply(paths, update) for update in updates):
+        return None
+    return {"command": header["command"], "paths": paths, "whole": whole, "size": len(data)}
 
 
-def _listing(folder: Path, relative: str, trees: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``relative`` (a path under ``folder``) and everything under it, as a marker lists them: a file by its size,
-    a folder as "folder", a folder with its own marker (an output inside this one) as "output"; ``trees``: folders
-    that another writer fills on the run's behalf (TensorBoard's event files), listed as "tree" and owned whole."""
+def _listing(folder: Path, relative: str) -> dict[str, Any]:
+    """``relative`` (a path under ``folder``) and everything under it, as a marker lists them: a file by its proof,
+    a folder as ``FOLDER``, a folder with its own marker (an output inside this one) as ``OUTPUT``."""
     path = folder / relative
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return {}
     if not stat.S_ISDIR(info.st_mode):
-        return {relative: info.st_size}
-    if relative in trees:
-        return {relative: "tree"}
+        return {relative: file_proof(info)}
     if relative and read_marker(path) is not None:
-        return {relative: "output"}
-    listed: dict[str, Any] = {relative: "folder"} if relative else {}
-    for name in sorted(os.listdir(path)):
-        if not is_own_name(name):
-            listed.update(_listing(folder, f"{relative}/{name}" if relative else name, trees))
+        return {relative: OUTPUT}
+    listed: dict[str, Any] = {relative: FOLDER} if relative else {}
+    for name in _entries(path):
+        listed.update(_listing(folder, f"{relative}/{name}" if relative else name))
     return listed
 
 
-def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
-    """Write ``marker`` in one step, never through a link: a new hidden file, then renamed over the marker."""
-    tmp = folder / f".{MARKER_NAME}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+def _lines(*entries: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps(entry, separators=(",", ":"), sort_keys=True).encode("utf-8") + b"\n"
+                    for entry in entries)  # fmt: skip
+
+
+def _write_marker(folder: Path, command: str, paths: dict[str, Any]) -> None:
+    """Write the marker of ``folder`` whole, in one step and never through a link: into a temporary folder, then
+    moved over the marker."""
+    text = _lines({"format": MARKER_FORMAT, "command": command}, *([{"set": paths}] if paths else []))
+    tmp = temporary_folder(folder, MARKER_NAME)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(marker, file, indent=1, sort_keys=True)
-        os.replace(tmp, folder / MARKER_NAME)
+        (tmp / MARKER_NAME).write_bytes(text)
+        os.replace(tmp / MARKER_NAME, folder / MARKER_NAME)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        for name in (MARKER_NAME, TEMPORARY_NAME):
+            with contextlib.suppress(FileNotFoundError):
+                (tmp / name).unlink()
+        os.rmdir(tmp)
 
 
 def mark_folder(folder: Path, command: str) -> None:
-    """Mark ``folder`` as written whole by ``command``: every path now in it."""
-    _write_marker(folder, {"format": MARKER_FORMAT, "command": command, "paths": _listing(folder, "")})
+    """Mark ``folder`` as written whole by ``command``: every path now in it, with its proof."""
+    _write_marker(folder, command, _listing(folder, ""))
 
 
-def record_paths(
-    folder: Path, command: str, *paths: Path, trees: tuple[Path, ...] = (), fresh: bool = False
-) -> None:
-    """Add ``paths`` (inside ``folder``, with everything under them) to the marker of ``folder``, which ``command``
-    writes over time (``train``, ``sweep``); ``trees`` among them are owned whole (``_listing``); ``fresh``: start
-    a new marker (a run starting anew there)."""
+def record_paths(folder: Path, command: str, *paths: Path, fresh: bool = False) -> None:
+    """Record ``paths`` (inside ``folder``, with everything under them, as they are now) in the marker of
+    ``folder``, which ``command`` writes over time (``train``, ``sweep``), and drop the listed entries that are gone;
+    ``fresh``: start a new marker (a run starting anew there). The update is appended as one line; the marker is
+    rewritten whole only when it has none, is cut short, or its lines outgrow twice what they list."""
     marker = None if fresh else read_marker(folder)
-    listed = dict(marker["paths"]) if marker is not None and marker["command"] == command else {}
+    ours = marker is not None and marker["command"] == command
+    listed = dict(marker["paths"]) if ours else {}
+    update: dict[str, Any] = {"drop": sorted(key for key in listed if "/" not in key
+                                             and not os.path.lexists(folder / key)), "set": {}}  # fmt: skip
     for path in paths:
         relative = path.relative_to(folder).as_posix()
-        listed = {key: value for key, value in listed.items() if key != relative and not key.startswith(relative + "/")}
+        update["drop"].append(relative)
         for parent in Path(relative).parents[:-1]:  # the folders it was written in (``logs/`` of ``logs/a.log``)
-            listed[parent.as_posix()] = "folder"
-        listed.update(_listing(folder, relative, tuple(tree.relative_to(folder).as_posix() for tree in trees)))
-    _write_marker(folder, {"format": MARKER_FORMAT, "command": command, "paths": listed})
+            if listed.get(parent.as_posix()) != FOLDER:
+                update["set"][parent.as_posix()] = FOLDER
+        update["set"].update(_listing(folder, relative))
+    _apply(listed, update)
+    if not ours or not marker["whole"] or marker["size"] > 2 * len(_lines({"set": listed})) + _MARKER_SLACK:
+        _write_marker(folder, command, listed)
+    elif update["drop"] or update["set"]:
+        fd = os.open(folder / MARKER_NAME, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        try:
+            os.write(fd, _lines(update))
+        finally:
+            os.close(fd)
 
 
 def _unlisted(folder: Path, listed: dict[str, Any], relative: str = "") -> list[str]:
-    """The paths under ``folder / relative`` that ``listed`` does not account for (a listed file of another size
-    counts as not listed: it changed since it was written)."""
+    """The paths under ``folder / relative`` that ``listed`` does not account for (a listed file whose proof
+    differs counts as not listed: it changed, or was replaced, since it was written)."""
     found = []
-    for name in sorted(os.listdir(folder / relative if relative else folder)):
-        if is_own_name(name):
-            continue
+    for name in _entries(folder / relative if relative else folder):
         child = f"{relative}/{name}" if relative else name
         path = folder / child
         info = os.lstat(path)
         kind = listed.get(child)
         if stat.S_ISDIR(info.st_mode):
-            if kind == "tree":
+            if kind == OUTPUT and ownership_problem(path) is None:
                 continue
-            if kind == "output" and ownership_problem(path) is None:
-                continue
-            if kind == "folder":
+            if kind == FOLDER:
                 found += _unlisted(folder, listed, child)
                 continue
-        elif kind == info.st_size and not isinstance(kind, bool):
+        elif kind == file_proof(info):
             continue
         found.append(child + ("/" if stat.S_ISDIR(info.st_mode) else ""))
     return found
 
 
-# ---- folders written before the marker existed ----
-
-_MODEL_FILE = re.compile(
-    r"config\.json|generation_config\.json|.+\.safetensors|.+\.safetensors\.index\.json|tokenizer.*\.(json|model)"
-    r"|special_tokens_map\.json|vocab\.(json|txt)|merges\.txt|added_tokens\.json|chat_template\.jinja|README\.md"
-    r"|geonorm_card\.json|geonorm_method\.md|[A-Za-z_][A-Za-z0-9_]*\.py|adapter_config\.json"
-)
-_CHECKPOINT_FILE = re.compile(
-    rf"{_MODEL_FILE.pattern}|trainer_state\.json|training_args\.bin|optimizer\.pt|scheduler\.pt|scaler\.pt"
-    r"|rng_state(_\d+)?\.pth|hf_geonorm_run\.json"
-)
-_RUN_FILE = re.compile(r"metrics\.json|loss_curve\.png")
-
-
-def _files_only(folder: Path, pattern: re.Pattern[str]) -> bool:
-    return all(pattern.fullmatch(name) and (folder / name).is_file() and not (folder / name).is_symlink()
-               for name in _entries(folder))  # fmt: skip
-
-
-def _is_model(folder: Path) -> bool:
-    """A GeoNorm model folder (``convert``, ``init``, ``final/``): its card or a ``geonorm_*`` config, and nothing
-    but the files a saved model holds."""
-    if not folder.is_dir() or folder.is_symlink() or not _files_only(folder, _MODEL_FILE):
-        return False
-    if (folder / "geonorm_card.json").is_file():
-        return True
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(config, dict) and str(config.get("model_type", "")).startswith("geonorm_")
-
-
-def _is_checkpoint(folder: Path) -> bool:
-    return (
-        re.fullmatch(r"checkpoint-\d+", folder.name) is not None and folder.is_dir() and not folder.is_symlink()
-        and (folder / "hf_geonorm_run.json").is_file() and _files_only(folder, _CHECKPOINT_FILE)
-    )  # fmt: skip
-
-
-def _is_run(folder: Path) -> bool:
-    """A ``train`` output: checkpoints with their run records, ``final/``, metrics, plot, TensorBoard's ``runs/``."""
-    names = _entries(folder)
-    checks = {"final": _is_model, "runs": lambda path: path.is_dir() and not path.is_symlink()}
-    found = False
-    for name in names:
-        path = folder / name
-        if name.startswith("checkpoint-"):
-            if not _is_checkpoint(path):
-                return False
-            found = True
-        elif name in checks:
-            if not checks[name](path):
-                return False
-            found = found or name == "final"
-        elif not (_RUN_FILE.fullmatch(name) and path.is_file() and not path.is_symlink()):
-            return False
-    return found
-
-
-def _is_sweep(folder: Path) -> bool:
-    """A ``sweep`` output: its journal (with a header), report, plot, logs and runs."""
-    journal = folder / "runs.jsonl"
-    try:
-        with open(journal, "rb") as file:
-            header = json.loads(file.readline().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    if not isinstance(header, dict) or not isinstance(header.get("train_options"), dict):
-        return False
+def proven_entries(folder: Path) -> list[str]:
+    """The top-level entries of ``folder`` that its marker lists and proves, with everything under them (what
+    hf-geonorm may remove of it: a run's own checkpoints, never a user's folder of the same name)."""
+    marker = read_marker(folder)
+    if marker is None:
+        return []
+    listed = marker["paths"]
+    proven = []
     for name in _entries(folder):
+        kind = listed.get(name)
         path = folder / name
-        if path.is_symlink():
-            return False
-        if name == "logs":
-            if not path.is_dir() or not all(n.endswith(".log") for n in _entries(path)):
-                return False
-        elif name == "runs":
-            if not path.is_dir() or not all(ownership_problem(path / n) is None for n in _entries(path)):
-                return False
-        elif name not in ("runs.jsonl", "sweep.md", "sweep.png") or not path.is_file():
-            return False
-    return True
-
-
-def earlier_kind(folder: Path) -> str | None:
-    """What an output written before the marker existed is, judged by what it holds (None: not one)."""
-    for kind, check in (("model", _is_model), ("run", _is_run), ("sweep", _is_sweep)):
-        if check(folder):
-            return kind
-    return None
+        if kind == FOLDER and path.is_dir() and not path.is_symlink() and not _unlisted(folder, listed, name):
+            proven.append(name)
+        elif kind == OUTPUT and path.is_dir() and not path.is_symlink() and ownership_problem(path) is None:
+            proven.append(name)
+        elif isinstance(kind, list) and kind == file_proof(os.lstat(path)):
+            proven.append(name)
+    return proven
 
 
 # ---- the rule ----
@@ -268,8 +318,8 @@ def protected_reason(folder: Path) -> str | None:
 
 
 def ownership_problem(folder: Path) -> str | None:
-    """None when ``folder`` may be replaced by an hf-geonorm output: it is missing or empty, or hf-geonorm wrote it
-    and it holds nothing else; otherwise what makes it someone else's, with up to five of the entries concerned."""
+    """None when ``folder`` may be replaced by an hf-geonorm output: it is missing or empty, or its marker lists
+    and proves everything in it; otherwise what makes it the user's, with up to five of the entries concerned."""
     if folder.is_symlink() or not os.path.lexists(folder):
         return None  # nothing, or only a link, is replaced: the folder a link points to is left as it is
     if not folder.is_dir():
@@ -279,9 +329,7 @@ def ownership_problem(folder: Path) -> str | None:
         return None
     marker = read_marker(folder)
     if marker is None:
-        if earlier_kind(folder) is not None:
-            return None
-        return f"was not written by hf-geonorm (it holds {_shown(names)})"
+        return f"was not written by hf-geonorm (it holds {_shown(names)}; no {MARKER_NAME} of this version proves them)"
     unlisted = _unlisted(folder, marker["paths"])
     if unlisted:
         return (
@@ -312,13 +360,6 @@ def check_replaceable(folder: Path, given: str | os.PathLike, option: str = "OUT
             f"{option} {given} {problem}: --force replaces only an empty folder or one that hf-geonorm wrote; give "
             "another folder, or empty it yourself"
         )
-
-
-def adopt_earlier_output(folder: Path, command: str) -> None:
-    """Give a folder that ``command`` wrote before the marker existed (``earlier_kind``) its marker, listing what it
-    holds, before ``command`` adds to it (a resumed run, a resumed sweep); anything else is left unmarked."""
-    if read_marker(folder) is None and earlier_kind(folder) is not None:
-        mark_folder(folder, command)
 
 
 def only_bookkeeping_left(folder: Path) -> bool:

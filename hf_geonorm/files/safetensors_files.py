@@ -9,11 +9,14 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-# Bytes per value of the safetensors dtypes; a dtype not listed here (sub-byte ones) is not size-checked.
+# Bytes per value of the safetensors dtypes (those of safetensors 0.8), and the sub-byte ones, which are not
+# size-checked here; any other dtype is one the safetensors library refuses.
 DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1, "C64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+    "BOOL": 1,
 }  # fmt: skip
+SUB_BYTE_DTYPES = ("F4", "F6_E2M3", "F6_E3M2")
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:
@@ -24,7 +27,10 @@ def safetensors_header(path: Path) -> dict[str, Any]:
         size = int.from_bytes(f.read(8), "little")
         if not 0 < size < 100_000_000:
             raise ValueError(f"{path.name} is not a safetensors file")
-        header = json.loads(f.read(size))
+        try:
+            header = json.loads(f.read(size))
+        except RecursionError:
+            raise ValueError(f"{path.name} is damaged: its header nests deeper than a JSON reader follows") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path.name} has no safetensors header")
     spans = sorted(_tensor_span(path, name, entry) for name, entry in header.items() if name != "__metadata__")
@@ -49,6 +55,9 @@ def _tensor_span(path: Path, name: str, entry: Any) -> tuple[int, int, str]:
     numbers = [begin, end, *shape] if isinstance(shape, list) else None
     if numbers is None or not all(type(n) is int and n >= 0 for n in numbers) or begin > end:
         raise ValueError(f"{path.name} is damaged: tensor {name} has a malformed shape or offsets")
+    if dtype not in DTYPE_BYTES and dtype not in SUB_BYTE_DTYPES:
+        raise ValueError(f"{path.name} is damaged: tensor {name} has dtype {json.dumps(dtype)[:40]}, which is not a "
+                         "safetensors dtype")  # fmt: skip
     if dtype in DTYPE_BYTES and math.prod(shape) * DTYPE_BYTES[dtype] != end - begin:
         raise ValueError(
             f"{path.name} is damaged: tensor {name} of shape {shape} ({dtype}) needs "

@@ -11,13 +11,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .decoder_layers import FirstTokens, decoder_layer_class
+from .decoder_layers import FirstTokens, GeoNormDecoderLayer, decoder_layer_class
 from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
 from .norm_styles import NORM_STYLE_DECLARATIONS, named_styles
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
+from .transformers_versions import (
+    CAPTURE_REGISTRY_BY_MODEL,
+    INSTALLED_VERSION,
+    SUPPORTED_RANGE,
+    UNTESTED_RELEASE,
+    UnsupportedTransformers,
+)
 
 
 def _get_path(module: nn.Module, path: str) -> Any:
@@ -29,14 +37,13 @@ def _get_path(module: nn.Module, path: str) -> Any:
 def _register_output_capture(base_model: nn.Module) -> None:
     """transformers keys ``output_hidden_states`` capture on the model's class name, registered in ``__init__``; a
     base model whose class is set afterwards (the base of a head, ``apply_geonorm``) must be registered too, with
-    its class's entry, which names the GeoNorm decoder layer (``families.geonorm_recorded_outputs``)."""
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # older transformers capture outputs without the registry
-        return
+    its class's entry, which names the GeoNorm decoder layer (``families.geonorm_recorded_outputs``). The registry
+    takes the model from transformers 5.23 on, the name of its class before (``CAPTURE_REGISTRY_BY_MODEL``)."""
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+
     recordable = getattr(base_model, "_can_record_outputs", None)
     if recordable:
-        _CAN_RECORD_REGISTRY[base_model] = recordable
+        _CAN_RECORD_REGISTRY[base_model if CAPTURE_REGISTRY_BY_MODEL else str(type(base_model))] = recordable
 
 
 def _declare_no_split(base_model: nn.Module, layer_class: type) -> None:
@@ -87,6 +94,26 @@ def check_layout_settings(
         )
 
 
+# What Python puts in every class body besides the methods a class defines.
+CLASS_BODY_ENTRIES = frozenset({"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__"})
+
+
+def check_stock_layer_class(layer_class: type) -> None:
+    """``UnsupportedTransformers`` unless ``layer_class`` defines ``__init__`` and ``forward`` alone, directly over
+    ``GradientCheckpointingLayer``: what setting a layer's class to a GeoNorm decoder layer relies on (the layer
+    keeps what ``__init__`` made and loses only ``forward``). The tests check it on every release tested; above the
+    newest, ``check_patch`` checks it here, so that a stock layer that gained a method is refused, not run without
+    it."""
+    defined = set(vars(layer_class)) - CLASS_BODY_ENTRIES
+    if layer_class.__bases__ != (GradientCheckpointingLayer,) or defined != {"__init__", "forward"}:
+        raise UnsupportedTransformers(
+            f"{layer_class.__name__} of transformers {INSTALLED_VERSION} is not the decoder layer the GeoNorm "
+            f"code was tested with (it defines {', '.join(sorted(defined))} over "
+            f"{', '.join(base.__name__ for base in layer_class.__bases__)}): pip install "
+            f"'transformers{SUPPORTED_RANGE}', the releases it is tested on"
+        )
+
+
 def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, settings: GeoNormSettings) -> BlockLayout:
     """Raise ``ValueError`` if ``base_model`` (with ``config``) cannot become GeoNorm with ``settings``; return
     the layout of the block variant it builds. Changes nothing, so callers validate before they patch."""
@@ -99,6 +126,8 @@ def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, setting
     if getattr(config, "add_cross_attention", False):
         raise ValueError("GeoNorm supports decoder-only models; set add_cross_attention=False")
     for k, layer in enumerate(_get_path(base_model, layout.layers)):
+        if UNTESTED_RELEASE and not isinstance(layer, GeoNormDecoderLayer):
+            check_stock_layer_class(type(layer))
         for part in (layout.attn, layout.mlp, layout.attn_norm, layout.mlp_norm):
             if part is not None and not hasattr(layer, part):
                 raise ValueError(

@@ -20,6 +20,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .layouts import BlockLayout
 from .residual import GeoNormResidual
+from .transformers_versions import CACHE_ARGUMENT, GPTJ_BLOCK_RETURNS_TUPLE
 
 
 class FirstTokens:
@@ -293,19 +294,25 @@ class GeoNormPhiDecoderLayer(GeoNormDecoderLayer):
 
 
 class GeoNormGPTJBlock(GeoNormDecoderLayer):
-    """The GeoNorm GPT-J block, also CodeGen's: parallel with one shared norm ``ln_1``."""
+    """The GeoNorm GPT-J block, also CodeGen's: parallel with one shared norm ``ln_1``. Before transformers 5.24
+    their models read ``(hidden states, attention weights)`` from it (``GPTJ_BLOCK_RETURNS_TUPLE``)."""
 
     parallel = True
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         hidden_states = self.geonorm_enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
-        attn_output, _ = self.attn(hidden_states=hidden_states, **kwargs)
+        attn_output, attn_weights = self.attn(hidden_states=hidden_states, **kwargs)
         feed_forward_hidden_states = self.mlp(hidden_states)
         update = attn_output + feed_forward_hidden_states
-        return self.geonorm_attn_residual(residual, update, self.ln_1, first_tokens)
+        hidden_states = self.geonorm_attn_residual(residual, update, self.ln_1, first_tokens)
+        if GPTJ_BLOCK_RETURNS_TUPLE:
+            return hidden_states, attn_weights
+        return hidden_states
 
 
 class GeoNormCohereDecoderLayer(GeoNormDecoderLayer):
@@ -365,7 +372,8 @@ class GeoNormFalconDecoderLayer(GeoNormDecoderLayer):
 
 class GeoNormGPT2Block(GeoNormDecoderLayer):
     """The GeoNorm GPT-2 block (decoder-only: no cross-attention), which its model calls with positional
-    ``cache`` and ``attention_mask``."""
+    ``cache`` and ``attention_mask``; its attention takes the cache under the name of the installed transformers
+    (``CACHE_ARGUMENT``: ``past_key_values`` before 5.24)."""
 
     def forward(
         self,
@@ -384,7 +392,7 @@ class GeoNormGPT2Block(GeoNormDecoderLayer):
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
         attn_output, _ = self.attn(
-            hidden_states, cache=cache, attention_mask=attention_mask, use_cache=use_cache, **kwargs
+            hidden_states, attention_mask=attention_mask, use_cache=use_cache, **{CACHE_ARGUMENT: cache}, **kwargs
         )
         hidden_states = self.geonorm_attn_residual(residual, attn_output, self.ln_1, first_tokens)
 

@@ -20,6 +20,7 @@ from .layouts import LEARNED_POSITIONS, BlockLayout
 from .remote_code import write_remote_code
 from .residual import GeoNormResidual, settings_in_use
 from .settings import GeoNormSettings
+from .transformers_versions import CACHE_ARGUMENT
 
 # How a GeoNorm model pushes itself: set by the plugin (``hf_geonorm``) on its own copy of this module to its Hub
 # layer, which also writes the GeoNorm model card. A copy loaded as remote code never gets it (and so never
@@ -153,7 +154,7 @@ def _sequence_positions(args: tuple, kwargs: dict[str, Any]) -> tuple[int, torch
     ids = kwargs.get("input_ids", args[0] if args else None)
     embeds = kwargs.get("inputs_embeds")
     new = ids.shape[-1] if ids is not None else (embeds.shape[-2] if embeds is not None else 0)
-    past = kwargs.get("past_key_values")
+    past = kwargs.get(CACHE_ARGUMENT)
     cached = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
     return cached + new, kwargs.get("position_ids")
 

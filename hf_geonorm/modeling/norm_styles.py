@@ -9,6 +9,7 @@ without torch. A rule therefore uses only the operators of the tensors and modul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,16 +31,16 @@ ResidualRule = Callable[[Any, Any, Any, Any, Any], Any]
 class NormStyle:
     """One member of the family, as ``norm_style`` names it.
 
-    ``rule`` the residual update (``ResidualRule``); ``card_text`` how the model card names it;
-    ``normalises_after``: the sublayer reads the state itself and the rule normalises afterwards with the block's
-    own norms (so the first block's input follows ``post_embedding_norm``, and a model built from a config starts a
-    learned position table at zero under ``post_zero_positions``); ``output_norms``: each sublayer's update passes
-    a fresh norm of the block's kind (``residual.output_norm``, starting as the identity); ``residual_scale`` the
-    factor on the state for a model of T layers (``residual.residual_scale``); ``deepnet_init``: a model built
-    from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``: the GeoNorm update with its
-    entry (``geo_radius``), learnable step, padding row and first-token rule; ``rate_source`` one of
-    ``RATE_SOURCES`` (every style but Pre-Norm: its ratio to Pre-Norm); ``is_stock``: the style is the stock model
-    itself (``pre``)."""
+    ``rule`` the residual update (``ResidualRule``); ``card_text`` how the model card names it (its name, then after
+    a comma or colon its rule); ``normalises_after``: the sublayer reads the state itself and the rule normalises
+    afterwards with the block's own norms (so the first block's input follows ``post_embedding_norm``, and a model
+    built from a config starts a learned position table at zero under ``post_zero_positions``); ``output_norms``:
+    each sublayer's update passes a fresh norm of the block's kind (``residual.output_norm``, starting as the
+    identity); ``residual_scale`` the factor on the state for a model of T layers (``residual.residual_scale``);
+    ``deepnet_init``: a model built from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``:
+    the GeoNorm update with its entry (``geo_radius``), learnable step, padding row and first-token rule;
+    ``rate_source`` one of ``RATE_SOURCES`` (every style but Pre-Norm: its ratio to Pre-Norm); ``is_stock``: the
+    style is the stock model itself (``pre``)."""
 
     name: str
     rule: ResidualRule
@@ -51,6 +52,12 @@ class NormStyle:
     deepnet_init: bool = False
     geodesic: bool = False
     rate_source: str = RATIO_TO_PRE_NORM
+
+    @property
+    def title(self) -> str:
+        """The style's name as a card's title names the model: ``card_text`` up to its first comma or colon
+        ("Pre-Norm", "GeoNorm")."""
+        return re.split(r"[,:]", self.card_text, maxsplit=1)[0]
 
     @property
     def only_input_norms(self) -> bool:

@@ -149,6 +149,26 @@ def _limit(max_angle: float | None) -> float:
     return MAX_TURN if max_angle is None else float(max_angle)
 
 
+def forward_launch(x2, u2, out, stats, alpha: float, max_angle: float | None) -> tuple[tuple, dict]:
+    """The forward kernel's arguments and launch options for these tensors: what ``triton_forward`` launches with,
+    and what tests/test_kernel_compile.py compiles ahead of time for every GPU (Triton specialises each kernel on
+    them: dtypes, constexprs, and pointers, strides and the width divisible by 16)."""
+    width = x2.shape[1]
+    block, warps = _launch_config(width)
+    arguments = (x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
+                 _limit(max_angle), NORM_FLOOR)  # fmt: skip
+    return arguments, {"CLAMP": max_angle is not None, "BLOCK": block, "num_warps": warps}
+
+
+def backward_launch(x2, v2, g2, stats, dx, du, alpha: float, max_angle: float | None, from_out: bool):
+    """The backward kernel's arguments and launch options for these tensors (as ``forward_launch``)."""
+    width = x2.shape[1]
+    block, warps = _launch_config(width)
+    arguments = (x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0),
+                 width, float(alpha), _limit(max_angle), NORM_FLOOR)  # fmt: skip
+    return arguments, {"CLAMP": max_angle is not None, "FROM_OUT": from_out, "BLOCK": block, "num_warps": warps}
+
+
 def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
     """The forward kernel on [rows, width] tensors with unit column stride: (out, [rows, 3] float32 stats)."""
     rows, width = x2.shape
@@ -156,11 +176,8 @@ def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: 
     stats = torch.empty((rows, 3), dtype=torch.float32, device=x2.device)
     if rows == 0:
         return out, stats
-    block, warps = _launch_config(width)
-    _geonorm_fwd_kernel[(rows,)](
-        x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
-        _limit(max_angle), NORM_FLOOR, CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
+    arguments, options = forward_launch(x2, u2, out, stats, alpha, max_angle)
+    _geonorm_fwd_kernel[(rows,)](*arguments, **options)
     return out, stats
 
 
@@ -172,10 +189,6 @@ def triton_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, fr
     du = torch.empty((rows, width), dtype=u_dtype, device=x2.device)
     if rows == 0:
         return dx, du
-    block, warps = _launch_config(width)
-    _geonorm_bwd_kernel[(rows,)](
-        x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
-        float(alpha), _limit(max_angle), NORM_FLOOR,
-        CLAMP=max_angle is not None, FROM_OUT=from_out, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
+    arguments, options = backward_launch(x2, v2, g2, stats, dx, du, alpha, max_angle, from_out)
+    _geonorm_bwd_kernel[(rows,)](*arguments, **options)
     return dx, du

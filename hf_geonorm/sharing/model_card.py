@@ -217,10 +217,14 @@ def render_model_card(
         language=info.language,
     )
     computes = bridge_words(settings)
+    style = NORM_STYLE_DECLARATIONS[settings.norm_style]
+    # a model of another style is one of the baselines hf-geonorm trains beside GeoNorm, and is named as such
+    kind = "GeoNorm" if style.geodesic else style.title
+    baseline = "" if style.geodesic else " (hf-geonorm baseline)"
     name = info.model_name or (
-        f"{info.base_model.split('/')[-1]}-GeoNorm" if info.base_model else
-        f"{info.source_model} GeoNorm" if info.source_model else f"GeoNorm {family.stock_type}"
-    ) + (f" {computes}" if computes else "")  # fmt: skip
+        f"{info.base_model.split('/')[-1]}-{kind}" if info.base_model else
+        f"{info.source_model} {kind}" if info.source_model else f"{kind} {family.stock_type}"
+    ) + (f" {computes}" if computes else "") + baseline  # fmt: skip
     card = ModelCard.from_template(
         data,
         template_str=card_template(),
@@ -239,7 +243,9 @@ def render_model_card(
         num_parameters=_human(info.num_parameters) if info.num_parameters else None,
         settings=settings.to_dict(),
         bridge_text=bridge_text(settings),
-        style_description=NORM_STYLE_DECLARATIONS[settings.norm_style].card_text,
+        style_description=style.card_text,
+        model_kind=kind,
+        baseline=not style.geodesic,
         steps=steps,
         per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,

@@ -28,9 +28,48 @@ PRESET_NAMES = tuple(PRESETS)
 DATA_CACHE_ENV = "HF_GEONORM_DATA_CACHE"
 BETA1, BETA2 = 0.9, 0.95  # AdamW's betas: beta2 is --adam-beta2's default
 MAX_GRAD_NORM = 1.0
+# The oldest transformers release a run works with (check_transformers_release), as (major, minor).
+OLDEST_TRANSFORMERS = (5, 23)
 MIN_LR_RATIO = 0.1
 DEFAULT_TOKENIZER_VOCAB = 2048  # the tokenizer trained on the fly, unless --vocab-size or the config says
 MIN_TOKENIZER_VOCAB = 260  # the byte-level alphabet's 256 bytes and the end-of-text token, and a few merges
+TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
+# A byte-level BPE tokenizer holds its 256 bytes and the end-of-text token, and learns at most one token per byte of
+# the text it trains on (each merge joins two of the text's tokens into one); UTF-8 has at most 4 bytes a character.
+BYTE_LEVEL_TOKENS = 257
+# The BPE trainer of the tokenizers library reserves about 70 bytes of memory per token of its vocab_size when it
+# starts (measured with tokenizers 0.22: 6.6 GB of address space for 10^8 tokens, 0.9 GB for 10^7), and aborts the
+# whole process, without a Python exception, when the machine cannot give it.
+TRAINER_BYTES_PER_TOKEN = 70
+
+
+def machine_memory() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def trained_vocab_problem(vocab_size: int, text_bytes: int | None = None, asked: str = "--vocab-size") -> str | None:
+    """Why a tokenizer of ``vocab_size`` tokens (``asked`` names where that number comes from) cannot be trained on
+    the fly: more tokens than it can learn from ``text_bytes`` of text (None: the most it ever trains on), or more
+    memory than the machine has for the tokenizers library's trainer; None when it can."""
+    most = BYTE_LEVEL_TOKENS + (4 * TOKENIZER_SAMPLE_CHARS if text_bytes is None else text_bytes)
+    if vocab_size > most:
+        what = (f"at most {4 * TOKENIZER_SAMPLE_CHARS:,} bytes ({TOKENIZER_SAMPLE_CHARS // 10**6} million characters)"
+                if text_bytes is None else f"{text_bytes:,} bytes")  # fmt: skip
+        return (f"{asked} {vocab_size:,} is more than a tokenizer trained on the data can hold: byte-level BPE "
+                f"has {BYTE_LEVEL_TOKENS} (bytes, end of text) and learns at most one more per byte it trains on, "
+                f"here {what}, so {most:,} at most; give a smaller --vocab-size")  # fmt: skip
+    memory = machine_memory()
+    needed = vocab_size * TRAINER_BYTES_PER_TOKEN
+    if memory is not None and needed > memory:
+        return (f"{asked} {vocab_size:,} is more than this machine's memory can train: the tokenizers library "
+                f"reserves about {TRAINER_BYTES_PER_TOKEN} bytes a token, {needed / 1e9:.1f} GB, and this machine has "
+                f"{memory / 1e9:.1f} GB; give --vocab-size {memory // TRAINER_BYTES_PER_TOKEN:,} or less")  # fmt: skip
+    return None
+
 
 # A --model folder with trained weights is fine-tuned at FINE_TUNING_LR, the best of three rates a factor 3 apart on
 # SmolLM2-135M (benchmarks/results/smollm2_tuning.md), with FINE_TUNING_WEIGHT_DECAY, the weight decay that
@@ -48,6 +87,14 @@ MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
+# Path options that an empty value would turn into the working folder: each refused, with what to give instead
+EMPTY_REFUSED = {
+    "output": "the folder to write",
+    "data": "the text to train on (or leave --data out: the Python standard library's source)",
+    "model": "the model folder or Hub id (or leave --model out: a model from --arch and --preset)",
+    "tokenizer": "the tokenizer folder (or leave --tokenizer out)",
+    "data_cache": "the folder to cache the tokenized data in (or leave --data-cache out)",
+}
 MIN_EVAL_BLOCKS = 8  # the held-out blocks are evaluated in multiples of 8 (data.prepare.evaluation_size)
 
 
@@ -166,6 +213,10 @@ class TrainOptions:
         "Peak learning rate of AdamW: reached after --warmup-steps, then a cosine decay to --min-lr-ratio times it "
         "at --max-steps.", minimum=0, min_open=True, sweep=False, default_text=_lr_default_text(),
         trainer="learning_rate", sweep_key=False))  # fmt: skip
+    # who gave ``lr`` when a program did rather than --lr (``rate_rule.SWEEP_RATE``: a rate of a sweep's grid), for
+    # the card's and metrics.json's rate source; no option of the command line, no part of a sweep's key
+    lr_source: str | None = field(default=None, metadata={"sweep_key": False,
+                                                          "used_if": lambda options: options.lr_source is not None})
     warmup_steps: int | None = field(default=None, metadata=option(
         "Steps over which the learning rate rises linearly to --lr (step s of them at (s+1)/STEPS of it).",
         minimum=0, default_text=f"a {WARMUP_SHARE}th of --max-steps", trainer="warmup_steps"))  # fmt: skip
@@ -248,9 +299,15 @@ class TrainOptions:
         from ..errors import SettingsError, first_line
         from ..modeling.settings import GeoNormSettings
 
-        if not os.fspath(self.output).strip():
-            raise OptionError("--output is empty (an unset shell variable?); give the folder to write")
+        check_transformers_release()  # before any option: no value makes an older transformers train
+        for name, what in EMPTY_REFUSED.items():
+            value = getattr(self, name)
+            if value is not None and not os.fspath(value).strip():
+                raise OptionError(f"--{name.replace('_', '-')} is empty (an unset shell variable?); give {what}")
         refuse_out_of_limits(self)
+        problem = None if self.vocab_size is None else trained_vocab_problem(self.vocab_size)
+        if problem is not None:  # before the tokenizers library would abort the process trying
+            raise OptionError(problem)
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
             raise OptionError(
                 f"--max-tokens {self.max_tokens} is less than one block of --seq-len {self.seq_len}: give at least "
@@ -294,6 +351,20 @@ class TrainOptions:
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self
+
+
+def check_transformers_release() -> None:
+    """``UnsupportedTransformers`` (one line naming the release needed) below the oldest transformers a run works
+    with: ``TrainingArguments(activation_checkpointing=...)``, which ``--gradient-checkpointing`` sets, is 5.23's.
+    Loading, inference and ``generate`` run from the oldest release of the modelling code's range."""
+    from ..modeling import transformers_versions as versions
+
+    if versions.INSTALLED < OLDEST_TRANSFORMERS:
+        needed = f">={'.'.join(map(str, OLDEST_TRANSFORMERS))},{versions.SUPPORTED_RANGE.split(',')[1]}"
+        raise versions.UnsupportedTransformers(
+            f"hf-geonorm train needs transformers {needed} (TrainingArguments' activation_checkpointing), but "
+            f"{versions.INSTALLED_VERSION} is installed: pip install 'transformers{needed}'"
+        )
 
 
 def trainer_arguments(options: TrainOptions) -> dict[str, Any]:

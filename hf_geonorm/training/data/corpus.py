@@ -78,6 +78,12 @@ class Corpus:
     fingerprint: str
     column: str = "text"
     hub: HubSource | None = None
+    name: str | None = None  # the data as what is shared (a model card) names it, where ``label`` names a local path
+
+    @property
+    def shared_name(self) -> str:
+        """The data's name without this machine's folders: a file's or folder's own name, else the label."""
+        return self.name or self.label
 
     def documents(self, shard: int) -> Iterator[str]:
         """The documents of one shard, in order (``documents``: what a document is)."""
@@ -149,7 +155,7 @@ def _resolve(data: str | None, column: str, hub: HubSource | None) -> Corpus:
         why = _not_text(path) if kind == "paragraphs" else None
         if why is not None:
             raise ValueError(f"{path} {why}")
-        return _local([(kind, path)], str(path), column)
+        return _local([(kind, path)], str(path), column, name=path.name)
     if path.is_dir() and (path / SAVED_DATASET_DICT).is_file() and source.config is None:
         _check_saved_split(path, source.split)
         return _dataset_corpus(source, column, saved=True)
@@ -188,7 +194,7 @@ def _folder_corpus(path: Path, column: str) -> Corpus:
         raise ValueError(
             f"{path} holds no text files ({', '.join((*TEXT_SUFFIXES, *ROW_SUFFIXES))}); give a folder of text files"
         )
-    return _local(shards, f"{len(shards)} files under {path}", column)
+    return _local(shards, f"{len(shards)} files under {path}", column, name=f"{len(shards)} files under {path.name}/")
 
 
 def _skipped_why(path: Path) -> str:
@@ -251,9 +257,9 @@ def content_key(shards: Iterable[tuple[str, Path]]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def _local(shards: list[tuple[str, Path]], label: str, column: str = "text") -> Corpus:
+def _local(shards: list[tuple[str, Path]], label: str, column: str = "text", name: str | None = None) -> Corpus:
     digest = hashlib.sha256(json.dumps([content_key(shards), column]).encode()).hexdigest()
-    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column)
+    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column, name=name)
 
 
 def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
@@ -278,7 +284,8 @@ def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
     part = "".join(f", {name} {value}" for name, value in (("config", source.config), ("split", source.split),
                                                            ("revision", source.revision)) if value)  # fmt: skip
     kind = "saved" if saved else "hub"
-    return Corpus(((kind, source.name),), f"the datasets corpus {source.name!r}{part}", digest, column, source)
+    name = f"the saved datasets folder {Path(source.name).name!r}{part}" if saved else None
+    return Corpus(((kind, source.name),), f"the datasets corpus {source.name!r}{part}", digest, column, source, name)
 
 
 def _saved_fingerprint(source: HubSource) -> str | None:

@@ -134,6 +134,7 @@ class TrainingData:
     val: TokenBlocks
     test: TokenBlocks
     label: str
+    name: str  # the data as a model card names it (``Corpus.shared_name``: no folder of this machine)
     tokenizer: Any
     tokenizer_from_model: bool
     facts: dict[str, Any]  # what a sweep's journal records of the data: fingerprints and the splits' sizes
@@ -195,7 +196,8 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
         _log_held_out(plan.files, plan.why_not_files, splits, (len(dropped), sum(dropped)), log)
         train = streaming_blocks(corpus, tokenizer, length, held, request.seed)
         facts = data_facts(corpus, tokenizer, None, {s: (None, c["tokens"], c["blocks"]) for s, c in splits.items()})
-        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model, facts)
+        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, corpus.shared_name, tokenizer,
+                            from_model, facts)  # fmt: skip
     workers = min(request.workers, os.cpu_count() or 1)
     if workers < request.workers:
         log(f"--data-workers {request.workers} is more than this machine's {workers} CPUs: tokenizing with {workers}")
@@ -238,7 +240,8 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
         )
     held = {s: (meta[f"{s}_documents"], meta[f"{s}_tokens"], meta[f"{s}_blocks"]) for s in ("val", "test")}
     facts = data_facts(corpus, tokenizer, train_tokens, held)
-    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, tokenizer, from_model, facts)
+    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, corpus.shared_name, tokenizer,
+                        from_model, facts)  # fmt: skip
 
 
 def data_facts(

@@ -299,9 +299,8 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
         chosen = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
         changes["lr"] = chosen.lr
         advice = "" if fine_tuning else "; `hf-geonorm sweep` measures it on your data"
-        if chosen.needs_sweep:
-            advice = ("; no cell measured this shape and style: run `hf-geonorm sweep` first (its default grid spans "
-                      "1/8 to 8 times this rate)")  # fmt: skip
+        if chosen.needs_sweep:  # its account ends in rate_rule.SWEEP_FIRST
+            advice = " (`hf-geonorm sweep`: its default grid spans 1/8 to 8 times this rate)"
         lines.append(f"learning rate {chosen.lr:g}, the default for {chosen.why}{advice}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
@@ -325,12 +324,12 @@ def default_rate(model: str | None, config: Any, style: str) -> DefaultRate:
     return replace(chosen, why=FROM_SCRATCH + chosen.why)
 
 
-def rate_choice(lr: float | None, model: str | None, config: Any) -> DefaultRate:
+def rate_choice(lr: float | None, model: str | None, config: Any, given_by: str | None = None) -> DefaultRate:
     """Where the run's peak learning rate comes from, for its card and ``metrics.json``: ``--lr`` where given
-    (``lr``), else ``default_rate``'s source for the ``--model`` (``model``) of ``config``, with a ``why`` that names
-    no folder of this machine (the card is shared)."""
+    (``lr``; ``given_by`` names the program that gave it, such as a sweep), else ``default_rate``'s source for the
+    ``--model`` (``model``) of ``config``, with a ``why`` that names no folder of this machine (the card is shared)."""
     if lr is not None:
-        return DefaultRate(lr, RATE_GIVEN, RATE_GIVEN)
+        return DefaultRate(lr, RATE_GIVEN, given_by or RATE_GIVEN)
     chosen = default_rate(model, config, getattr(config, "norm_style", "pre"))
     if chosen.source == FINE_TUNING:
         return replace(chosen, why=f"{FINE_TUNING}: the default for a --model with trained weights")

@@ -33,6 +33,7 @@ from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumab
 from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
 from .optim import RunSizes, decayed_parameter_names, make_scheduler, peak_reached, run_sizes
 from .outputs import (
+    RunOutputs,
     RunProgress,
     check_output_path,
     clear_earlier_run,
@@ -46,6 +47,7 @@ from .outputs import (
     publish_results,
     run_output,
     save_final_model,
+    shared_data,
     training_facts,
 )
 from .record import check_same_run, learning_rate_facts, run_record
@@ -153,7 +155,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         return _run(options, output, main, log, published)
 
 
-def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
+def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: RunOutputs) -> dict[str, Any]:
     """The run's steps: the output folder (a new run, or the checkpoint a resumed one continues), the data, the
     model, the run's record, Trainer, and what the run saves."""
     data_log = log if main else _silent
@@ -216,7 +218,7 @@ def save_results(
     resumed_step: int,
     seconds: float,
     output: Path,
-    published: list[Path],
+    published: RunOutputs,
     log: Any,
 ) -> dict[str, Any]:
     """The save step: the final validation and test losses, ``final/`` (the model with its card), ``metrics.json``
@@ -231,7 +233,8 @@ def save_results(
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     steps = trainer.state.global_step
     peak = peak_reached(options.lr, steps, options.warmup_steps, options.max_steps, options.min_lr_ratio)
-    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss, built.rate))
+    shared = shared_data(data.name, data.facts["fingerprint"])
+    card = final_card(options.model, training_facts(options, shared, steps, peak, loss, test_loss, built.rate))
     if trainer.is_world_process_zero():
         save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
     metrics = run_metrics(options, trainer, data, built, to_save.config, resumed_step, seconds, loss, test_loss)
@@ -277,7 +280,8 @@ def model_to_train(
             check_resumable_adapters(model, checkpoint)
     parameters = sum(p.numel() for p in model.parameters())
     log(f"model: {type(model).__name__}, {parameters / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
-    rate = rate_choice(options.lr, options.model, model.config)  # before the default is set: --lr given or not
+    # before the default is set: --lr given (by whom) or not
+    rate = rate_choice(options.lr, options.model, model.config, options.lr_source)
     options, defaults = with_learning_rate(options, model.config)
     for line in defaults if main else ():
         log(line)
@@ -285,7 +289,7 @@ def model_to_train(
 
 
 def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingData, record: dict[str, Any],
-                    checkpoint: Path | None, resumed_step: int, output: Path, published: list[Path], main: bool,
+                    checkpoint: Path | None, resumed_step: int, output: Path, published: RunOutputs, main: bool,
                     log: Any) -> tuple[CheckedTrainer, RunProgress]:  # fmt: skip
     """The Trainer step: ``CheckedTrainer`` over the model and the data, with the ``TrainingArguments`` the options
     set (``trainer_arguments``) and the library's recipe, and its progress bar (``RunProgress``)."""
@@ -326,6 +330,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         eval_dataset=data.val,
         callbacks=callbacks,
     )
+    published.watch_tensorboard(trainer)
     if main:  # the device is Trainer's (accelerate's) choice: CUDA, MPS, XPU, ... or the CPU
         log(f"device: {trainer.args.device}, {trainer.args.world_size} process(es), precision {options.precision}")
     trainer.remove_callback(ProgressCallback)

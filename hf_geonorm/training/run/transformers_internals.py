@@ -82,10 +82,9 @@ INTERNALS = (
     Internal("transformers.conversion_mapping", "WeightRenaming",
              "modeling/checkpoint_layout.py: GeoNorm's own tensor names hidden from the stock renamings",
              parameters=("source_patterns", "target_patterns")),
-    Internal("transformers.trainer_utils", "rotate_checkpoints",
-             "training/run/checkpoints.py: the checkpoints beyond save_total_limit removed after a checkpoint is "
-             "moved in",
-             parameters=("output_dir", "save_total_limit")),
+    Internal("transformers.integrations.integration_utils.TensorBoardCallback", "logging_dir",
+             "training/run/outputs.py: RunOutputs.finish records the event files of the folder TensorBoard wrote in",
+             read_by="transformers.integrations.integration_utils.TensorBoardCallback._init_summary_writer"),
 )  # fmt: skip
 
 

@@ -31,11 +31,12 @@ from ...declarations import OptionError
 from ...errors import NonFiniteError, first_line
 from ...files.atomic import LOCK_NAME
 from ...files.output_lock import output_lock
-from ...files.ownership import adopt_earlier_output, only_bookkeeping_left, record_paths
+from ...files.ownership import only_bookkeeping_left, read_marker, record_paths
 from ...files.signals import raise_if_signalled
 from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
 from ..options import TrainOptions
+from ..rate_rule import SWEEP_RATE
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
 from ..run.trainer import run_training
@@ -127,7 +128,6 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
             sweep.validate()
             if taken:
                 log(f"the sweep resumes as it began ({journal.path}, line 1): {', '.join(taken)}")
-        adopt_earlier_output(folder, "sweep")
         return (runner or _Sweep)(sweep, train, folder, journal, log).run()
 
 
@@ -269,8 +269,8 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     logs = folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     options = replace(
-        train, output=str(output), lr=run.lr, seed=run.seed, settings=run.settings(train.settings), force=True,
-        resume=False,
+        train, output=str(output), lr=run.lr, lr_source=SWEEP_RATE, seed=run.seed,
+        settings=run.settings(train.settings), force=True, resume=False,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed,
                              "train_options": journal_key(train)}  # fmt: skip
@@ -296,10 +296,14 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
 
 
 def _remove_checkpoints(output: Path) -> None:
+    """Remove the checkpoints of the run that trained into ``output`` (the folder ``--force`` gave it, locked while
+    the sweep runs), and drop them from its marker."""
     for _, checkpoint in checkpoints(output):
         shutil.rmtree(checkpoint, ignore_errors=True)
     if output.is_dir() and only_bookkeeping_left(output):
         output.rmdir()
+    elif output.is_dir() and read_marker(output) is not None:
+        record_paths(output, "train")  # the checkpoints leave the run's marker
 
 
 def _finite(value: float) -> float | None:

@@ -13,7 +13,10 @@ needs (``protocol.walk``) that no machine has finished or is training.
   heartbeat is older than ``--takeover-after`` seconds is failed (its machine died) and taken by the next machine
   that looks; a result that comes back for a run taken over is dropped, so no run counts twice.
 - The database may go away between two steps (a restart): each step is retried until it is back, for as long as
-  ``--takeover-after`` at least.
+  ``--takeover-after`` at least. Only that is waited out (``lost_connection``): a malformed URL, a study name
+  longer than Optuna stores, a database that cannot be reached when the machine first connects (a closed port,
+  an unknown host), a refused login, a missing database and any other error of the database fail at once, with
+  the database's own words.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from .protocol import Task, Walk, walk
 from .record import RecordError, check_header, check_record, check_same_sweep
 
 RETRY_SECONDS = 2.0  # how often an unreachable database is tried again
+MAX_STUDY_NAME = 512  # characters: Optuna's studies.study_name column
+# SQLSTATEs of a connection the server dropped or cannot take yet (a restart): connection_exception (class 08),
+# admin_shutdown, crash_shutdown, cannot_connect_now; a connection that breaks with no SQLSTATE is lost too
+LOST_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
 
 
 def _optuna() -> Any:
@@ -59,16 +66,69 @@ def shown_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def checked_url(url: str) -> str:
+    """``url`` when it is a PostgreSQL URL that parses (a port that is a number in range, a host); ``OptionError``
+    naming what is wrong otherwise, the password never shown."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if not url.startswith(("postgresql://", "postgresql+")):
+        raise OptionError(f"--storage takes a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE); got "
+                          f"{url.split(':', 1)[0]}:...")  # fmt: skip
+    form = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as error:
+        cause = "its port is not a number" if "invalid literal for int()" in str(error) else str(error).splitlines()[0]
+        raise OptionError(f"--storage is not a valid URL ({cause}); give {form}") from None
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise OptionError(f"--storage {shown_url(url)}: port {parsed.port} is not one of 1 to 65535; give {form}")
+    return url
+
+
+def database_words(error: BaseException) -> str:
+    """What the database (or its driver) said, in one line: the driver's error under SQLAlchemy's and Optuna's."""
+    from sqlalchemy.exc import DBAPIError
+
+    cause = _database_error(error)
+    said = cause.orig if isinstance(cause, DBAPIError) and cause.orig is not None else (cause or error)
+    return " ".join(" ".join(str(said).split("\n")[:2]).split()) or type(said).__name__
+
+
+def _database_error(error: BaseException) -> BaseException | None:
+    """The SQLAlchemy error ``error`` is or wraps (Optuna wraps some in its own), or None."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, SQLAlchemyError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
+def lost_connection(error: BaseException) -> bool:
+    """Whether ``error`` is a connection to the database lost or refused while it restarts (the one error worth
+    waiting out, once this machine has reached the database): an operational or interface error whose SQLSTATE is
+    a connection's (``LOST_CONNECTION_STATES``) or none."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    cause = _database_error(error)
+    if not isinstance(cause, (OperationalError, InterfaceError)):
+        return False
+    state = getattr(cause.orig, "sqlstate", None)
+    return state is None or state.startswith(LOST_CONNECTION_STATES)
+
+
 class StudyBoard:
     """The runs of a sweep in a shared study: what ``engine`` asks of a board (``take``, ``finish``, ``release``,
     ``entries``, ``walk``, ``beat``)."""
 
     def __init__(self, url: str, study: str, takeover_after: float, sweep: SweepOptions,
                  grids: dict[str, tuple[float, ...]], log: Callable[[str], None]) -> None:  # fmt: skip
-        if not url.startswith(("postgresql://", "postgresql+")):
-            raise OptionError(f"--storage takes a PostgreSQL URL (postgresql://USER:PASSWORD@HOST:PORT/DATABASE); got "
-                              f"{url.split(':', 1)[0]}:...")  # fmt: skip
         optuna = _optuna()
+        checked_url(url)
+        if len(study) > MAX_STUDY_NAME:
+            raise OptionError(f"--study is {len(study):,} characters long; the study's name is stored in at most "
+                              f"{MAX_STUDY_NAME}: give a shorter one")  # fmt: skip
         import sqlalchemy
         from sqlalchemy.pool import NullPool
 
@@ -82,6 +142,7 @@ class StudyBoard:
         self.beaten = 0.0
         self.sweep, self.grids = sweep, grids
         self.header: dict[str, Any] = {}  # the study's, once this machine has joined it (``join``)
+        self.reached = False  # whether a step has reached the database: after that, a lost connection is waited out
         self.storage = self.retrying("open", lambda: optuna.storages.RDBStorage(
             url, heartbeat_interval=int(self.beat_every), grace_period=int(takeover_after),
             engine_kwargs={"pool_pre_ping": True}))  # fmt: skip
@@ -90,18 +151,26 @@ class StudyBoard:
         self.study_id = self.storage.get_study_id_from_name(study)
 
     def retrying(self, what: str, step: Callable[[], Any]) -> Any:
-        """``step``, tried again while the database cannot be reached (a restart), ``--takeover-after`` seconds at
-        least; then a one-line error."""
-        from sqlalchemy.exc import DBAPIError
+        """``step``, tried again while the connection to the database is lost (a restart: ``lost_connection``),
+        ``--takeover-after`` seconds at least; then a one-line error. Any other error of the database, and one
+        that keeps this machine from reaching it the first time, is a one-line error at once, in its words."""
+        from sqlalchemy.exc import SQLAlchemyError
 
         deadline, said = time.monotonic() + max(self.takeover_after, 30.0), False
         while True:
             try:
-                return step()
-            except (DBAPIError, self.optuna.exceptions.StorageInternalError) as error:
+                result = step()
+                self.reached = True
+                return result
+            except (SQLAlchemyError, self.optuna.exceptions.StorageInternalError) as error:
+                words = database_words(error)
+                if not lost_connection(error):
+                    raise JournalError(f"{self.where}: {what} failed: {words}") from None
+                if not self.reached:  # a closed port, an unknown host, a refused login: the driver's words say
+                    raise JournalError(f"cannot connect to {self.where}: {words}") from None
                 if time.monotonic() > deadline:
-                    raise JournalError(f"{self.where} cannot be reached ({what}): {str(error).splitlines()[0]}; the "
-                                       "runs finished are kept there: run the sweep again once it is back") from None
+                    raise JournalError(f"{self.where} cannot be reached ({what}): {words}; the runs finished are kept "
+                                       "there: run the sweep again once it is back") from None  # fmt: skip
                 if not said:
                     self.log(f"{self.where} cannot be reached ({what}); trying again every {RETRY_SECONDS:g} s")
                     said = True
