@@ -31,7 +31,7 @@ from hf_geonorm_cli.main import cli
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
-        "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+        "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

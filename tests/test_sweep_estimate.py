@@ -16,7 +16,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STEPS = 3
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", str(STEPS), "--eval-every",
-        "3", "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+        "3", "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 # seconds of each run, in the order they train: (setup, seconds a step, evaluations); setup is everything else the
 # sweep waits for (building the model, saving it, the report); the first run's holds one-off costs
 RUNS = {"pre-lr2e-3-seed0": (20.0, 1.0, 1.0), "pre-lr8e-3-seed0": (2.0, 1.0, 1.0),

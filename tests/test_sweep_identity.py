@@ -17,7 +17,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep
 
 ONE_STEP = ["--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
-            "--eval-blocks", "8"]  # fmt: skip
+            "--eval-blocks", "8", "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 VOCAB = ["--vocab-size", "300"]
 
 

@@ -24,7 +24,7 @@ from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 ROOT = Path(__file__).parent.parent
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
-        "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+        "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 

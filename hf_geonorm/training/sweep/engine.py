@@ -12,6 +12,7 @@ written from that order: it is the serial sweep's.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from .grid import style_grids
 from .identity import measured_identity
 from .journal import Journal, JournalError, append, begin_journal, check_identity, load_journal
 from .options import SweepOptions
-from .protocol import Task, Walk, serial_order, walk
+from .protocol import Task, Walk, plan_text, serial_order, walk
 from .record import RecordError, check_record, sweep_header
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
@@ -89,6 +90,7 @@ class ParallelSweep:
         slots = worker_slots(self.engine.workers, self.engine.devices)
         pending = self.board.walk()
         if not pending.finished:
+            self.log(plan_text(self.sweep, self.grids, self.board.entries()))
             self.log(f"to train: {len(pending.due)} run(s) the protocol needs now, on {len(slots)} worker(s): "
                      + "; ".join(f"worker {slot.number} on {slot.where}" for slot in slots))  # fmt: skip
             with Pool(slots, self.train, self.folder, self.journal.header) as pool:
@@ -238,9 +240,12 @@ class ParallelSweep:
         for worker in busy:
             done = worker.step[0] / worker.step[1] if worker.step else 0.0
             seconds += (1 - done) * self.estimate.run_seconds(worker.task.run.style)
+        found = self.board.walk()
+        upper = seconds + found.possible * statistics.fmean(self.estimate.run_seconds(s) for s in self.sweep.styles)
         self.log(f"time estimate: about {duration(seconds / len(pool.workers))} for the {len(queued) + len(busy)} "
-                 f"run(s) known to be left on {len(pool.workers)} worker(s) (extensions and confirmation runs not yet "
-                 "decided come on top)")  # fmt: skip
+                 f"run(s) known to be left on {len(pool.workers)} worker(s), at most about "
+                 f"{duration(upper / len(pool.workers))} with the {found.possible} run(s) the steps and confirmations "
+                 "not yet decided may add")  # fmt: skip
 
     def ordered(self, reached: list[tuple]) -> list[dict[str, Any]]:
         """The runs in the serial sweep's order: those the journal held before, then the others as the protocol

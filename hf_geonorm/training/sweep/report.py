@@ -9,8 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .evidence import PLATEAU_TOLERANCE, early_training, margins_text, plateau_notes, seeds_named
-from .table import Cell, arm_name, at_edge, best_rates, cells, common_seeds, mean_spread, rate_text, trained
+from .evidence import PLATEAU_TOLERANCE, caveats, early_training, margins_text, plateau_notes, seeds_named
+from .table import (
+    Cell,
+    arm_name,
+    at_edge,
+    best_rates,
+    cells,
+    chosen_cells,
+    common_seeds,
+    mean_spread,
+    rate_text,
+    row_name,
+    share_text,
+    trained,
+)
 
 # the table's names the benchmarks and the tests read from here, besides the report's own
 __all__ = ["arm_name", "at_edge", "best_rates", "cells", "mean_spread", "rate_text", "report_text", "write_report"]
@@ -115,9 +128,10 @@ def seeds_text(runs: list[dict[str, Any]]) -> str:
     text = f"seeds: {', '.join(map(str, sorted(common))) or 'none'} at every rate"
     if extra:
         text += f"; more seeds at {'; '.join(extra)}"
-    extended = sorted({(arm_name(e), e["lr"]) for e in runs if e.get("role") == "extension"})
+    extended = sorted({(row_name(e), e["lr"]) for e in runs if e.get("role") == "extension"})
     if extended:
-        text += f"; rates added beyond an edge (--extend): {', '.join(f'{a} {rate_text(lr)}' for a, lr in extended)}"
+        text += ("; cells added by the walk's steps (a rate beyond an edge, a share beyond the shares run): "
+                 f"{', '.join(f'{a} {rate_text(lr)}' for a, lr in extended)}")  # fmt: skip
     return text
 
 
@@ -178,9 +192,14 @@ def validation_warning(runs: list[dict[str, Any]]) -> list[str]:
 def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """The markdown report and its warnings (best rates at the edge of the grid, arms where no rate trained, a
     small validation sample); ``header``, the journal's, says what was swept."""
-    table, best, edges = cells(runs), best_rates(runs), at_edge(runs)
+    table, rows_best, edges = cells(runs), best_rates(runs), at_edge(runs)
+    chosen = chosen_cells(runs)
+    best = {choice.row: choice.lr for choice in chosen.values()}  # each arm's chosen row and its rate
     rates = sorted({lr for arm in table.values() for lr in arm})
     lines = ["# Sweep", ""]
+    seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
+    first = caveats(runs, {choice.row: choice.share for choice in chosen.values()}, seeds)
+    lines += [*[f"{line}\n" for line in first]] if first else []
     if header is not None:
         lines += swept_text(runs, header)
     lines += early_training(runs)
@@ -195,7 +214,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         row = []
         for lr in rates:
             text = cell_text(arm_rates[lr], common_seeds(arm_rates)) if lr in arm_rates else "–"
-            row.append(f"**{text}**" if lr == best[arm] and trained(arm_rates) else text)
+            row.append(f"**{text}**" if lr == best.get(arm) and trained(arm_rates) else text)
         lines.append(f"| {arm} | " + " | ".join(row) + " |")
     lines += [
         "",
@@ -203,15 +222,20 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         "",
         f"Test loss: documents held out apart from validation's, never used for the choice. Mean ± {SPREAD}.",
         "",
-        "| arm | rate chosen | seeds | validation loss | test loss |",
-        "|---|---|---|---|---|",
+        "| arm | warm-up | rate chosen | seeds | validation loss | test loss | test loss of each seed |",
+        "|---|---|---|---|---|---|---|",
     ]
+    shares = {choice.row: choice.share for choice in chosen.values()}
     ranked = sorted((arm for arm in best if trained(table[arm])),
                     key=lambda arm: mean_spread(table[arm][best[arm]].test)[0])  # fmt: skip
     for arm in ranked:
         cell = table[arm][best[arm]]
-        lines.append(f"| {arm} | {rate_text(best[arm])} | {len(cell.seeds)} | {_loss_text(cell.val)} | "
-                     f"{_loss_text(cell.test)} |")  # fmt: skip
+        share = warmup_text(runs, header["train_options"] if header else {}) if shares[arm] is None else (
+            share_text(shares[arm]))  # fmt: skip
+        each = ", ".join(f"{seed}: {'diverged' if loss is None else f'{loss:.4f}'}"
+                         for seed, loss in sorted(zip(cell.seeds, cell.test, strict=True)))  # fmt: skip
+        lines.append(f"| {arm} | {share} | {rate_text(best[arm])} | {len(cell.seeds)} | {_loss_text(cell.val)} | "
+                     f"{_loss_text(cell.test)} | {each} |")  # fmt: skip
     failed = [arm for arm in best if not trained(table[arm])]
     for arm in failed:
         lines.append(f"| {arm} | none: no rate trained | {len({s for c in table[arm].values() for s in c.seeds})} | "
@@ -220,7 +244,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         lines += ["", margins_text(table, best, ranked)]
     elif not ranked:
         lines += ["", "No rate trained: every run of every arm diverged, so nothing was chosen or compared."]
-    notes = plateau_notes(table, best)
+    notes = plateau_notes(table, rows_best)
     if notes:
         lines += ["", "## How sure each choice is", "", PLATEAU, "", *[f"- {note}" for note in notes]]
     warnings = [f"every run of {arm} diverged: no rate trained; try lower rates" for arm in failed]
@@ -228,7 +252,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         f"the best rate of {arm} ({rate_text(best[arm])}) is the {where} rate of its grid: the best may lie "
         "beyond it; extend the grid (--extend, or --lrs) and run the sweep again" if where != "only" else
         f"{arm} has one rate only: nothing was chosen"
-        for arm, where in edges.items() if arm not in failed
+        for arm, where in edges.items() if arm in best and arm not in failed
     ]  # fmt: skip
     warnings += validation_warning(runs)
     if warnings:
