@@ -349,7 +349,8 @@ class Committer:
     (``--commit-every``), so that a later session merges the branch and resumes where the journal stopped."""
 
     def __init__(self, results: Path, every: int) -> None:
-        self.results, self.every, self.committed = results, every, self.finished()
+        self.results, self.every = results, every
+        self.committed = self.finished()
 
     def finished(self) -> int:
         return sum(len(path.read_text(encoding="utf-8").splitlines()) - 1
