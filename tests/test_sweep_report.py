@@ -205,7 +205,9 @@ def readme_sweep(tmp_path_factory) -> tuple[Path, str]:
         patch.setenv("HOME", str(root / "home"))
         patch.chdir(root)
         torch.set_num_threads(1)
-        result = invoke(*args, "--batch-size", "2", "--vocab-size", "300", "--data-cache", root / "cache")
+        # the default walk, cut to its starting grid (two rates x two shares) to keep the test short
+        result = invoke(*args, "--batch-size", "2", "--vocab-size", "300", "--data-cache", root / "cache", "--extend",
+                        "0", "--warmup-shares", "0.1,0.3", "--confirm-seeds", "none")  # fmt: skip
     assert result.exit_code == 0, result.output
     return root / "sweep", result.output
 

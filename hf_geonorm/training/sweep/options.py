@@ -26,7 +26,7 @@ CONFIRMED_SEEDS = 3  # seeds at each arm's chosen cell by default: --seeds, then
 RATES = ("lrs", "lr_range")  # one choice: given either, the sweep takes neither from its header
 # what a plan recorded before an option existed ran: no warm-up walk (the journal's --warmup-steps); a plan's null
 # --confirm-seeds is none (a plan of today records the seeds its default resolved to)
-LEGACY_PLAN = {"warmup_shares": None, "warmup_start": None}
+LEGACY_PLAN = {"warmup_shares": None, "warmup_start": None, "extend": 0}
 
 
 def _grid_text() -> str:

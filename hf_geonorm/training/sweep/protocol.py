@@ -174,15 +174,15 @@ def walk_arm(found: Walk, sweep: SweepOptions, rates: list[float], entries: list
         stage += 1
         best = best_cell(entries, sweep.seeds, style, alpha, rows)
         if best is None:
-            found.notes.append(f"{arm}: every run diverged (no rate trained): no step and no confirmation runs; "
-                               "give lower --lrs")  # fmt: skip
+            found.notes.append(f"{arm}: every run diverged (no rate trained): the grid is not extended and no seed "
+                               "confirmed; give lower --lrs")  # fmt: skip
             return
         share, lr = best
         added: list[Run] = []
         where = "" if share is None else f" at warm-up {share_text(share)}"
         if rate_steps < sweep.extend:
             beyond, why_not = beyond_edge(rows[share], lr)
-            edge = f"{arm}: best rate {rate_text(lr)}{where} is at the edge of its rates"
+            edge = f"{arm}: best rate {rate_text(lr)}{where} is at the edge of its grid"
             if why_not:
                 found.notes.append(f"{edge}, but {'; '.join(why_not)}: "
                                    + ("no rate added" if not beyond else "not on that side"))  # fmt: skip
