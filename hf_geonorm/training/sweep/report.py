@@ -144,7 +144,11 @@ def recorded(runs: list[dict[str, Any]], name: str) -> list[Any]:
 
 def warmup_text(runs: list[dict[str, Any]], options: dict[str, Any]) -> str:
     """The warm-up the runs used (recorded by each run: ``--warmup-steps``, or its default, a tenth of the steps)."""
+    shares = sorted({e["warmup_share"] for e in runs if e.get("warmup_share") is not None})
     used = recorded(runs, "warmup_steps")
+    if shares:
+        steps = ", ".join(str(round(share * options["max_steps"])) for share in shares)
+        return f"tuned: {', '.join(map(share_text, shares))} of the run ({steps} steps)"
     if used:
         return " or ".join(map(str, used)) + " steps"
     if options.get("warmup_steps") is not None:
