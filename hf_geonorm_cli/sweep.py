@@ -5,6 +5,7 @@ generated from their one declaration."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import click
@@ -42,4 +43,10 @@ def sweep(**kwargs: Any) -> None:
         "(a sweep resumes by whole runs); the same command again trains the runs that are missing"
     )
     train = TrainOptions(settings=settings, **given(kwargs))
-    run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo, given=set(sweep_values)))
+    run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=timestamped,
+                             given=set(sweep_values)))  # fmt: skip
+
+
+def timestamped(line: str) -> None:
+    """A line of the sweep's log, with the time it was written (a sweep runs for hours)."""
+    click.echo(f"{time.strftime('%H:%M:%S')} {line}")

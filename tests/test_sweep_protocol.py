@@ -5,6 +5,7 @@ where the sweep tuned less."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from functools import cache
@@ -269,3 +270,78 @@ def test_the_caveats_figures_are_phase_is_journals():
                     spreads.append(max(tests) - min(tests))
     assert (seeded, failed, round(max(spreads), 2)) == (evidence.SEEDED_CELLS, evidence.FAILED_CELLS,
                                                          evidence.SEEDED_SPREAD)  # fmt: skip
+
+
+# --- what the report says of its choices besides the seed statistics ---
+
+
+def hand(style: str, lr: float, seed: int, val: float | None, share: float | None = 0.3) -> dict:
+    test = None if val is None else val + 0.1
+    return {"run": "r", "style": style, "alpha": None, "lr": lr, "seed": seed, "warmup_share": share,
+            "val_loss": val, "test_loss": test, "role": "grid"}  # fmt: skip
+
+
+def test_the_unigram_row_flags_an_arm_not_yet_learning_and_a_cliff_and_a_hole_are_named():
+    """geo chose 4e-3 beside 8e-3, which diverged (a cliff); pre chose 2e-3 with 8e-3 its only neighbour above (a
+    factor-4 hole) and sits within 0.1 of the unigram loss on test (not yet learning from context)."""
+    runs = [hand("geo", 2e-3, 0, 4.5), hand("geo", 4e-3, 0, 4.2), hand("geo", 8e-3, 0, None)]
+    runs += [hand("geo", 4e-3, seed, 4.2 + 0.01 * seed) for seed in (1, 2)]
+    runs += [hand("pre", 1e-3, 0, 6.3), hand("pre", 2e-3, 0, 6.2), hand("pre", 8e-3, 0, 6.4)]
+    runs += [hand("pre", 2e-3, seed, 6.2 + 0.01 * seed) for seed in (1, 2)]
+    unigram = {"unigram_validation": 6.25, "unigram_test": 6.31}
+    report, warnings = report_text_with(runs, unigram)
+    rows = {line.split(" |")[0].lstrip("| "): line for line in report.splitlines() if line.startswith("| ")}
+    reference = "unigram: the held-out text's tokens at their training frequencies, no context"
+    assert "| – | – | – | 6.2500 | 6.3100 | – |" in rows[reference]
+    assert any(name.startswith("pre warm-up 30% (") and "not yet learning from context" in name for name in rows)
+    assert any(name.startswith("geo warm-up 30% (next to a cliff: 8e-3 at the same warm-up diverged)")
+               for name in rows)  # fmt: skip
+    assert not any(name.startswith("geo warm-up 30% (") and "not yet learning" in name for name in rows)
+    assert any("pre warm-up 30%: the chosen rate 2e-3 and its neighbour 8e-3 are a factor 4 apart" in w
+               for w in warnings)  # fmt: skip
+    assert not any(w.startswith("geo warm-up 30%: the chosen rate") for w in warnings)  # 2e-3, 4e-3, 8e-3: no hole
+    tuned = report.split("## What was tuned")[1].split("\n## ")[0]
+    assert "the peak learning rate and the warm-up share of the run" in tuned
+    assert "- geo: 5 runs (5 starting grid, 0 added by the walk's steps, 0 confirmation); rates warm-up 30%: 2e-3, " \
+           "4e-3, 8e-3" in tuned
+
+
+def report_text_with(runs: list[dict], reference: dict) -> tuple[str, list[str]]:
+    from hf_geonorm.training.sweep.report import report_text
+
+    return report_text(runs, None, reference)
+
+
+def test_two_seeds_are_not_counted_in_standard_errors():
+    """With two seeds a gap's standard error rests on 1-2 degrees of freedom: the plateau note says so instead of
+    "N standard errors", and the margin carries the same words."""
+    runs = [hand(style, lr, seed, base + 0.3 * abs(math.log2(lr / 4e-3)) + 0.01 * seed)
+            for style, base in (("pre", 4.5), ("geo", 4.2)) for lr in (2e-3, 4e-3, 8e-3) for seed in (0, 1)]
+    report = report_text_with(runs, None)[0]
+    sure = report.split("## How sure each choice is")[1]
+    assert "standard errors" not in sure and "p from a t with 1-2 degrees of freedom" in sure
+    [margin] = [line for line in report.splitlines() if "is lowest on test" in line]
+    assert "2 seeds on a side: p from a t with 1-2 degrees of freedom" in margin
+
+
+def test_the_default_sweep_writes_the_unigram_reference_of_its_held_out_text(default_sweep, corpus):  # noqa: F811
+    """held_out.json's unigram cross-entropy, computed again here from the cached blocks (add-one smoothed training
+    target frequencies), and the report's reference row."""
+    import numpy as np
+
+    from hf_geonorm.training.data.prepare import data_request, data_source, training_data
+    from hf_geonorm.training.options import TrainOptions
+
+    folder, _ = default_sweep
+    record = json.loads((folder / "held_out.json").read_text())
+    options = TrainOptions(data=str(corpus), data_cache=str(folder.parent / "cache"), seq_len=32, batch_size=4,
+                           vocab_size=300, max_steps=10, eval_every=10, eval_blocks=8)  # fmt: skip
+    request = data_request(options)
+    data = training_data(data_source(request, lambda _: None), request, lambda _: None)
+    train = np.concatenate([np.asarray(view) for view in data.train.views])[:, 1:].reshape(-1)
+    counts = np.bincount(train, minlength=len(data.tokenizer)) + 1.0
+    for split, blocks in (("validation", data.val), ("test", data.test)):
+        targets = np.asarray(blocks.blocks)[:, 1:].reshape(-1)
+        assert record[f"unigram_{split}"] == pytest.approx(-np.log(counts / counts.sum())[targets].mean(), rel=1e-9)
+    row = f"| {record['unigram_validation']:.4f} | {record['unigram_test']:.4f} | – |"
+    assert row in (folder / "sweep.md").read_text()

@@ -29,6 +29,7 @@ from .journal import Journal, JournalError, append, begin_journal, check_identit
 from .options import SweepOptions
 from .protocol import Task, Walk, plan_text, serial_order, walk
 from .record import RecordError, check_record, sweep_header
+from .reference import HELD_OUT, write_held_out
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
 
@@ -106,7 +107,9 @@ class ParallelSweep:
             self.log(f"all {len(final.reached)} runs of the sweep are in {self.where()}")
         self.write_journal(entries)
         write_report(self.folder, entries, log=self.log, header=self.journal.header)
-        record_paths(self.folder, "sweep", self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        record_paths(self.folder, "sweep", *(path for path in (self.journal.path, self.folder / "sweep.md",
+                                                               self.folder / "sweep.png", self.folder / HELD_OUT)
+                                               if path.exists()))  # fmt: skip
         return entries
 
     def open_board(self) -> Any:
@@ -137,7 +140,7 @@ class ParallelSweep:
                 self.board.journal = self.journal
         else:
             check_identity(self.journal, replace(self.train, lr=None), identity)
-        prepare(self.log)
+        write_held_out(self.folder, prepare(self.log), self.log)
         if self.engine.storage is not None:
             self.refuse_runs_the_study_lacks()
 

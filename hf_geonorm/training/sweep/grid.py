@@ -55,6 +55,7 @@ from .journal import (
 )
 from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
 from .protocol import Run, Task, most_left, plan_text, walk
+from .reference import HELD_OUT
 from .report import write_report
 from .table import rate_text
 
@@ -174,7 +175,7 @@ class _Sweep:
         if not self.trained:
             self.log(f"all {len(final.reached)} runs of the sweep are in {self.journal.path}")
         write_report(self.folder, self.entries, log=self.log, header=self.journal.header)
-        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png", self.folder / HELD_OUT)
         return self.entries
 
     def next_task(self) -> Task | None:
