@@ -362,7 +362,8 @@ class Committer:
             self.commit()
 
     def commit(self) -> None:
-        paths = [str(path) for folder in self.results.glob("j_*") for name in ("runs.jsonl", "sweep.md", "sweep.png")
+        paths = [str(path) for folder in self.results.glob("j_*")
+                 for name in ("runs.jsonl", "sweep.md", "sweep.png", "held_out.json")
                  if (path := folder / name).is_file()]  # fmt: skip
         finished = self.finished()
         subprocess.run(["git", "add", "--", *paths], cwd=REPOSITORY, check=True)

@@ -276,6 +276,9 @@ def test_extend_and_confirm_seeds_run_the_studys_protocol_and_resume(tmp_path, c
     for style, lr in expected.items():
         assert f"| {style} | 0 steps | {sweep_module.rate_text(lr)} | 2 |" in report  # the test table: two seeds
     assert "## What was swept" in report and "3 steps x 128 tokens = 384 tokens" in report
+    # --warmup-steps fixed the warm-up and two seeds ran at each chosen cell: sweep.md says so first
+    assert report.splitlines()[2].startswith("**Not tuned: the warm-up.**")
+    assert report.splitlines()[4].startswith("**2 seeds** at the chosen cell of geo and pre")
     header = json.loads(journal(output)[0])
     assert f"data fingerprint and tokenizer hash: fingerprint {header['fingerprints']['data'][:16]}" in report
     again = CliRunner().invoke(cli, args)
