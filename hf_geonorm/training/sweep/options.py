@@ -80,6 +80,10 @@ class SweepOptions:
         "beyond it (a factor 2 for --lr-range), N times at most per arm; 0: no rate added.", minimum=0,
         maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT))  # fmt: skip
 
+    def __post_init__(self) -> None:
+        if self.warmup_shares is not None and not self.warmup_shares:  # --warmup-shares none: not tuned
+            self.warmup_shares = None
+
     @property
     def warmup_tuned(self) -> bool:
         """Whether the walk tunes the warm-up share with the rate (else every run keeps the train options')."""
