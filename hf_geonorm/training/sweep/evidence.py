@@ -39,15 +39,25 @@ FEW_DEGREES = 3  # below this many degrees of freedom a gap is not counted in st
 TWO_SEEDS = "2 seeds on a side: p from a t with 1-2 degrees of freedom"
 
 
-def caveats(runs: list[dict[str, Any]], shares: dict[str, float | None], seeds: dict[str, int]) -> list[str]:
-    """The report's first lines where the sweep tuned less than its default: the warm-up not tuned (an arm's chosen
-    cell has no share, or its arm ran one), fewer than three seeds at a chosen cell; each with what that did in the
-    project's study. ``shares`` and ``seeds``: each chosen row's warm-up share and seed count."""
+def caveats(runs: list[dict[str, Any]], shares: dict[str, float | None], seeds: dict[str, int],
+            plan: dict[str, Any] | None = None) -> list[str]:  # fmt: skip
+    """The report's first lines where the sweep tuned less than its default: the warm-up not tuned, fewer than
+    three seeds at a chosen cell; each with what that did in the project's study. ``shares`` and ``seeds``: each
+    chosen row's warm-up share and seed count; ``plan``, the sweep options the journal began with: what the sweep
+    will tune (a sweep in progress has not stepped its warm-up nor confirmed its seeds yet), else what the runs
+    show (a warm-up not tuned: an arm's chosen cell has no share, or its arm ran one)."""
     lines = []
-    ran = {}
-    for entry in runs:
-        ran.setdefault(entry["style"], set()).add(entry.get("warmup_share"))
-    if any(share is None for share in shares.values()) or any(len(found) < 2 for found in ran.values()):
+    if plan is not None:
+        ladder = plan.get("warmup_shares") or []
+        fixed = len(ladder) < 2
+        planned = len(set(plan.get("seeds") or []) | set(plan.get("confirm_seeds") or []))
+        seeds = {row: max(count, planned) for row, count in seeds.items()}
+    else:
+        ran: dict[str, set] = {}
+        for entry in runs:
+            ran.setdefault(entry["style"], set()).add(entry.get("warmup_share"))
+        fixed = any(share is None for share in shares.values()) or any(len(found) < 2 for found in ran.values())
+    if fixed:
         low, high = min(WARMUP_OVERSTATEMENT.values()), max(WARMUP_OVERSTATEMENT.values())
         lines.append(
             "**Not tuned: the warm-up.** Every arm ran one warm-up, so each arm's rate was tuned at a warm-up that "

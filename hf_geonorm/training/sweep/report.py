@@ -207,7 +207,8 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
     rates = sorted({lr for arm in table.values() for lr in arm})
     lines = ["# Sweep", ""]
     seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
-    first = caveats(runs, {choice.row: choice.share for choice in chosen.values()}, seeds)
+    plan = header.get("sweep_options") if header else None
+    first = caveats(runs, {choice.row: choice.share for choice in chosen.values()}, seeds, plan)
     lines += [*[f"{line}\n" for line in first]] if first else []
     if header is not None:
         lines += swept_text(runs, header)

@@ -33,7 +33,7 @@ def describe_sweep(path: Path) -> dict[str, Any]:
     and its mean validation and test loss there, the rates and warm-ups it ran, and each other arm's margin over the
     arm lowest on test ± its standard error with Welch's p; rates written as the report writes them.
     ``journal.JournalError`` (a ``ValueError`` naming the line) for a journal the sweep itself would refuse."""
-    _, runs = read_journal(path / JOURNAL)
+    header, runs = read_journal(path / JOURNAL)
     table, chosen = cells(runs), chosen_cells(runs)
     seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
     arms = []
@@ -74,7 +74,8 @@ def describe_sweep(path: Path) -> dict[str, Any]:
         "kind": "sweep",
         "journal": str(path / JOURNAL),
         "runs": len(runs),
-        "caveats": caveats(runs, {c.row: c.share for c in chosen.values()}, seeds) if runs else [],
+        "caveats": caveats(runs, {c.row: c.share for c in chosen.values()}, seeds,
+                           header.get("sweep_options") if header else None) if runs else [],  # fmt: skip
         "arms": arms,
         "choice": choice,
         "report": str(report) if report.is_file() else None,
