@@ -93,7 +93,8 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     report = (output / "sweep.md").read_text()
     for style, lr in chosen.items():
         cell = next(e for e in entries if e["style"] == style and e["lr"] == lr)
-        row = f"| {style} | {sweep_module.rate_text(lr)} | 1 | {cell['val_loss']:.4f} | {cell['test_loss']:.4f} |"
+        row = (f"| {style} | 0 steps | {sweep_module.rate_text(lr)} | 1 | {cell['val_loss']:.4f} | "
+               f"{cell['test_loss']:.4f} |")  # fmt: skip
         assert row in report
     assert (output / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
@@ -102,7 +103,7 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
 
     # one run's test loss, recomputed: its saved model on the test blocks, by a plain loop (not Trainer's)
     entry = entries[2]
-    model = AutoModelForCausalLM.from_pretrained(entry["model"]).eval()
+    model = AutoModelForCausalLM.from_pretrained(output / entry["model"]).eval()  # relative to the sweep's folder
     [folder] = (tmp_path / "cache").glob("blocks-*")
     meta = json.loads((folder / "meta.json").read_text())
     blocks = ArrowBlocks(folder / "test.arrow", 32, meta["test_blocks"])
@@ -274,7 +275,9 @@ def test_extend_and_confirm_seeds_run_the_studys_protocol_and_resume(tmp_path, c
     assert best_rates(entries) == expected
     report = (output / "sweep.md").read_text()
     for style, lr in expected.items():
-        assert f"| {style} | 0 steps | {sweep_module.rate_text(lr)} | 2 |" in report  # the test table: two seeds
+        # the test table: two seeds (these rates barely train: the arms are flagged beside the unigram row)
+        assert any(line.startswith(f"| {style} (") and f"| 0 steps | {sweep_module.rate_text(lr)} | 2 |" in line
+                   and "not yet learning from context" in line for line in report.splitlines())  # fmt: skip
     assert "## What was swept" in report and "3 steps x 128 tokens = 384 tokens" in report
     # --warmup-steps fixed the warm-up and two seeds ran at each chosen cell: sweep.md says so first
     assert report.splitlines()[2].startswith("**Not tuned: the warm-up.**")

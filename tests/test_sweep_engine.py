@@ -107,7 +107,7 @@ def test_two_workers_write_the_serial_sweeps_journal_report_and_plot(tmp_path, c
     same. Each worker trains on one thread, as this test process does, so the numbers are the same to the bit."""
     monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1})  # two cores: a thread per worker
     args = ["--styles", "pre,geo", "--lrs", "2e-5", "--seeds", "0", "--confirm-seeds", "1", "--data", str(corpus),
-            "--data-cache", str(tmp_path / "cache"), *TINY, *FIXED]  # fmt: skip
+            "--data-cache", str(tmp_path / "cache"), *TINY, "--extend", "0"]  # fmt: skip
     serial = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), *args])
     assert serial.exit_code == 0, serial.output
     parallel = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "parallel"), "--workers", "2", *args])

@@ -153,7 +153,8 @@ def test_the_bold_cell_is_the_rate_chosen_on_seed_0_and_the_means_of_more_seeds_
     assert "**bold**: the rate chosen for each arm, the lowest mean validation loss on seed 0" in legend
     assert "Means over more seeds than that: pre 4e-3 (3 seeds), geo 8e-3 (3 seeds)" in legend
     assert "every other cell ran seed 0 only" in legend
-    assert "| arm | rate chosen | seeds | validation loss | test loss |" in hand_report
+    header = "| arm | warm-up | rate chosen | seeds | validation loss | test loss | test loss of each seed |"
+    assert header in hand_report
     assert "best rate" not in section(hand_report, "The arms at their chosen rates, on test")
 
 
