@@ -166,9 +166,12 @@ def _sweep(path: str, data: dict[str, Any]) -> None:
         share = arm.get("warmup_share")
         warmup = "" if share is None else f" at warm-up {round(share * 100, 10):g}%"
         shares = f" x {len(arm['warmup_shares'])} warm-ups" if arm.get("warmup_shares") else ""
+        flags = "".join(f"; {flag}" for flag in arm.get("flags", []))
         click.echo(f"{label}{arm['arm']}: rate {arm['best_rate_text']}{warmup} chosen on validation of "
                    f"{len(arm['rates'])} rates{shares} ({arm['runs']} runs; {arm['seeds_at_best']} seed(s) at the "
-                   f"chosen cell): {losses}")  # fmt: skip
+                   f"chosen cell): {losses}{flags}")  # fmt: skip
+    if data.get("unigram_test") is not None:
+        click.echo(f"reference:    the unigram loss of the test text, no context: {data['unigram_test']:.4f}")
     choice = data["choice"]
     if choice is None:
         click.echo("choice:       none (no arm trained)")

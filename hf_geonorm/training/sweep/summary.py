@@ -11,6 +11,8 @@ from typing import Any
 
 from .evidence import caveats
 from .journal import JOURNAL, read_journal
+from .reference import read_held_out
+from .soundness import cliff_notes, not_learning
 from .table import arm_name, cells, chosen_cells, rate_text
 from .welch import welch_test
 
@@ -36,6 +38,8 @@ def describe_sweep(path: Path) -> dict[str, Any]:
     header, runs = read_journal(path / JOURNAL)
     table, chosen = cells(runs), chosen_cells(runs)
     seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
+    reference = read_held_out(path, header)
+    cliffs, idle = cliff_notes(table, chosen, reference), not_learning(table, chosen, reference)
     arms = []
     for arm, choice in chosen.items():
         own = [run for run in runs if arm_name(run) == arm]
@@ -53,6 +57,8 @@ def describe_sweep(path: Path) -> dict[str, Any]:
             "validation_loss": _mean(cell.val),
             "test_loss": _mean(cell.test),
             "test_loss_of_each_seed": dict(zip(cell.seeds, cell.test, strict=True)),
+            "flags": [text for text in (cliffs.get(choice.row),
+                                        "not yet learning from context" if choice.row in idle else None) if text],
         })  # fmt: skip
     ranked = sorted((arm for arm in arms if arm["test_loss"] is not None), key=lambda arm: arm["test_loss"])
     choice = None
@@ -74,6 +80,7 @@ def describe_sweep(path: Path) -> dict[str, Any]:
         "kind": "sweep",
         "journal": str(path / JOURNAL),
         "runs": len(runs),
+        "unigram_test": None if reference is None else reference["unigram_test"],
         "caveats": caveats(runs, {c.row: c.share for c in chosen.values()}, seeds,
                            header.get("sweep_options") if header else None) if runs else [],  # fmt: skip
         "arms": arms,
