@@ -23,9 +23,9 @@ from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
 from hf_geonorm.training.rate_rule import RATE_RULE
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.grid import journal_key, open_journal
-from hf_geonorm.training.sweep.journal import check_options, header_options, load_journal
+from hf_geonorm.training.sweep.journal import check_options, entry_key, header_options, load_journal
 from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import most_left
+from hf_geonorm.training.sweep.protocol import most_left, walk
 from hf_geonorm.training.sweep.record import sweep_header
 from hf_geonorm.training.sweep.report import at_edge, best_rates
 from hf_geonorm_cli.main import cli
@@ -518,6 +518,14 @@ def test_every_committed_journal_reads_and_its_sweep_planned_again_has_nothing_l
     assert journal_read.header is not None and journal_read.cut_line is None
     train = TrainOptions(**header_options(journal_read.header))
     check_options(journal_read, train)
+    plan = journal_read.header["sweep_options"]
+    if "warmup_shares" in plan:  # a sweep of the default protocol (phase j, maybe in progress): every run it holds
+        # is one its protocol reaches from its plan, so the same command resumes it
+        begun, _ = SweepOptions().as_begun(plan, given=())
+        grids = sweep_module.style_grids(begun, train, lambda _: None, journal_read.header)
+        reached = set(walk(begun.resolved(), grids, journal_read.entries).reached)
+        assert {entry_key(entry) for entry in journal_read.entries} <= reached, path
+        return
     by_arm: dict[tuple, dict[float, set[int]]] = {}
     for entry in journal_read.entries:
         by_arm.setdefault((entry["style"], entry["alpha"]), {}).setdefault(entry["lr"], set()).add(entry["seed"])

@@ -23,7 +23,7 @@ from ...files.signals import raise_if_signalled
 from ..options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
-from .grid import style_grids
+from .grid import begun_plan, style_grids
 from .identity import measured_identity
 from .journal import Journal, JournalError, append, begin_journal, check_identity, load_journal
 from .options import SweepOptions
@@ -78,7 +78,7 @@ class ParallelSweep:
         self.engine, self.sweep, self.train, self.folder, self.journal, self.log = (engine, sweep, train, folder,
                                                                                    journal, log)  # fmt: skip
         self.kept = len(journal.entries)  # the runs a serial sweep would also find there first
-        self.grids = style_grids(sweep, train, log)
+        self.grids = style_grids(sweep, train, log, journal.header)
         self.estimate = TimeEstimate(train.max_steps)
         self.said: set[str] = set()
         self.started = self.trained = 0
@@ -134,7 +134,7 @@ class ParallelSweep:
             header = self.board.join(sweep_header(identity, self.sweep.plan()), json.loads(json.dumps(grid)),
                                      identity)  # fmt: skip
         if self.journal.header is None:
-            begin_journal(self.journal.path, header or sweep_header(identity, self.sweep.plan()))
+            begin_journal(self.journal.path, header or sweep_header(identity, begun_plan(self.sweep, self.grids)))
             self.journal = load_journal(self.journal.path)
             if isinstance(self.board, LocalBoard):
                 self.board.journal = self.journal

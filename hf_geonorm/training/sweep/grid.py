@@ -53,7 +53,7 @@ from .journal import (
     refuse_link,
     repair,
 )
-from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
+from .options import DEFAULT_GRID_STEPS, STARTING_RATES, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
 from .protocol import Run, Task, most_left, plan_text, walk
 from .reference import HELD_OUT
 from .report import write_report
@@ -62,19 +62,31 @@ from .table import rate_text
 __all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "read_journal", "run_sweep"]
 
 
-def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str, tuple[float, ...]]:
+def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any,
+                header: dict[str, Any] | None = None) -> dict[str, tuple[float, ...]]:  # fmt: skip
     """Each style's starting rates: ``--lrs`` or ``--lr-range`` for every style, else each style's own ladder around
     its default rate (``train``'s for this model: ``default_rate``), 1/2 to 2 times it, or 1/4 to 4 where no cell
-    measured it, logged with where it comes from."""
+    measured it, logged with where it comes from; a style the journal's ``header`` began (``starting_rates``) keeps
+    its rates, so that a resumed sweep walks from where it began even if the default rates changed since."""
     if sweep.lrs is not None or sweep.lr_range is not None:
         return dict.fromkeys(sweep.styles, sweep.rates())
+    begun = (header or {}).get("sweep_options", {}).get(STARTING_RATES) or {}
     config, grids = planned_config(train), {}
     for style in sweep.styles:
+        if style in begun:
+            grids[style] = tuple(begun[style])
+            log(f"{style}: starting rates {', '.join(map(rate_text, grids[style]))}, as the sweep began")
+            continue
         centre = default_rate(train.model, config, style)
         grids[style] = sweep.rates(centre.lr, UNMEASURED_GRID_STEPS if centre.needs_sweep else DEFAULT_GRID_STEPS)
         log(f"{style}: starting rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre.lr)}, the "
             f"default for {centre.why}; --lrs or --lr-range sets others")  # fmt: skip
     return grids
+
+
+def begun_plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> dict[str, Any]:
+    """The plan a new journal's header records: the sweep options, and each style's starting rates."""
+    return {**sweep.plan(), STARTING_RATES: {style: list(rates) for style, rates in grids.items()}}
 
 
 def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str, Any]]]:
@@ -158,7 +170,7 @@ class _Sweep:
 
     def __init__(self, sweep: SweepOptions, train: TrainOptions, folder: Path, journal: Journal, log: Any) -> None:
         self.sweep, self.train, self.folder, self.journal, self.log = sweep, train, folder, journal, log
-        self.grids = style_grids(sweep, train, log)
+        self.grids = style_grids(sweep, train, log, journal.header)
         self.entries = journal.entries
         self.trained = 0
         self.said: set[str] = set()
@@ -223,8 +235,8 @@ class _Sweep:
 
     def check_identity(self) -> None:
         """Before each run: the sweep's identity measured again and compared with the journal's (``identity``)."""
-        self.journal, self.identity = checked_identity(self.journal, self.train, self.sweep.plan(), self.trained == 0,
-                                                       self.log)  # fmt: skip
+        self.journal, self.identity = checked_identity(self.journal, self.train, begun_plan(self.sweep, self.grids),
+                                                       self.trained == 0, self.log)  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:

@@ -23,6 +23,7 @@ UNMEASURED_GRID_STEPS = 2  # ... around a rate no cell measured (GPT-3's, or ext
 WARMUP_LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 WARMUP_START = (0.1, 0.3)
 CONFIRMED_SEEDS = 3  # seeds at each arm's chosen cell by default: --seeds, then the next seeds up to three
+STARTING_RATES = "starting_rates"  # a plan's each style's starting rates, as the sweep began (not an option)
 RATES = ("lrs", "lr_range")  # one choice: given either, the sweep takes neither from its header
 # what a plan recorded before an option existed ran: no warm-up walk (the journal's --warmup-steps); a plan's null
 # --confirm-seeds is none (a plan of today records the seeds its default resolved to)
