@@ -518,7 +518,7 @@ def test_every_committed_journal_reads_and_its_sweep_planned_again_has_nothing_l
     assert journal_read.header is not None and journal_read.cut_line is None
     train = TrainOptions(**header_options(journal_read.header))
     check_options(journal_read, train)
-    plan = journal_read.header["sweep_options"]
+    plan = journal_read.header.get("sweep_options", {})  # none in a format-1 header
     if "warmup_shares" in plan:  # a sweep of the default protocol (phase j, maybe in progress): every run it holds
         # is one its protocol reaches from its plan, so the same command resumes it
         begun, _ = SweepOptions().as_begun(plan, given=())

@@ -169,7 +169,7 @@ def default_sweep(tmp_path_factory, corpus):  # noqa: F811 - the corpus fixture
 
     patch = pytest.MonkeyPatch()
     patch.setattr(grid_module, "_train", fake_train)
-    patch.setattr(grid_module, "style_grids", lambda sweep, train, log: dict(START))
+    patch.setattr(grid_module, "style_grids", lambda sweep, train, log, header=None: dict(START))
     try:
         result = CliRunner().invoke(cli, ["sweep", "--output", str(folder / "sweep"), "--data", str(corpus),
                                           "--data-cache", str(folder / "cache"), *TINY])  # fmt: skip
