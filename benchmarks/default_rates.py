@@ -144,7 +144,8 @@ def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
         "(every other style: Pre-Norm's rate there times the style's best over Pre-Norm's at the largest shape both "
         "were measured at) or a *fallback (unmeasured)* (Pre-Norm's rate, for a style no cell measured beside "
         "Pre-Norm). Every source but the first two is a guess to sweep around: `train` says so, and `hf-geonorm "
-        f"sweep`'s default grid spans 1/{2**UNMEASURED_GRID_STEPS} to {2**UNMEASURED_GRID_STEPS} times it.",
+        f"sweep`'s default starting rates span 1/{2**UNMEASURED_GRID_STEPS} to {2**UNMEASURED_GRID_STEPS} times it "
+        "(its walk extends them while the best is at an edge).",
         "",
         "| preset | layers x width | family | " + " | ".join(NORM_STYLES) + " | GPT-3 |",
         "|---|---|---|" + "---|" * len(NORM_STYLES) + "---|",

@@ -70,7 +70,7 @@ def phase_record(sweeps: Path, phase: str, cache: str) -> dict[str, Any]:
     losses = {}
     for style in ("pre", "geo"):
         (entry,) = [r for r in plain if r["style"] == style and r["lr"] == best[style] and r["seed"] == 0]
-        model = AutoModelForCausalLM.from_pretrained(entry["model"]).eval()
+        model = AutoModelForCausalLM.from_pretrained(sweeps / phase / entry["model"]).eval()  # relative: the sweep's
         _, seed_spread, seeds = mean_spread(table[style][best[style]].test)
         arm = {"lr": best[style], "seed_spread_test": seed_spread, "seeds": seeds}
         for split, dataset in (("val", data.val), ("test", data.test)):

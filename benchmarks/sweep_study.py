@@ -22,17 +22,31 @@ Phases, each a sweep folder under ``--results`` (runs.jsonl, sweep.md, sweep.png
   tokens for validation and as many for test). ``h_styles``: the paper's table, all five norm styles tuned as phase
   a tuned two (``phase_h``). ``f_length_1200`` and ``f_length_2400``: train's default model at 4x and 8x phase h's
   300 steps, warm-up a tenth of the run (``phase_f``). ``g_*``: width and depth apart, and LLaMA (``phase_g``).
-- ``i_gpt2_w10``, ``i_gpt2_w30``, ``i_llama_w10``, ``i_llama_w30``: the paper's table again, on both shapes, with
-  the warm-up tuned as the rate is (a tenth and three tenths of the run, the same for every style), after the
-  Post-Norm/DeepNorm diagnosis (``postnorm_diagnosis.py``) and on the split that holds out whole files
-  (``phase_i``). Phase h stays as it was measured.
+- ``i_gpt2_wNN``, ``i_llama_wNN``: the paper's table again, on both shapes, with the warm-up tuned as the rate is
+  (one sweep folder per warm-up share, the same shares for every style), after the Post-Norm/DeepNorm diagnosis
+  (``postnorm_diagnosis.py``) and on the split that holds out whole files. Written by an earlier version of this
+  script (its loop over the share folders is in git's history); phase h stays as it was measured.
+- ``j_gpt2_300``, ``j_gpt2_1200``, ``j_llama_1200`` (``--phases j``): ``hf-geonorm sweep``'s default protocol, one
+  command per folder (``phase_j_sweep``): pre, geo and deepnorm, every arm's rate and warm-up tuned on one rule, three
+  seeds at its chosen cell, on the whole-file split. ``j_gpt2_300`` reproduces phase i's GPT-2 table; the 1200-step
+  folders answer the length question with the warm-up tuned (``--longest``: GPT-2's pre and geo at 2400 too).
 - ``reproduction``: a finished run of ``a_gpt2`` trained again by the code of today (``--phases r``), so that phases
   resumed in a later session are known to run the code and data the earlier ones ran (``reproduction.json``).
 
 Every arm of a phase gets the same grid rule and the same seeds. The runs are 300 steps x 16 x 128 tokens (the
 issue asked 300-400; 300 fits the machine). Resumable: run it again and only missing runs train.
 
-    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e,h,f,g,i]
+    python benchmarks/sweep_study.py [--results benchmarks/results/sweeps] [--phases a,b,c,d,e,h,f,g,j]
+
+Phase j runs for hours; it is run in the background from a git worktree of its own on branch ``study``, one run at a
+time, committing its journals every few runs, and a later session resumes it with the same command (the sweep trains
+only the runs its journals lack):
+
+    cd /work/wt/study && PYTHONPATH=$PWD HF_HUB_OFFLINE=1 setsid nohup nice -n 5 /work/venv/bin/python \
+        benchmarks/sweep_study.py --phases j --commit-every 3 >> study-j.log 2>&1 &
+
+(the study corpus must be built first: ``python benchmarks/study_corpus.py --layout files``, with transformers 5.24
+on the path, see that script.)
 """
 
 from __future__ import annotations
@@ -43,6 +57,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -287,56 +302,96 @@ def phase_i_options(cache: str, arch: str, share: float) -> TrainOptions:
     return study_options(cache, corpus=STUDY_FILES, arch=arch, warmup_steps=round(STEPS * share))
 
 
-def phase_i(results: Path, cache: str) -> dict[str, dict[str, tuple[float, float]]]:
-    """The paper's table on GPT-2 and LLaMA 4 x 128, 300 steps on the study corpus as a folder of files (whole
-    files held out, near-duplicates removed): every style on one grid rule, rate x warm-up share (one sweep folder
-    per share, ``i_ARCH_wNN``). At each share the rates start four a factor 2 apart around ``I_CENTRES`` and are
-    extended at an edge (twice at most); the shares start at ``I_WARMUP_START`` and take the next share of
-    ``I_WARMUP_LADDER`` while the best is at an edge (its rates tuned the same way, from the best share's grid).
-    Chosen on seed 0's validation over every cell; then seeds 0-2 at each style's best cell. GPT-2's styles first,
-    then LLaMA's. Returns style -> (rate, share) per shape."""
-    chosen: dict[str, dict[str, tuple[float, float]]] = {}
-    for arch in I_SHAPES:
-        best: dict[str, tuple[float, float]] = {}
-        for style, centre in I_CENTRES.items():
-            rates = [centre / 2, centre, centre * 2, centre * 4]
-            cells: dict[float, tuple[float, float]] = {}  # share -> (val loss at its best rate, that rate)
-            shares = list(I_WARMUP_START)
-            while True:
-                for share in shares:
-                    if share not in cells:
-                        folder = phase_i_folder(results, arch, share)
-                        rate = tuned(folder, phase_i_options(cache, arch, share), style, rates, extend=2)
-                        cells[share] = (_val_at(folder, style, rate), rate)
-                share = min(cells, key=lambda s: cells[s])
-                step = I_WARMUP_LADDER.index(share)
-                low, high = I_WARMUP_LADDER.index(min(shares)), I_WARMUP_LADDER.index(max(shares))
-                if step == low and low > 0:
-                    shares.append(I_WARMUP_LADDER[low - 1])
-                elif step == high and high < len(I_WARMUP_LADDER) - 1:
-                    shares.append(I_WARMUP_LADDER[high + 1])
-                else:
-                    break
-                rates = [cells[share][1] / 2, cells[share][1], cells[share][1] * 2]
-            best[style] = (cells[share][1], share)
-        for style, (rate, share) in best.items():
-            seeded(phase_i_folder(results, arch, share), phase_i_options(cache, arch, share), {style: rate})
-        chosen[arch] = best
-    return chosen
+# phase i's folders (i_ARCH_wNN, one per share) were written by an earlier version of this script that looped over
+# them (git log -- benchmarks/sweep_study.py); `hf-geonorm sweep`'s default now walks rate x warm-up itself, in one
+# folder (docs/training.md, "The sweep"), and phase j runs it.
+# phase j: that default on the study corpus's whole-file split, one sweep folder per shape and length
+J_STYLES = ("pre", "geo", "deepnorm")
+J_CELLS = (("gpt2", 300), ("gpt2", 1200), ("llama", 1200))  # the first: the reproduction of phase i's GPT-2 table
+J_LONGEST = (("gpt2", 2400, ("pre", "geo")),)  # when the budget allows (later sessions)
+# where phase j starts each arm's warm-up walk at 1200 steps and longer: the default ladder, from its 30% and 50%
+# steps rather than 10% and 30% (every arm alike; the walk still steps down or up while the best sits at an edge), so
+# that the phase fits about three sessions of one core; the reproduction (300 steps) runs the default as it is
+J_WARMUP_START = (0.3, 0.5)
+
+
+def phase_j_folder(results: Path, arch: str, steps: int) -> Path:
+    return results / f"j_{arch}_{steps}"
+
+
+def phase_j_sweep(results: Path, cache: str, arch: str, steps: int, styles: tuple[str, ...],
+                  log_line: object = None) -> list[dict]:  # fmt: skip
+    """One cell of phase j: ``hf-geonorm sweep``'s default protocol (``run_sweep``: every arm's rate and warm-up
+    tuned on one rule, chosen on validation, three seeds at the chosen cell), at ``steps`` steps of GPT-2 or LLaMA
+    4 x 128 on the study corpus's whole-file split. The same as
+
+        hf-geonorm sweep --output RESULTS/j_ARCH_STEPS --styles pre,geo,deepnorm --data CORPUS --arch ARCH \
+            --preset tiny --max-steps STEPS --batch-size 16 --seq-len 128 --weight-decay 0.1 --eval-every STEPS \
+            --eval-blocks 1024 --logging-steps 50 [--warmup-start 0.3,0.5 from 1200 steps]"""
+    train = study_options(cache, steps, corpus=STUDY_FILES, arch=arch, warmup_steps=None)
+    start = {} if steps <= STEPS else {"warmup_start": J_WARMUP_START}
+    sweep = SweepOptions(output=str(phase_j_folder(results, arch, steps)), styles=styles, **start)
+    return run_sweep(sweep, train, log=log_line or log)
+
+
+def phase_j(results: Path, cache: str, longest: bool, log_line: object = None) -> None:
+    """The reproduction of phase i (GPT-2, 300 steps) by one sweep command, then the length question with the
+    warm-up tuned: GPT-2 and LLaMA 4 x 128 at 1200 steps; with ``longest``, GPT-2's pre and geo at 2400."""
+    for arch, steps in J_CELLS:
+        phase_j_sweep(results, cache, arch, steps, J_STYLES, log_line)
+    if longest:
+        for arch, steps, styles in J_LONGEST:
+            phase_j_sweep(results, cache, arch, steps, styles, log_line)
+
+
+class Committer:
+    """The study's log, and a commit of every phase j folder's journal and report every ``every`` finished runs
+    (``--commit-every``), so that a later session merges the branch and resumes where the journal stopped."""
+
+    def __init__(self, results: Path, every: int) -> None:
+        self.results, self.every = results, every
+        self.committed = self.finished()
+
+    def finished(self) -> int:
+        return sum(len(path.read_text(encoding="utf-8").splitlines()) - 1
+                   for path in self.results.glob("j_*/runs.jsonl"))  # fmt: skip
+
+    def __call__(self, line: str) -> None:
+        log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}")
+        if self.every and self.finished() - self.committed >= self.every:
+            self.commit()
+
+    def commit(self) -> None:
+        paths = [str(path) for folder in self.results.glob("j_*")
+                 for name in ("runs.jsonl", "sweep.md", "sweep.png", "held_out.json")
+                 if (path := folder / name).is_file()]  # fmt: skip
+        finished = self.finished()
+        subprocess.run(["git", "add", "--", *paths], cwd=REPOSITORY, check=True)
+        message = f"phase j: {finished} runs journaled"
+        done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=REPOSITORY)
+        if done.returncode == 0:
+            log(f"{time.strftime('%Y-%m-%d %H:%M:%S')} committed: {message}")
+        self.committed = finished
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--phases", default="a,b,c,d,e",
-                        help="a comma list of a-i, r (the reproduction check), f1200 or f2400 (one length of f)")
+                        help="a comma list of a-h, j, r (the reproduction check), f1200 or f2400 (one length of f)")
     parser.add_argument("--data-cache", default=str(Path("~/.cache/hf-geonorm/study").expanduser()))
+    parser.add_argument("--commit-every", type=int, default=0, metavar="N",
+                        help="phase j: commit its journals and reports every N finished runs (0: never)")
+    parser.add_argument("--longest", action="store_true", help="phase j: also GPT-2's pre and geo at 2400 steps")
     args = parser.parse_args()
     phases = args.phases.split(",")
+    if "j" in phases:
+        committer = Committer(args.results, args.commit_every)
+        phase_j(args.results, args.data_cache, args.longest, committer)
+        if args.commit_every:
+            committer.commit()
     if "h" in phases:
         phase_h(args.results, args.data_cache)
-    if "i" in phases:
-        phase_i(args.results, args.data_cache)
     for phase in phases:
         if phase.startswith("f"):
             lengths = LENGTHS if phase == "f" else (int(phase[1:]),)

@@ -38,10 +38,11 @@ def option(help: str, *, trainer: TrainerCounterpart = None, sweep_key: bool = T
     ``show_default`` (the default as click states it, for the options of the commands other than ``train`` and
     ``sweep``), ``settings_follow`` (the GeoNorm settings' options come after this one), ``flag_values`` (switches
     that set the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name),
-    ``items`` (a comma-separated list of that type), ``pair`` (two values of that type), ``optional_value`` (the
-    value of the option given without one: ``--extend``), ``sweep=False`` (an option of ``train`` that ``sweep``
-    does not take), ``replaces`` (the GeoNorm setting a sweep option sets, whose own option ``sweep`` therefore does
-    not offer) and ``default_text`` (the default as the help states it, for a default that is computed)."""
+    ``items`` (a comma-separated list of that type; with ``none``, the word none gives an empty one), ``pair`` (two
+    values of that type), ``optional_value`` (the value of the option given without one: ``--extend``),
+    ``sweep=False`` (an option of ``train`` that ``sweep`` does not take), ``replaces`` (the GeoNorm setting a
+    sweep option sets, whose own option ``sweep`` therefore does not offer) and ``default_text`` (the default as the
+    help states it, for a default that is computed)."""
     return {"option": {"help": help, **form}, "trainer": trainer, "sweep_key": sweep_key, "used_if": used_if}
 
 

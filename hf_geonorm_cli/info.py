@@ -155,21 +155,35 @@ def _run(path: str, data: dict[str, Any]) -> None:
 def _sweep(path: str, data: dict[str, Any]) -> None:
     click.echo(f"path:         {data['path']} (a `sweep` output folder: {data['runs']} finished runs in "
                f"{data['journal']})")  # fmt: skip
+    for number, caveat in enumerate(data.get("caveats", [])):
+        click.echo(f"{'caveat:       ' if number == 0 else ' ' * 14}{caveat.replace('**', '')}")
     if not data["arms"]:
         click.echo("arms:         none yet (no run has finished)")
     for number, arm in enumerate(data["arms"]):
         losses = "every run at it diverged" if arm["validation_loss"] is None else (
             f"validation loss {arm['validation_loss']:.4f}, test loss {arm['test_loss']:.4f}")  # fmt: skip
         label = "arms:         " if number == 0 else " " * 14
-        click.echo(f"{label}{arm['arm']}: best rate {arm['best_rate']:g} of the {len(arm['rates'])} rates run "
-                   f"(chosen on validation; {arm['seeds_at_best']} seed(s) there): {losses}")  # fmt: skip
+        share = arm.get("warmup_share")
+        warmup = "" if share is None else f" at warm-up {round(share * 100, 10):g}%"
+        shares = f" x {len(arm['warmup_shares'])} warm-ups" if arm.get("warmup_shares") else ""
+        flags = "".join(f"; {flag}" for flag in arm.get("flags", []))
+        click.echo(f"{label}{arm['arm']}: rate {arm['best_rate_text']}{warmup} chosen on validation of "
+                   f"{len(arm['rates'])} rates{shares} ({arm['runs']} runs; {arm['seeds_at_best']} seed(s) at the "
+                   f"chosen cell): {losses}{flags}")  # fmt: skip
+    if data.get("unigram_test") is not None:
+        click.echo(f"reference:    the unigram loss of the test text, no context: {data['unigram_test']:.4f}")
     choice = data["choice"]
     if choice is None:
         click.echo("choice:       none (no arm trained)")
     elif choice["runner_up"] is None:
         click.echo(f"choice:       {choice['arm']}, the only arm that trained")
     else:
-        click.echo(f"choice:       {choice['arm']} is lowest on test, by {choice['margin']:.4f} below "
-                   f"{choice['runner_up']} (each arm at its own best rate)")  # fmt: skip
+        for number, margin in enumerate(choice["margins"]):
+            sure = "one seed on a side: no standard error, no p" if margin["p"] is None else (
+                f"± {margin['standard_error']:.4f}, Welch's p = {margin['p']:.3g}, {margin['df']:.1f} degrees of "
+                "freedom")  # fmt: skip
+            label = "choice:       " if number == 0 else " " * 14
+            click.echo(f"{label}{choice['arm']} is lowest on test, {margin['margin']:.4f} below {margin['arm']} "
+                       f"({sure}; each arm at its own chosen cell)")  # fmt: skip
     report = data["report"] or f"not written yet (hf-geonorm sweep writes it into {path} after each run)"
     click.echo(f"report:       {report}")

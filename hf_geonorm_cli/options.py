@@ -191,12 +191,14 @@ def _option_words(message: str) -> str:
 class ListType(click.ParamType):
     """A comma-separated list of values of one type: ``2e-3,4e-3``."""
 
-    def __init__(self, item: type) -> None:
-        self.item, self.name = item, f"{item.__name__.upper()},..."
+    def __init__(self, item: type, none: bool = False) -> None:
+        self.item, self.name, self.none = item, f"{item.__name__.upper()},...", none
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, tuple):
             return value
+        if self.none and str(value).strip().lower() == "none":
+            return ()
         parts = [part.strip() for part in str(value).split(",")]
         if not all(parts):
             self.fail(f"{value!r} has an empty item; give values separated by single commas", param, ctx)
@@ -287,7 +289,7 @@ def option_help(form: dict[str, Any], default: Any) -> str:
 
 def _value_type(spec: dataclasses.Field, form: dict[str, Any]) -> Any:
     if "items" in form:
-        return ListType(form["items"])
+        return ListType(form["items"], none=form.get("none", False))
     if "pair" in form:
         return form["pair"]
     if "choices" in form:

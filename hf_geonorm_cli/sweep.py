@@ -5,6 +5,7 @@ generated from their one declaration."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import click
@@ -17,14 +18,15 @@ from .train import run_job
 @click.command()
 @declared_options("SweepOptions", "EngineOptions", "TrainOptions", command="sweep")
 def sweep(**kwargs: Any) -> None:
-    """Is GeoNorm better than Pre-Norm on this data, and at which learning rate?
+    """Is GeoNorm better than Pre-Norm on this data, and at which learning rate and warm-up?
 
-    Trains every style (and --alphas for geo) at every rate and seed, one run after the other (or --workers at
-    once, or on every machine sharing a --storage), as `hf-geonorm train` would; appends each finished run to
-    OUTPUT/runs.jsonl (the same command again trains only the runs that are missing) and writes OUTPUT/sweep.md and
-    sweep.png: the loss against the rate per style, each style's best rate chosen on validation, and the styles
-    compared at their own best rates on test. --extend adds rates beyond an edge while a style's best rate is
-    there; --confirm-seeds runs more seeds at each best rate only.
+    Tunes every style (and --alphas for geo) on one rule, as `hf-geonorm train` would run each: its own rates at two
+    warm-up shares, a rate beyond an edge (--extend) and the next share (--warmup-shares) while its best cell sits
+    at one, chosen on validation, then three seeds at the chosen cell (--confirm-seeds); one run after the other (or
+    --workers at once, or on every machine sharing a --storage). Appends each finished run to OUTPUT/runs.jsonl
+    (the same command again trains only the runs that are missing) and writes OUTPUT/sweep.md and sweep.png: the
+    loss at every cell, each style's chosen cell, and the styles compared there on test. --warmup-steps fixes the
+    warm-up, --confirm-seeds none runs one seed: the report then says first what was not tuned.
     """
     settings = pop_settings(kwargs)
     sweep_names = {spec.name for spec in dataclasses.fields(declaration("SweepOptions"))}
@@ -42,4 +44,10 @@ def sweep(**kwargs: Any) -> None:
         "(a sweep resumes by whole runs); the same command again trains the runs that are missing"
     )
     train = TrainOptions(settings=settings, **given(kwargs))
-    run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=click.echo, given=set(sweep_values)))
+    run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=timestamped,
+                             given=set(sweep_values)))  # fmt: skip
+
+
+def timestamped(line: str) -> None:
+    """A line of the sweep's log, with the time it was written (a sweep runs for hours)."""
+    click.echo(f"{time.strftime('%H:%M:%S')} {line}")

@@ -161,6 +161,8 @@ def test_info_summarises_a_sweep_folder_from_its_journal(tmp_path):
     import shutil
     import statistics
 
+    from helpers import welch_written_out
+
     source = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweeps" / "h_styles"
     folder = tmp_path / "sweep"
     folder.mkdir()
@@ -186,7 +188,13 @@ def test_info_summarises_a_sweep_folder_from_its_journal(tmp_path):
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
     assert f"report: {folder / 'sweep.md'}" in output and f"{first} is lowest on test" in output
-    assert f"by {test_at_best[second] - test_at_best[first]:.4f} below {second}" in output
+    assert f"{first} is lowest on test, {test_at_best[second] - test_at_best[first]:.4f} below {second}" in output
+    # what sweep.md carries, in short: the margin's standard error and Welch's p, the caveat of a fixed warm-up
+    seeds = {style: [run["test_loss"] for run in runs if run["style"] == style and run["lr"] == chosen[style]]
+             for style in (first, second)}  # fmt: skip
+    _, error, _, p = welch_written_out(seeds[second], seeds[first])
+    assert f"± {error:.4f}, Welch's p = {p:.3g}" in output
+    assert "caveat: Not tuned: the warm-up." in output
 
 
 def config_only(tmp_path: Path, name: str, **changes) -> Path:

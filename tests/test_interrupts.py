@@ -153,7 +153,7 @@ def test_a_signal_python_swallows_stops_training_at_the_next_step(tmp_path, data
 
 def sweep_args(corpus: Path, output: Path) -> list[object]:
     return ["sweep", "--output", output, "--styles", "pre", "--lrs", "1e-3,2e-3,4e-3", "--data", corpus,
-            "--data-cache", output.parent / "cache", *ONE_STEP]  # fmt: skip
+            "--data-cache", output.parent / "cache", *ONE_STEP, "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 
 
 def journal_runs(output: Path) -> list[str]:

@@ -26,7 +26,8 @@ from hf_geonorm.files.ownership import mark_folder
 
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
 ONE_SWEEP_STEP = ["--styles", "pre", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--eval-blocks",
-                  "8", "--vocab-size", "300", "--max-steps", "1", "--eval-every", "1"]  # fmt: skip
+                  "8", "--vocab-size", "300", "--max-steps", "1", "--eval-every", "1", "--extend", "0",
+                  "--confirm-seeds", "none"]  # fmt: skip
 
 
 def test_a_second_train_into_the_same_output_fails_at_once_naming_the_first(tmp_path, data_file):

@@ -118,7 +118,8 @@ FLOW = (
     "data.pipeline", "data.prepare",
     "run.optim", "run.checkpoint_state", "run.record", "run.checkpoints", "run.model", "run.bridge", "run.outputs",
     "run.trainer", "run.summary",
-    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.report", "sweep.record", "sweep.journal",
+    "sweep.options", "sweep.table", "sweep.welch", "sweep.evidence", "sweep.reference", "sweep.soundness",
+    "sweep.report", "sweep.record", "sweep.journal",
     "sweep.identity", "sweep.estimate", "sweep.protocol", "sweep.grid", "sweep.engine_options", "sweep.workers",
     "sweep.storage", "sweep.engine", "sweep.summary",
 )  # fmt: skip

@@ -20,7 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import write_sweep_journal
-from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
+from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm.files.children import environment_set
 from hf_geonorm.training.options import TrainOptions
@@ -47,7 +47,7 @@ def made_up_loss(style: str, lr: float, seed: int) -> float:
 def made_up_entry(run: grid_module.Run, role: str) -> dict:
     loss = made_up_loss(run.style, run.lr, run.seed)
     return {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed, "val_loss": loss,
-            "test_loss": loss + 0.05, "role": role}  # fmt: skip
+            "test_loss": loss + 0.05, "role": role, "warmup_share": run.warmup_share}  # fmt: skip
 
 
 def test_the_protocol_walked_in_any_order_of_completion_takes_the_serial_sweeps_steps(tmp_path, corpus, monkeypatch):  # noqa: F811
@@ -68,13 +68,14 @@ def test_the_protocol_walked_in_any_order_of_completion_takes_the_serial_sweeps_
     monkeypatch.setattr(grid_module, "_train", made_up_run)
     args = ["--styles", "pre,geo", "--lrs", "1e-3,2e-3", "--seeds", "0,1", "--extend", "2", "--confirm-seeds", "2,3"]
     result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), "--data", str(corpus), *TINY,
-                                      *args])  # fmt: skip
+                                      *FIXED, *args])  # fmt: skip
     assert result.exit_code == 0, result.output
     serial = [json.loads(line) for line in (tmp_path / "serial" / "runs.jsonl").read_text().splitlines()[1:]]
     assert {e["role"] for e in serial} == {"grid", "extension", "confirmation"}
     assert {e["lr"] for e in serial if e["role"] == "confirmation"} == {8e-3, 2.5e-4}  # two steps beyond each edge
 
-    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0, 1), extend=2, confirm_seeds=(2, 3))
+    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0, 1), extend=2, confirm_seeds=(2, 3),
+                         warmup_shares=None)  # --warmup-steps fixed it above  # fmt: skip
     grids = grid_module.style_grids(sweep, TrainOptions(), lambda _: None)
     for order in range(5):
         shuffled, entries, running = random.Random(order), [], []
@@ -96,7 +97,7 @@ def without_timings(output: Path) -> list[dict]:
     for entry in lines[1:]:
         for name in TIMINGS:
             entry.pop(name)
-        entry["model"] = str(Path(entry["model"]).relative_to(output))
+        assert not Path(entry["model"]).is_absolute()  # relative to the sweep's folder: no path of this machine
     return lines
 
 
@@ -106,7 +107,7 @@ def test_two_workers_write_the_serial_sweeps_journal_report_and_plot(tmp_path, c
     same. Each worker trains on one thread, as this test process does, so the numbers are the same to the bit."""
     monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1})  # two cores: a thread per worker
     args = ["--styles", "pre,geo", "--lrs", "2e-5", "--seeds", "0", "--confirm-seeds", "1", "--data", str(corpus),
-            "--data-cache", str(tmp_path / "cache"), *TINY]  # fmt: skip
+            "--data-cache", str(tmp_path / "cache"), *TINY, "--extend", "0"]  # fmt: skip
     serial = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "serial"), *args])
     assert serial.exit_code == 0, serial.output
     parallel = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "parallel"), "--workers", "2", *args])
@@ -131,7 +132,7 @@ def test_two_workers_write_the_serial_sweeps_journal_report_and_plot(tmp_path, c
 )
 def test_bad_engine_options_are_one_line_errors(tmp_path, corpus, args, message):  # noqa: F811
     result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "s"), "--lrs", "1e-3", "--data",
-                                      str(corpus), *TINY, *args])  # fmt: skip
+                                      str(corpus), *TINY, *FIXED, *args])  # fmt: skip
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output
 
@@ -191,7 +192,7 @@ def test_a_worker_of_two_threads_trains_after_the_sweeps_process_used_openmp(tmp
     script = ("import sys, torch\ntorch.set_num_threads(2)\nm = torch.randn(1500, 1500)\n(m @ m).sum()\n"
               "from hf_geonorm_cli.main import cli\ncli(sys.argv[1:])\n")  # fmt: skip
     args = [sys.executable, "-c", script, "sweep", "--output", str(tmp_path / "s"), "--devices", "auto", "--styles",
-            "pre", "--lrs", "1e-3", "--data", str(corpus), *TINY]  # fmt: skip
+            "pre", "--lrs", "1e-3", "--data", str(corpus), *TINY, *FIXED]  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"} | {"HF_HUB_OFFLINE": "1"}
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -203,7 +204,8 @@ def test_runs_that_decide_others_start_first():
     first, then both confirmation runs at once, three rounds; in the serial order the first arm's confirmation run
     would take a worker before the second arm's grid, and the second arm's confirmation run would end alone in a
     fourth round."""
-    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0,), confirm_seeds=(1,))
+    sweep = SweepOptions(styles=("pre", "geo"), lrs=(1e-3, 2e-3), seeds=(0,), confirm_seeds=(1,), extend=0,
+                         warmup_shares=None)  # fmt: skip
     grids = grid_module.style_grids(sweep, TrainOptions(), lambda _: None)
     entries: list[dict] = []
     rounds = []
@@ -223,7 +225,7 @@ def test_storage_without_optuna_says_what_to_install(tmp_path, corpus, monkeypat
     data is read or folder written."""
     monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: importing it raises ImportError
     result = CliRunner().invoke(cli, ["sweep", "--output", str(tmp_path / "s"), "--lrs", "1e-3", "--data", str(corpus),
-                                      *TINY, "--storage", "postgresql://u@127.0.0.1:1/db"])  # fmt: skip
+                                      *TINY, *FIXED, "--storage", "postgresql://u@127.0.0.1:1/db"])  # fmt: skip
     assert result.exit_code != 0 and "pip install 'hf-geonorm[distributed]'" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "s" / "runs.jsonl").exists()
 
@@ -233,7 +235,7 @@ def test_sigterm_stops_the_workers_leaves_no_checkpoint_and_the_same_command_fin
     """SIGTERM to a `--workers 2` sweep while its runs train: exit 143 with the one-line message, every worker
     process gone, no checkpoint or half-written run folder left; the same command again trains the missing runs."""
     args = [sys.executable, "-m", "hf_geonorm_cli.main", "sweep", "--output", str(tmp_path / "s"), "--workers", "2",
-            "--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--data", str(corpus), *TINY, "--max-steps", "400",
+            "--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--data", str(corpus), *TINY, *FIXED, "--max-steps", "400",
             "--eval-every", "100"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     sweep = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -266,7 +268,7 @@ def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path, corpus):  #
     SIGTERM, well before its run would end, so no orphan trains on for nobody holding the folder's lock, and no
     checkpoint is left."""
     args = [sys.executable, "-m", "hf_geonorm_cli.main", "sweep", "--output", str(tmp_path / "s"), "--workers", "2",
-            "--styles", "pre,geo", "--lrs", "1e-5", "--data", str(corpus), *TINY, "--max-steps", "100000",
+            "--styles", "pre,geo", "--lrs", "1e-5", "--data", str(corpus), *TINY, *FIXED, "--max-steps", "100000",
             "--eval-every", "100000"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     sweep = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -295,7 +297,7 @@ def test_workers_refuse_a_sweep_begun_on_other_data_before_any_starts(tmp_path):
     data = tmp_path / "text.txt"
     data.write_text((STDLIB / "textwrap.py").read_text())
     args = ["--output", str(tmp_path / "sweep"), "--styles", "pre", "--lrs", "2e-3", "--seeds", "0", "--data",
-            str(data), "--data-cache", str(tmp_path / "cache"), *TINY]  # fmt: skip
+            str(data), "--data-cache", str(tmp_path / "cache"), *TINY, *FIXED]  # fmt: skip
     options = TrainOptions(data=str(data), data_cache=str(tmp_path / "cache"), seq_len=32, batch_size=4,
                            vocab_size=300, max_steps=3, eval_every=3, warmup_steps=0, eval_blocks=8)  # fmt: skip
     write_sweep_journal(tmp_path / "sweep" / "runs.jsonl", options, [])
@@ -333,7 +335,7 @@ def test_a_workers_record_is_checked_against_the_header_before_it_counts(begun):
     naming the run, the worker and the field, and the journal does not take it."""
     folder, options = begun
     journal = load_journal(folder / "runs.jsonl")
-    sweep = SweepOptions(output=str(folder), styles=("pre",), lrs=(2e-3,), seeds=(0,))
+    sweep = SweepOptions(output=str(folder), styles=("pre",), lrs=(2e-3,), seeds=(0,), warmup_shares=None)
     parallel = ParallelSweep(EngineOptions(workers=2), sweep, replace(options, lr=1e-3), folder, journal, print)
     parallel.board = LocalBoard(journal, sweep, parallel.grids)
     run = grid_module.Run("pre", None, 2e-3, 0)

@@ -5,6 +5,7 @@ logged after every run. A clock of the test's own times the runs, so nothing her
 from __future__ import annotations
 
 import json
+import re
 import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STEPS = 3
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", str(STEPS), "--eval-every",
-        "3", "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+        "3", "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0", "--confirm-seeds", "none"]  # fmt: skip
 # seconds of each run, in the order they train: (setup, seconds a step, evaluations); setup is everything else the
 # sweep waits for (building the model, saving it, the report); the first run's holds one-off costs
 RUNS = {"pre-lr2e-3-seed0": (20.0, 1.0, 1.0), "pre-lr8e-3-seed0": (2.0, 1.0, 1.0),
@@ -68,7 +69,9 @@ def test_the_estimate_counts_each_part_and_is_updated_after_every_run(tmp_path, 
     after_second = 2 * run_seconds(*second)
     # after the third: setup and evaluations over the runs after the first, each style at its own pace
     after_third = run_seconds(median([second[0], third[0]]), third[1], median([second[2], third[2]]))
-    estimates = [line for line in result.output.splitlines() if line.startswith("time estimate:")]
+    lines = result.output.splitlines()
+    assert all(re.match(r"\d\d:\d\d:\d\d ", line) for line in lines if "time estimate" in line)  # timestamped
+    estimates = [line[9:] for line in lines if line[9:].startswith("time estimate:")]
     assert len(estimates) == 3, result.output
     for line, seconds, left in zip(estimates, (after_first, after_second, after_third), (3, 2, 1), strict=True):
         assert line.startswith(f"time estimate: about {seconds:.0f} s for the {left} run(s) left"), (line, seconds)

@@ -16,8 +16,9 @@ from helpers import STDLIB, edited_copy, error_lines, invoke
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep
 
-ONE_STEP = ["--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
-            "--eval-blocks", "8"]  # fmt: skip
+RUN_OPTIONS = ["--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
+               "--eval-blocks", "8"]  # fmt: skip
+ONE_STEP = [*RUN_OPTIONS, "--extend", "0", "--confirm-seeds", "none"]  # the grid given, one seed
 VOCAB = ["--vocab-size", "300"]
 
 
@@ -39,12 +40,18 @@ def sweep(output: Path, corpus: Path, cache: Path, *more: object, options: list[
 
 
 @pytest.fixture(scope="module")
-def real_journal(tmp_path_factory, corpus, cache) -> list[str]:
-    """The lines of a real sweep's journal: one pre run at 2e-3, one step."""
+def real_sweep(tmp_path_factory, corpus, cache) -> Path:
+    """A real sweep's folder: one pre run at 2e-3, one step."""
     output = tmp_path_factory.mktemp("identity-base") / "sweep"
     result = sweep(output, corpus, cache, "--styles", "pre", "--lrs", "2e-3")
     assert result.exit_code == 0, result.output
-    return (output / "runs.jsonl").read_text().splitlines()
+    return output
+
+
+@pytest.fixture(scope="module")
+def real_journal(real_sweep) -> list[str]:
+    """The lines of the real sweep's journal."""
+    return (real_sweep / "runs.jsonl").read_text().splitlines()
 
 
 def journal_of(output: Path) -> list[str]:
@@ -173,8 +180,9 @@ def test_a_model_is_keyed_by_its_content_not_by_the_spelling_of_its_path(tmp_pat
     assert journal_of(tmp_path / "sweep") == before
 
 
-def test_a_model_whose_weights_were_zeroed_under_the_same_path_is_refused(tmp_path, corpus, cache, real_journal):
-    trained = Path(json.loads(real_journal[1])["model"])  # the real sweep's final model: weights and tokenizer
+def test_a_model_whose_weights_were_zeroed_under_the_same_path_is_refused(tmp_path, corpus, cache, real_sweep,
+                                                                          real_journal):  # fmt: skip
+    trained = real_sweep / json.loads(real_journal[1])["model"]  # the real sweep's final model, relative to it
     model = tmp_path / "model"
     shutil.copytree(trained, model)
     options = ONE_STEP  # the folder has its own tokenizer
@@ -225,16 +233,17 @@ def test_a_rerun_without_extend_finishes_the_sweep_as_it_began(tmp_path, corpus,
     monkeypatch.setattr(sweep_module, "_train", stand_in)
     output = tmp_path / "sweep"
     grid = ["--styles", "pre", "--lrs", "1e-5,2e-5", "--confirm-seeds", "1"]
-    stopped = sweep(output, corpus, cache, *grid, "--extend", "1")
+    bare_options = RUN_OPTIONS + VOCAB  # the sweep options are the ones given below, or the journal's
+    stopped = sweep(output, corpus, cache, *grid, "--extend", "1", options=bare_options)
     assert stopped.exit_code == 130, stopped.output
     assert [json.loads(line)["lr"] for line in journal_of(output)[1:]] == [1e-5, 2e-5, 4e-5]
     trained.clear()
     stop_at[0] = 0
-    result = sweep(output, corpus, cache, *grid)
+    result = sweep(output, corpus, cache, *grid, options=bare_options)
     assert result.exit_code == 0, result.output
     assert trained == ["pre-lr4e-5-seed1"]
-    assert "| pre | 4e-5 | 2 |" in (output / "sweep.md").read_text()
-    bare = sweep(output, corpus, cache)
+    assert "| 0 steps | 4e-5 | 2 |" in (output / "sweep.md").read_text()
+    bare = sweep(output, corpus, cache, options=bare_options)
     assert bare.exit_code == 0 and "all 4 runs of the sweep are in" in bare.output, bare.output
     assert trained == ["pre-lr4e-5-seed1"]
 

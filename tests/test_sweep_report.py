@@ -24,7 +24,7 @@ from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 ROOT = Path(__file__).parent.parent
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
-        "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+        "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0"]  # fmt: skip
 RATES = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 
 
@@ -153,7 +153,8 @@ def test_the_bold_cell_is_the_rate_chosen_on_seed_0_and_the_means_of_more_seeds_
     assert "**bold**: the rate chosen for each arm, the lowest mean validation loss on seed 0" in legend
     assert "Means over more seeds than that: pre 4e-3 (3 seeds), geo 8e-3 (3 seeds)" in legend
     assert "every other cell ran seed 0 only" in legend
-    assert "| arm | rate chosen | seeds | validation loss | test loss |" in hand_report
+    header = "| arm | warm-up | rate chosen | seeds | validation loss | test loss | test loss of each seed |"
+    assert header in hand_report
     assert "best rate" not in section(hand_report, "The arms at their chosen rates, on test")
 
 
@@ -205,7 +206,9 @@ def readme_sweep(tmp_path_factory) -> tuple[Path, str]:
         patch.setenv("HOME", str(root / "home"))
         patch.chdir(root)
         torch.set_num_threads(1)
-        result = invoke(*args, "--batch-size", "2", "--vocab-size", "300", "--data-cache", root / "cache")
+        # the default walk, cut to its starting grid (two rates x two shares) to keep the test short
+        result = invoke(*args, "--batch-size", "2", "--vocab-size", "300", "--data-cache", root / "cache", "--extend",
+                        "0", "--warmup-shares", "0.1,0.3", "--confirm-seeds", "none")  # fmt: skip
     assert result.exit_code == 0, result.output
     return root / "sweep", result.output
 
@@ -215,7 +218,8 @@ def test_the_readme_sweep_reports_the_warm_up_and_evaluation_its_runs_used(readm
     report = (output / "sweep.md").read_text()
     assert "None" not in report
     steps = int(readme_sweep_example()[readme_sweep_example().index("--max-steps") + 1])
-    assert f"warm-up {steps // 10} steps" in report  # a tenth of the steps, the documented default
+    # the default tunes the warm-up: the shares this test's walk starts from (its step 0 cut) as steps of the run
+    assert f"warm-up tuned: 10%, 30% of the run ({steps // 10}, {3 * steps // 10} steps)" in report
     evaluated = set()
     for metrics in output.glob("runs/*/metrics.json"):
         blocks = json.loads(metrics.read_text())["evaluated_blocks"]
@@ -244,9 +248,10 @@ def test_the_readme_sweep_says_its_runs_are_early_training(readme_sweep):
 
 
 def test_the_readme_sweep_logs_a_time_estimate_after_each_run_but_the_last(readme_sweep):
-    _, log = readme_sweep
-    assert log.count("time estimate:") == 3 and "for the 1 run(s) left" in log
-    assert log.index("data prepared") < log.index("run 1/4")
+    output, log = readme_sweep
+    runs = len((output / "runs.jsonl").read_text().splitlines()) - 1
+    assert runs == 8 and log.count("time estimate:") == runs - 1 and "for the 1 run(s) left" in log
+    assert log.index("data prepared") < log.index("run 1/8")
 
 
 def test_where_every_rate_ran_seeds_the_plateau_takes_welchs_standard_error_of_each_pair(tmp_path):

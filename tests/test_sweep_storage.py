@@ -22,7 +22,7 @@ import optuna
 import pytest
 from click.testing import CliRunner
 from postgres_server import PostgresServer, find_server
-from test_sweep import STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
+from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm_cli.main import cli
 
@@ -186,7 +186,7 @@ def test_a_machine_with_other_data_options_or_grid_is_refused_naming_the_differe
 
     def sweep(folder: str, data: Path, *more: str):
         args = ["--output", str(tmp_path / folder), "--storage", postgres.url, "--study", "refusals"]
-        return CliRunner().invoke(cli, ["sweep", *args, "--data", str(data), *TINY, *one_run, *more])
+        return CliRunner().invoke(cli, ["sweep", *args, "--data", str(data), *TINY, *FIXED, *one_run, *more])
 
     first = sweep("a", corpus)
     assert first.exit_code == 0, first.output
@@ -214,7 +214,7 @@ def test_a_trial_that_is_not_a_run_of_the_sweep_is_refused_naming_it(tmp_path, p
 
     def sweep(folder: str):
         args = ["--output", str(tmp_path / folder), "--storage", postgres.url, "--study", "foreign"]
-        return CliRunner().invoke(cli, ["sweep", *args, "--data", str(corpus), *TINY, *one_run])
+        return CliRunner().invoke(cli, ["sweep", *args, "--data", str(corpus), *TINY, *FIXED, *one_run])
 
     first = sweep("a")
     assert first.exit_code == 0, first.output

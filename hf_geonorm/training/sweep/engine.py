@@ -12,6 +12,7 @@ written from that order: it is the serial sweep's.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,12 +23,13 @@ from ...files.signals import raise_if_signalled
 from ..options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
-from .grid import style_grids
+from .grid import begun_plan, style_grids
 from .identity import measured_identity
 from .journal import Journal, JournalError, append, begin_journal, check_identity, load_journal
 from .options import SweepOptions
-from .protocol import Task, Walk, serial_order, walk
+from .protocol import Task, Walk, plan_text, serial_order, walk
 from .record import RecordError, check_record, sweep_header
+from .reference import HELD_OUT, write_held_out
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
 
@@ -76,7 +78,7 @@ class ParallelSweep:
         self.engine, self.sweep, self.train, self.folder, self.journal, self.log = (engine, sweep, train, folder,
                                                                                    journal, log)  # fmt: skip
         self.kept = len(journal.entries)  # the runs a serial sweep would also find there first
-        self.grids = style_grids(sweep, train, log)
+        self.grids = style_grids(sweep, train, log, journal.header)
         self.estimate = TimeEstimate(train.max_steps)
         self.said: set[str] = set()
         self.started = self.trained = 0
@@ -89,6 +91,7 @@ class ParallelSweep:
         slots = worker_slots(self.engine.workers, self.engine.devices)
         pending = self.board.walk()
         if not pending.finished:
+            self.log(plan_text(self.sweep, self.grids, self.board.entries()))
             self.log(f"to train: {len(pending.due)} run(s) the protocol needs now, on {len(slots)} worker(s): "
                      + "; ".join(f"worker {slot.number} on {slot.where}" for slot in slots))  # fmt: skip
             with Pool(slots, self.train, self.folder, self.journal.header) as pool:
@@ -104,7 +107,9 @@ class ParallelSweep:
             self.log(f"all {len(final.reached)} runs of the sweep are in {self.where()}")
         self.write_journal(entries)
         write_report(self.folder, entries, log=self.log, header=self.journal.header)
-        record_paths(self.folder, "sweep", self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        record_paths(self.folder, "sweep", *(path for path in (self.journal.path, self.folder / "sweep.md",
+                                                               self.folder / "sweep.png", self.folder / HELD_OUT)
+                                               if path.exists()))  # fmt: skip
         return entries
 
     def open_board(self) -> Any:
@@ -129,13 +134,13 @@ class ParallelSweep:
             header = self.board.join(sweep_header(identity, self.sweep.plan()), json.loads(json.dumps(grid)),
                                      identity)  # fmt: skip
         if self.journal.header is None:
-            begin_journal(self.journal.path, header or sweep_header(identity, self.sweep.plan()))
+            begin_journal(self.journal.path, header or sweep_header(identity, begun_plan(self.sweep, self.grids)))
             self.journal = load_journal(self.journal.path)
             if isinstance(self.board, LocalBoard):
                 self.board.journal = self.journal
         else:
             check_identity(self.journal, replace(self.train, lr=None), identity)
-        prepare(self.log)
+        write_held_out(self.folder, prepare(self.log), self.log)
         if self.engine.storage is not None:
             self.refuse_runs_the_study_lacks()
 
@@ -238,9 +243,12 @@ class ParallelSweep:
         for worker in busy:
             done = worker.step[0] / worker.step[1] if worker.step else 0.0
             seconds += (1 - done) * self.estimate.run_seconds(worker.task.run.style)
+        found = self.board.walk()
+        upper = seconds + found.possible * statistics.fmean(self.estimate.run_seconds(s) for s in self.sweep.styles)
         self.log(f"time estimate: about {duration(seconds / len(pool.workers))} for the {len(queued) + len(busy)} "
-                 f"run(s) known to be left on {len(pool.workers)} worker(s) (extensions and confirmation runs not yet "
-                 "decided come on top)")  # fmt: skip
+                 f"run(s) known to be left on {len(pool.workers)} worker(s), at most about "
+                 f"{duration(upper / len(pool.workers))} with the {found.possible} run(s) the steps and confirmations "
+                 "not yet decided may add")  # fmt: skip
 
     def ordered(self, reached: list[tuple]) -> list[dict[str, Any]]:
         """The runs in the serial sweep's order: those the journal held before, then the others as the protocol

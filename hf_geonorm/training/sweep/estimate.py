@@ -56,20 +56,31 @@ class TimeEstimate:
         return (statistics.median(run.setup for run in basis) + self.steps * statistics.median(own)
                 + statistics.median(run.evaluation for run in basis))  # fmt: skip
 
-    def line(self, styles_left: list[str]) -> str | None:
-        """The log line: the time of the runs left (one style per run), and what it is made of; None before any
-        run was measured or when none is left."""
-        if not self.measured or not styles_left:
+    def line(self, styles_left: list[str], most: int | None = None) -> str | None:
+        """The log line: the time of the runs the protocol needs now (one style per run) and, given ``most`` (the
+        runs left at most, with the steps and confirmations the results may add), the time of those at the mean
+        pace of the styles left, and what it is made of; None before any run was measured or when none is left."""
+        if not self.measured or not (styles_left or most):
             return None
         seconds = sum(self.run_seconds(style) for style in styles_left)
+        if most is not None and most > len(styles_left):
+            styles = list(dict.fromkeys(styles_left)) or [run.style for run in self.basis()]
+            each = statistics.fmean(self.run_seconds(style) for style in styles)
+            upper = seconds + (most - len(styles_left)) * each
+            now = f"about {duration(seconds)} for the {len(styles_left)} run(s) needed now, " if styles_left else ""
+            return (f"time estimate: {now}at most about {duration(upper)} for the {most} run(s) left at most with "
+                    f"the steps and confirmation runs the results may add; runs of {self.steps} steps, measured on "
+                    f"{self.basis_text()}")  # fmt: skip
         measured = {run.style for run in self.basis()}
         unmeasured = " (at the others' pace: none of its runs has ended)"
         each = ", ".join(f"{style} {self.run_seconds(style):.0f} s a run" + ("" if style in measured else unmeasured)
                          for style in dict.fromkeys(styles_left))  # fmt: skip
-        basis = (f"the {len(self.basis())} run(s) after the first, its one-off costs left out"
-                 if len(self.measured) > 1 else "the first run, its one-off costs included")  # fmt: skip
         return (f"time estimate: about {duration(seconds)} for the {len(styles_left)} run(s) left: {each}; setup, "
-                f"{self.steps} steps at each style's pace and evaluations, measured on {basis}")  # fmt: skip
+                f"{self.steps} steps at each style's pace and evaluations, measured on {self.basis_text()}")
+
+    def basis_text(self) -> str:
+        return (f"the {len(self.basis())} run(s) after the first, its one-off costs left out"
+                if len(self.measured) > 1 else "the first run, its one-off costs included")  # fmt: skip
 
 
 def duration(seconds: float) -> str:

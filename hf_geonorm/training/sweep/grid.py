@@ -48,41 +48,46 @@ from .journal import (
     JournalError,
     append,
     check_options,
-    entry_key,
     journal_key,
     load_journal,
     read_journal,
     refuse_link,
     repair,
 )
-from .options import DEFAULT_GRID_STEPS, UNMEASURED_GRID_STEPS, SweepOptions
-from .protocol import Run, arms, choice, confirmation_rate, extension_step
+from .options import DEFAULT_GRID_STEPS, STARTING_RATES, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
+from .protocol import Run, Task, most_left, plan_text, walk
+from .reference import HELD_OUT
 from .report import write_report
 from .table import rate_text
 
-__all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "plan", "read_journal", "run_sweep"]
+__all__ = ["JOURNAL", "JournalError", "Run", "journal_key", "open_journal", "read_journal", "run_sweep"]
 
 
-def plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> list[Run]:
-    """The runs of the grid on ``--seeds``, in the order they train: arm by arm, rate by rate (each style's
-    ``grids``), then seed (the extensions and the confirmation runs depend on the results: ``run_sweep`` decides
-    them as it goes)."""
-    return [Run(style, alpha, lr, seed) for style, alpha in arms(sweep) for lr in grids[style] for seed in sweep.seeds]
-
-
-def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any) -> dict[str, tuple[float, ...]]:
-    """Each style's rates: ``--lrs`` or ``--lr-range`` for every style, else each style's default rate (``train``'s
-    for this model: ``default_rate``) times 1/4 to 4, or 1/8 to 8 where no cell measured it, logged with where it
-    comes from."""
+def style_grids(sweep: SweepOptions, train: TrainOptions, log: Any,
+                header: dict[str, Any] | None = None) -> dict[str, tuple[float, ...]]:  # fmt: skip
+    """Each style's starting rates: ``--lrs`` or ``--lr-range`` for every style, else each style's own ladder around
+    its default rate (``train``'s for this model: ``default_rate``), 1/2 to 2 times it, or 1/4 to 4 where no cell
+    measured it, logged with where it comes from; a style the journal's ``header`` began (``starting_rates``) keeps
+    its rates, so that a resumed sweep walks from where it began even if the default rates changed since."""
     if sweep.lrs is not None or sweep.lr_range is not None:
         return dict.fromkeys(sweep.styles, sweep.rates())
+    begun = (header or {}).get("sweep_options", {}).get(STARTING_RATES) or {}
     config, grids = planned_config(train), {}
     for style in sweep.styles:
+        if style in begun:
+            grids[style] = tuple(begun[style])
+            log(f"{style}: starting rates {', '.join(map(rate_text, grids[style]))}, as the sweep began")
+            continue
         centre = default_rate(train.model, config, style)
         grids[style] = sweep.rates(centre.lr, UNMEASURED_GRID_STEPS if centre.needs_sweep else DEFAULT_GRID_STEPS)
-        log(f"{style}: rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre.lr)}, the default "
-            f"for {centre.why}; --lrs or --lr-range sets others")  # fmt: skip
+        log(f"{style}: starting rates {', '.join(map(rate_text, grids[style]))}, around {rate_text(centre.lr)}, the "
+            f"default for {centre.why}; --lrs or --lr-range sets others")  # fmt: skip
     return grids
+
+
+def begun_plan(sweep: SweepOptions, grids: dict[str, tuple[float, ...]]) -> dict[str, Any]:
+    """The plan a new journal's header records: the sweep options, and each style's starting rates."""
+    return {**sweep.plan(), STARTING_RATES: {style: list(rates) for style, rates in grids.items()}}
 
 
 def open_journal(folder: Path, train: TrainOptions) -> tuple[Path, list[dict[str, Any]]]:
@@ -128,7 +133,20 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
             sweep.validate()
             if taken:
                 log(f"the sweep resumes as it began ({journal.path}, line 1): {', '.join(taken)}")
+        sweep = fixed_warmup(sweep, train, given).resolved()
         return (runner or _Sweep)(sweep, train, folder, journal, log).run()
+
+
+def fixed_warmup(sweep: SweepOptions, train: TrainOptions, given: Collection[str] | None) -> SweepOptions:
+    """The sweep with the warm-up walk off where ``--warmup-steps`` fixes the warm-up; refused where
+    ``--warmup-shares`` was also given (``given``; None: every option, so a ladder other than the default)."""
+    if train.warmup_steps is None or sweep.warmup_shares is None:
+        return sweep
+    named = "warmup_shares" in given if given is not None else sweep.warmup_shares != WARMUP_LADDER
+    if named:
+        raise OptionError("--warmup-steps fixes the warm-up of every run and --warmup-shares tunes it: give one (the "
+                          "default tunes it: --warmup-shares alone)")  # fmt: skip
+    return replace(sweep, warmup_shares=None)
 
 
 def refuse_foreign_folder(folder: Path, journal: Journal) -> None:
@@ -147,109 +165,69 @@ def refuse_foreign_folder(folder: Path, journal: Journal) -> None:
 
 
 class _Sweep:
-    """One call of ``run_sweep``: the protocol, arm by arm, over the journal (locked)."""
+    """One call of ``run_sweep``: the protocol (``protocol.walk``) over the journal (locked), its runs trained one
+    after the other in the order the protocol reaches them."""
 
     def __init__(self, sweep: SweepOptions, train: TrainOptions, folder: Path, journal: Journal, log: Any) -> None:
         self.sweep, self.train, self.folder, self.journal, self.log = sweep, train, folder, journal, log
-        self.grids = style_grids(sweep, train, log)
+        self.grids = style_grids(sweep, train, log, journal.header)
         self.entries = journal.entries
-        self.done = {entry_key(entry) for entry in self.entries}
         self.trained = 0
-        self.visited: set[tuple] = set()  # the runs of this sweep's protocol, trained now or before
-        self.batch: list[Run] = []  # the runs train_runs is training
+        self.said: set[str] = set()
         self.estimate = TimeEstimate(train.max_steps)
         self.identity: dict[str, Any] = {}  # the sweep's, as measured before the latest run (check_identity)
-        self.total = self.planned()
-
-    def planned(self) -> int:
-        """How many runs are left to train as far as it is known now (``left``)."""
-        return len(self.left())
-
-    def left(self) -> list[str]:
-        """The style of each run left to train as far as it is known now: the batch training (an extension's
-        included), the grid's, and the confirmation runs at each arm's best rate (as chosen now; an arm whose grid
-        has not run: one per confirmation seed)."""
-        known = {run.key(): run.style for run in [*self.batch, *plan(self.sweep, self.grids)]
-                 if run.key() not in self.done}  # fmt: skip
-        confirm = []
-        for style, alpha in arms(self.sweep):
-            best = choice(self.entries, style, alpha, list(self.grids[style]), self.sweep.seeds)
-            keys = [(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()]
-            confirm += [style for key in keys if best is None or (key not in self.done and key not in known)]
-        return [*known.values(), *confirm]
 
     def run(self) -> list[dict[str, Any]]:
-        sweep = self.sweep
-        if self.total:
-            extend = "" if not sweep.extend else (
-                f"; up to {sweep.extend} more rate(s) per arm, {len(sweep.seeds)} run(s) each, while an arm's best "
-                f"rate is at the edge of its grid (--extend {sweep.extend})"
-            )  # fmt: skip
-            self.log(f"to train: {self.total} run(s) (time estimate after the first){extend}")
-        for style, alpha in arms(sweep):
-            rates = list(self.grids[style])
-            self.train_runs([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid")
-            for _ in range(sweep.extend):
-                beyond = self.extension(style, alpha, rates)
-                if not beyond:
-                    break
-                rates.extend(beyond)
-                runs = [Run(style, alpha, lr, seed) for lr in beyond for seed in sweep.seeds]
-                self.total += len([run for run in runs if run.key() not in self.done])
-                self.train_runs(runs, "extension")
-            if sweep.confirm_seeds:
-                self.confirm(style, alpha, rates)
+        first = walk(self.sweep, self.grids, self.entries)
+        if not first.finished:
+            self.log(plan_text(self.sweep, self.grids, self.entries))
+        while (task := self.next_task()) is not None:
+            self.train_run(task)
+        final = walk(self.sweep, self.grids, self.entries)
         if not self.trained:
-            self.log(f"all {len(self.visited)} runs of the sweep are in {self.journal.path}")
+            self.log(f"all {len(final.reached)} runs of the sweep are in {self.journal.path}")
         write_report(self.folder, self.entries, log=self.log, header=self.journal.header)
-        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png", self.folder / HELD_OUT)
         return self.entries
 
-    def extension(self, style: str, alpha: float | None, rates: list[float]) -> list[float]:
-        beyond, notes = extension_step(self.entries, self.sweep.seeds, style, alpha, rates)
-        for note in notes:
-            self.log(note)
-        return beyond
+    def next_task(self) -> Task | None:
+        """The first run the protocol needs now (in the order it reaches them), its decisions logged once each."""
+        raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed (in the last run, in the report)
+        found = walk(self.sweep, self.grids, self.entries)
+        for note in found.notes:
+            if note not in self.said:
+                self.said.add(note)
+                self.log(note)
+        return found.due[0] if found.due else None
 
-    def confirm(self, style: str, alpha: float | None, rates: list[float]) -> None:
-        """``--confirm-seeds`` at the arm's best rate, chosen on ``--seeds``; none where every rate diverged."""
-        best, note = confirmation_rate(self.entries, self.sweep.seeds, style, alpha, rates)
-        if best is None:
-            self.log(note)
-            return
-        self.train_runs([Run(style, alpha, best, seed) for seed in self.sweep.confirm_seeds or ()], "confirmation")
-
-    def train_runs(self, runs: list[Run], role: str) -> None:
-        self.batch = runs
-        for run in runs:
-            raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed (in the last run, in the report)
-            self.visited.add(run.key())
-            if run.key() in self.done:
-                continue
-            self.check_identity()
-            number = self.trained + 1
-            self.log(f"run {number}/{self.total}: {run.label} ({role})")
-            started = time.monotonic()
-            try:
-                entry = {**_train(run, self.train, self.folder), "role": role}
-                if entry["val_loss"] is None:  # diverged: the settings its model was built with
-                    entry["settings"] = run.settings(self.identity["settings"])
-            finally:  # what the run wrote, also when it stopped part way
-                self.record(self.folder / "logs" / f"{run.name}.log", self.folder / "runs" / run.name)
-            entry = checked_line(self.journal, run.label, entry, self.identity)
-            append(self.journal.path, entry)
-            self.entries.append(entry)
-            self.done.add(run.key())
-            self.trained = number
-            result = "diverged" if entry["val_loss"] is None else (
-                f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}"
-            )  # fmt: skip
-            self.log(f"run {number}/{self.total}: {run.label}: {result} ({time.monotonic() - started:.0f} s)")
-            write_report(self.folder, self.entries, log=lambda _: None, header=self.journal.header)
-            self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
-            self.estimate.add(time.monotonic() - started, entry)  # all the sweep waited for: the report included
-            if (estimate := self.estimate.line(self.left())) is not None:
-                self.log(estimate)
+    def train_run(self, task: Task) -> None:
+        run = task.run
+        self.check_identity()
+        number = self.trained + 1
+        most = most_left(self.sweep, self.grids, self.entries)
+        self.log(f"run {number}/{self.trained + most}: {run.label} ({task.role})")
+        started = time.monotonic()
+        try:
+            entry = {**_train(run, self.train, self.folder), "role": task.role}
+            if entry["val_loss"] is None:  # diverged: the settings its model was built with
+                entry["settings"] = run.settings(self.identity["settings"])
+        finally:  # what the run wrote, also when it stopped part way
+            self.record(self.folder / "logs" / f"{run.name}.log", self.folder / "runs" / run.name)
+        entry = checked_line(self.journal, run.label, entry, self.identity)
+        append(self.journal.path, entry)
+        self.entries.append(entry)
+        self.trained = number
+        result = "diverged" if entry["val_loss"] is None else (
+            f"validation loss {entry['val_loss']:.4f}, test loss {entry['test_loss']:.4f}"
+        )  # fmt: skip
+        self.log(f"run {number}: {run.label}: {result} ({time.monotonic() - started:.0f} s)")
+        write_report(self.folder, self.entries, log=lambda _: None, header=self.journal.header)
+        self.record(self.journal.path, self.folder / "sweep.md", self.folder / "sweep.png")
+        self.estimate.add(time.monotonic() - started, entry)  # all the sweep waited for: the report included
+        left = walk(self.sweep, self.grids, self.entries)
+        line = self.estimate.line([t.run.style for t in left.due], most_left(self.sweep, self.grids, self.entries))
+        if line is not None:
+            self.log(line)
 
     def record(self, *paths: Path) -> None:
         """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
@@ -257,8 +235,8 @@ class _Sweep:
 
     def check_identity(self) -> None:
         """Before each run: the sweep's identity measured again and compared with the journal's (``identity``)."""
-        self.journal, self.identity = checked_identity(self.journal, self.train, self.sweep.plan(), self.trained == 0,
-                                                       self.log)  # fmt: skip
+        self.journal, self.identity = checked_identity(self.journal, self.train, begun_plan(self.sweep, self.grids),
+                                                       self.trained == 0, self.log)  # fmt: skip
 
 
 def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
@@ -268,12 +246,16 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     output = folder / "runs" / run.name
     logs = folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    warmup = run.warmup_steps(train.max_steps)
     options = replace(
         train, output=str(output), lr=run.lr, lr_source=SWEEP_RATE, seed=run.seed,
         settings=run.settings(train.settings), force=True, resume=False,
+        warmup_steps=train.warmup_steps if warmup is None else warmup,
     )  # fmt: skip
     entry: dict[str, Any] = {"run": run.name, "style": run.style, "alpha": run.alpha, "lr": run.lr, "seed": run.seed,
                              "train_options": journal_key(train)}  # fmt: skip
+    if run.warmup_share is not None:
+        entry["warmup_share"] = run.warmup_share
     with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
             metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
@@ -289,7 +271,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
     return {
         **entry, "settings": metrics["settings"], "steps": metrics["steps"], "tokens": metrics["tokens"],
         "val_loss": _finite(metrics["final_eval_loss"]), "test_loss": _finite(metrics["final_test_loss"]),
-        "train_seconds": metrics["train_seconds"], "model": str(output / "final"), "data": metrics["data_facts"],
+        "train_seconds": metrics["train_seconds"], "model": f"runs/{run.name}/final", "data": metrics["data_facts"],
         "warmup_steps": metrics["options"]["warmup_steps"], "evaluated_blocks": metrics["evaluated_blocks"],
         "training_seconds": metrics["training_seconds"], "evaluation_seconds": metrics["evaluation_seconds"],
     }  # fmt: skip

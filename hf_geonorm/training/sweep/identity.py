@@ -14,22 +14,28 @@ from ..data.prepare import data_request, data_source, training_data
 from ..options import TrainOptions
 from .journal import Journal, JournalError, begin_journal, check_identity, load_journal
 from .record import record_problem, sweep_header, sweep_identity
+from .reference import held_out_record, write_held_out
 
 
-def measured_identity(train: TrainOptions) -> tuple[dict[str, Any], Callable[[Any], None]]:
+def measured_identity(train: TrainOptions) -> tuple[dict[str, Any], Callable[[Any], dict[str, Any] | None]]:
     """The sweep's identity as measured now (``record.sweep_identity``: the data's source resolved as a run resolves
     it), and what tokenizes and caches that data (given the log), so that the first run reads it as every other does
-    and the time estimate measures runs alike (a stream is read by each run alike: nothing to do)."""
+    and the time estimate measures runs alike (a stream is read by each run alike: nothing to do); that returns the
+    held-out text's sizes and unigram reference (``reference.held_out_record``)."""
     started = time.monotonic()
     request = data_request(train)
     source = data_source(request, lambda _: None)
     identity = sweep_identity(replace(train, lr=None), source.corpus.fingerprint, source.tokenizer_hash)
 
-    def prepare(log: Any) -> None:
-        if not train.streaming:
-            training_data(source, request, lambda _: None)
-            log(f"data prepared in {time.monotonic() - started:.0f} s, before the first run: tokenized and cached, "
-                "as every run reads it")  # fmt: skip
+    def prepare(log: Any) -> dict[str, Any] | None:
+        if train.streaming:
+            return None
+        log("preparing the data before the first run: tokenizing and caching it as every run reads it (a tokenizer "
+            "trained on the fly, the held-out documents chosen)")  # fmt: skip
+        data = training_data(source, request, lambda _: None)
+        log(f"data prepared in {time.monotonic() - started:.0f} s, before the first run: tokenized and cached, "
+            "as every run reads it")  # fmt: skip
+        return held_out_record(data, source.corpus.fingerprint)
 
     return identity, prepare
 
@@ -46,7 +52,7 @@ def checked_identity(journal: Journal, train: TrainOptions, plan: dict[str, Any]
     else:
         check_identity(journal, replace(train, lr=None), identity)
     if prepare:
-        prepare_data(log)
+        write_held_out(journal.path.parent, prepare_data(log), log)
     return journal, identity
 
 

@@ -223,8 +223,9 @@ def data_reference(journal: Journal) -> dict[str, str] | None:
 
 
 def entry_key(entry: dict[str, Any]) -> tuple:
-    """The cell of the grid a journal line holds."""
-    return (entry["style"], entry["alpha"], entry["lr"], entry["seed"])
+    """The cell of the grid a journal line holds (as ``protocol.Run.key``): its warm-up share where the sweep tunes
+    it."""
+    return (entry["style"], entry["alpha"], entry["lr"], entry["seed"], entry.get("warmup_share"))
 
 
 def repair(journal: Journal, log: Any) -> None:

@@ -16,10 +16,18 @@ from ...modeling.settings import NORM_STYLES
 from ..options import MAX_SEED, TrainOptions
 
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
-EXTEND_DEFAULT = 2  # sweep --extend with no number: the study's phase-a rule
-DEFAULT_GRID_STEPS = 2  # sweep's default grid: factors of 2 either side of the default rate (rate/4 to rate x 4)
-UNMEASURED_GRID_STEPS = 3  # ... around a rate no cell measured (GPT-3's, or extrapolated): rate/8 to rate x 8
+EXTEND_DEFAULT = 2  # rate steps beyond an edge per arm: the default, and --extend with no number
+DEFAULT_GRID_STEPS = 1  # sweep's starting rates: factors of 2 either side of the default rate (rate/2 to rate x 2)
+UNMEASURED_GRID_STEPS = 2  # ... around a rate no cell measured (GPT-3's, or extrapolated): rate/4 to rate x 4
+# the warm-up shares of the run the walk may take (phase i's ladder), and the two every arm starts from
+WARMUP_LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+WARMUP_START = (0.1, 0.3)
+CONFIRMED_SEEDS = 3  # seeds at each arm's chosen cell by default: --seeds, then the next seeds up to three
+STARTING_RATES = "starting_rates"  # a plan's each style's starting rates, as the sweep began (not an option)
 RATES = ("lrs", "lr_range")  # one choice: given either, the sweep takes neither from its header
+# what a plan recorded before an option existed ran: no warm-up walk (the journal's --warmup-steps); a plan's null
+# --confirm-seeds is none (a plan of today records the seeds its default resolved to)
+LEGACY_PLAN = {"warmup_shares": None, "warmup_start": None, "extend": 0}
 
 
 def _grid_text() -> str:
@@ -51,19 +59,48 @@ class SweepOptions:
     lr_range: tuple[float, float] | None = field(default=None, metadata=option(
         "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
     seeds: tuple[int, ...] = field(default=(0,), metadata=option(
-        "Seeds of every rate, a comma list: each arm's best rate is chosen on their mean validation loss.",
-        items=int, metavar="LIST"))  # fmt: skip
+        "Seeds of every cell (rate x warm-up), a comma list: each arm's cell is chosen on their mean validation "
+        "loss.", items=int, metavar="LIST"))  # fmt: skip
+    warmup_shares: tuple[float, ...] | None = field(default=WARMUP_LADDER, metadata=option(
+        "The warm-up shares of the run the walk may take, a comma list from 0 to below 1 (none: the warm-up is "
+        "not tuned; --warmup-steps fixes it): every arm starts at --warmup-start and takes the next share while its "
+        "best cell is at the lowest or highest share it ran, at three rates around that cell's.", items=float,
+        none=True, metavar="LIST"))  # fmt: skip
+    warmup_start: tuple[float, ...] = field(default=WARMUP_START, metadata=option(
+        "The warm-up shares every arm starts from, a comma list of --warmup-shares.", items=float,
+        metavar="LIST"))  # fmt: skip
     alphas: tuple[float, ...] | None = field(default=None, metadata=option(
         "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
         default_text="--alpha, else the library's"))  # fmt: skip
     confirm_seeds: tuple[int, ...] | None = field(default=None, metadata=option(
-        "More seeds, run only at each arm's best rate once it is chosen on --seeds (the study's protocol: a third "
-        "of the cost of every seed at every rate), a comma list.", items=int, metavar="LIST",
-        default_text="none"))  # fmt: skip
-    extend: int = field(default=0, metadata=option(
-        "While an arm's best rate is at the lowest or highest rate of its grid, add the next rate one grid step "
-        f"beyond it (a factor 2 for --lr-range), N times at most; --extend alone: {EXTEND_DEFAULT}.", minimum=0,
-        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT, default_text="0, no extension"))  # fmt: skip
+        "More seeds, run only at each arm's chosen cell once it is chosen on --seeds (a third of the cost of every "
+        "seed at every cell), a comma list; none: no more seeds.", items=int, none=True, metavar="LIST",
+        default_text=f"the seeds after --seeds, {CONFIRMED_SEEDS} seeds at each chosen cell in all"))  # fmt: skip
+    extend: int = field(default=EXTEND_DEFAULT, metadata=option(
+        "While an arm's best cell is at the lowest or highest rate of its warm-up, add the next rate one grid step "
+        "beyond it (a factor 2 for --lr-range), N times at most per arm; 0: no rate added.", minimum=0,
+        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT))  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.warmup_shares is not None and not self.warmup_shares:  # --warmup-shares none: not tuned
+            self.warmup_shares = None
+
+    @property
+    def warmup_tuned(self) -> bool:
+        """Whether the walk tunes the warm-up share with the rate (else every run keeps the train options')."""
+        return self.warmup_shares is not None
+
+    def start_shares(self) -> tuple[float | None, ...]:
+        """The warm-up shares every arm starts from (None: the train options' warm-up, not tuned)."""
+        return tuple(sorted(self.warmup_start)) if self.warmup_shares is not None else (None,)
+
+    def resolved(self) -> SweepOptions:
+        """These options with ``--confirm-seeds``'s default made explicit: the seeds after ``--seeds`` up to
+        ``CONFIRMED_SEEDS`` at each chosen cell (none where ``--seeds`` has as many)."""
+        if self.confirm_seeds is not None:
+            return self
+        more = max(0, CONFIRMED_SEEDS - len(self.seeds))
+        return replace(self, confirm_seeds=tuple(range(max(self.seeds) + 1, max(self.seeds) + 1 + more)))
 
     def plan(self) -> dict[str, Any]:
         """The options that plan the sweep (all but ``output``), as its journal's header holds them (JSON)."""
@@ -76,6 +113,7 @@ class SweepOptions:
         ``--name value``) where they differ from this call's defaults. ``--lrs`` and ``--lr-range`` are one choice;
         ``--alphas`` is not taken for a sweep given ``--styles`` without geo."""
         taken: dict[str, Any] = {}
+        begun = {**LEGACY_PLAN, **begun, "confirm_seeds": begun.get("confirm_seeds") or ()}
         for spec in fields(self):
             name = spec.name
             if name not in begun or name in given or (name in RATES and set(RATES) & set(given)):
@@ -135,12 +173,24 @@ class SweepOptions:
             both = sorted(set(self.confirm_seeds) & set(self.seeds))
             raise OptionError(f"--confirm-seeds names {', '.join(map(str, both))}, already in --seeds (every rate "
                               "runs those): give other seeds")  # fmt: skip
+        if self.warmup_shares is not None:
+            ladder, start = self.warmup_shares, self.warmup_start
+            if not ladder or any(not 0 <= share < 1 for share in ladder):
+                raise OptionError("--warmup-shares: shares of the run from 0 to below 1 (0.1: a tenth of the steps); "
+                                  f"got {', '.join(map(str, ladder)) or 'none'}")  # fmt: skip
+            if not start or any(share not in ladder for share in start):
+                raise OptionError(f"--warmup-start {', '.join(map(str, start))}: each must be one of --warmup-shares "
+                                  f"({', '.join(map(str, ladder))})")  # fmt: skip
+            steps = sorted(sorted(ladder).index(share) for share in set(start))
+            if steps[-1] - steps[0] != len(steps) - 1:
+                raise OptionError(f"--warmup-start {', '.join(map(str, start))}: give neighbours on --warmup-shares "
+                                  f"({', '.join(map(str, sorted(ladder)))}), so that the walk steps from them")
         if self.alphas is not None:
             if "geo" not in self.styles:
                 raise OptionError("--alphas sweeps geo_alpha of the geo style; add geo to --styles")
             if not self.alphas or any(not (alpha >= 0 and math.isfinite(alpha)) for alpha in self.alphas):
                 raise OptionError("--alphas: step sizes must be finite numbers >= 0")
-        for name in ("styles", "lrs", "seeds", "alphas", "confirm_seeds"):
+        for name in ("styles", "lrs", "seeds", "alphas", "confirm_seeds", "warmup_shares", "warmup_start"):
             values = getattr(self, name)
             if values is not None and len(set(values)) != len(values):
                 raise OptionError(f"--{name.replace('_', '-')} names a value twice: {', '.join(map(str, values))}")

@@ -1,13 +1,16 @@
-"""The study's protocol: its cells (``Run``), its arms, the decisions it takes from the finished runs (an arm's best
-rate, ``--extend``'s rates beyond an edge, the rate ``--confirm-seeds`` runs at), and, for a sweep that trains
-several runs at once (``engine``), the runs it needs now that no finished run holds (``walk``).
+"""The sweep's protocol, the same rule for every arm: its cells (``Run``: a rate at a warm-up share, on a seed),
+its arms, and the decisions it takes from the finished runs (``walk``).
 
-A serial sweep (``grid``) walks the protocol one run after the other: per arm, the grid on ``--seeds``, then each
-``--extend`` step once every run of the rates so far is in, then ``--confirm-seeds`` at the best rate once the
-extensions are decided. ``walk`` takes the same steps with the same decisions (``extension_step``,
-``confirmation_rate``) from whatever runs are in, stopping an arm at the first step whose inputs are missing; so the
-runs it names, trained in any order, are the runs the serial sweep trains, and when none is left the runs are the
-serial sweep's."""
+Per arm: the starting grid (the arm's rates at each ``--warmup-start`` share, on ``--seeds``); then, while the best
+cell (``table.chosen_cells``, on validation) sits at an edge, a step: the next rate beyond it at its share where it
+is the lowest or highest rate of that share (``--extend`` steps at most per arm), and the next share of
+``--warmup-shares`` where its share is the lowest or highest the arm ran, at three rates around the best cell's
+(the rates re-centred on the best share); then ``--confirm-seeds`` at the chosen cell. Each step is decided once
+every run of the steps before is in, so the runs the protocol takes do not depend on the order runs end in.
+
+A serial sweep (``grid``) trains the first run ``walk`` names, again and again; a parallel one (``engine``) hands
+every run it names to a free worker: the runs, trained in any order, are the serial sweep's, and when none is left
+the runs are the serial sweep's."""
 
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ from typing import Any
 
 from .journal import entry_key
 from .options import SweepOptions
-from .table import alpha_text, arm_name, best_rates, rate_text, run_name
+from .table import alpha_text, arm_name, chosen_cells, rate_text, run_name, share_text
 
 SINGLE_RATE_STEP = 2.0  # the step an extension takes beyond a grid of one rate
+SHARE_RATES = 3  # the rates of a share the walk adds: half, once and twice the best cell's rate
 
 
 @dataclass(frozen=True)
@@ -30,19 +34,25 @@ class Run:
     alpha: float | None  # geo_alpha of a geo run when --alphas sweeps it (None: the settings' own)
     lr: float
     seed: int
+    warmup_share: float | None = None  # the warm-up as a share of the run when the sweep tunes it
 
     @property
     def name(self) -> str:
-        return run_name(self.style, self.alpha, self.lr, self.seed)
+        return run_name(self.style, self.alpha, self.lr, self.seed, self.warmup_share)
 
     @property
     def label(self) -> str:
         alpha = "" if self.alpha is None else f" alpha {alpha_text(self.alpha)}"
-        return f"{self.style}{alpha} lr {rate_text(self.lr)} seed {self.seed}"
+        share = "" if self.warmup_share is None else f" warm-up {share_text(self.warmup_share)}"
+        return f"{self.style}{alpha}{share} lr {rate_text(self.lr)} seed {self.seed}"
 
     @property
     def arm(self) -> str:
         return arm_name({"style": self.style, "alpha": self.alpha})
+
+    def warmup_steps(self, max_steps: int) -> int | None:
+        """The run's warm-up steps: its share of ``max_steps``, rounded (None: the train options' warm-up)."""
+        return None if self.warmup_share is None else round(self.warmup_share * max_steps)
 
     def settings(self, base: dict[str, Any]) -> dict[str, Any]:
         settings = {**base, "norm_style": self.style}
@@ -51,7 +61,7 @@ class Run:
         return settings
 
     def key(self) -> tuple:
-        return (self.style, self.alpha, self.lr, self.seed)
+        return (self.style, self.alpha, self.lr, self.seed, self.warmup_share)
 
 
 def arms(sweep: SweepOptions) -> list[tuple[str, float | None]]:
@@ -61,14 +71,6 @@ def arms(sweep: SweepOptions) -> list[tuple[str, float | None]]:
         alphas = sweep.alphas if style == "geo" and sweep.alphas is not None else (None,)
         found.extend((style, alpha) for alpha in alphas)
     return found
-
-
-def choice(entries: list[dict[str, Any]], style: str, alpha: float | None, rates: list[float],
-           seeds: tuple[int, ...]) -> float | None:  # fmt: skip
-    """The arm's best rate among ``rates`` on ``seeds`` (``best_rates``), None before any of them ran."""
-    runs = [e for e in entries
-            if (e["style"], e["alpha"]) == (style, alpha) and e["lr"] in rates and e["seed"] in seeds]  # fmt: skip
-    return best_rates(runs).get(arm_name({"style": style, "alpha": alpha})) if runs else None
 
 
 def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]]:
@@ -97,39 +99,6 @@ def beyond_edge(rates: list[float], best: float) -> tuple[list[float], list[str]
     return beyond, why_not
 
 
-def extension_step(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
-                   rates: list[float]) -> tuple[list[float], list[str]]:  # fmt: skip
-    """The rates ``--extend`` adds to the arm's grid now (``beyond_edge``), and the lines that say which or why
-    none: an arm whose every run diverged has no best rate to extend from (the lowest would pass for one)."""
-    arm = arm_name({"style": style, "alpha": alpha})
-    best = choice(entries, style, alpha, rates, seeds)
-    if best is None:
-        return [], []
-    if not any(e["val_loss"] is not None for e in entries if (e["style"], e["alpha"]) == (style, alpha)
-               and e["lr"] in rates and e["seed"] in seeds):  # fmt: skip
-        return [], [f"{arm}: every run diverged (no rate trained): the grid is not extended; give lower --lrs"]
-    beyond, why_not = beyond_edge(rates, best)
-    edge, notes = f"{arm}: best rate {rate_text(best)} is at the edge of its grid", []
-    if why_not:
-        notes.append(f"{edge}, but {'; '.join(why_not)}: " + ("no rate added" if not beyond else "not on that side"))
-    if beyond:
-        notes.append(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
-    return beyond, notes
-
-
-def confirmation_rate(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
-                      rates: list[float]) -> tuple[float | None, str]:  # fmt: skip
-    """The rate ``--confirm-seeds`` runs at: the arm's best, chosen on ``seeds``; None, and the line that says so,
-    where every rate diverged."""
-    best = choice(entries, style, alpha, rates, seeds)
-    trained = [e for e in entries if (e["style"], e["alpha"], e["lr"]) == (style, alpha, best)
-               and e["seed"] in seeds and e["val_loss"] is not None]  # fmt: skip
-    if best is None or not trained:
-        arm = arm_name({"style": style, "alpha": alpha})
-        return None, f"{arm}: no rate trained (every run diverged): no confirmation runs"
-    return best, ""
-
-
 @dataclass(frozen=True)
 class Task:
     """A run the protocol needs, its role in it (``grid``, ``extension``, ``confirmation``) and its stage: 0 for the
@@ -149,6 +118,7 @@ class Walk:
     due: list[Task] = field(default_factory=list)
     reached: list[tuple] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    possible: int = 0  # the runs the steps and confirmations not yet decided may add, at most
 
     @property
     def finished(self) -> bool:
@@ -170,34 +140,99 @@ class Walk:
 
 
 def walk(sweep: SweepOptions, grids: dict[str, tuple[float, ...]], entries: list[dict[str, Any]]) -> Walk:
-    """The protocol over ``entries`` (the finished runs): the grid of every arm, and each arm's extensions and
+    """The protocol over ``entries`` (the finished runs): the starting grid of every arm, and each arm's steps and
     confirmation runs as far as its results decide them."""
     done = {entry_key(entry) for entry in entries}
     found = Walk()
     for style, alpha in arms(sweep):
-        rates = list(grids[style])
-        if found.add([Run(style, alpha, lr, seed) for lr in rates for seed in sweep.seeds], "grid", done):
-            continue
-        waiting = False
-        for stage in range(1, sweep.extend + 1):
-            beyond, notes = extension_step(entries, sweep.seeds, style, alpha, rates)
-            found.notes += notes
-            if not beyond:
-                break
-            rates.extend(beyond)
-            waiting = found.add([Run(style, alpha, lr, seed) for lr in beyond for seed in sweep.seeds], "extension",
-                                done, stage)  # fmt: skip
-            if waiting:
-                break
-        if waiting or not sweep.confirm_seeds:
-            continue
-        best, note = confirmation_rate(entries, sweep.seeds, style, alpha, rates)
-        if best is None:
-            found.notes.append(note)
-            continue
-        found.add([Run(style, alpha, best, seed) for seed in sweep.confirm_seeds], "confirmation", done,
-                  sweep.extend + 1)  # fmt: skip
+        walk_arm(found, sweep, list(grids[style]), entries, done, style, alpha)
     return found
+
+
+def walk_arm(found: Walk, sweep: SweepOptions, rates: list[float], entries: list[dict[str, Any]], done: set[tuple],
+             style: str, alpha: float | None) -> None:  # fmt: skip
+    """One arm's part of ``walk``: its starting grid, its steps while its best cell is at an edge, its
+    confirmation runs."""
+    arm = arm_name({"style": style, "alpha": alpha})
+    rows = {share: list(rates) for share in sweep.start_shares()}  # share -> its rates, in the order reached
+
+    def runs(share: float | None, lrs: list[float]) -> list[Run]:
+        return [Run(style, alpha, lr, seed, share) for lr in lrs for seed in sweep.seeds]
+
+    stage, rate_steps = 0, 0
+
+    def undecided() -> int:
+        """The runs this arm's steps and confirmation may still add, at most."""
+        shares_left = 0 if sweep.warmup_shares is None else len(set(sweep.warmup_shares) - set(rows))
+        return (len(sweep.seeds) * ((sweep.extend - rate_steps) + SHARE_RATES * shares_left)
+                + len(sweep.confirm_seeds or ()))  # fmt: skip
+
+    if found.add([run for share, lrs in rows.items() for run in runs(share, lrs)], "grid", done):
+        found.possible += undecided()
+        return
+    while True:
+        stage += 1
+        best = best_cell(entries, sweep.seeds, style, alpha, rows)
+        if best is None:
+            found.notes.append(f"{arm}: every run diverged (no rate trained): the grid is not extended and no seed "
+                               "confirmed; give lower --lrs")  # fmt: skip
+            return
+        share, lr = best
+        added: list[Run] = []
+        where = "" if share is None else f" at warm-up {share_text(share)}"
+        if rate_steps < sweep.extend:
+            beyond, why_not = beyond_edge(rows[share], lr)
+            edge = f"{arm}: best rate {rate_text(lr)}{where} is at the edge of its grid"
+            if why_not:
+                found.notes.append(f"{edge}, but {'; '.join(why_not)}: "
+                                   + ("no rate added" if not beyond else "not on that side"))  # fmt: skip
+            if beyond:
+                found.notes.append(f"{edge}; extending to {', '.join(map(rate_text, beyond))}")
+                rows[share] += beyond
+                added += runs(share, beyond)
+                rate_steps += 1
+        following = next_share(sweep, list(rows), share)
+        if following is not None:
+            around = [float(f"{lr * 2.0**step:.12g}") for step in range(-(SHARE_RATES // 2), SHARE_RATES // 2 + 1)]
+            found.notes.append(f"{arm}: best cell at warm-up {share_text(share)}, the edge of the shares run; "
+                               f"adding warm-up {share_text(following)} at {', '.join(map(rate_text, around))}")
+            rows[following] = around
+            added += runs(following, around)
+        if not added:
+            break
+        if found.add(added, "extension", done, stage):
+            found.possible += undecided()
+            return
+    if sweep.confirm_seeds:
+        confirm = [Run(style, alpha, lr, seed, share) for seed in sweep.confirm_seeds]
+        found.add(confirm, "confirmation", done, stage + 1)
+
+
+def best_cell(entries: list[dict[str, Any]], seeds: tuple[int, ...], style: str, alpha: float | None,
+              rows: dict[float | None, list[float]]) -> tuple[float | None, float] | None:  # fmt: skip
+    """The arm's best cell (share, rate) among ``rows`` on ``seeds`` (``table.chosen_cells``); None where every run
+    diverged."""
+    cells = {(share, lr) for share, lrs in rows.items() for lr in lrs}
+    own = [entry for entry in entries if (entry["style"], entry["alpha"]) == (style, alpha)
+           and (entry.get("warmup_share"), entry["lr"]) in cells and entry["seed"] in seeds]  # fmt: skip
+    if not any(entry["val_loss"] is not None for entry in own):
+        return None
+    chosen = chosen_cells(own)[arm_name({"style": style, "alpha": alpha})]
+    return chosen.share, chosen.lr
+
+
+def next_share(sweep: SweepOptions, shares: list[float | None], best: float | None) -> float | None:
+    """The share of ``--warmup-shares`` one step beyond ``best`` where it is the lowest or highest share the arm
+    ran and the ladder goes on; None otherwise (and where the warm-up is not tuned)."""
+    if best is None or sweep.warmup_shares is None:
+        return None
+    ladder = sorted(sweep.warmup_shares)
+    step = ladder.index(best)
+    if best == min(shares) and step > 0:
+        return ladder[step - 1]
+    if best == max(shares) and step < len(ladder) - 1:
+        return ladder[step + 1]
+    return None
 
 
 def serial_order(entries: list[dict[str, Any]], reached: list[tuple]) -> list[dict[str, Any]]:
@@ -207,3 +242,34 @@ def serial_order(entries: list[dict[str, Any]], reached: list[tuple]) -> list[di
     position = {key: index for index, key in enumerate(reached)}
     indexed = [(position.get(entry_key(entry), len(position) + index), entry) for index, entry in enumerate(entries)]
     return [entry for _, entry in sorted(indexed, key=lambda pair: pair[0])]
+
+
+def most_left(sweep: SweepOptions, grids: dict[str, tuple[float, ...]], entries: list[dict[str, Any]]) -> int:
+    """The runs left to train at most: those the protocol needs now and those its undecided steps and
+    confirmations may add."""
+    found = walk(sweep, grids, entries)
+    return len(found.due) + found.possible
+
+
+def plan_text(sweep: SweepOptions, grids: dict[str, tuple[float, ...]], entries: list[dict[str, Any]]) -> str:
+    """The plan the sweep logs before its first run: the rule, the runs it needs now, and how many it may take in
+    all with the steps and the confirmation runs the results may add."""
+    found = walk(sweep, grids, entries)
+    shares = sweep.start_shares()
+    seeds = len(sweep.seeds)
+    if sweep.warmup_shares is None:
+        warmup = "the warm-up not tuned (fixed by the train options)"
+        share_steps = ""
+    else:
+        warmup = (f"at warm-up {', '.join(share_text(s) for s in shares if s is not None)} of the run, then the next "
+                  f"share of {', '.join(map(share_text, sorted(sweep.warmup_shares)))} while the best cell is at "
+                  f"the lowest or highest share run, at {SHARE_RATES} rates around its rate")  # fmt: skip
+        share_steps = f", up to {len(set(sweep.warmup_shares) - set(shares))} more share(s) x {SHARE_RATES} rates"
+    confirm = (f"then seeds {', '.join(map(str, sweep.confirm_seeds))} at the chosen cell" if sweep.confirm_seeds
+               else "no confirmation seeds")  # fmt: skip
+    per_arm = [f"{style}{'' if alpha is None else f' alpha {alpha_text(alpha)}'}: {len(grids[style])} rates "
+               f"({', '.join(map(rate_text, grids[style]))})" for style, alpha in arms(sweep)]  # fmt: skip
+    return (f"the sweep tunes each arm on one rule: {'; '.join(per_arm)}, {warmup}; up to {sweep.extend} rate(s) "
+            f"beyond an edge{share_steps}, on {seeds} seed(s) each; chosen on validation; {confirm}. To train: "
+            f"{len(found.due)} run(s) now, at most {len(found.due) + found.possible} with the steps and "
+            "confirmation runs the results may add (time estimate after the first run)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,19 @@ class RecordError(ValueError):
 
 def journal_key(train: TrainOptions) -> dict[str, Any]:
     """What every run of a sweep shares: the train options that shape a run (not where it writes, nor the rate
-    and seed the grid sets), as the header holds them (JSON: tuples as lists)."""
-    return json.loads(json.dumps({name: value for name, value in asdict(train).items() if name not in NOT_IN_KEY}))
+    and seed the grid sets), as the header holds them (JSON: tuples as lists). A file's option is keyed by its
+    content (its fingerprint), so a path of this machine is kept by its last name only (``short_path``): a committed
+    journal names no folder of the machine it ran on."""
+    key = {name: value for name, value in asdict(train).items() if name not in NOT_IN_KEY}
+    return json.loads(json.dumps({name: short_path(value) if name in KEYED_BY_CONTENT else value
+                                  for name, value in key.items()}))  # fmt: skip
+
+
+def short_path(value: Any) -> Any:
+    """An absolute path (or one from ``~``) by its last name; a relative path, a dataset's name or None as given."""
+    if isinstance(value, str) and os.path.isabs(os.path.expanduser(value)):
+        return Path(value).name or value
+    return value
 
 
 def option_defaults() -> dict[str, Any]:
@@ -182,13 +194,16 @@ def cell_problem(entry: dict[str, Any]) -> str | None:
         return f"alpha {alpha!r} is not a finite number >= 0"
     if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED):
         return f"seed {seed!r} is not a whole number from 0 to {MAX_SEED}"
+    share = entry.get("warmup_share")
+    if share is not None and not (is_number(share) and 0 <= share < 1):
+        return f"warmup_share {share!r} is not a share of the run from 0 to below 1"
     losses = {name: entry[name] for name in ("val_loss", "test_loss")}
     if list(losses.values()).count(None) == 1:
         return f"val_loss {losses['val_loss']!r}, test_loss {losses['test_loss']!r}: one loss null, not both"
     for name, loss in losses.items():
         if loss is not None and not (is_number(loss) and loss >= 0):
             return f"{name}: expected a finite loss >= 0, found {loss!r}"
-    expected = run_name(style, alpha, lr, seed)
+    expected = run_name(style, alpha, lr, seed, share)
     if entry["run"] != expected:
         return f"run {entry['run']!r} is not the name of its own run ({expected})"
     return None
@@ -209,6 +224,10 @@ def result_problem(entry: dict[str, Any], max_steps: int) -> str | None:
     warmup, blocks = entry.get("warmup_steps"), entry.get("evaluated_blocks")
     if warmup is not None and not is_count(warmup):
         return f"warmup_steps {warmup!r} is not a whole number >= 0"
+    share = entry.get("warmup_share")
+    if share is not None and warmup is not None and warmup != round(share * max_steps):
+        return (f"warmup_steps: expected {round(share * max_steps)} (warm-up {share!r} of {max_steps} steps), found "
+                f"{warmup}")
     if blocks is not None and not (isinstance(blocks, dict) and all(is_count(blocks.get(s)) for s in SPLITS)):
         return f"evaluated_blocks {blocks!r} is not a count of validation and test blocks"
     for name in ("training_seconds", "evaluation_seconds"):

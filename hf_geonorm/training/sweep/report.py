@@ -9,8 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .evidence import PLATEAU_TOLERANCE, early_training, margins_text, plateau_notes, seeds_named
-from .table import Cell, arm_name, at_edge, best_rates, cells, common_seeds, mean_spread, rate_text, trained
+from .evidence import PLATEAU_TOLERANCE, caveats, early_training, margins_text, plateau_notes, seeds_named
+from .reference import NOT_LEARNING, read_held_out
+from .soundness import cliff_notes, hole_notes, not_learning, tuned_lines
+from .table import (
+    Cell,
+    arm_name,
+    at_edge,
+    best_rates,
+    cells,
+    chosen_cells,
+    common_seeds,
+    mean_spread,
+    rate_text,
+    row_name,
+    share_text,
+    trained,
+)
 
 # the table's names the benchmarks and the tests read from here, besides the report's own
 __all__ = ["arm_name", "at_edge", "best_rates", "cells", "mean_spread", "rate_text", "report_text", "write_report"]
@@ -115,9 +130,10 @@ def seeds_text(runs: list[dict[str, Any]]) -> str:
     text = f"seeds: {', '.join(map(str, sorted(common))) or 'none'} at every rate"
     if extra:
         text += f"; more seeds at {'; '.join(extra)}"
-    extended = sorted({(arm_name(e), e["lr"]) for e in runs if e.get("role") == "extension"})
+    extended = sorted({(row_name(e), e["lr"]) for e in runs if e.get("role") == "extension"})
     if extended:
-        text += f"; rates added beyond an edge (--extend): {', '.join(f'{a} {rate_text(lr)}' for a, lr in extended)}"
+        text += ("; cells added by the walk's steps (a rate beyond an edge, a share beyond the shares run): "
+                 f"{', '.join(f'{a} {rate_text(lr)}' for a, lr in extended)}")  # fmt: skip
     return text
 
 
@@ -130,7 +146,11 @@ def recorded(runs: list[dict[str, Any]], name: str) -> list[Any]:
 
 def warmup_text(runs: list[dict[str, Any]], options: dict[str, Any]) -> str:
     """The warm-up the runs used (recorded by each run: ``--warmup-steps``, or its default, a tenth of the steps)."""
+    shares = sorted({e["warmup_share"] for e in runs if e.get("warmup_share") is not None})
     used = recorded(runs, "warmup_steps")
+    if shares:
+        steps = ", ".join(str(round(share * options["max_steps"])) for share in shares)
+        return f"tuned: {', '.join(map(share_text, shares))} of the run ({steps} steps)"
     if used:
         return " or ".join(map(str, used)) + " steps"
     if options.get("warmup_steps") is not None:
@@ -175,14 +195,24 @@ def validation_warning(runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None) -> tuple[str, list[str]]:
+def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None,
+                reference: dict[str, Any] | None = None) -> tuple[str, list[str]]:  # fmt: skip
     """The markdown report and its warnings (best rates at the edge of the grid, arms where no rate trained, a
-    small validation sample); ``header``, the journal's, says what was swept."""
-    table, best, edges = cells(runs), best_rates(runs), at_edge(runs)
+    chosen cell next to a cliff, a hole in a grid beside a chosen rate, arms not yet learning from the context, a
+    small validation sample); ``header``, the journal's, says what was swept; ``reference``, the held-out text's
+    unigram cross-entropy (``reference.read_held_out``)."""
+    table, rows_best, edges = cells(runs), best_rates(runs), at_edge(runs)
+    chosen = chosen_cells(runs)
+    best = {choice.row: choice.lr for choice in chosen.values()}  # each arm's chosen row and its rate
     rates = sorted({lr for arm in table.values() for lr in arm})
     lines = ["# Sweep", ""]
+    seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
+    plan = header.get("sweep_options") if header else None
+    first = caveats(runs, {choice.row: choice.share for choice in chosen.values()}, seeds, plan)
+    lines += [*[f"{line}\n" for line in first]] if first else []
     if header is not None:
         lines += swept_text(runs, header)
+    lines += ["## What was tuned", "", *tuned_lines(runs), ""]
     lines += early_training(runs)
     lines += [
         f"{len(runs)} runs. Validation loss at each peak learning rate: the mean over the seeds a cell ran ± their "
@@ -195,7 +225,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         row = []
         for lr in rates:
             text = cell_text(arm_rates[lr], common_seeds(arm_rates)) if lr in arm_rates else "–"
-            row.append(f"**{text}**" if lr == best[arm] and trained(arm_rates) else text)
+            row.append(f"**{text}**" if lr == best.get(arm) and trained(arm_rates) else text)
         lines.append(f"| {arm} | " + " | ".join(row) + " |")
     lines += [
         "",
@@ -203,15 +233,26 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         "",
         f"Test loss: documents held out apart from validation's, never used for the choice. Mean ± {SPREAD}.",
         "",
-        "| arm | rate chosen | seeds | validation loss | test loss |",
-        "|---|---|---|---|---|",
+        "| arm | warm-up | rate chosen | seeds | validation loss | test loss | test loss of each seed |",
+        "|---|---|---|---|---|---|---|",
     ]
+    shares = {choice.row: choice.share for choice in chosen.values()}
     ranked = sorted((arm for arm in best if trained(table[arm])),
                     key=lambda arm: mean_spread(table[arm][best[arm]].test)[0])  # fmt: skip
+    cliffs, idle = cliff_notes(table, chosen, reference), not_learning(table, chosen, reference)
     for arm in ranked:
         cell = table[arm][best[arm]]
-        lines.append(f"| {arm} | {rate_text(best[arm])} | {len(cell.seeds)} | {_loss_text(cell.val)} | "
-                     f"{_loss_text(cell.test)} |")  # fmt: skip
+        share = warmup_text(runs, header["train_options"] if header else {}) if shares[arm] is None else (
+            share_text(shares[arm]))  # fmt: skip
+        each = ", ".join(f"{seed}: {'diverged' if loss is None else f'{loss:.4f}'}"
+                         for seed, loss in sorted(zip(cell.seeds, cell.test, strict=True)))  # fmt: skip
+        flags = [text for text in (cliffs.get(arm), "not yet learning from context" if arm in idle else None) if text]
+        name = arm + (f" ({'; '.join(flags)})" if flags else "")
+        lines.append(f"| {name} | {share} | {rate_text(best[arm])} | {len(cell.seeds)} | {_loss_text(cell.val)} | "
+                     f"{_loss_text(cell.test)} | {each} |")  # fmt: skip
+    if reference is not None:
+        lines.append(f"| unigram: the held-out text's tokens at their training frequencies, no context | – | – | – | "
+                     f"{reference['unigram_validation']:.4f} | {reference['unigram_test']:.4f} | – |")  # fmt: skip
     failed = [arm for arm in best if not trained(table[arm])]
     for arm in failed:
         lines.append(f"| {arm} | none: no rate trained | {len({s for c in table[arm].values() for s in c.seeds})} | "
@@ -220,7 +261,7 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         lines += ["", margins_text(table, best, ranked)]
     elif not ranked:
         lines += ["", "No rate trained: every run of every arm diverged, so nothing was chosen or compared."]
-    notes = plateau_notes(table, best)
+    notes = plateau_notes(table, rows_best)
     if notes:
         lines += ["", "## How sure each choice is", "", PLATEAU, "", *[f"- {note}" for note in notes]]
     warnings = [f"every run of {arm} diverged: no rate trained; try lower rates" for arm in failed]
@@ -228,8 +269,14 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
         f"the best rate of {arm} ({rate_text(best[arm])}) is the {where} rate of its grid: the best may lie "
         "beyond it; extend the grid (--extend, or --lrs) and run the sweep again" if where != "only" else
         f"{arm} has one rate only: nothing was chosen"
-        for arm, where in edges.items() if arm not in failed
+        for arm, where in edges.items() if arm in best and arm not in failed
     ]  # fmt: skip
+    warnings += [f"{arm}: its test loss is within {NOT_LEARNING} of the unigram loss "
+                 f"({reference['unigram_test']:.3f}): not yet learning from context; its margins say little (longer "
+                 "runs, another rate)" for arm in idle if reference is not None]  # fmt: skip
+    warnings += [f"{arm}: {note}: a little more rate and this arm fails; read its margin with that"
+                 for arm, note in cliffs.items()]  # fmt: skip
+    warnings += hole_notes(table, chosen)
     warnings += validation_warning(runs)
     if warnings:
         lines += ["", "## Warnings", "", *[f"- {warning}" for warning in warnings]]
@@ -237,9 +284,10 @@ def report_text(runs: list[dict[str, Any]], header: dict[str, Any] | None = None
     return "\n".join(lines), warnings
 
 
-def plot(runs: list[dict[str, Any]], path: Path) -> None:
-    """Validation loss against learning rate (log scale, ticks at the rates as the report writes them) per arm, the
-    seed spread as error bars, the best marked."""
+def plot(runs: list[dict[str, Any]], path: Path, header: dict[str, Any] | None = None) -> None:
+    """Validation loss against learning rate (log scale, ticks at the rates as the report writes them) per row (an
+    arm at one warm-up), the seed spread as error bars, each row's best marked; the title says the run length and
+    the warm-up."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
 
@@ -263,7 +311,10 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("validation loss (mean over seeds)")
-    ax.set_title("sweep: loss against learning rate (star: the rate chosen on validation)", fontsize=9)
+    options = header["train_options"] if header else {}
+    steps = options.get("max_steps") or max((e["steps"] for e in runs if e.get("steps")), default="?")
+    ax.set_title(f"sweep: validation loss against peak rate, {steps} steps a run, warm-up "
+                 f"{warmup_text(runs, options)} (star: each row's best)", fontsize=8, wrap=True)  # fmt: skip
     if ax.lines:
         ax.legend()
     fig.tight_layout()
@@ -277,9 +328,9 @@ def write_report(folder: Path, runs: list[dict[str, Any]], log: Any = print,
 
     if not runs:
         return
-    text, warnings = report_text(runs, header)
+    text, warnings = report_text(runs, header, read_held_out(folder, header))
     replace_file(folder / "sweep.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    plot(runs, folder / "sweep.png")
+    plot(runs, folder / "sweep.png", header)
     for warning in warnings:
         log(f"warning: {warning}")
     log(f"report in {folder / 'sweep.md'} and {folder / 'sweep.png'}")

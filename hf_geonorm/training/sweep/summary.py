@@ -9,8 +9,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from .evidence import caveats
 from .journal import JOURNAL, read_journal
-from .table import arm_name, best_rates
+from .reference import read_held_out
+from .soundness import cliff_notes, not_learning
+from .table import arm_name, cells, chosen_cells, rate_text
+from .welch import welch_test
 
 REPORT = "sweep.md"
 
@@ -26,38 +30,64 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def describe_sweep(path: Path) -> dict[str, Any]:
-    """The summary of the sweep whose output folder is ``path``: its finished runs, each arm's rates and best rate
-    (chosen on validation) with its mean validation and test loss there, the arm lowest on test at its own best
-    rate and its margin over the next, and the report's path (None before the first run ended).
+    """The summary of the sweep whose output folder is ``path``, in short what its report says (``report``): the
+    caveats its report starts with, each arm's chosen cell (warm-up and rate, chosen on validation) with its seeds
+    and its mean validation and test loss there, the rates and warm-ups it ran, and each other arm's margin over the
+    arm lowest on test ± its standard error with Welch's p; rates written as the report writes them.
     ``journal.JournalError`` (a ``ValueError`` naming the line) for a journal the sweep itself would refuse."""
-    _, runs = read_journal(path / JOURNAL)
+    header, runs = read_journal(path / JOURNAL)
+    table, chosen = cells(runs), chosen_cells(runs)
+    seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
+    reference = read_held_out(path, header)
+    cliffs, idle = cliff_notes(table, chosen, reference), not_learning(table, chosen, reference)
     arms = []
-    for arm, best in best_rates(runs).items():
+    for arm, choice in chosen.items():
         own = [run for run in runs if arm_name(run) == arm]
-        at_best = [run for run in own if run["lr"] == best]
+        cell = table[choice.row][choice.lr]
         arms.append({
             "arm": arm,
-            "best_rate": best,
+            "best_rate": choice.lr,
+            "best_rate_text": rate_text(choice.lr),
+            "warmup_share": choice.share,
             "rates": sorted({run["lr"] for run in own}),
+            "warmup_shares": sorted({run.get("warmup_share") for run in own if run.get("warmup_share") is not None}),
             "runs": len(own),
             "diverged": sum(run["val_loss"] is None for run in own),
-            "seeds_at_best": len(at_best),
-            "validation_loss": _mean([run["val_loss"] for run in at_best]),
-            "test_loss": _mean([run["test_loss"] for run in at_best]),
+            "seeds_at_best": len(cell.seeds),
+            "validation_loss": _mean(cell.val),
+            "test_loss": _mean(cell.test),
+            "test_loss_of_each_seed": dict(zip(cell.seeds, cell.test, strict=True)),
+            "flags": [text for text in (cliffs.get(choice.row),
+                                        "not yet learning from context" if choice.row in idle else None) if text],
         })  # fmt: skip
     ranked = sorted((arm for arm in arms if arm["test_loss"] is not None), key=lambda arm: arm["test_loss"])
     choice = None
     if ranked:
-        runner_up = ranked[1] if len(ranked) > 1 else None
-        choice = {"arm": ranked[0]["arm"], "runner_up": runner_up and runner_up["arm"],
-                  "margin": runner_up and runner_up["test_loss"] - ranked[0]["test_loss"]}  # fmt: skip
+        lowest = ranked[0]
+        margins = []
+        for other in ranked[1:]:
+            test = welch_test(_finite(other), _finite(lowest))
+            margins.append({"arm": other["arm"], "margin": other["test_loss"] - lowest["test_loss"],
+                            "standard_error": None if test is None else test.standard_error,
+                            "p": None if test is None else test.p,
+                            "df": None if test is None else test.df})  # fmt: skip
+        runner_up = margins[0] if margins else None
+        choice = {"arm": lowest["arm"], "runner_up": runner_up and runner_up["arm"],
+                  "margin": runner_up and runner_up["margin"], "margins": margins}  # fmt: skip
     report = path / REPORT
     return {
         "path": str(path),
         "kind": "sweep",
         "journal": str(path / JOURNAL),
         "runs": len(runs),
+        "unigram_test": None if reference is None else reference["unigram_test"],
+        "caveats": caveats(runs, {c.row: c.share for c in chosen.values()}, seeds,
+                           header.get("sweep_options") if header else None) if runs else [],  # fmt: skip
         "arms": arms,
         "choice": choice,
         "report": str(report) if report.is_file() else None,
     }
+
+
+def _finite(arm: dict[str, Any]) -> list[float]:
+    return [v for v in arm["test_loss_of_each_seed"].values() if v is not None and math.isfinite(v)]

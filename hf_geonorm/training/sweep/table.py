@@ -30,10 +30,17 @@ def alpha_text(alpha: float) -> str:
     return repr(alpha)
 
 
-def run_name(style: str, alpha: float | None, lr: float, seed: int) -> str:
-    """A run's folder name under ``runs/``, one per cell of the grid: ``geo-alpha0.5-lr8e-3-seed0``."""
+def share_text(share: float) -> str:
+    """A warm-up share of the run as a percentage (30%, 0%, 12.5%)."""
+    return f"{round(share * 100, 10):g}%"
+
+
+def run_name(style: str, alpha: float | None, lr: float, seed: int, share: float | None = None) -> str:
+    """A run's folder name under ``runs/``, one per cell of the grid: ``geo-alpha0.5-lr8e-3-seed0``, with its
+    warm-up share where the sweep tunes it: ``geo-warmup0.3-lr8e-3-seed0``."""
     alpha_part = "" if alpha is None else f"-alpha{alpha_text(alpha)}"
-    return f"{style}{alpha_part}-lr{rate_text(lr)}-seed{seed}"
+    share_part = "" if share is None else f"-warmup{alpha_text(share)}"
+    return f"{style}{alpha_part}{share_part}-lr{rate_text(lr)}-seed{seed}"
 
 
 @dataclass
@@ -50,14 +57,23 @@ class Cell:
 
 
 def arm_name(entry: dict[str, Any]) -> str:
+    """The arm of a run: its norm style, with its geo_alpha where the sweep varies it."""
     return entry["style"] + ("" if entry["alpha"] is None else f" alpha {alpha_text(entry['alpha'])}")
 
 
+def row_name(entry: dict[str, Any]) -> str:
+    """The row of the grid a run is in: its arm, and its warm-up share where the sweep tunes it (``pre warm-up
+    30%``); an arm's rows are compared at their best rates (``chosen_cells``)."""
+    share = entry.get("warmup_share")
+    return arm_name(entry) + ("" if share is None else f" warm-up {share_text(share)}")
+
+
 def cells(runs: list[dict[str, Any]]) -> dict[str, dict[float, Cell]]:
-    """The runs grouped by arm, then by rate (rates in increasing order), in the order arms first appear."""
+    """The runs grouped by row (an arm at one warm-up), then by rate (rates in increasing order), in the order rows
+    first appear."""
     table: dict[str, dict[float, Cell]] = {}
     for entry in runs:
-        cell = table.setdefault(arm_name(entry), {}).setdefault(entry["lr"], Cell([], [], []))
+        cell = table.setdefault(row_name(entry), {}).setdefault(entry["lr"], Cell([], [], []))
         cell.val.append(entry["val_loss"])
         cell.test.append(entry["test_loss"])
         cell.seeds.append(entry["seed"])
@@ -76,10 +92,10 @@ def choice_loss(cell: Cell, common: set[int]) -> float:
 
 
 def best_rates(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Each arm's best rate: the lowest mean validation loss (the lower rate on a tie) over the seeds that every
-    rate of the arm has run, so that a rate run with more seeds (the best, seeded once chosen) is compared on the
-    same seeds as the others; over all its seeds where no seed is common. A diverged run counts as infinite loss.
-    Test losses play no part in it."""
+    """Each row's best rate (a row: an arm at one warm-up, ``row_name``): the lowest mean validation loss (the lower
+    rate on a tie) over the seeds that every rate of the row has run, so that a rate run with more seeds (the best,
+    seeded once chosen) is compared on the same seeds as the others; over all its seeds where no seed is common. A
+    diverged run counts as infinite loss. Test losses play no part in it."""
     best = {}
     for arm, rates in cells(runs).items():
         common = common_seeds(rates)
@@ -87,8 +103,38 @@ def best_rates(runs: list[dict[str, Any]]) -> dict[str, float]:
     return best
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """An arm's chosen cell: its row (the arm at one warm-up), the warm-up share (None: not tuned) and the rate."""
+
+    row: str
+    share: float | None
+    lr: float
+
+
+def chosen_cells(runs: list[dict[str, Any]]) -> dict[str, Chosen]:
+    """Each arm's chosen cell: the best rate of each of its rows (``best_rates``), and of those the lowest mean
+    validation loss over the seeds that every cell of the arm ran (the lower share, then the lower rate, on a tie).
+    With the warm-up not tuned an arm has one row: its best rate."""
+    table, best = cells(runs), best_rates(runs)
+    rows: dict[str, dict[str, float | None]] = {}
+    for entry in runs:
+        rows.setdefault(arm_name(entry), {})[row_name(entry)] = entry.get("warmup_share")
+    chosen = {}
+    for arm, shares in rows.items():
+        common = set.intersection(*(set(cell.seeds) for row in shares for cell in table[row].values()))
+
+        def order(row: str, shares: dict[str, float | None] = shares, common: set[int] = common) -> tuple:
+            share = shares[row]
+            return (choice_loss(table[row][best[row]], common), -1.0 if share is None else share, best[row])
+
+        row = min(shares, key=order)
+        chosen[arm] = Chosen(row, shares[row], best[row])
+    return chosen
+
+
 def at_edge(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """The arms whose best rate is the lowest or the highest of their grid: the best may lie beyond it."""
+    """The rows whose best rate is the lowest or the highest of their grid: the best may lie beyond it."""
     edges = {}
     for arm, lr in best_rates(runs).items():
         rates = list(cells(runs)[arm])
