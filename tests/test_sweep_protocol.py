@@ -306,6 +306,17 @@ def test_the_unigram_row_flags_an_arm_not_yet_learning_and_a_cliff_and_a_hole_ar
            "4e-3, 8e-3" in tuned
 
 
+def test_a_journal_without_roles_is_not_counted_as_zero_runs_of_each_role():
+    """Journals of an earlier hf-geonorm record no role: the report says so rather than "0 starting grid"."""
+    runs = [hand("geo", lr, 0, 4.5 - lr) for lr in (2e-3, 4e-3, 8e-3)]
+    for entry in runs:
+        del entry["role"]
+    report, _ = report_text_with(runs, {"unigram_validation": 6.25, "unigram_test": 6.31})
+    tuned = report.split("## What was tuned")[1].split("\n## ")[0]
+    assert "- geo: 3 runs (their roles not recorded: journaled by an earlier hf-geonorm); rates" in tuned
+    assert "0 starting grid" not in tuned
+
+
 def report_text_with(runs: list[dict], reference: dict) -> tuple[str, list[str]]:
     from hf_geonorm.training.sweep.report import report_text
 

@@ -31,8 +31,10 @@ def tuned_lines(runs: list[dict[str, Any]]) -> list[str]:
             + ", ".join(rate_text(lr) for lr in sorted({e["lr"] for e in own if e.get("warmup_share") == share}))
             for share in rows
         )
-        lines.append(f"- {arm}: {len(own)} runs ({roles['grid']} starting grid, {roles['extension']} added by the "
-                     f"walk's steps, {roles['confirmation']} confirmation); rates {grid}")  # fmt: skip
+        by_role = (f"{roles['grid']} starting grid, {roles['extension']} added by the walk's steps, "
+                   f"{roles['confirmation']} confirmation" if sum(roles.values()) == len(own)
+                   else "their roles not recorded: journaled by an earlier hf-geonorm")  # fmt: skip
+        lines.append(f"- {arm}: {len(own)} runs ({by_role}); rates {grid}")
     return lines
 
 
