@@ -100,6 +100,92 @@ def test_a_same_length_edit_of_the_config_is_refused(tmp_path):
     assert hashes(out) == before
 
 
+# ---- the hash: what the stat proof cannot see ----
+
+
+def listed_entry(folder: Path, relative: str) -> list:
+    """The entry the marker of ``folder`` lists now for the file ``relative``."""
+    return read_marker(folder)["paths"][relative]
+
+
+def restat_in_marker(folder: Path, relative: str) -> None:
+    """Set the stat fields of ``relative``'s entries in the marker of ``folder`` to the file's stat now, keeping
+    whatever else they record: an edit that the stat proof missed (a same-length write within the tick of coarse file
+    times), modelled without waiting for one."""
+    info = (folder / relative).stat()
+    lines = []
+    for line in (folder / MARKER_NAME).read_text().splitlines():
+        record = json.loads(line)
+        if relative in record.get("set", {}):
+            record["set"][relative][:4] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+        lines.append(json.dumps(record) + "\n")
+    (folder / MARKER_NAME).write_text("".join(lines))
+
+
+def same_length_edit(path: Path) -> None:
+    """Change one digit of ``path`` in place: the same size, other bytes."""
+    data = path.read_bytes()
+    digit = next(i for i, byte in enumerate(data) if chr(byte).isdigit())
+    with open(path, "r+b") as file:
+        file.seek(digit)
+        file.write(str((int(chr(data[digit])) + 1) % 10).encode())
+    assert path.read_bytes() != data and len(path.read_bytes()) == len(data)
+
+
+def test_the_marker_records_the_sha256_of_the_bytes_written(tmp_path):
+    out = tmp_path / "scratch"
+    succeeds("init", "gpt2", out, "--preset", "tiny")
+    files = [path for path in out.rglob("*") if path.is_file() and path.name not in BOOKKEEPING]
+    assert len(files) >= 3
+    for path in files:
+        relative = path.relative_to(out).as_posix()
+        assert listed_entry(out, relative)[4] == hashlib.sha256(path.read_bytes()).hexdigest(), relative
+    config = out / "config.json"
+    written = b'{"written": "by the test"}\n'
+    config.write_bytes(written)
+    record_paths(out, "init", config)
+    assert listed_entry(out, "config.json")[4] == hashlib.sha256(written).hexdigest()
+
+
+def test_an_edit_the_stat_proof_missed_is_caught_by_the_hash_before_force_replaces(tmp_path):
+    out = tmp_path / "scratch"
+    succeeds("init", "gpt2", out, "--preset", "tiny")
+    same_length_edit(out / "config.json")
+    restat_in_marker(out, "config.json")
+    assert ownership_problem(out) is None  # the stat proof alone takes the folder for hf-geonorm's
+    before = hashes(out)
+    message = fails("init", "gpt2", out, "--preset", "tiny", "--force")
+    assert "config.json, which changed since hf-geonorm wrote it" in message, message
+    assert hashes(out) == before
+
+
+def test_an_edit_the_stat_proof_missed_is_caught_before_train_force_clears_the_run(tmp_path, data_file):
+    run = tmp_path / "run"
+    assert train_in(tmp_path, data_file).exit_code == 0
+    same_length_edit(run / "final" / "config.json")
+    restat_in_marker(run / "final", "config.json")
+    assert ownership_problem(run) is None
+    before = hashes(run)
+    message = fails("train", "--data", data_file, *ONE_STEP, "--data-cache", tmp_path / "cache", "--output", run,
+                    "--force")  # fmt: skip
+    assert "final/config.json, which changed since hf-geonorm wrote it" in message, message
+    assert hashes(run) == before
+
+
+def test_a_checkpoint_changed_since_the_run_wrote_it_is_left_in_place(tmp_path, data_file):
+    from hf_geonorm.training.run.checkpoints import kept_checkpoints
+
+    run = tmp_path / "run"
+    assert train_in(tmp_path, data_file, "--keep-checkpoints").exit_code == 0
+    state = run / "checkpoint-1" / "trainer_state.json"
+    same_length_edit(state)
+    restat_in_marker(run, "checkpoint-1/trainer_state.json")
+    before = hashes(run)
+    with pytest.warns(UserWarning, match="trainer_state.json changed since hf-geonorm wrote it"):
+        assert kept_checkpoints(run, remove=True).startswith("no checkpoints removed")
+    assert hashes(run) == before
+
+
 # ---- case 2: a folder saved from Python is the user's ----
 
 
@@ -233,7 +319,7 @@ def on_disk(folder: Path) -> set[str]:
 
 def check_marker_bounded(run: Path) -> None:
     """The marker lists only what is on disk, proves all of it, and its size is bounded by that listing: at most
-    400 bytes per path on disk (a path and four numbers take about 100), plus 8 kB."""
+    400 bytes per path on disk (a path, four numbers and a SHA-256 take about 170), plus 8 kB."""
     assert ownership_problem(run) is None
     listed = set(read_marker(run)["paths"])
     paths = on_disk(run)

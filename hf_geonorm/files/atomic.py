@@ -394,9 +394,11 @@ def atomic_directory(
             raise_if_signalled()  # a Ctrl-C or SIGTERM that Python swallowed while the block wrote: nothing moves
             if command is not None:
                 mark_folder(tmp, command)
+            if replaces:  # every file's bytes, before the swap: outside signals_held, a Ctrl-C may stop a long hash
+                check_replaceable(output, output_dir, contents=True)
             with signals_held():
                 if force and os.path.lexists(output) and not existed_empty:
-                    if replaces:  # again: a run may have started in it, or a user's file appeared, meanwhile
+                    if replaces:  # again: a run may have started, a user's file appeared, a file changed, meanwhile
                         check_no_run_inside(output)
                         check_replaceable(output, output_dir)
                     _swap_in(tmp, output)

@@ -3,13 +3,19 @@ it wrote, never what merely looks like its output.
 
 Every folder that ``convert``, ``init``, ``train`` and ``sweep`` write carries ``.hf-geonorm-output.json``, the
 marker: the command that wrote it and every path it wrote there, each file with its proof, taken when it was
-written (``file_proof``: size, modification and change times in nanoseconds, inode). A non-empty folder is an
-hf-geonorm output (``ownership_problem`` is None) only when the marker is there and everything in the folder is
-listed in it with the same proof (a folder inside that carries its own marker, ``final/`` or a sweep's run, is checked
-against its own). Anything else makes the whole folder the user's: a file added, written again, or replaced since
-(a copy has other inodes; a write, even of the same size, sets the change time, which no program can set back), a
-marker that does not parse, a nested ``.git``, and any folder without a marker (a folder ``save_pretrained``
-wrote, or one an earlier hf-geonorm wrote before the marker proved its files).
+written: its stat (``file_proof``: size, modification and change times in nanoseconds, inode) and the SHA-256 of its
+bytes (``file_entry``). A non-empty folder is an hf-geonorm output (``ownership_problem`` is None) only when the
+marker is there and everything in the folder is listed in it with the same stat (a folder inside that carries its own
+marker, ``final/`` or a sweep's run, is checked against its own). Anything else makes the whole folder the user's:
+a file added, written again, or replaced since (a copy has other inodes; a write, even of the same size, sets the
+change time, which no program can set back), a marker that does not parse, a nested ``.git``, and any folder without
+a marker (a folder ``save_pretrained`` wrote, or one an earlier hf-geonorm wrote before the marker proved its files,
+or listed them without a hash).
+
+The stat is checked first, on every entry (cheap: a changed file is refused at once); the hash of every file about
+to go is checked right before ``--force`` replaces a folder (``check_replaceable`` with ``contents``) and before a run
+removes its own checkpoints (``changed_file``), to catch a same-length edit that left the stat as it was (file times
+that advance only every few milliseconds on older kernels).
 
 The marker lists what is on disk now and stays small: it is a header line and one line per update, appended
 (``record_paths``); an update drops the listed paths that are gone (rotated checkpoints), and when the lines
@@ -26,6 +32,7 @@ account's), any folder that holds one of them, and a folder holding ``.git``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -44,13 +51,51 @@ _MARKER_BYTES = 64 << 20  # a marker lists what is on disk: one larger than this
 _MARKER_SLACK = 4096  # the appended lines may outgrow twice the listing by this much before a rewrite
 _TEMPORARY = re.compile(r"\.(.+)\.(partial|old)-(\d+)-[^/]+")
 _SHOWN = 5
+_CHUNK = 8 << 20  # bytes hashed at a time: hashlib releases the GIL on chunks this size
 FOLDER, OUTPUT = "folder", "output"  # how a marker lists a folder, and a folder with its own marker
 
 
 def file_proof(info: os.stat_result) -> list[int]:
-    """What a marker records of a file it lists: size, modification and change times (ns), inode. A write of any
+    """The stat half of a file's proof: size, modification and change times (ns), inode. A write of any
     size sets both times, a copy or a replacement has another inode, and the change time cannot be set back."""
     return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def _open_regular(path: Path) -> int | None:
+    """A descriptor of the regular file ``path``, opened without following a link or blocking on a pipe; None for
+    anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _sha256(fd: int) -> str:
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, _CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path) -> list[int | str] | None:
+    """How a marker lists the regular file ``path``: its stat proof, taken on the open file before its bytes are read
+    (a write while they are hashed changes the change time, so the entry then proves nothing), and their SHA-256.
+    None for anything but a regular file, which no marker lists."""
+    fd = _open_regular(path)
+    if fd is None:
+        return None
+    try:
+        return [*file_proof(os.fstat(fd)), _sha256(fd)]
+    finally:
+        os.close(fd)
+
+
+def _stat_matches(entry: Any, info: os.stat_result) -> bool:
+    return isinstance(entry, list) and entry[:4] == file_proof(info)
 
 
 # ---- temporary folders ----
@@ -126,8 +171,11 @@ def _entries(folder: Path) -> list[str]:
 
 
 def _is_entry(value: Any) -> bool:
+    """A folder, an output, or a file's stat proof and SHA-256 (a marker listing files without one does not parse:
+    what it lists is the user's)."""
     return value in (FOLDER, OUTPUT) or (
-        isinstance(value, list) and len(value) == 4 and all(type(item) is int for item in value)
+        isinstance(value, list) and len(value) == 5 and all(type(item) is int for item in value[:4])
+        and isinstance(value[4], str) and len(value[4]) == 64
     )
 
 
@@ -176,15 +224,17 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
 
 
 def _listing(folder: Path, relative: str) -> dict[str, Any]:
-    """``relative`` (a path under ``folder``) and everything under it, as a marker lists them: a file by its proof,
-    a folder as ``FOLDER``, a folder with its own marker (an output inside this one) as ``OUTPUT``."""
+    """``relative`` (a path under ``folder``) and everything under it, as a marker lists them: a file by its proof
+    (``file_entry``; anything but a regular file is left out, so the folder is not proven), a folder as ``FOLDER``, a
+    folder with its own marker (an output inside this one) as ``OUTPUT``."""
     path = folder / relative
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return {}
     if not stat.S_ISDIR(info.st_mode):
-        return {relative: file_proof(info)}
+        entry = file_entry(path)
+        return {} if entry is None else {relative: entry}
     if relative and read_marker(path) is not None:
         return {relative: OUTPUT}
     listed: dict[str, Any] = {relative: FOLDER} if relative else {}
@@ -261,7 +311,7 @@ def _unlisted(folder: Path, listed: dict[str, Any], relative: str = "") -> list[
             if kind == FOLDER:
                 found += _unlisted(folder, listed, child)
                 continue
-        elif kind == file_proof(info):
+        elif _stat_matches(kind, info):
             continue
         found.append(child + ("/" if stat.S_ISDIR(info.st_mode) else ""))
     return found
@@ -282,9 +332,36 @@ def proven_entries(folder: Path) -> list[str]:
             proven.append(name)
         elif kind == OUTPUT and path.is_dir() and not path.is_symlink() and ownership_problem(path) is None:
             proven.append(name)
-        elif isinstance(kind, list) and kind == file_proof(os.lstat(path)):
+        elif _stat_matches(kind, os.lstat(path)):
             proven.append(name)
     return proven
+
+
+def changed_file(folder: Path, relative: str = "") -> str | None:
+    """The first file under ``folder / relative`` (all of ``folder`` by default; a proven entry, ``proven_entries``)
+    whose bytes or stat differ from what the marker recorded, as a path under ``folder``, or None when every file
+    listed there is as written (a listed file that is gone is nothing to replace). Hashes each of them: called just
+    before they are replaced or removed, after the stat proof passed."""
+    marker = read_marker(folder)
+    if marker is None:  # proven only when it holds nothing (``ownership_problem``)
+        return (relative or ".") if _entries(folder) else None
+    for key, entry in sorted(marker["paths"].items()):
+        if relative and key != relative and not key.startswith(relative + "/"):
+            continue
+        if entry == OUTPUT:
+            inner = changed_file(folder / key)
+            if inner is not None:
+                return f"{key}/{inner}"
+        elif isinstance(entry, list) and os.path.lexists(folder / key):
+            fd = _open_regular(folder / key)
+            if fd is None:
+                return key
+            try:
+                if not _stat_matches(entry, os.fstat(fd)) or _sha256(fd) != entry[4]:
+                    return key
+            finally:
+                os.close(fd)
+    return None
 
 
 # ---- the rule ----
@@ -347,9 +424,12 @@ class NotAnOutput(ValueError):
     """``--force`` was asked to replace a folder that is not (only) an hf-geonorm output."""
 
 
-def check_replaceable(folder: Path, given: str | os.PathLike, option: str = "OUTPUT_DIR") -> None:
+def check_replaceable(
+    folder: Path, given: str | os.PathLike, option: str = "OUTPUT_DIR", contents: bool = False
+) -> None:
     """``NotAnOutput`` unless ``folder`` (as the user ``given`` it) may be replaced: see ``ownership_problem`` and
-    ``protected_reason``."""
+    ``protected_reason``; ``contents``: also hash every file in it against the marker (``changed_file``), right
+    before it is replaced (the stat check alone serves to fail fast)."""
     reason = protected_reason(folder)
     if reason is not None:
         raise NotAnOutput(f"{option} {given} {reason}, which hf-geonorm never replaces, not even with --force: give "
@@ -359,6 +439,13 @@ def check_replaceable(folder: Path, given: str | os.PathLike, option: str = "OUT
         raise NotAnOutput(
             f"{option} {given} {problem}: --force replaces only an empty folder or one that hf-geonorm wrote; give "
             "another folder, or empty it yourself"
+        )
+    changed = changed_file(folder) if contents and os.path.isdir(folder) and not folder.is_symlink() else None
+    if changed is not None:
+        raise NotAnOutput(
+            f"{option} {given} holds {changed}, which changed since hf-geonorm wrote it (its SHA-256 differs from "
+            f"the one in {MARKER_NAME}): --force replaces only what hf-geonorm wrote; give another folder, or empty "
+            "it yourself"
         )
 
 

@@ -33,7 +33,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...errors import SettingsError, first_line
 from ...files.atomic import remove_tree
 from ...files.full_device import is_full_device
-from ...files.ownership import mark_temporary, proven_entries, temporary_folder
+from ...files.ownership import MARKER_NAME, changed_file, mark_temporary, proven_entries, temporary_folder
 from ...files.safetensors_files import safetensors_header, weight_files
 from ...files.text_files import json_or_problem
 from ...loading import NO_REMOTE_CODE, read_config_json
@@ -201,12 +201,26 @@ def publish(built: Path, target: Path) -> None:
 
 def rotate_own_checkpoints(output: Path, limit: int | None) -> None:
     """Remove the oldest of the run's checkpoints in ``output`` beyond the newest ``limit``: those the output's
-    marker lists and proves (``ownership.proven_entries``), never a folder that is only named like one."""
+    marker lists and proves (``ownership.proven_entries``), never a folder that is only named like one; each is
+    hashed first (``remove_unchanged``)."""
     if not limit:
         return
     own = set(proven_entries(output))
     for _, path in [(step, path) for step, path in checkpoints(output) if path.name in own][limit:]:
-        remove_tree(path)
+        remove_unchanged(output, path)
+
+
+def remove_unchanged(output: Path, path: Path) -> bool:
+    """Remove the run's checkpoint ``path`` in ``output`` when every file in it still has the SHA-256 the marker
+    recorded as it was written (``ownership.changed_file``); otherwise leave it, and say which file changed."""
+    changed = changed_file(output, path.name)
+    if changed is not None:
+        warnings.warn(f"{output / changed} changed since hf-geonorm wrote it (it differs from what {MARKER_NAME} "
+                      f"recorded): {path.name} is left in place; remove it yourself if it is not yours",
+                      stacklevel=2)  # fmt: skip
+        return False
+    remove_tree(path)
+    return True
 
 
 def checkpoints(output: Path) -> list[tuple[int, Path]]:
@@ -384,11 +398,14 @@ def kept_checkpoints(output: Path, remove: bool) -> str:
     found = [path for _, path in checkpoints(output) if path.name in own]
     if not found:
         return "no checkpoints kept"
-    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
+    sizes = {path: sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) for path in found}
+    if remove:
+        found = [path for path in found if remove_unchanged(output, path)]
+        if not found:
+            return "no checkpoints removed (they changed since the run wrote them)"
+    size = sum(sizes[path] for path in found)
     names = ", ".join(path.name for path in found)
     if remove:
-        for path in found:
-            remove_tree(path)
         return (f"removed {names} ({size / 1e9:.2f} GB, the optimizer state for --resume included; --keep-checkpoints "
                 f"keeps them): {output} keeps final/ and the metrics")  # fmt: skip
     return f"{names} kept beside final/ (--keep-checkpoints): {size / 1e9:.2f} GB, the optimizer state included"

@@ -183,12 +183,12 @@ def finished_metrics(output: Path, step: int | None) -> dict[str, Any] | None:
 def clear_earlier_run(output: Path, log: Any) -> None:
     """``--force``: remove what the earlier output in ``output`` wrote before this run trains, so that a run killed
     later never leaves it beside its own as if it were its results; checked again first (``check_replaceable``:
-    an hf-geonorm output holding nothing else), since the data was prepared meanwhile. Each entry is first moved
-    into a temporary folder of this run in one step (a SIGKILL leaves that folder, with the proof that lets the next
-    run remove it), then removed; the folder's marker then starts anew."""
+    an hf-geonorm output holding nothing else, every file's hash included), since the data was prepared meanwhile.
+    Each entry is first moved into a temporary folder of this run in one step (a SIGKILL leaves that folder, with the
+    proof that lets the next run remove it), then removed; the folder's marker then starts anew."""
     if not output.is_dir():
         return
-    check_replaceable(output, output, "--output")
+    check_replaceable(output, output, "--output", contents=True)
     removed = sorted(path.name for path in output.iterdir() if not is_bookkeeping(path))
     if removed:
         earlier = temporary_folder(output, "earlier-output")
