@@ -48,6 +48,8 @@ def journal_cells() -> dict[tuple[str, str, int, int], tuple[float, str]]:
             continue
         if options.get("warmup_steps") not in (None, options["max_steps"] // WARMUP_SHARE):  # None: train's default
             continue
+        if (header.get("sweep_options") or {}).get("warmup_shares"):  # the warm-up walked with the rate: not a default
+            continue
         sizes = PRESETS[options["preset"]] if isinstance(options["preset"], str) else options["preset"]
         shape = (options["arch"], sizes["hidden_size"], sizes["num_hidden_layers"])
         journals.setdefault(shape, []).append((corpus == "study_files", journal, runs))
