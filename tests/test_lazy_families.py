@@ -30,11 +30,12 @@ def families_built(modeling):
 """
 
 IMPORT_ONLY = """
-import json
+import json, sys
 import hf_geonorm
+peft_modules = sorted(name for name in sys.modules if name.split(".")[0] == "peft")
 from hf_geonorm.modeling import modeling_geonorm
 from transformers import AutoConfig
-out = {"after_import": families_built(modeling_geonorm)}
+out = {"after_import": families_built(modeling_geonorm), "peft_after_import": peft_modules}
 hf_geonorm.supported_architectures(), hf_geonorm.family_for("qwen2").layout, dir(hf_geonorm)
 out["after_lookups"] = families_built(modeling_geonorm)
 out["class"] = hf_geonorm.GeoNormQwen2Config.__name__
@@ -82,10 +83,11 @@ def run_child(python, script: str, *args: str, cwd) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_import_builds_no_family_and_a_lookup_builds_its_own(tmp_path):
+def test_import_builds_no_family_imports_no_peft_and_a_lookup_builds_its_own(tmp_path):
     out = run_child(sys.executable, IMPORT_ONLY, cwd=tmp_path)
     nothing = {"built": [], "stock_modules": []}
     assert out["after_import"] == nothing
+    assert out["peft_after_import"] == []  # import hf_geonorm does not import peft
     assert out["after_lookups"] == nothing  # listing types and reading a layout build nothing
     assert out["class"] == "GeoNormQwen2Config"
     assert out["after_attribute"] == {"built": ["qwen2"], "stock_modules": ["transformers.models.qwen2.modeling_qwen2"]}
@@ -151,11 +153,6 @@ report["wrapped"] = {
     for name, model in models.items()
 }
 """
-
-
-def test_import_hf_geonorm_does_not_import_peft(tmp_path):
-    script = "import hf_geonorm, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'peft')))"
-    assert run_child(sys.executable, "import json\n" + script, cwd=tmp_path) == []
 
 
 @pytest.mark.parametrize("order", ["peft first", "peft between", "peft last"])

@@ -13,7 +13,9 @@ one example to the next, as they would for the reader.
 Not run, each for the reason in ``SKIPPED`` below: the ``pip install`` lines (they install from a package index;
 the second fresh-machine line is what ``.ci/run`` runs), and the 125m training line marked as a GPU's job. Any
 other line of a ```bash block that is not an ``hf-geonorm`` command fails the test, so that a new example is
-either run or skipped here with its reason.
+either run or skipped here with its reason. The sweep example (12 training runs, half of this test's time) runs as
+written in the slow tier (``--runslow``, which ``.ci/run`` runs), on the same stand-ins; by default
+tests/test_sweep_report.py runs it with a smaller batch and checks its report.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ SKIPPED = [
     (r"^pip install ", "installs packages from an index: no network in the tests (`.ci/run` runs the test line)"),
     (r"^hf-geonorm train --model cfg/ .*--bf16", "a GPU's job: 20000 steps of 8 x 1024 tokens, 125m preset, bf16"),
 ]
+# (pattern, why) of the lines the default tier leaves to test_the_readme_sweep_runs_as_written (slow)
+SLOW_TIER = [
+    (r"^hf-geonorm sweep ", "12 training runs: as written with --runslow; tests/test_sweep_report.py runs it smaller"),
+]
 
 
 def examples() -> list[tuple[str, str]]:
@@ -56,7 +62,7 @@ def examples() -> list[tuple[str, str]]:
 
 
 def skip_reason(line: str) -> str | None:
-    for pattern, reason in SKIPPED:
+    for pattern, reason in SKIPPED + SLOW_TIER:
         if re.search(pattern, line):
             return reason
     return None
@@ -159,10 +165,25 @@ def test_readme_examples_run_as_written(tmp_path, monkeypatch):
         else:
             run_cli(code, tmp_path)
         timings.append((time.perf_counter() - start, code.splitlines()[0][:80]))
-    assert len(skipped) <= 6, f"skipping more README lines than expected: {skipped}"
-    for pattern, _ in SKIPPED:  # a skip that no longer matches anything is stale
+    assert len(skipped) <= 7, f"skipping more README lines than expected: {skipped}"
+    for pattern, _ in SKIPPED + SLOW_TIER:  # a skip that no longer matches anything is stale
         assert any(re.search(pattern, line) for line, _ in skipped), f"no README line matches {pattern!r}"
     print("\n".join(f"{seconds:6.1f} s  {what}" for seconds, what in timings))
+
+
+@pytest.mark.slow  # 12 training runs of a GPT-2 4 x 128: minutes
+def test_the_readme_sweep_runs_as_written(tmp_path, monkeypatch):
+    """The README lines the default tier leaves out (``SLOW_TIER``), as written, on the same stand-ins."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lines = [code for kind, code in examples() if kind == "bash" and any(re.search(p, code) for p, _ in SLOW_TIER)]
+    assert len(lines) == len(SLOW_TIER), lines
+    stand_ins(tmp_path)
+    for line in lines:
+        run_cli(line, tmp_path)
+    # as many runs as the README says the example trains ("... on three seeds (12 runs)")
+    said = int(re.search(r"\((\d+) runs\)", README.read_text(encoding="utf-8")).group(1))
+    journal = (tmp_path / "sweep" / "runs.jsonl").read_text().splitlines()[1:]  # after its header
+    assert len(journal) == said and (tmp_path / "sweep" / "sweep.md").is_file()
 
 
 def commands(group: click.Group, prefix: str = "hf-geonorm"):

@@ -446,13 +446,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402  (imported here when n
 
 model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=4))  # PEFT's default targets, as with the plugin
 report["wrapped"] = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
-"""
-
-
-CARD_TARGETS = """
-from transformers import AutoModelForCausalLM
+# the card's LoRA line, its targets named (peft imported after the model, where peft_first is false)
 model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True)
-from peft import LoraConfig, get_peft_model  # imported after the model: the card's targets still work
 model = get_peft_model(model, LoraConfig(r=4, target_modules=job["targets"], fan_in_fan_out=True))
 report["lora"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
 """
@@ -461,18 +456,17 @@ report["lora"] = sum(p.numel() for n, p in model.named_parameters() if "lora_" i
 @pytest.mark.parametrize("peft_first", [True, False], ids=["peft-before-the-model", "peft-after-the-model"])
 def test_without_the_plugin_the_tokenizer_asks_nothing_and_lora_finds_targets(converted, tmp_path, plugin_free_python,
                                                                               peft_first):  # fmt: skip
-    """LoRA's default targets are PEFT's own for the stock type (GPT-2: c_attn) whether the script imports peft
-    before or after the model's remote code runs."""
+    """LoRA's default targets are PEFT's own for the stock type (GPT-2: c_attn), and the card's targets work, whether
+    the script imports peft before or after the model's remote code runs (one child each)."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
 
     card = (converted / "README.md").read_text()
     assert 'PreTrainedTokenizerFast.from_pretrained("path/to/this/folder")' in card
     assert "target_modules=['c_attn']" in card and "fan_in_fan_out=True" in card
-    job = {"folder": str(converted), "peft_first": peft_first}
+    job = {"folder": str(converted), "peft_first": peft_first, "targets": ["c_attn"]}
     report, _ = plugin_free_python.run(WITHOUT_PLUGIN, job, tmp_path / "a")
     assert report["tokenizer"] in ("TokenizersBackend", "PreTrainedTokenizerFast")
     assert report["wrapped"] == sorted(PEFT_TARGETS["gpt2"])
-    report, _ = plugin_free_python.run(CARD_TARGETS, {"folder": str(converted), "targets": ["c_attn"]}, tmp_path / "b")
     assert report["lora"] > 0
 
 

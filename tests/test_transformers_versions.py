@@ -139,21 +139,24 @@ def test_a_forward_past_the_learned_positions_with_a_cache_names_the_limit():
             model(torch.ones((1, 8), dtype=torch.long), use_cache=True, **{versions.CACHE_ARGUMENT: cache})
 
 
-# Runs where hf_geonorm cannot be imported: loads a folder as remote code, keeping what it raises and warns.
+# Runs where hf_geonorm cannot be imported: loads each folder as remote code (each its own module, under its own
+# name), keeping what each raises and warns.
 LOAD_AS_REMOTE_CODE = """
 import warnings
 from transformers import AutoModelForCausalLM
 
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(job["folder"], trust_remote_code=True).eval()
-    except Exception as error:
-        report["refused"] = {"type": type(error).__name__, "message": str(error)}
-    else:
-        with torch.no_grad():
-            results["model"] = {"logits": model(torch.tensor([job["ids"]])).logits}
-report["warnings"] = [str(w.message) for w in caught if "GeoNorm" in str(w.message)]
+for name, folder in job["folders"].items():
+    report[name] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        except Exception as error:
+            report[name]["refused"] = {"type": type(error).__name__, "message": str(error)}
+        else:
+            with torch.no_grad():
+                results[name] = {"logits": model(torch.tensor([job["ids"]])).logits}
+    report[name]["warnings"] = [str(w.message) for w in caught if "GeoNorm" in str(w.message)]
 report["installed"] = transformers.__version__
 """
 
@@ -181,20 +184,21 @@ def saved_llama(tmp_path_factory) -> Path:
 def test_a_folders_code_refuses_an_older_transformers_and_runs_under_a_newer_one_with_a_warning(
     saved_llama, plugin_free_python, tmp_path
 ):
+    """One child loads both folders: one whose range lies above the installed release, one whose range lies below."""
     major, minor = versions.INSTALLED
     above = folder_tested_on(saved_llama, tmp_path / "above", (major, minor + 1), (major, minor + 2))
-    job = {"folder": str(above), "ids": [5, 17, 42, 9]}
-    report, _ = plugin_free_python.run(LOAD_AS_REMOTE_CODE, job, tmp_path / "older")
-    refused = report["refused"]
+    below = folder_tested_on(saved_llama, tmp_path / "below", (major, minor - 2), (major, minor - 1))
+    job = {"folders": {"newer": str(below), "older": str(above)}, "ids": [5, 17, 42, 9]}
+    report, results = plugin_free_python.run(LOAD_AS_REMOTE_CODE, job, tmp_path / "child")
+    refused = report["older"]["refused"]
     assert refused["type"] == "UnsupportedTransformers" and "\n" not in refused["message"]
     assert f"need transformers >={major}.{minor + 1},<{major}.{minor + 3} (" in refused["message"]
     assert f"but {report['installed']} is installed" in refused["message"]
+    assert "older" not in results
 
-    below = folder_tested_on(saved_llama, tmp_path / "below", (major, minor - 2), (major, minor - 1))
-    report, results = plugin_free_python.run(LOAD_AS_REMOTE_CODE, {**job, "folder": str(below)}, tmp_path / "newer")
-    assert "refused" not in report
-    (warning,) = report["warnings"]
+    assert "refused" not in report["newer"]
+    (warning,) = report["newer"]["warnings"]
     assert warning.startswith(f"transformers {report['installed']} is newer than the releases the GeoNorm code is")
     model = AutoModelForCausalLM.from_pretrained(saved_llama).eval()
     with torch.no_grad():
-        torch.testing.assert_close(results["model"]["logits"], model(torch.tensor([job["ids"]])).logits)
+        torch.testing.assert_close(results["newer"]["logits"], model(torch.tensor([job["ids"]])).logits)
