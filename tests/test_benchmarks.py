@@ -1,6 +1,6 @@
 """The benchmark scripts: each one's imports resolve (none reads a helper that is gone), and none trains a model
 by a loop of its own, so that the evidence is about the code users run (``run_training``, ``run_sweep``);
-benchmarks/data_pipeline.py runs end to end at 1 MB."""
+benchmarks/data_pipeline.py runs end to end at 1 MB (with --runslow)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ def test_no_benchmark_trains_through_a_loop_of_its_own():
     assert not found, "train through hf_geonorm.training (run_training, run_sweep) instead:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("shape", ["file", pytest.param("folder", marks=pytest.mark.slow)])
+@pytest.mark.slow  # four child processes and two tokenizers trained: about 30 s of CPU, 4% of the default suite's
+@pytest.mark.parametrize("shape", ["file", "folder"])
 def test_data_pipeline_marks_every_target_and_resumes_from_its_journal(shape, tmp_path, monkeypatch):
-    """benchmarks/data_pipeline.py at 1 MB, one corpus shape (the folder's with --runslow: the same measurements on
-    another input): every measurement, every target in the table; the tokens it reports are the tokenizer's count
-    of the documented documents; a second run measures nothing again."""
+    """benchmarks/data_pipeline.py at 1 MB, each corpus shape: every measurement, every target in the table; the
+    tokens it reports are the tokenizer's count of the documented documents; a second run measures nothing again."""
     from helpers import reference_documents
     from tokenizers import Tokenizer
 

@@ -49,7 +49,7 @@ def grads(model):
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_llama_training_step_compiles_fullgraph_and_matches_eager(backend):
-    model = hf_geonorm.convert(tiny_model("llama")).train()
+    model = hf_geonorm.convert(tiny_model("llama", num_hidden_layers=2)).train()  # Dynamo traces every layer anew
     ids = token_ids()
     eager = training_loss(model)(ids)
     eager.backward()
@@ -68,7 +68,7 @@ def test_converted_gpt2_training_step_is_one_graph():
     """Stock GPT2LMHeadModel names no loss (its class name), which makes transformers break the graph; the
     converted model names it, so the whole training step compiles as one graph (``fullgraph=True`` raises on a
     graph break, naming its reason and frame)."""
-    stock = tiny_model("gpt2", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).train()
+    stock = tiny_model("gpt2", n_layer=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0).train()
     geo = hf_geonorm.convert(stock).train()
     assert geo.loss_type == "ForCausalLM"
     ids = token_ids()

@@ -155,7 +155,8 @@ report["wrapped"] = {
 """
 
 
-@pytest.mark.parametrize("order", ["peft first", "peft between", "peft last"])
+# "peft between" meets the build with peft imported, as "peft first" does: with --runslow
+@pytest.mark.parametrize("order", ["peft first", pytest.param("peft between", marks=pytest.mark.slow), "peft last"])
 def test_lora_default_targets_whenever_peft_is_imported(tmp_path, order):
     """PEFT learns each geonorm_X type's default LoRA targets whether a script imports it before hf_geonorm, after
     it, or after the models are built; expected from each layout's targets as the stock modules name them."""

@@ -178,8 +178,8 @@ def test_other_styles_and_converted_weights_keep_their_position_table():
 
 
 SMALL_GPT2 = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 128}
-LEARNING_RUN = ["--vocab-size", "512", "--seq-len", "128", "--batch-size", "8", "--max-steps", "200", "--lr", "2e-3",
-                "--eval-every", "200"]  # fmt: skip
+LEARNING_RUN = ["--vocab-size", "512", "--seq-len", "128", "--batch-size", "8", "--max-steps", "100", "--lr", "2e-3",
+                "--eval-every", "100"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -196,10 +196,11 @@ def unigram_cross_entropy(train_blocks: list[list[int]], eval_blocks: list[list[
 
 
 def test_a_small_gpt2_at_post_norm_learns_more_than_the_unigram_distribution(tmp_path, source_text):
-    """``hf-geonorm train`` of a GPT-2 4 x 64 at ``norm_style=post``, 200 steps: its validation loss must end well
+    """``hf-geonorm train`` of a GPT-2 4 x 64 at ``norm_style=post``, 100 steps: its validation loss must end well
     below the unigram cross-entropy of the same blocks, computed here from the documents (held out as documented:
-    tests/test_data_pipeline.py) with the run's tokenizer. With the position table drawn at random it ended at the
-    unigram loss (5.287 against 5.285; now 4.16: docs/training.md, "Post-Norm on GPT-2"). About 15 s."""
+    tests/test_data_pipeline.py) with the run's tokenizer. With the position table drawn at random it ends at the
+    unigram loss (5.291 against 5.285 at 100 steps, 5.287 at 200; now 4.76 at 100, 4.16 at 200: docs/training.md,
+    "Post-Norm on GPT-2"). About 8 s."""
     write_scratch_config("gpt2", tmp_path / "model", SMALL_GPT2, {"norm_style": "post"})
     out = tmp_path / "run"
     result = train("--model", tmp_path / "model", "--data", source_text, *LEARNING_RUN, "--data-cache",
@@ -210,7 +211,7 @@ def test_a_small_gpt2_at_post_norm_learns_more_than_the_unigram_distribution(tmp
     train_blocks, val_blocks, _, _ = reference_blocks(tokenizer, reference_documents(source_text.read_text()), 128)
     evaluated = val_blocks[: metrics["evaluated_blocks"]["validation"]]
     unigram = unigram_cross_entropy(train_blocks, evaluated, len(tokenizer))
-    assert metrics["final_eval_loss"] < unigram - 0.4, (metrics["final_eval_loss"], unigram)
+    assert metrics["final_eval_loss"] < unigram - 0.3, (metrics["final_eval_loss"], unigram)
 
 
 def test_a_checkpoint_recorded_before_post_zero_positions_existed_resumes(tmp_path, source_text):

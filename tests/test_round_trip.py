@@ -1,6 +1,7 @@
 """The path users take, for every case of tests/tiny_models.py: a stock checkpoint folder -> ``hf-geonorm convert
 --bridge 0`` -> a GeoNorm folder -> ``from_pretrained``, through the plugin and as remote code; a GeoNorm model
-saved and reloaded; ``train --model <stock folder>`` for one step.
+saved and reloaded; ``train --model <stock folder>`` for one step (these two for one case of each weight layout by
+default, for every case with ``--runslow``).
 
 transformers keeps some weights in memory in another layout than in checkpoint files (mixture-of-experts experts
 fused, gpt_neox's ``embed_out``, exaone's GPT-style names) and translates by model type on load and save; a GeoNorm
@@ -102,8 +103,16 @@ def test_a_converted_stock_folder_loads_back_as_the_stock_model(name, stock, con
     assert [p for p in check_shareable(converted[name]) if "README.md" not in p] == []
 
 
+# one case of each way transformers lays weights out on load (plain, GPT-style names, fused experts, MLA, GPT-2's
+# Conv1D, embed_out and parallel blocks, sandwich norms): the save and reload and the train step run for these by
+# default, for every case with --runslow (the paths the others add are the same; their loading is checked for every
+# case above, and tests/test_models.py saves and reloads every case by default)
+BY_DEFAULT = ("llama", "exaone", "mixtral", "deepseek_v3", "gpt2", "gpt_neox-parallel", "falcon-new", "gemma2")
+REPRESENTATIVE = [name if name in BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in CASES]
+
+
 @pytest.mark.parametrize("loaded_as", ["geonorm", "stock"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", REPRESENTATIVE)
 def test_a_geonorm_model_saved_and_reloaded_is_the_same_model(name, loaded_as, stock, converted, tmp_path):
     """A GeoNorm computation that is not Pre-Norm (bridge 0.5, learnable steps moved off their initial value),
     saved by the model's own ``save_pretrained`` and loaded back through the Auto class: from a converted folder,
@@ -170,15 +179,7 @@ def test_push_refuses_a_folder_whose_weights_its_model_does_not_load(converted, 
         assert "Traceback" not in result.output
 
 
-# one case of each way transformers lays weights out on load (plain, GPT-style names, fused experts, MLA, GPT-2's
-# Conv1D, embed_out and parallel blocks, sandwich norms); the other cases load through the same code and run with
-# --runslow (the train path they add is the same; their loading is checked for every case above)
-TRAINED_BY_DEFAULT = ("llama", "exaone", "mixtral", "deepseek_v3", "gpt2", "gpt_neox-parallel", "falcon-new", "gemma2")
-
-
-@pytest.mark.parametrize(
-    "name", [name if name in TRAINED_BY_DEFAULT else pytest.param(name, marks=pytest.mark.slow) for name in CASES]
-)
+@pytest.mark.parametrize("name", REPRESENTATIVE)
 def test_train_model_from_a_stock_folder_starts_from_its_weights(name, stock, tmp_path, data_file):
     """One step of ``train --model <stock folder>`` at bridge 0: AdamW's first step moves no weight by more than the
     learning rate (|m / sqrt(v)| <= 1), so every tensor of ``final/`` must be within ``lr`` of the stock folder's
