@@ -14,13 +14,13 @@ from .modeling.families import GeoNormFamily
 from .modeling.geometry import (
     entry_rescale,
     exp_map,
-    geodesic_update,
+    geodesic_step,
     prenorm_angle,
     step_sizes,
     tangent,
 )
 from .modeling.layouts import BlockLayout
-from .modeling.residual import GeoNormResidual, StepParams, geonorm_step, identity_norm_like
+from .modeling.residual import GeoNormResidual, identity_norm_like
 from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
 from .patching import (
     apply_geonorm,
@@ -55,15 +55,13 @@ __all__ = [
     "GeoNormFamily",
     "GeoNormResidual",
     "GeoNormSettings",
-    "StepParams",
     "apply_geonorm",
     "config_class_for",
     "convert",
     "entry_rescale",
     "exp_map",
     "family_for",
-    "geodesic_update",
-    "geonorm_step",
+    "geodesic_step",
     "identity_norm_like",
     "prenorm_angle",
     "step_sizes",

@@ -24,15 +24,16 @@ from torch import nn
 
 import hf_geonorm
 from hf_geonorm import GeoNormResidual, GeoNormSettings
-from hf_geonorm.modeling import step, step_autograd, step_switch
+from hf_geonorm.modeling import fused
+from hf_geonorm.modeling.geometry import FusedGeodesicStep
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
-    step_switch.set_fused_enabled(True)
+    fused.set_fused_enabled(True)
     yield
-    step_switch.set_fused_enabled(True)
+    fused.set_fused_enabled(True)
     torch._dynamo.reset()
 
 
@@ -123,7 +124,7 @@ def test_every_residual_style_compiles_fullgraph(fused_on):
         return [block(h) for block, _ in blocks]
 
     h0 = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(1)) * 2
-    step_switch.set_fused_enabled(fused_on)
+    fused.set_fused_enabled(fused_on)
     eager = losses(h0)
     expected = torch.autograd.grad(sum(eager), params)  # the blocks share no parameter
     compiled = torch.compile(losses, fullgraph=True, backend="aot_eager")(h0)
@@ -135,7 +136,7 @@ def test_every_residual_style_compiles_fullgraph(fused_on):
     for name, g, e in zip(owners, got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4, msg=name)
     if fused_on:  # the fused Function is what the geo blocks compiled
-        assert step.can_fuse(h0, h0, 0.8)
+        assert fused.can_fuse(h0, h0, 0.8)
 
 
 @pytest.mark.parametrize("keep", ["output", "update"])
@@ -146,7 +147,7 @@ def test_fused_step_under_inductor_matches_eager(keep):
     w = torch.randn(3, 7, 40, generator=g)
 
     def loss(a, b):
-        return (step_autograd.fused_geonorm_step(a, b, 0.9, math.pi / 4, keep=keep) * w).sum()
+        return (FusedGeodesicStep.apply(a, b, 0.9, math.pi / 4, None, keep) * w).sum()
 
     eager = loss(x, u)
     expected = torch.autograd.grad(eager, (x, u))

@@ -1,5 +1,5 @@
-"""The fused GeoNorm update (hf_geonorm/modeling/step*.py, triton_*.py) against the composed torch path of
-geometry.py.
+"""The fused GeoNorm update (geometry.FusedGeodesicStep, hf_geonorm/modeling/fused.py, triton_kernels.py) against
+the composed torch path of geometry.geodesic_step.
 
 - The torch twin (the per-row-scalar forward and backward that the kernels implement, line for line) runs
   everywhere: values and gradients of x and u in float64, float32 and bfloat16, clamped and unclamped rows,
@@ -33,29 +33,28 @@ import torch
 from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm import StepParams, geonorm_step
-from hf_geonorm.modeling import kernel_check, step, step_autograd, step_switch, step_twin, triton_loader
-from hf_geonorm.modeling.geometry import geodesic_step
+from hf_geonorm import geodesic_step
+from hf_geonorm.modeling import fused, geometry
+from hf_geonorm.modeling.fused import kept_for_backward
+from hf_geonorm.modeling.geometry import FusedGeodesicStep
 from hf_geonorm.modeling.remote_code import remote_code_files
-from hf_geonorm.modeling.residual import composed_geonorm_step
 from hf_geonorm.modeling.settings import MAX_ALPHA
-from hf_geonorm.modeling.step_autograd import fused_geonorm_step, kept_for_backward
 
 PI4 = math.pi / 4
 WIDTH = 48  # not a power of two: the kernel's masked lanes are exercised
 # Triton's interpreter works only when TRITON_INTERPRET=1 is set before triton is first imported (its
 # language functions are wrapped at import), so the interpreter tests run in a child pytest started with it.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-HAS_TRITON = triton_loader.triton_available()
+HAS_TRITON = fused.triton_available()
 HAS_CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)
 def _fused_on():
     """Every test starts and ends with the fused update on (the default)."""
-    step_switch.set_fused_enabled(True)
+    fused.set_fused_enabled(True)
     yield
-    step_switch.set_fused_enabled(True)
+    fused.set_fused_enabled(True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,16 +94,16 @@ def run(fn, x, u, g):
 
 
 def reference(x, u, g, alpha, max_angle):
-    """The plain implementation (``geometry.geodesic_step``: tangent, clamped angle, exponential map) in float64
-    on the (already rounded) inputs: the exact answer for them."""
-    return run(lambda a, b: geodesic_step(a, b, alpha, max_angle), x.double(), u.double(), g.double())
+    """The composed path (``geometry.geodesic_step`` with ``fused=False``: tangent, clamped angle, exponential map)
+    in float64 on the (already rounded) inputs: the exact answer for them."""
+    return run(lambda a, b: geodesic_step(a, b, alpha, max_angle, fused=False), x.double(), u.double(), g.double())
 
 
 def assert_close_rows(actual, expected, dtype, what, per_row=False, noise=None):
     """|actual - expected| <= ulp * |expected| + noise * scale: one unit in the last place of ``dtype`` for the
     final rounding (bf16; the interpreter truncates where a GPU rounds to nearest) plus float32 arithmetic
     noise (1e-12 in float64) relative to the largest |expected| (of the tensor, or of each token with
-    ``per_row``); ``expected`` is exact. (hf_geonorm.kernel_check.check_kernel uses the same bound.)"""
+    ``per_row``); ``expected`` is exact. (hf_geonorm.modeling.fused.check_kernel uses the same bound.)"""
     a, e = actual.double(), expected.double()
     ulp = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
     noise = noise or (1e-12 if dtype == torch.float64 else 2e-6)
@@ -154,7 +153,7 @@ def check_against_reference(fn, dtype, alpha, max_angle, device="cpu", grad_nois
 @pytest.mark.parametrize("keep,alpha,max_angle", KEEP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_torch_twin_matches_the_composed_path(keep, dtype, alpha, max_angle):
-    fn = lambda a, b: fused_geonorm_step(a, b, alpha, max_angle, "torch", keep)  # noqa: E731
+    fn = lambda a, b: FusedGeodesicStep.apply(a, b, alpha, max_angle, "torch", keep)  # noqa: E731
     check_against_reference(fn, dtype, alpha, max_angle, grad_noise=output_kept_noise(keep, dtype))
 
 
@@ -165,7 +164,7 @@ def test_torch_twin_mixed_dtypes_like_autocast():
     x64, u64 = rows()
     x, u = x64.float(), u64.bfloat16()
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(6)).float()
-    fn = lambda a, b: geonorm_step(a, b, StepParams(0.7))  # noqa: E731
+    fn = lambda a, b: geodesic_step(a, b, 0.7)  # noqa: E731
     out, dx, du = run(fn, x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
@@ -183,7 +182,7 @@ def rows_for_gradcheck():
 @pytest.mark.parametrize("keep,max_angle", [("output", PI4), ("update", PI4), ("update", None)])
 def test_torch_twin_gradcheck(keep, max_angle):
     x, u = rows_for_gradcheck()
-    fn = lambda a, b: fused_geonorm_step(a, b, 1.5, max_angle, "torch", keep)  # noqa: E731
+    fn = lambda a, b: FusedGeodesicStep.apply(a, b, 1.5, max_angle, "torch", keep)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, u))
 
 
@@ -192,10 +191,10 @@ def test_double_backward(max_angle):
     """Keeping u, second derivatives are the composed path's; keeping the output, asking for them is an
     error that names the switch."""
     x, u = rows_for_gradcheck()
-    fn = lambda a, b: fused_geonorm_step(a, b, 1.5, max_angle, "torch", "update")  # noqa: E731
+    fn = lambda a, b: FusedGeodesicStep.apply(a, b, 1.5, max_angle, "torch", "update")  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, (x, u))
     if max_angle is not None:
-        out = fused_geonorm_step(x, u, 1.5, max_angle, "torch", "output")
+        out = FusedGeodesicStep.apply(x, u, 1.5, max_angle, "torch", "output")
         with pytest.raises(RuntimeError, match="set_fused_enabled"):
             torch.autograd.grad(out.sum(), (x, u), create_graph=True)
 
@@ -208,14 +207,14 @@ def test_what_the_backward_keeps(dtype):
     for max_angle, kept in ((PI4, "output"), (math.pi / 2, "output"), (math.pi, "update"), (None, "update")):
         kept = "update" if dtype == torch.bfloat16 else kept
         assert kept_for_backward(x, max_angle) == kept
-        out = fused_geonorm_step(x, u, 0.7, max_angle, "torch")
+        out = FusedGeodesicStep.apply(x, u, 0.7, max_angle, "torch")
         saved_x, saved_v, stats = out.grad_fn.saved_tensors
         assert saved_x.data_ptr() == x.data_ptr()
         assert saved_v.data_ptr() == (out if kept == "output" else u).data_ptr()
         assert stats.shape == (x.numel() // x.shape[-1], 3)
     for max_angle in (None, math.pi):
         with pytest.raises(ValueError, match="max_angle <= pi/2"):
-            fused_geonorm_step(x, u, 0.7, max_angle, "torch", "output")
+            FusedGeodesicStep.apply(x, u, 0.7, max_angle, "torch", "output")
 
 
 
@@ -226,59 +225,58 @@ def grad_fn_name(out: torch.Tensor) -> str:
     return type(out.grad_fn).__name__
 
 
-def test_geonorm_step_dispatch():
+def test_geodesic_step_dispatch():
     x, u = (t.float().requires_grad_(True) for t in rows())
-    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7))) == "FusedGeoNormStepBackward"
-    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7, max_angle=None))) == "FusedGeoNormStepBackward"
-    assert grad_fn_name(geonorm_step(x.double(), u.double(), StepParams(0.7))) == "FusedGeoNormStepBackward"
+    assert grad_fn_name(geodesic_step(x, u, 0.7)) == "FusedGeodesicStepBackward"
+    assert grad_fn_name(geodesic_step(x, u, 0.7, max_angle=None)) == "FusedGeodesicStepBackward"
+    assert grad_fn_name(geodesic_step(x.double(), u.double(), 0.7)) == "FusedGeodesicStepBackward"
     # what the fused Function does not cover takes the composed path
     scale, bias = torch.tensor(1.0, requires_grad=True), torch.tensor(0.0, requires_grad=True)
     for out in (
-        geonorm_step(x, u, StepParams(0.7, bridge=0.5)),
-        geonorm_step(x, u, StepParams(0.7, max_angle=PI4, step_scale=scale, step_bias=bias)),
-        geonorm_step(x, u, StepParams(torch.tensor(0.7))),
-        geonorm_step(x, u[..., :1, :], StepParams(0.7)),  # broadcasting
+        geodesic_step(x, u, 0.7, bridge=0.5),
+        geodesic_step(x, u, 0.7, max_angle=PI4, step_scale=scale, step_bias=bias),
+        geodesic_step(x, u, torch.tensor(0.7)),
+        geodesic_step(x, u[..., :1, :], 0.7),  # broadcasting
     ):
-        assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-    assert step_autograd.fused_backend(x, u) == "torch"  # CPU tensors
+        assert grad_fn_name(out) != "FusedGeodesicStepBackward"
+    assert fused.fused_backend(x, u) == "torch"  # CPU tensors
 
 
 def test_switch_turns_the_fused_path_off_and_on(monkeypatch):
     x, u = (t.float().requires_grad_(True) for t in rows())
-    fused_out = geonorm_step(x, u, StepParams(0.7))
-    step_switch.set_fused_enabled(False)
-    assert not step_switch.fused_enabled()
-    plain = geonorm_step(x, u, StepParams(0.7))
-    assert grad_fn_name(plain) != "FusedGeoNormStepBackward"
-    assert torch.equal(plain, composed_geonorm_step(x, u, StepParams(0.7)))
+    fused_out = geodesic_step(x, u, 0.7)
+    fused.set_fused_enabled(False)
+    assert not fused.fused_enabled()
+    plain = geodesic_step(x, u, 0.7)
+    assert grad_fn_name(plain) != "FusedGeodesicStepBackward"
+    assert torch.equal(plain, geodesic_step(x, u, 0.7, fused=False))
     torch.testing.assert_close(plain, fused_out, atol=1e-5, rtol=0)
-    step_switch.set_fused_enabled(True)
-    assert grad_fn_name(geonorm_step(x, u, StepParams(0.7))) == "FusedGeoNormStepBackward"
+    fused.set_fused_enabled(True)
+    assert grad_fn_name(geodesic_step(x, u, 0.7)) == "FusedGeodesicStepBackward"
     for value, expected in (("0", False), ("false", False), ("OFF", False), ("1", True), ("", True)):
-        monkeypatch.setenv(step_switch.ENV_VAR, value)
-        assert step_switch._env_enabled() is expected
-    monkeypatch.delenv(step_switch.ENV_VAR)
-    assert step_switch._env_enabled() is True
+        monkeypatch.setenv(fused.ENV_VAR, value)
+        assert fused._env_enabled() is expected
+    monkeypatch.delenv(fused.ENV_VAR)
+    assert fused._env_enabled() is True
 
 
 WITHOUT_TRITON = """
 import sys
 sys.modules["triton"] = sys.modules["triton.language"] = None  # unimportable, as where it is not installed
 import torch
-from hf_geonorm import StepParams, geonorm_step
-from hf_geonorm.modeling import triton_loader
-from hf_geonorm.modeling.residual import composed_geonorm_step
-assert triton_loader.triton_available() is False
+from hf_geonorm import geodesic_step
+from hf_geonorm.modeling import fused
+assert fused.triton_available() is False
 try:
-    triton_loader.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, None)
+    fused.triton_forward(torch.zeros(1, 4), torch.zeros(1, 4), 0.7, None)
 except RuntimeError as error:
     assert "pip install triton" in str(error), error
 else:
     raise AssertionError("triton_forward ran without triton")
 x, u = torch.randn(5, 48, dtype=torch.float64, requires_grad=True), torch.randn(5, 48, dtype=torch.float64)
-out = geonorm_step(x, u, StepParams(0.7))
-assert type(out.grad_fn).__name__ == "FusedGeoNormStepBackward", out.grad_fn
-torch.testing.assert_close(out, composed_geonorm_step(x, u, StepParams(0.7)), atol=1e-12, rtol=0)
+out = geodesic_step(x, u, 0.7)
+assert type(out.grad_fn).__name__ == "FusedGeodesicStepBackward", out.grad_fn
+torch.testing.assert_close(out, geodesic_step(x, u, 0.7, fused=False), atol=1e-12, rtol=0)
 print("ok")
 """
 
@@ -351,7 +349,7 @@ def test_triton_kernels_through_the_interpreter():
 @pytest.mark.parametrize("keep,alpha,max_angle", KEEP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_the_composed_path(kernel_device, keep, dtype, alpha, max_angle):
-    fn = lambda a, b: fused_geonorm_step(a, b, alpha, max_angle, "triton", keep)  # noqa: E731
+    fn = lambda a, b: FusedGeodesicStep.apply(a, b, alpha, max_angle, "triton", keep)  # noqa: E731
     check_against_reference(fn, dtype, alpha, max_angle, kernel_device, output_kept_noise(keep, dtype))
 
 
@@ -365,7 +363,7 @@ def test_triton_kernel_strided_rows_and_mixed_dtypes(kernel_device):
     assert not x.is_contiguous()
     u = u64.to(kernel_device, torch.bfloat16)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(8)).to(kernel_device)
-    out, dx, du = run(lambda a, b: fused_geonorm_step(a, b, 0.7, PI4, "triton"), x, u, g)
+    out, dx, du = run(lambda a, b: FusedGeodesicStep.apply(a, b, 0.7, PI4, "triton"), x, u, g)
     assert (out.dtype, dx.dtype, du.dtype) == (torch.float32, torch.float32, torch.bfloat16)
     ref_out, ref_dx, ref_du = reference(x, u, g, 0.7, PI4)
     assert_close_rows(out, ref_out, torch.float32, "output")
@@ -381,9 +379,9 @@ def test_cuda_kernel_at_model_widths(width, dtype):
     x = (torch.randn(4, 512, width, generator=g) * 3).to("cuda", dtype)
     u = torch.randn(4, 512, width, generator=g).to("cuda", dtype)
     grad = torch.randn(4, 512, width, generator=g).to("cuda", dtype)
-    assert step_autograd.fused_backend(x, u) == "triton"
-    out, dx, du = run(lambda a, b: geonorm_step(a, b, StepParams(0.5)), x, u, grad)
-    failure = kernel_check.kernel_failure()
+    assert fused.fused_backend(x, u) == "triton"
+    out, dx, du = run(lambda a, b: geodesic_step(a, b, 0.5), x, u, grad)
+    failure = fused.kernel_failure()
     assert failure is None, failure  # the first-use check passed: the kernel ran
     ref_out, ref_dx, ref_du = reference(x, u, grad, 0.5, PI4)
     assert_close_rows(out, ref_out, dtype, "output")
@@ -399,13 +397,13 @@ def test_cuda_model_training_step_fused_equals_unfused(model_type):
     ids = token_ids().cuda()
     results = []
     for enabled in (True, False):
-        step_switch.set_fused_enabled(enabled)
+        fused.set_fused_enabled(enabled)
         model.zero_grad(set_to_none=True)
         loss = model(ids, labels=ids).loss
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    step_switch.set_fused_enabled(True)
-    assert kernel_check.kernel_failure() is None, kernel_check.kernel_failure()
+    fused.set_fused_enabled(True)
+    assert fused.kernel_failure() is None, fused.kernel_failure()
     (loss_f, grads_f), (loss_u, grads_u) = results
     torch.testing.assert_close(loss_f, loss_u, atol=1e-5, rtol=1e-5)
     for name, grad in grads_f.items():
@@ -419,9 +417,9 @@ def test_cuda_model_training_step_fused_equals_unfused(model_type):
 def kernel_stub(monkeypatch):
     """A fresh first-use check, with the Triton backend chosen for CPU tensors and the kernel replaced by the
     torch twin, faulty as the test says (``kernel_stub(fault)``); returns the list of kernel calls."""
-    monkeypatch.setattr(kernel_check, "_KERNEL_CHECKS", {})
-    monkeypatch.setattr(kernel_check, "_kernel_failure", None)
-    monkeypatch.setattr(step, "fused_backend", lambda x, u=None: "triton")
+    monkeypatch.setattr(fused, "_KERNEL_CHECKS", {})
+    monkeypatch.setattr(fused, "_kernel_failure", None)
+    monkeypatch.setattr(geometry, "fused_backend", lambda x, u=None: "triton")
     calls = []
 
     def install(fault=None):
@@ -429,16 +427,16 @@ def kernel_stub(monkeypatch):
             calls.append("forward")
             if fault == "raises":
                 raise RuntimeError("no kernel image is available for execution on the device")
-            out, stats = step_twin.torch_forward(x2, u2, alpha, max_angle)
+            out, stats = geometry.torch_forward(x2, u2, alpha, max_angle)
             return (out * 1.001 if fault == "wrong output" else out), stats
 
         def backward(*args):
             calls.append("backward")
-            dx, du = step_twin.torch_backward(*args)
+            dx, du = geometry.torch_backward(*args)
             return dx, (du * 1.01 if fault == "wrong gradient" else du)
 
-        monkeypatch.setattr(step_autograd, "triton_forward", forward)
-        monkeypatch.setattr(step_autograd, "triton_backward", backward)
+        monkeypatch.setattr(geometry, "triton_forward", forward)
+        monkeypatch.setattr(geometry, "triton_backward", backward)
         return calls
 
     return install
@@ -452,21 +450,21 @@ def test_a_faulty_kernel_is_warned_about_once_and_replaced_by_the_composed_path(
     calls = kernel_stub(fault)
     x, u = (t.float().requires_grad_(True) for t in rows())
     with pytest.warns(RuntimeWarning, match="HF_GEONORM_FUSED") as record:
-        out = geonorm_step(x, u, StepParams(0.7))
+        out = geodesic_step(x, u, 0.7)
     messages = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and says in messages[0] and "composed torch path" in messages[0], messages
-    assert says in kernel_check.kernel_failure()  # what benchmarks/overhead.py reports as the backend that ran
-    assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-    assert torch.equal(out, composed_geonorm_step(x, u, StepParams(0.7)))
+    assert says in fused.kernel_failure()  # what benchmarks/overhead.py reports as the backend that ran
+    assert grad_fn_name(out) != "FusedGeodesicStepBackward"
+    assert torch.equal(out, geodesic_step(x, u, 0.7, fused=False))
     calls.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         for dtype, max_angle in ((torch.float32, PI4), (torch.bfloat16, None), (torch.float32, None)):
             xd, ud = (t.detach().to(dtype).requires_grad_(True) for t in (x, u))
-            out = geonorm_step(xd, ud, StepParams(0.7, max_angle=max_angle))
+            out = geodesic_step(xd, ud, 0.7, max_angle=max_angle)
             out.float().sum().backward()
-            assert grad_fn_name(out) != "FusedGeoNormStepBackward"
-            assert torch.equal(out, composed_geonorm_step(xd, ud, StepParams(0.7, max_angle=max_angle)))
+            assert grad_fn_name(out) != "FusedGeodesicStepBackward"
+            assert torch.equal(out, geodesic_step(xd, ud, 0.7, max_angle=max_angle, fused=False))
     assert calls == []  # the kernel is not used again in this process
 
 
@@ -478,20 +476,20 @@ def test_a_correct_kernel_passes_the_check_once_per_device_dtype_and_variant(ker
     rng = torch.random.get_rng_state()
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("error")
-        out = geonorm_step(x, u, StepParams(0.7))
+        out = geodesic_step(x, u, 0.7)
         assert torch.is_inference_mode_enabled() and not torch.is_grad_enabled()
     assert calls == ["forward", "backward", "forward"]
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert out.is_inference()
     xg, ug = x.clone().requires_grad_(True), u.clone().requires_grad_(True)
-    out = geonorm_step(xg, ug, StepParams(0.7))
-    assert grad_fn_name(out) == "FusedGeoNormStepBackward"
+    out = geodesic_step(xg, ug, 0.7)
+    assert grad_fn_name(out) == "FusedGeodesicStepBackward"
     out.sum().backward()
     assert calls == ["forward", "backward", "forward", "forward", "backward"]  # no second check
-    geonorm_step(x.bfloat16(), u.bfloat16(), StepParams(0.7))  # another dtype: checked once more
-    geonorm_step(x, u, StepParams(0.7, max_angle=None))  # another kernel variant (no clamp, keeps u): checked too
+    geodesic_step(x.bfloat16(), u.bfloat16(), 0.7)  # another dtype: checked once more
+    geodesic_step(x, u, 0.7, max_angle=None)  # another kernel variant (no clamp, keeps u): checked too
     assert calls[5:] == ["forward", "backward", "forward"] * 2
-    assert kernel_check._KERNEL_CHECKS == {
+    assert fused._KERNEL_CHECKS == {
         ("cpu", torch.float32, torch.float32, False, "output"): None,
         ("cpu", torch.bfloat16, torch.bfloat16, False, "update"): None,
         ("cpu", torch.float32, torch.float32, True, "update"): None,
@@ -509,7 +507,7 @@ CHECK_CASES = [  # state dtype, update dtype, max_angle, what the backward keeps
 @pytest.mark.parametrize("kernel_device", KERNEL_DEVICES, indirect=True)
 @pytest.mark.parametrize("x_dtype,u_dtype,max_angle,keep", CHECK_CASES)
 def test_the_real_kernel_passes_its_first_use_check(kernel_device, x_dtype, u_dtype, max_angle, keep):
-    assert kernel_check.check_kernel(kernel_device, x_dtype, u_dtype, WIDTH, max_angle, keep) is None
+    assert fused.check_kernel(FusedGeodesicStep, kernel_device, x_dtype, u_dtype, WIDTH, max_angle, keep) is None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -543,14 +541,14 @@ def scale_and_bias():
 
 
 EXTREME_PATHS = {
-    "composed": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m)),
-    "composed, bridge 0.5": lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m, bridge=0.5)),
+    "composed": lambda x, u, a, m: geodesic_step(x, u, a, max_angle=m, fused=False),
+    "composed, bridge 0.5": lambda x, u, a, m: geodesic_step(x, u, a, max_angle=m, bridge=0.5, fused=False),
     "composed, learnable step": (
-        lambda x, u, a, m: composed_geonorm_step(x, u, StepParams(a, max_angle=m, **scale_and_bias()))
+        lambda x, u, a, m: geodesic_step(x, u, a, max_angle=m, **scale_and_bias(), fused=False)
     ),
-    "twin keeping u": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "update"),
-    "twin keeping the output": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "torch", "output"),
-    "kernel": lambda x, u, a, m: fused_geonorm_step(x, u, a, m, "triton", kept_for_backward(x, m)),
+    "twin keeping u": lambda x, u, a, m: FusedGeodesicStep.apply(x, u, a, m, "torch", "update"),
+    "twin keeping the output": lambda x, u, a, m: FusedGeodesicStep.apply(x, u, a, m, "torch", "output"),
+    "kernel": lambda x, u, a, m: FusedGeodesicStep.apply(x, u, a, m, "triton", kept_for_backward(x, m)),
 }
 
 
@@ -590,7 +588,7 @@ def test_every_accepted_setting_keeps_the_kernel_finite(kernel_device, dtype):
 def test_a_zero_token_with_no_clamp_and_the_largest_alpha_trains_finite(fused_on):
     """A token whose embedding row is zero, no clamp, alpha 1 and MAX_ALPHA: a LLaMA-shaped model's loss and
     every gradient stay finite (the zero state used to turn into a tiny one that overflowed the backward)."""
-    step_switch.set_fused_enabled(fused_on)
+    fused.set_fused_enabled(fused_on)
     for alpha in (1.0, MAX_ALPHA):
         model = hf_geonorm.convert(tiny_model("llama"), geo_alpha=alpha, geo_max_angle=None).train()
         with torch.no_grad():

@@ -14,17 +14,14 @@ import torch
 
 from hf_geonorm import (
     GeoNormSettings,
-    StepParams,
     entry_rescale,
     exp_map,
-    geodesic_update,
-    geonorm_step,
+    geodesic_step,
     prenorm_angle,
     step_sizes,
     tangent,
 )
 from hf_geonorm.modeling.geometry import NORM_FLOOR, geonorm_angle
-from hf_geonorm.modeling.residual import composed_geonorm_step
 from hf_geonorm.modeling.settings import MAX_ALPHA
 
 PI4 = math.pi / 4
@@ -146,7 +143,7 @@ def test_exp_map_formula_and_norm(v_scale):
 def test_geodesic_update_formula_float_alpha():
     x, u = rand(SHAPE, 6), rand(SHAPE, 7)
     for a in (0.0, 0.3, 1.0, 2.5):
-        out = geodesic_update(T(x), T(u), a)
+        out = geodesic_step(T(x), T(u), a, max_angle=None)
         expected = x if a == 0.0 else ref_geodesic_update(x, u, a)
         close(out, expected, 1e-9)
         close(nnorm(N(out)), nnorm(x), 1e-9)
@@ -155,17 +152,17 @@ def test_geodesic_update_formula_float_alpha():
 def test_geodesic_update_formula_tensor_alpha_broadcasts():
     x, u = rand(SHAPE, 8), rand(SHAPE, 9)
     a = np.abs(rand((3, 5, 1), 10))
-    out = geodesic_update(T(x), T(u), T(a))
+    out = geodesic_step(T(x), T(u), T(a), max_angle=None)
     close(out, ref_geodesic_update(x, u, a), 1e-9)
     # one alpha per batch row, broadcasting over tokens
     a2 = np.abs(rand((3, 1, 1), 11))
-    close(geodesic_update(T(x), T(u), T(a2)), ref_geodesic_update(x, u, a2), 1e-9)
+    close(geodesic_step(T(x), T(u), T(a2), max_angle=None), ref_geodesic_update(x, u, a2), 1e-9)
 
 
 def test_geodesic_update_rotation_angle():
     x, u = rand((64, D), 12), rand((64, D), 13, 0.5)
     a = 0.7
-    out = N(geodesic_update(T(x), T(u), a))
+    out = N(geodesic_step(T(x), T(u), a, max_angle=None))
     expected = a * nnorm(ref_tangent(x, u))[..., 0] / nnorm(x)[..., 0]
     assert expected.max() < math.pi
     np.testing.assert_allclose(angle_between(x, out), expected, rtol=0, atol=1e-7)
@@ -173,7 +170,8 @@ def test_geodesic_update_rotation_angle():
 
 def _step_errors(x, u, alphas):
     return np.array(
-        [np.max(nnorm(N(geodesic_update(T(x), T(u), a)) - ref_projection(x, x + a * u)) / nnorm(x)) for a in alphas]
+        [np.max(nnorm(N(geodesic_step(T(x), T(u), a, max_angle=None)) - ref_projection(x, x + a * u)) / nnorm(x))
+         for a in alphas]
     )
 
 
@@ -202,8 +200,8 @@ def test_gradcheck_tangent_exp_map_geodesic_update():
     a = T(np.abs(rand((2, 3, 1), 22)) + 0.1, grad=True)
     assert torch.autograd.gradcheck(tangent, (x, u))
     assert torch.autograd.gradcheck(exp_map, (x, u))
-    assert torch.autograd.gradcheck(lambda x_, u_: geodesic_update(x_, u_, 0.7), (x, u))
-    assert torch.autograd.gradcheck(geodesic_update, (x, u, a))
+    assert torch.autograd.gradcheck(lambda x_, u_: geodesic_step(x_, u_, 0.7, max_angle=None), (x, u))
+    assert torch.autograd.gradcheck(lambda x_, u_, a_: geodesic_step(x_, u_, a_, max_angle=None), (x, u, a))
 
 
 # rows with base angles 0.3 (no clamp), 0.6 (only alpha*base > pi/4 at alpha 1.5) and 3.0 (base clamped)
@@ -217,13 +215,11 @@ def test_gradcheck_geonorm_step(max_angle, bridge, learnable):
         c, b = T(1.2, grad=True), T(0.05, grad=True)
 
         def fn(x_, u_, c_, b_):
-            return geonorm_step(
-                x_, u_, StepParams(1.5, max_angle=max_angle, bridge=bridge, step_scale=c_, step_bias=b_)
-            )
+            return geodesic_step(x_, u_, 1.5, max_angle=max_angle, bridge=bridge, step_scale=c_, step_bias=b_)
 
         assert torch.autograd.gradcheck(fn, (x, u, c, b))
     else:
-        fn = lambda x_, u_: geonorm_step(x_, u_, StepParams(1.5, max_angle=max_angle, bridge=bridge))  # noqa: E731
+        fn = lambda x_, u_: geodesic_step(x_, u_, 1.5, max_angle=max_angle, bridge=bridge)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, u))
 
 
@@ -269,24 +265,24 @@ def test_step_sizes_errors_name_valid_values():
 # ----------------------------------------------------------------------------------------------------------
 VARIANTS = {
     # name: (fn(x, u, a, c, b), bridge lam) -- lam None means "pure GeoNorm step, returns x"
-    "geodesic_update": (lambda x, u, a, c, b: geodesic_update(x, u, a), 1.0),
-    "step_default_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a)), 1.0),
-    "step_no_clamp": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=None)), 1.0),
+    "geodesic_update": (lambda x, u, a, c, b: geodesic_step(x, u, a, max_angle=None), 1.0),
+    "step_default_clamp": (lambda x, u, a, c, b: geodesic_step(x, u, a), 1.0),
+    "step_no_clamp": (lambda x, u, a, c, b: geodesic_step(x, u, a, max_angle=None), 1.0),
     "step_learnable": (
-        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=PI4, step_scale=c, step_bias=b)),
+        lambda x, u, a, c, b: geodesic_step(x, u, a, max_angle=PI4, step_scale=c, step_bias=b),
         1.0,
     ),
     "step_learnable_no_clamp": (
-        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=None, step_scale=c, step_bias=b)),
+        lambda x, u, a, c, b: geodesic_step(x, u, a, max_angle=None, step_scale=c, step_bias=b),
         1.0,
     ),
-    "step_bridge0": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=0.0)), 0.0),
-    "step_bridge05": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=0.5)), 0.5),
+    "step_bridge0": (lambda x, u, a, c, b: geodesic_step(x, u, a, bridge=0.0), 0.0),
+    "step_bridge05": (lambda x, u, a, c, b: geodesic_step(x, u, a, bridge=0.5), 0.5),
     "step_bridge05_learnable": (
-        lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, max_angle=PI4, bridge=0.5, step_scale=c, step_bias=b)),
+        lambda x, u, a, c, b: geodesic_step(x, u, a, max_angle=PI4, bridge=0.5, step_scale=c, step_bias=b),
         0.5,
     ),
-    "step_bridge1": (lambda x, u, a, c, b: geonorm_step(x, u, StepParams(a, bridge=1.0)), 1.0),
+    "step_bridge1": (lambda x, u, a, c, b: geodesic_step(x, u, a, bridge=1.0), 1.0),
 }
 
 
@@ -334,14 +330,14 @@ def test_zero_alpha(variant):
 ZERO_ROW_FNS = {
     "tangent": lambda x, u: tangent(x, u),
     "exp_map": lambda x, u: exp_map(x, u),
-    "geodesic_update": lambda x, u: geodesic_update(x, u, 1.0),
-    "step_default": lambda x, u: geonorm_step(x, u, StepParams(0.5)),
-    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(2.0, max_angle=None)),
-    "step_learnable": lambda x, u: geonorm_step(
-        x, u, StepParams(0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1))
+    "geodesic_update": lambda x, u: geodesic_step(x, u, 1.0, max_angle=None),
+    "step_default": lambda x, u: geodesic_step(x, u, 0.5),
+    "step_no_clamp": lambda x, u: geodesic_step(x, u, 2.0, max_angle=None),
+    "step_learnable": lambda x, u: geodesic_step(
+        x, u, 0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1)
     ),
-    "step_bridge0": lambda x, u: geonorm_step(x, u, StepParams(0.5, bridge=0.0)),
-    "step_bridge05": lambda x, u: geonorm_step(x, u, StepParams(0.5, bridge=0.5)),
+    "step_bridge0": lambda x, u: geodesic_step(x, u, 0.5, bridge=0.0),
+    "step_bridge05": lambda x, u: geodesic_step(x, u, 0.5, bridge=0.5),
     "entry_sqrt_d": lambda x, u: entry_rescale(x, "sqrt_d", 1.0),
     "entry_sqrt_d_half": lambda x, u: entry_rescale(x, "sqrt_d", 0.5),
     "prenorm_angle": lambda x, u: prenorm_angle(x, u),
@@ -376,13 +372,15 @@ def test_zero_x_row_gives_no_nan(name, dtype):
 LOWP_FNS = {
     "tangent": (lambda x, u: tangent(x, u), lambda x, u: ref_tangent(x, u)),
     "exp_map": (lambda x, u: exp_map(x, tangent(x, u)), lambda x, u: ref_exp_map(x, ref_tangent(x, u))),
-    "geodesic_update": (lambda x, u: geodesic_update(x, u, 0.6), lambda x, u: ref_geodesic_update(x, u, 0.6)),
-    "step_default": (lambda x, u: geonorm_step(x, u, StepParams(0.6)), lambda x, u: ref_geonorm_step(x, u, 0.6)),
+    "geodesic_update": (
+        lambda x, u: geodesic_step(x, u, 0.6, max_angle=None), lambda x, u: ref_geodesic_update(x, u, 0.6)
+    ),
+    "step_default": (lambda x, u: geodesic_step(x, u, 0.6), lambda x, u: ref_geonorm_step(x, u, 0.6)),
     "step_bridge03": (
-        lambda x, u: geonorm_step(x, u, StepParams(0.6, bridge=0.3)),
+        lambda x, u: geodesic_step(x, u, 0.6, bridge=0.3),
         lambda x, u: ref_geonorm_step(x, u, 0.6, lam=0.3),
     ),
-    "step_bridge0": (lambda x, u: geonorm_step(x, u, StepParams(0.6, bridge=0.0)), lambda x, u: x + u),
+    "step_bridge0": (lambda x, u: geodesic_step(x, u, 0.6, bridge=0.0), lambda x, u: x + u),
     "entry_sqrt_d": (
         lambda x, u: entry_rescale(x, "sqrt_d", 0.7),
         lambda x, u: x * (math.sqrt(D) / nnorm(x)) ** 0.7,
@@ -413,14 +411,14 @@ def test_dtype_kept(dtype):
     for out in (
         tangent(x, u),
         exp_map(x, u),
-        geodesic_update(x, u, 0.5),
-        geonorm_step(x, u, StepParams(0.5)),
-        geonorm_step(x, u, StepParams(0.5, bridge=0.4)),
+        geodesic_step(x, u, 0.5, max_angle=None),
+        geodesic_step(x, u, 0.5),
+        geodesic_step(x, u, 0.5, bridge=0.4),
         entry_rescale(x, "sqrt_d", 1.0),
     ):
         assert out.dtype == dtype
     if dtype == torch.float32:  # float32 is computed in float32: close to the float64 formula
-        close(geonorm_step(x, u, StepParams(0.5)), ref_geonorm_step(N(x), N(u), 0.5), 1e-5)
+        close(geodesic_step(x, u, 0.5), ref_geonorm_step(N(x), N(u), 0.5), 1e-5)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -438,7 +436,7 @@ def test_dtype_kept(dtype):
 )
 def test_clamped_step_angle_and_radius(base, alpha, expected_theta):
     x, u = controlled([base] * 3, seed=50)
-    out = N(geonorm_step(T(x), T(u), StepParams(alpha)))
+    out = N(geodesic_step(T(x), T(u), alpha))
     # theta = min(a * min(|t|/|x|, max), max), measured
     theta = min(alpha * min(base, PI4), PI4)
     assert theta == pytest.approx(expected_theta)
@@ -450,7 +448,7 @@ def test_clamped_step_angle_and_radius(base, alpha, expected_theta):
 def test_custom_max_angle():
     x, u = controlled([0.2, 0.5, 1.0, 2.0], seed=51)
     for m in (0.1, 0.4, 1.0, math.pi):
-        out = N(geonorm_step(T(x), T(u), StepParams(1.3, max_angle=m)))
+        out = N(geodesic_step(T(x), T(u), 1.3, max_angle=m))
         close(out, ref_geonorm_step(x, u, 1.3, m), 1e-9)
         np.testing.assert_allclose(
             angle_between(x, out), np.minimum(1.3 * np.minimum([0.2, 0.5, 1.0, 2.0], m), m), atol=1e-7
@@ -460,10 +458,10 @@ def test_custom_max_angle():
 def test_no_clamp_equals_geodesic_update():
     x, u = rand((6, 5, D), 52), rand((6, 5, D), 53, 2.0)  # large angles, so a clamp would matter
     a = 1.7
-    free = geonorm_step(T(x), T(u), StepParams(a, max_angle=None))
-    close(free, N(geodesic_update(T(x), T(u), a)), 1e-12)
+    free = geodesic_step(T(x), T(u), a, max_angle=None)
+    close(free, N(geodesic_step(T(x), T(u), a, max_angle=None)), 1e-12)
     close(free, ref_geodesic_update(x, u, a), 1e-9)
-    clamped = geonorm_step(T(x), T(u), StepParams(a))
+    clamped = geodesic_step(T(x), T(u), a)
     assert np.abs(N(clamped) - N(free)).max() > 0.1  # the default clamp does change these
 
 
@@ -473,14 +471,14 @@ def test_learnable_step_angle(c, b, max_angle):
     bases = [0.1, 0.5, 0.9, 2.0]
     x, u = controlled(bases, seed=54)
     a = 0.8
-    out = N(geonorm_step(T(x), T(u), StepParams(a, max_angle=max_angle, step_scale=T(c), step_bias=T(b))))
+    out = N(geodesic_step(T(x), T(u), a, max_angle=max_angle, step_scale=T(c), step_bias=T(b)))
     close(out, ref_geonorm_step(x, u, a, max_angle, 1.0, c, b), 1e-9)
     expected = ref_geo_angle(np.array(bases), a, max_angle, c, b)
     np.testing.assert_allclose(angle_between(x, out), expected, rtol=0, atol=1e-7)
     close(nnorm(out), nnorm(x), 1e-12)
     # unit scale and zero bias are the plain step
     if (c, b) == (1.0, 0.0):
-        close(out, N(geonorm_step(T(x), T(u), StepParams(a, max_angle=max_angle))), 1e-12)
+        close(out, N(geodesic_step(T(x), T(u), a, max_angle=max_angle)), 1e-12)
 
 
 def test_geonorm_angle_formula():
@@ -503,22 +501,22 @@ def test_geonorm_angle_formula():
 def test_bridge_zero_is_prenorm():
     x, u = rand(SHAPE, 60), rand(SHAPE, 61, 1.5)
     for m in (PI4, None):
-        close(geonorm_step(T(x), T(u), StepParams(0.7, max_angle=m, bridge=0.0)), x + u, 1e-12)
+        close(geodesic_step(T(x), T(u), 0.7, max_angle=m, bridge=0.0), x + u, 1e-12)
         close(
-            geonorm_step(T(x), T(u), StepParams(0.7, max_angle=m, bridge=0.0, step_scale=T(1.3), step_bias=T(0.2))),
+            geodesic_step(T(x), T(u), 0.7, max_angle=m, bridge=0.0, step_scale=T(1.3), step_bias=T(0.2)),
             x + u,
             1e-12,
         )
     # also an update that turns x around (x + u on the far side of the origin)
     x2, u2 = controlled([0.4, 1.0], seed=62, along=-2.5)
-    close(geonorm_step(T(x2), T(u2), StepParams(0.7, bridge=0.0)), x2 + u2, 1e-12)
+    close(geodesic_step(T(x2), T(u2), 0.7, bridge=0.0), x2 + u2, 1e-12)
 
 
 def test_bridge_one_is_geonorm():
     x, u = rand(SHAPE, 63), rand(SHAPE, 64, 1.5)
-    out = geonorm_step(T(x), T(u), StepParams(0.7, max_angle=PI4, bridge=1.0))
+    out = geodesic_step(T(x), T(u), 0.7, max_angle=PI4, bridge=1.0)
     close(out, ref_geonorm_step(x, u, 0.7), 1e-9)
-    close(out, N(geonorm_step(T(x), T(u), StepParams(0.7))), 0.0)
+    close(out, N(geodesic_step(T(x), T(u), 0.7)), 0.0)
 
 
 @pytest.mark.parametrize("lam", [0.05, 0.25, 0.5, 0.8])
@@ -526,13 +524,13 @@ def test_bridge_one_is_geonorm():
 def test_bridge_intermediate_formula(lam, max_angle):
     x, u = rand(SHAPE, 65), rand(SHAPE, 66, 1.5)
     close(
-        geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam)),
+        geodesic_step(T(x), T(u), 0.7, max_angle=max_angle, bridge=lam),
         ref_geonorm_step(x, u, 0.7, max_angle, lam),
         1e-9,
     )
     c, b = 1.2, 0.1
     close(
-        geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam, step_scale=T(c), step_bias=T(b))),
+        geodesic_step(T(x), T(u), 0.7, max_angle=max_angle, bridge=lam, step_scale=T(c), step_bias=T(b)),
         ref_geonorm_step(x, u, 0.7, max_angle, lam, c, b),
         1e-9,
     )
@@ -542,7 +540,7 @@ def test_bridge_intermediate_formula(lam, max_angle):
         nnorm(t) / nnorm(x), 0.7, max_angle
     )
     assert th.max() < math.pi
-    out = N(geonorm_step(T(x), T(u), StepParams(0.7, max_angle=max_angle, bridge=lam)))
+    out = N(geodesic_step(T(x), T(u), 0.7, max_angle=max_angle, bridge=lam))
     np.testing.assert_allclose(angle_between(x, out), th[..., 0], rtol=0, atol=1e-7)
 
 
@@ -560,21 +558,21 @@ def test_framed_bridge_and_final_clamp_formula(lam):
     theta = (1 - lam) * theta_pre + lam * theta_geo
     radius = (1 - lam) * nnorm(r * (x + c * u)) + lam * nx
     expected = radius * (np.cos(theta) * x / nx + np.sin(theta) * t / nt)
-    got = geonorm_step(T(x), T(u), StepParams(a, max_angle=m, bridge=lam, frame=(c, r), clamp="final"))
+    got = geodesic_step(T(x), T(u), a, max_angle=m, bridge=lam, frame=(c, r), clamp="final")
     close(got, expected, 1e-9)
     if lam == 0.0:
         assert torch.equal(got, T(r * (x + c * u)))  # exactly the framed Pre-Norm update
     both = ref_geonorm_step(x, u, a, m, lam) if lam == 1.0 else None
     if both is not None:  # the paper's clamp differs where the base angle passes max_angle
-        assert np.abs(N(geonorm_step(T(x), T(u), StepParams(a, max_angle=m, bridge=lam))) - both).max() < 1e-9
+        assert np.abs(N(geodesic_step(T(x), T(u), a, max_angle=m, bridge=lam)) - both).max() < 1e-9
         assert np.abs(both - expected).max() > 1e-3
 
 
 def test_bridge_approaches_geonorm_continuously():
     x, u = rand(SHAPE, 67), rand(SHAPE, 68, 1.5)
-    at_one = N(geonorm_step(T(x), T(u), StepParams(0.7)))
-    d3 = np.abs(N(geonorm_step(T(x), T(u), StepParams(0.7, bridge=1 - 1e-3))) - at_one).max()
-    d6 = np.abs(N(geonorm_step(T(x), T(u), StepParams(0.7, bridge=1 - 1e-6))) - at_one).max()
+    at_one = N(geodesic_step(T(x), T(u), 0.7))
+    d3 = np.abs(N(geodesic_step(T(x), T(u), 0.7, bridge=1 - 1e-3)) - at_one).max()
+    d6 = np.abs(N(geodesic_step(T(x), T(u), 0.7, bridge=1 - 1e-6)) - at_one).max()
     assert 0 < d6 < 1e-5
     assert 500 < d3 / d6 < 2000  # proportional to 1 - lam
 
@@ -612,14 +610,14 @@ def test_alpha_above_the_largest_accepted_is_refused_and_says_why():
 
 STAYING_FNS = {  # the steps that keep the radius: a state below the floor has none to keep
     "exp_map": lambda x, u: exp_map(x, tangent(x, u)),
-    "geodesic_update": lambda x, u: geodesic_update(x, u, 1e3),
-    "step_default": lambda x, u: geonorm_step(x, u, StepParams(0.5)),
-    "step_no_clamp": lambda x, u: geonorm_step(x, u, StepParams(MAX_ALPHA, max_angle=None)),
-    "step_learnable": lambda x, u: geonorm_step(
-        x, u, StepParams(0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1))
+    "geodesic_update": lambda x, u: geodesic_step(x, u, 1e3, max_angle=None),
+    "step_default": lambda x, u: geodesic_step(x, u, 0.5),
+    "step_no_clamp": lambda x, u: geodesic_step(x, u, MAX_ALPHA, max_angle=None),
+    "step_learnable": lambda x, u: geodesic_step(
+        x, u, 0.5, max_angle=PI4, step_scale=torch.tensor(1.3), step_bias=torch.tensor(0.1)
     ),
-    "composed_default": lambda x, u: composed_geonorm_step(x, u, StepParams(0.5)),
-    "composed_no_clamp": lambda x, u: composed_geonorm_step(x, u, StepParams(MAX_ALPHA, max_angle=None)),
+    "composed_default": lambda x, u: geodesic_step(x, u, 0.5, fused=False),
+    "composed_no_clamp": lambda x, u: geodesic_step(x, u, MAX_ALPHA, max_angle=None, fused=False),
 }
 
 
@@ -640,7 +638,7 @@ def test_a_state_below_the_norm_floor_stays_where_it_is(name, dtype):
     assert u.grad is None or not u.grad.any()
     # just above the floor, the step moves the state (by the clamped angle, here at most pi/4)
     above = T(rand((1, D), 82) / np.sqrt(D) * 4.0 * NORM_FLOOR, torch.float64)
-    moved = N(geonorm_step(above, T(u_np[:1]), StepParams(0.5)))
+    moved = N(geodesic_step(above, T(u_np[:1]), 0.5))
     np.testing.assert_allclose(angle_between(N(above), moved), [0.5 * PI4], rtol=0, atol=1e-6)
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "hf_geonorm"
 
 SIXTH_STYLE = """        NormStyle(
-            "half", lambda residual, x, u, norm, first_tokens: x + 0.5 * u, "Half-step Pre-Norm, x + F(N(x)) / 2"
+            "half", "Half-step Pre-Norm, x + F(N(x)) / 2", rule=lambda residual, x, u, norm, first_tokens: x + 0.5 * u
         ),
 """
 

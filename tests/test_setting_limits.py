@@ -72,7 +72,7 @@ def test_no_clamp_step_stops_at_the_antipode_in_float16(fused):
     """The step in float16, against the formula written out in float64: x turns towards t = u - <u,x>/|x|^2 x by
     theta = min(alpha |t|/|x|, pi) (pi: the antipode, beyond which the circle winds back), keeping |x|. Base
     angles 0.01-10: rows turned by less than pi have gradients of order alpha, which float16 cannot hold."""
-    from hf_geonorm.modeling.step_switch import set_fused_enabled
+    from hf_geonorm.modeling.fused import set_fused_enabled
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 16, generator=g, dtype=torch.float64)
@@ -85,7 +85,7 @@ def test_no_clamp_step_stops_at_the_antipode_in_float16(fused):
             theta = (alpha * t_norm / x_norm).clamp_max(math.pi)
             expected = torch.cos(theta) * x + torch.sin(theta) * x_norm * t / t_norm
             xs, us = x.half().requires_grad_(), u.half().requires_grad_()
-            out = hf_geonorm.geonorm_step(xs, us, hf_geonorm.StepParams(alpha, max_angle=None))
+            out = hf_geonorm.geodesic_step(xs, us, alpha, max_angle=None)
             out.float().pow(2).sum().backward()
             assert torch.isfinite(out).all() and torch.isfinite(xs.grad).all() and torch.isfinite(us.grad).all()
             torch.testing.assert_close(out.double(), expected, atol=2e-2 * x_norm.max().item(), rtol=0)

@@ -422,7 +422,7 @@ def test_the_options_walk_follows_the_options_and_counts_what_it_visits(tmp_path
 def test_the_modelling_code_passes_its_values_explicitly():
     """No value of a forward travels through a module's ``__dict__`` behind nn.Module's back: the attention weights
     are returned, the first tokens are an argument of the residual update and, from the base model's inputs, a
-    named attribute its layers share (``decoder_layers.FirstTokens``)."""
+    keyword argument the stock model passes on to its layers (``decoder_layers.FIRST_TOKENS``)."""
     found = [
         f"{path.name}:{number}"
         for path in sorted((PACKAGE / "modeling").glob("*.py"))

@@ -37,6 +37,15 @@ MAX_FRAME_RISE = 1e4
 # The smallest frame: below it the framed state is lost against the norms' epsilon and its gradients underflow.
 MIN_FRAME = 1e-9
 
+# No step turns a state further than this, also with no clamp (``max_angle=None``): pi takes a state to its
+# antipode, the end of every geodesic that is the shortest path (the exponential map is one-to-one only up to
+# there). Turning further winds back around the circle; its angle, linear in alpha, has gradients of order alpha
+# per step, which compound over the layers past float16's range from alpha ~ 1e2 and past float32's from ~1e4.
+MAX_TURN = math.pi
+# States shorter than this have no usable direction (torch.nn.functional.normalize uses the same eps): the
+# GeoNorm step leaves them where they are, and every division by |x| is by at least this.
+NORM_FLOOR = 1e-12
+
 
 def setting_option(name: str, help: str, **form: Any) -> dict[str, Any]:
     """A setting's command-line option, shared by the commands that build or convert a model: its ``name``
