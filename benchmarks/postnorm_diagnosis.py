@@ -168,7 +168,7 @@ def legacy_deepnorm_init(layer: torch.nn.Module, layout: Any, num_layers: int, c
 
 def normalised_entry(self: residual.GeoNormResidual, x: torch.Tensor) -> torch.Tensor:
     """The first block reads each token's state at RMS 1 (norm sqrt(d))."""
-    return entry_rescale(x, "sqrt_d")
+    return entry_rescale(x, "sqrt_d") if self.layer_index == 0 else x
 
 
 @contextlib.contextmanager

@@ -31,10 +31,10 @@ FIRST_TOKENS = "geonorm_first_tokens"
 
 
 class GeoNormDecoderLayer(GradientCheckpointingLayer):
-    """What every GeoNorm decoder layer has, given by ``take_over``: its index (layer 0 puts the embeddings where
-    the style starts them) and the residual update of each sublayer: ``geonorm_attn_residual`` and
-    ``geonorm_mlp_residual``, or ``geonorm_attn_residual`` alone where attention and MLP make one summed update
-    (``parallel``)."""
+    """What every GeoNorm decoder layer has, given by ``take_over``: its index and the residual update of each
+    sublayer: ``geonorm_attn_residual`` and ``geonorm_mlp_residual``, or ``geonorm_attn_residual`` alone where
+    attention and MLP make one summed update (``parallel``). Each ``forward`` first hands its input to
+    ``geonorm_attn_residual.enter``, which in layer 0 puts the embeddings where the style starts them."""
 
     # Whether attention and MLP make one summed update: True, False, or the config attribute that says so.
     parallel: ClassVar[bool | str] = False
@@ -61,12 +61,6 @@ class GeoNormDecoderLayer(GradientCheckpointingLayer):
     def parallel_residual(cls, config: Any) -> bool:
         """Whether a layer of ``config`` makes one update (one residual module) rather than two."""
         return cls.parallel if isinstance(cls.parallel, bool) else bool(getattr(config, cls.parallel))
-
-    def geonorm_enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The layer's input: in layer 0, the embeddings as the style starts them (``GeoNormResidual.enter``)."""
-        if self.geonorm_layer_index == 0:
-            return self.geonorm_attn_residual.enter(hidden_states)
-        return hidden_states
 
     def geonorm_first_token_mask(
         self, first: torch.Tensor | None, position_ids: torch.Tensor | None
@@ -99,7 +93,7 @@ class GeoNormLlamaDecoderLayer(GeoNormDecoderLayer):
     Gemma, AXK2 and Nemotron (LLaMA's layer with norms of their own kind)."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -117,7 +111,7 @@ class GeoNormApertusDecoderLayer(GeoNormDecoderLayer):
     ``feedforward_layernorm``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.attention_layernorm)
@@ -134,7 +128,7 @@ class GeoNormPhi3DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Phi-3 decoder layer: LLaMA's, with a dropout on each sublayer's update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -152,7 +146,7 @@ class GeoNormGraniteDecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Granite decoder layer: LLaMA's, with each update scaled by ``residual_multiplier``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -170,7 +164,7 @@ class GeoNormPersimmonDecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Persimmon decoder layer: LLaMA's, with a dropout on the MLP's update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -187,7 +181,7 @@ class GeoNormGemma2DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Gemma 2 decoder layer, also Gemma 3's: each sublayer's output norm is part of its update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -205,7 +199,7 @@ class GeoNormGlm4DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm GLM-4 decoder layer: each sublayer's output norm is part of its update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -224,7 +218,7 @@ class GeoNormOlmo2DecoderLayer(GeoNormDecoderLayer):
     and ``geo`` apply (they take no input norm)."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -245,7 +239,7 @@ class GeoNormGPTNeoXLayer(GeoNormDecoderLayer):
     parallel = "use_parallel_residual"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         attn_input = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -270,7 +264,7 @@ class GeoNormStableLmDecoderLayer(GeoNormDecoderLayer):
     parallel = "use_parallel_residual"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -293,7 +287,7 @@ class GeoNormPhiDecoderLayer(GeoNormDecoderLayer):
     parallel = True
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -313,7 +307,7 @@ class GeoNormGPTJBlock(GeoNormDecoderLayer):
     def forward(
         self, hidden_states: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
@@ -332,7 +326,7 @@ class GeoNormCohereDecoderLayer(GeoNormDecoderLayer):
     parallel = True
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
@@ -351,7 +345,7 @@ class GeoNormFalconDecoderLayer(GeoNormDecoderLayer):
     parallel = "parallel_attn"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         config = self.config
         residual = hidden_states
@@ -398,7 +392,7 @@ class GeoNormGPT2Block(GeoNormDecoderLayer):
     ) -> torch.Tensor:
         if encoder_hidden_states is not None:
             raise ValueError("GeoNorm supports decoder-only GPT-2 (no cross-attention)")
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
@@ -418,7 +412,7 @@ class GeoNormGPTNeoBlock(GeoNormDecoderLayer):
     weights)``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
@@ -449,7 +443,7 @@ class GeoNormGPTBigCodeBlock(GeoNormDecoderLayer):
     ) -> torch.Tensor:
         if encoder_hidden_states is not None:
             raise ValueError("GeoNorm supports decoder-only GPTBigCode (no cross-attention)")
-        hidden_states = self.geonorm_enter(hidden_states)
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
         first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)

@@ -171,9 +171,11 @@ class GeoNormResidual(nn.Module):
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """The first block's input: put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or, for the styles
-        that normalise after the update (post, deepnorm), the embeddings scaled or normalised as
-        ``post_embedding_norm`` says."""
+        """A decoder layer's input, as its first update reads it: in layer 0 the embeddings put on their sphere
+        (``geo`` with ``geo_radius='sqrt_d'``), or, for the styles that normalise after the update (post,
+        deepnorm), scaled or normalised as ``post_embedding_norm`` says; in every other layer ``x`` itself."""
+        if self.layer_index != 0:
+            return x
         if self.style.geodesic:
             return entry_rescale(x, self.config.geo_radius, self.bridge)
         embedding_norm = self.config.post_embedding_norm
