@@ -90,7 +90,7 @@ def geonorm_rotation(
     in |t| (no clamp active, no bias), which keeps value and gradient finite as t -> 0; less where a clamp is
     active. ``clamped`` marks the rows where a clamp is active (with ``max_angle=None``, where theta stops at
     ``MAX_TURN``). Rows that do not move (``moves`` false), and with a bias rows with no tangent, get theta = 0.
-    The step is then ``exp_map(x, step * t, theta)``.
+    The step is then ``exp_map(x, t, theta, step)``.
     """
     base = t_norm / x_norm
     limit = MAX_TURN if max_angle is None else max_angle
@@ -156,16 +156,22 @@ def in_compute_dtype(x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, to
     return x.to(cd), u.to(cd)
 
 
-def exp_map(x: torch.Tensor, v: torch.Tensor, angle: torch.Tensor | None = None) -> torch.Tensor:
-    """Follow the great circle through ``x`` with initial velocity ``v`` (tangent at ``x``).
+def exp_map(
+    x: torch.Tensor, v: torch.Tensor, angle: torch.Tensor | None = None, step: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Follow the great circle through ``x`` with initial velocity ``v`` (tangent at ``x``), times ``step`` where
+    given (a factor per row: the step size a turn applies to its tangent).
 
     exp_map(x, v) = cos(|v|/|x|) x + |x| sin(|v|/|x|) v/|v|, written as cos(th) x + (sin(th)/th) v so that
     v = 0 is smooth. The result keeps |x|; a state shorter than ``NORM_FLOOR`` stays where it is. ``angle`` is
-    th = |v|/|x| where the caller has it already (``geonorm_rotation`` gives it with its clamp exact); it is then
-    used as it is, and ``x`` and ``v`` must be in the dtype to compute in.
+    th = |step v|/|x| where the caller has it already (``geonorm_rotation`` gives it with its clamp exact, and the
+    step size it applies); it is then used as it is, and ``x`` and ``v`` must be in the dtype to compute in.
     """
     if angle is not None:
-        return torch.cos(angle) * x + torch.sinc(angle / math.pi) * v  # sinc(th/pi) = sin(th)/th, 1 at 0
+        coefficient = torch.sinc(angle / math.pi)  # sin(th)/th, 1 at 0
+        if step is not None:
+            coefficient = coefficient * step
+        return torch.addcmul(v * coefficient, x, torch.cos(angle))
     dtype = x.dtype
     x, v = in_compute_dtype(x, v)
     x_norm, moves = floored_norm(row_norm(x))
@@ -175,7 +181,7 @@ def exp_map(x: torch.Tensor, v: torch.Tensor, angle: torch.Tensor | None = None)
 
 class Turn(NamedTuple):
     """One step's turn, per row: the angle theta, step = theta / (|t|/|x|) (the factor on the tangent t, so that
-    ``exp_map(x, step * t, theta)`` turns x by theta), and the norms |x| (floored) and |t| it was formed from."""
+    ``exp_map(x, t, theta, step)`` turns x by theta), and the norms |x| (floored) and |t| it was formed from."""
 
     theta: torch.Tensor
     step: torch.Tensor
@@ -209,7 +215,7 @@ def bridge_turn(
     """The bridge (method.md, "The bridge") between the Pre-Norm update of ``x`` by ``u`` (in the ``frame``,
     see ``prenorm_update``) and the GeoNorm ``turn`` of ``clamped_turn``: the turn whose angle and step are
     interpolated with weight ``bridge`` on the GeoNorm side, and the new radius over |x|, interpolated the same
-    way. The state is then radius/|x| ``exp_map(x, step * t, theta)``."""
+    way. The state is then radius/|x| ``exp_map(x, t, theta, step)``."""
     lam = float(bridge)
     c = tangent_coefficient(row_dot(u, x), turn.x_norm)
     scale = 1.0 if frame is None else frame[0]  # the Pre-Norm update in the frame is c u on x
@@ -262,9 +268,9 @@ def geodesic_step(
     t = tangent(x, u)
     turn = clamped_turn(x, t, alpha, max_angle, step_scale, step_bias, clamp)
     if bridge == 1.0:
-        return exp_map(x, turn.step * t, turn.theta).to(dtype)
+        return exp_map(x, t, turn.theta, turn.step).to(dtype)
     turn, radius = bridge_turn(x, u, turn, bridge, frame)
-    return (radius * exp_map(x, turn.step * t, turn.theta)).to(dtype)
+    return (radius * exp_map(x, t, turn.theta, turn.step)).to(dtype)
 
 
 def step_sizes(
@@ -352,7 +358,7 @@ def entry_rescale(h: torch.Tensor, radius: str, bridge: float = 1.0) -> torch.Te
 # Per row (one token), with c = <u,x>/|x|^2 and t = u - c x, ``geonorm_rotation`` gives the angle theta and the step
 # size applied, step = theta/(|t|/|x|), and
 #
-#     out = exp_map(x, step t, theta) = A x + B t,   A = cos(theta),   B = sin_over(theta) step
+#     out = exp_map(x, t, theta, step) = A x + B t,   A = cos(theta),   B = sin_over(theta) step
 #                      (B = alpha sin_over(theta) where no clamp is active, sin(theta) |x|/|t| where one is),
 #
 # so every row needs only the per-row numbers <x,x>, <u,x> and |t|^2, which the forward keeps. The backward is
@@ -468,7 +474,7 @@ def torch_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: f
     xx, tt = x_norm_raw * x_norm_raw, row_norm(t) ** 2
     x_norm, moves = floored_norm(xx.sqrt())
     theta, step, _ = geonorm_rotation(tt.sqrt(), x_norm, moves, alpha, max_angle)
-    out = exp_map(x, t.mul_(step), theta)
+    out = exp_map(x, t, theta, step)
     return out.to(x2.dtype), torch.cat((xx, ux, tt), dim=-1)
 
 

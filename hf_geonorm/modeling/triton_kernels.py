@@ -45,7 +45,7 @@ def _row_step(xx, ux, tt, alpha, max_angle, floor, CLAMP: tl.constexpr):
     if CLAMP:
         theta = tl.minimum(alpha * tl.minimum(base, max_angle), max_angle)
         clamped = (base > max_angle) | (alpha * base > max_angle)
-    else:  # no clamp: max_angle is geometry.MAX_TURN, which only the final angle meets
+    else:  # no clamp: max_angle is settings.MAX_TURN, which only the final angle meets
         theta = tl.minimum(alpha * base, max_angle)
         clamped = alpha * base > max_angle
     step = tl.where(clamped, theta / tl.where(base > 0.0, base, 1.0), alpha)
