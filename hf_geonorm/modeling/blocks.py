@@ -223,7 +223,7 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
                     residual.to(device=reference.device, dtype=reference.dtype)
                 residual.train(layer.training)
             residuals[part] = residual
-        layer_class.take_over(layer, k, residuals["attn"], residuals.get("mlp"))
+        layer_class.take_over(layer, residuals["attn"], residuals.get("mlp"))
         if fresh_init and style.deepnet_init:
             deepnet_init_(layer, layout, num_layers, config)
     config.geonorm_built_into(base_model)

@@ -31,28 +31,23 @@ FIRST_TOKENS = "geonorm_first_tokens"
 
 
 class GeoNormDecoderLayer(GradientCheckpointingLayer):
-    """What every GeoNorm decoder layer has, given by ``take_over``: its index and the residual update of each
-    sublayer: ``geonorm_attn_residual`` and ``geonorm_mlp_residual``, or ``geonorm_attn_residual`` alone where
-    attention and MLP make one summed update (``parallel``). Each ``forward`` first hands its input to
-    ``geonorm_attn_residual.enter``, which in layer 0 puts the embeddings where the style starts them."""
+    """What every GeoNorm decoder layer has, given by ``take_over``: the residual update of each sublayer,
+    ``geonorm_attn_residual`` and ``geonorm_mlp_residual``, or ``geonorm_attn_residual`` alone where attention and
+    MLP make one summed update (``parallel``). Each knows its layer's index; each ``forward`` first hands its input
+    to ``geonorm_attn_residual.enter``, which in layer 0 puts the embeddings where the style starts them."""
 
     # Whether attention and MLP make one summed update: True, False, or the config attribute that says so.
     parallel: ClassVar[bool | str] = False
 
-    geonorm_layer_index: int
     geonorm_attn_residual: GeoNormResidual
     geonorm_mlp_residual: GeoNormResidual
 
     @classmethod
-    def take_over(
-        cls, layer: nn.Module, layer_index: int, attn_residual: GeoNormResidual, mlp_residual: GeoNormResidual | None
-    ) -> None:
-        """Make the stock decoder ``layer`` (or a GeoNorm one patched anew) this class, at ``layer_index``, with the
-        residual module of each sublayer (``mlp_residual`` None for a parallel block). Its modules and parameters
-        stay as they are."""
+    def take_over(cls, layer: nn.Module, attn_residual: GeoNormResidual, mlp_residual: GeoNormResidual | None) -> None:
+        """Make the stock decoder ``layer`` (or a GeoNorm one patched anew) this class, with the residual module of
+        each sublayer (``mlp_residual`` None for a parallel block). Its modules and parameters stay as they are."""
         if not isinstance(layer, cls):  # a re-patch keeps the class (and a subclass FSDP made of it)
             layer.__class__ = cls
-        layer.geonorm_layer_index = layer_index
         layer.geonorm_attn_residual = attn_residual
         if mlp_residual is not None:
             layer.geonorm_mlp_residual = mlp_residual
