@@ -162,6 +162,22 @@ def test_first_token_prenorm_finds_the_first_real_token_of_a_left_padded_batch(b
         torch.testing.assert_close(step[:, 0], batch[:, -1], rtol=1e-4, atol=1e-5)
 
 
+def test_first_token_prenorm_on_layers_without_keyword_arguments_needs_position_ids_with_padding():
+    """Falcon's model does not pass its keyword arguments on to its layers, so they cannot be told the first real
+    token of a left-padded batch: without position ids such a batch is refused in one line naming them; unpadded,
+    the mask says what the position ids say; with position ids the padded batch runs."""
+    model = hf_geonorm.convert(tiny_model("falcon"), geo_first_token_prenorm=True).eval()
+    ids = token_ids(2, 7)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        assert torch.equal(model(ids, attention_mask=mask).logits, model(ids).logits)
+        mask[0, :2] = 0
+        with pytest.raises(ValueError, match="pass position_ids with a left-padded batch"):
+            model(ids, attention_mask=mask)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        assert torch.isfinite(model(ids, attention_mask=mask, position_ids=positions).logits).all()
+
+
 # ---- lists of values on the command line ----
 
 

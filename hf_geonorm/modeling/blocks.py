@@ -197,8 +197,9 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     style = NORM_STYLE_DECLARATIONS[settings.norm_style]  # what the style adds besides its residual modules
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
-    if pass_first_tokens not in base_model._forward_pre_hooks.values():  # a re-patch keeps its hook
+    if not getattr(base_model, "geonorm_passes_first_tokens", False):  # a re-patch keeps its hook
         base_model.register_forward_pre_hook(pass_first_tokens, with_kwargs=True)
+        base_model.geonorm_passes_first_tokens = True
     layer_class = decoder_layer_class(layout)
     _declare_no_split(base_model, layer_class)
     layers = _get_path(base_model, layout.layers)
