@@ -171,10 +171,10 @@ def field_options(field: dataclasses.Field, hint: Any, overrides: bool, show_def
                 for flag, value in field.metadata["flags"].items()]  # fmt: skip
     switch = bool in kinds and (overrides or default is True)
     stated = default_text(field, hint) if show_defaults and (switch or bool not in kinds) else None
-    if stated is not None:
-        help_text += f" [default: {stated}]"
     if any(key in field.metadata for key in declarations.LIMITS):
         help_text += f" [{declarations.range_text(field.metadata)}]"
+    if stated is not None:
+        help_text += f" [default: {stated}]"
     if overrides:
         given_value: dict[str, Any] = {"default": None}
     else:
