@@ -118,7 +118,8 @@ def angle_text(radians: float) -> str:
 
 
 def value_type(field: dataclasses.Field, hint: Any) -> tuple[Any, dict[str, Any]]:
-    """click's type of a field's value, read from its type hint, and the option's other arguments (nargs, metavar)."""
+    """click's type of a field's value, read from its type hint, and the form it gives the option (the number of
+    values, the choices as ``--help`` names them)."""
     kinds = declarations.members(hint)
     origin, args = get_origin(kinds[0]), get_args(kinds[0])
     path = field.metadata.get("path")
@@ -141,7 +142,7 @@ def value_type(field: dataclasses.Field, hint: Any) -> tuple[Any, dict[str, Any]
         read = click.types.convert_type(kinds[0])
     if choices is not None or any(key in field.metadata for key in declarations.LIMITS):
         read = Checked(read, field, hint)
-    return read, extra | {key: field.metadata[key] for key in ("metavar", "envvar") if key in field.metadata}
+    return read, extra
 
 
 def default_text(field: dataclasses.Field, hint: Any) -> str | None:
@@ -175,16 +176,16 @@ def field_options(field: dataclasses.Field, hint: Any, overrides: bool, show_def
         help_text += f" [{declarations.range_text(field.metadata)}]"
     if stated is not None:
         help_text += f" [default: {stated}]"
+    extra = {key: field.metadata[key] for key in ("metavar", "envvar") if key in field.metadata}
     if overrides:
-        given_value: dict[str, Any] = {"default": None}
+        extra["default"] = None
     else:
-        given_value = {"required": True} if default is dataclasses.MISSING else {"default": default}
+        extra |= {"required": True} if default is dataclasses.MISSING else {"default": default}
     if bool in kinds:
         names = f"{name}/--no-{name.removeprefix('--')}" if switch else name
-        envvar = {"envvar": field.metadata["envvar"]} if "envvar" in field.metadata else {}
-        return [click.option(names, field.name, is_flag=True, help=help_text, **given_value, **envvar)]
-    read, extra = value_type(field, hint)
-    return [click.option(name, field.name, type=read, help=help_text, **given_value, **extra)]
+        return [click.option(names, field.name, is_flag=True, help=help_text, **extra)]
+    read, form = value_type(field, hint)
+    return [click.option(name, field.name, type=read, help=help_text, **{**form, **extra})]
 
 
 def _one_switch(default: Any) -> Callable:

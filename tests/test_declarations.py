@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 import hf_geonorm_cli
-from hf_geonorm.declarations import LIMITS, choices_of, members, option_name
+from hf_geonorm.declarations import LIMITS as LIMIT_KEYS
+from hf_geonorm.declarations import choices_of, members, option_name
 from hf_geonorm.modeling import norm_styles, settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
@@ -113,7 +114,7 @@ def outside_values(spec: dataclasses.Field, hint: object) -> list:
         values.append(limits["le"] + step)
     if "lt" in limits:
         values.append(limits["lt"])
-    if any(key in limits for key in LIMITS) and not whole:
+    if any(key in limits for key in LIMIT_KEYS) and not whole:
         values.append(math.nan)
     if choices_of(hint) is not None:
         values.append("not-" + "-".join(choices_of(hint)))
