@@ -87,6 +87,26 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
 
 
+def test_bridge_takes_one_value_per_layer_as_the_config_does(monkeypatch):
+    """``--bridge``, declared ``float | list[float]`` as ``--alpha`` is, takes a comma list, each value in [0, 1];
+    the run's log then names the range the model computes at."""
+    from hf_geonorm.training.run.model import what_it_computes
+
+    seen = []
+    monkeypatch.setattr(trainer_module, "run_training", lambda options, log: seen.append(options))
+    assert CliRunner().invoke(cli, ["train", "--bridge", "0,0.5,1,1"]).exit_code == 0
+    assert seen == [TrainOptions(settings={"geo_bridge": [0.0, 0.5, 1.0, 1.0]})]
+    refused = CliRunner().invoke(cli, ["train", "--bridge", "0,2"])
+    assert refused.exit_code == 2 and "--bridge must be a number in [0, 1]; got 2.0" in refused.output
+
+    class Config:
+        norm_style, geo_bridge = "geo", [0.0, 0.5, 1.0, 1.0]
+
+    assert "geo_bridge 0 to 1" in what_it_computes(Config(), TrainOptions())
+    Config.geo_bridge = [0.0] * 4
+    assert "exact Pre-Norm" in what_it_computes(Config(), TrainOptions())
+
+
 def test_each_trainer_counterpart_carries_its_option_to_the_trainingarguments_field_of_that_meaning():
     """Every option that has a ``TrainingArguments`` counterpart, at a value other than its default, arrives at the
     field that means the same (written out here from Trainer's documentation), and only real fields are set."""
