@@ -56,11 +56,13 @@ def range_text(metadata: Any) -> str:
     """A declared number range in words: ``>= 2``, ``> 0``, ``in [0, 1)``."""
     low = next((key for key in ("ge", "gt") if key in metadata), None)
     high = next((key for key in ("le", "lt") if key in metadata), None)
+    number = {key: f"{metadata[key]:g}" if isinstance(metadata[key], float) else str(metadata[key])
+              for key in (low, high) if key is not None}  # fmt: skip
     if low is None or high is None:
         key = low or high
-        return f"{LIMITS[key]} {metadata[key]:g}"
+        return f"{LIMITS[key]} {number[key]}"
     opening, closing = "(" if low == "gt" else "[", ")" if high == "lt" else "]"
-    return f"in {opening}{metadata[low]:g}, {metadata[high]:g}{closing}"
+    return f"in {opening}{number[low]}, {number[high]}{closing}"
 
 
 def limit_problem(field: Field, hint: Any, value: Any) -> str | None:
