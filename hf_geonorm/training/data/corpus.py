@@ -27,7 +27,7 @@ from pathlib import Path
 from ...errors import first_line
 from ...files.checksums import file_sha256
 from ...files.text_files import BINARY_PROBE, not_text
-from ..options import LEGACY_HELD_OUT_RULE
+from ..options import HELD_OUT_RULE, LEGACY_HELD_OUT_RULE
 from .documents import (
     TEXT_TYPES,
     HubSource,
@@ -97,7 +97,7 @@ class Corpus:
         for _, doc in self.numbered_documents():
             yield doc
 
-    def tokenizer_sample(self, chars: int, rule: int) -> tuple[list[str], bool]:
+    def tokenizer_sample(self, chars: int, rule: int = HELD_OUT_RULE) -> tuple[list[str], bool]:
         """The first training documents up to ``chars`` characters, and whether that is all of them. Every document
         that validation or test may hold out is left out (``may_be_held_out`` by its number, and every document of
         a file that may be held out whole by the held-out ``rule``, ``held_out_files``: which way the data is held
