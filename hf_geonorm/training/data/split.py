@@ -1,7 +1,8 @@
 """Which text validation and test hold out (``held_out_plan``), decided before any block is packed, the same for
 the cached and the streamed data.
 
-The units held out, in corpus order:
+The units held out, by the held-out rule (``options.HELD_OUT_RULE``; a sweep, run or cache begun under rule 1
+keeps it):
 
 - a folder of text files (or the standard library's, the default): whole files (``corpus.by_files``), none of
   whose text ever trains. The files are ranked by the SHA-256 of their content (``corpus.candidate_files``):
@@ -146,8 +147,9 @@ def _encoded(texts: list[str], tokenizer: Any, eos: list[int]) -> list[np.ndarra
 def _file_pool(corpus: Corpus, tokenizer: Any, eos: list[int], budget: int, rule: int) -> dict[int, list[_Unit]]:
     """The candidate files in the order the splits take them (``candidate_files``), until each split has ``POOL``
     times ``budget`` tokens; only these files are read. A file longer than ``budget`` tokens is read until its
-    split has them (its ``rest`` unread), or not at all where it may not be held out: under the legacy rule, or when
-    it is more than ``LONGEST_SHARE`` of the data's bytes (it trains)."""
+    split has them (its ``rest`` unread) where it may be held out; where it may not (under the legacy rule, or when
+    it is more than ``LONGEST_SHARE`` of the data's bytes) it is read no further than ``budget`` and left to
+    train."""
     pool: dict[int, list[_Unit]] = {VAL: [], TEST: []}
     size = {VAL: 0, TEST: 0}
     longest = LONGEST_SHARE * sum(length for length, _ in corpus.contents)
