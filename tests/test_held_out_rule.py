@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import bpe_tokenizer, reference_documents, train, train_in, write_sweep_journal
-from test_held_out_split import EVAL, file_paragraphs, files_of, markers, paragraph, ranked, write
+from test_held_out_split import EVAL, file_paragraphs, files_of, markers, near_copy, paragraph, ranked, write
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data import token_batches
@@ -286,3 +286,31 @@ def test_a_run_resumed_from_a_checkpoint_without_the_rule_keeps_the_rule_before(
     expected = training_data(data_source(request, lambda _: None), request, lambda _: None).facts
     val_tokens = json.loads((out / "metrics.json").read_text())["data_facts"]["val_tokens"]
     assert val_tokens == expected["val_tokens"] < BUDGET
+
+
+def test_a_split_whose_first_candidates_copy_training_files_reads_more_until_it_holds_its_evaluation(tmp_path):
+    """Of 80 files of four paragraphs, validation's first two candidates (ranks 0 and 20) are near-copied by
+    training files: removed, they train, and validation reads its next candidates (the data read against them
+    again) until it holds its budget, from the file of rank 40; no near-duplicate is kept."""
+    folder = write_folder(tmp_path / "files", {}, default=4)
+    for number in range(40, 80):
+        write(folder / f"{number:02d}.txt", file_paragraphs(number, 4))
+    draw = random.Random(5)
+    while True:
+        order = ranked(folder)
+        partners = [name for name in order if name not in order[::10]][:2]  # training files
+        for partner, copied in zip(partners, (order[0], order[20]), strict=True):
+            text = (folder / f"{copied}.txt").read_text().split("\n\n")
+            write(folder / f"{partner}.txt", near_copy([piece.strip() for piece in text], int(partner), draw))
+        now = ranked(folder)
+        if now[0:41:20] == order[0:41:20] and not set(partners) & set(now[::10]):
+            break
+        for partner in partners:  # drawn again
+            write(folder / f"{partner}.txt", file_paragraphs(int(partner), 4))
+    plan = held_out_plan(resolve_corpus(str(folder)), bpe_tokenizer(), 64, 32)
+    corpus = resolve_corpus(str(folder))
+    names = {number: Path(corpus.shards[plan.key(number)[0]][1]).stem for number in plan.held}
+    validation = {names[number] for number, (code, _) in plan.held.items() if code == 1}
+    assert validation == {order[40]}
+    assert sum(kept for code, kept in plan.held.values() if code == 1) >= BUDGET
+    assert not plan.duplicates_kept[1] and not {order[0], order[20]} & set(names.values())

@@ -23,7 +23,9 @@ keeps it):
 
 Near-duplicates (``duplicates.TrainingOverlap``): the candidates are read in order until each split has ``POOL``
 times the tokens it evaluates; the rest of the corpus, which trains, is read once against them, and a candidate
-piece at least half of whose word 5-grams training holds is removed from the held-out side. A removed document
+piece at least half of whose word 5-grams training holds is removed from the held-out side (under rule 2, a split of
+files that this leaves short of its budget reads twice as many candidates, and the corpus is read against them
+again, until the split holds its budget or has no candidate left, before it would keep near-duplicates). A removed document
 trains; a removed piece of a held-out file neither trains nor is evaluated (its file is held out whole), and a
 candidate file all of whose pieces are removed is not held out (it trains). The pieces of candidates left to
 training count as training too, and so do the pieces of a long candidate beyond those read (whether it trains or
@@ -99,12 +101,15 @@ class HeldOutPlan:
 def held_out_plan(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int,
                   rule: int = HELD_OUT_RULE) -> HeldOutPlan:  # fmt: skip
     """The plan of the module's held-out ``rule`` for ``corpus``, its token counts by ``tokenizer``, each split
-    evaluating ``eval_blocks`` blocks of ``seq_len`` tokens. ``ValueError`` when the data holds fewer than three
-    documents."""
+    evaluating ``eval_blocks`` blocks of ``seq_len`` tokens. Under rule 2 a split of files that its near-duplicates
+    leave short of its budget (or keeping them) reads twice as many candidates, and the data is read against them
+    again, until it holds its budget or its candidates are all read. ``ValueError`` when the data holds fewer than
+    three documents."""
     budget, eos = eval_blocks * seq_len, end_of_text(tokenizer)
     files, why_not = by_files(corpus), None
-    pool = _file_pool(corpus, tokenizer, eos, budget, rule) if files else None
-    if files and (short := [s for s in (VAL, TEST) if sum(len(i) for u in pool[s] for i in u.ids) < seq_len]):
+    reach = {VAL: POOL, TEST: POOL}
+    pool = _file_pool(corpus, tokenizer, eos, budget, rule, reach) if files else None
+    if files and (short := [s for s in (VAL, TEST) if _tokens(pool[s]) < seq_len]):
         files, pool = False, None
         larger = "" if rule == LEGACY_HELD_OUT_RULE else " and larger than a twentieth of the data"
         why_not = (f"whole files give {' and '.join(SPLIT_NAMES[s] for s in short)} less than a block of --seq-len "
@@ -114,22 +119,41 @@ def held_out_plan(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
         why_not = f"the data holds {len(corpus.shards)} files, and whole files are held out of {MIN_FILES} at least"
     if pool is None:
         pool = _document_pool(corpus, tokenizer, eos, budget)
+    while True:
+        plan = _planned(corpus, pool, HeldOutPlan(rule, files, 0, [], why_not_files=why_not), budget, seq_len)
+        short = [s for s in (VAL, TEST)
+                 if plan.duplicates_kept[s] or sum(kept for code, kept in plan.held.values() if code == s) < budget]
+        if not (files and rule != LEGACY_HELD_OUT_RULE and short):
+            return plan
+        reach = {split: times * 2 if split in short else times for split, times in reach.items()}
+        wider = _file_pool(corpus, tokenizer, eos, budget, rule, reach)
+        if all(_tokens(wider[split]) == _tokens(pool[split]) for split in short):
+            return plan  # every candidate of the short splits is read
+        pool = wider
+
+
+def _tokens(units: list[_Unit]) -> int:
+    return sum(len(ids) for unit in units for ids in unit.ids)
+
+
+def _planned(corpus: Corpus, pool: dict[int, list[_Unit]], plan: HeldOutPlan, budget: int,
+             seq_len: int) -> HeldOutPlan:  # fmt: skip
+    """``plan`` filled from the candidates ``pool``: the data read once against them (``TrainingOverlap``), then
+    ``_select``."""
     candidates = {key: text for units in pool.values() for unit in units
                   for key, text in zip(unit.keys, unit.texts, strict=True)}  # fmt: skip
     overlap = TrainingOverlap(candidates)
-    starts, documents = [], 0
     for shard in range(len(corpus.shards)):
-        starts.append(documents)
+        plan.shard_starts.append(plan.documents)
         for index, text in enumerate(corpus.documents(shard)):
             if (shard, index) not in candidates:
                 overlap.add_training(text)
-            documents += 1
-    if documents < 3:
+            plan.documents += 1
+    if plan.documents < 3:
         raise ValueError(
-            f"the data holds {documents} document(s): validation and test hold out whole documents (one in "
+            f"the data holds {plan.documents} document(s): validation and test hold out whole documents (one in "
             f"{VAL_EVERY} each), so training needs at least three; give more text"
         )
-    plan = HeldOutPlan(rule, files, documents, starts, why_not_files=why_not)
     _select(plan, pool, overlap, budget, seq_len)
     return plan
 
@@ -144,8 +168,9 @@ def _encoded(texts: list[str], tokenizer: Any, eos: list[int]) -> list[np.ndarra
     return np.split(ids, np.cumsum(lengths)[:-1])
 
 
-def _file_pool(corpus: Corpus, tokenizer: Any, eos: list[int], budget: int, rule: int) -> dict[int, list[_Unit]]:
-    """The candidate files in the order the splits take them (``candidate_files``), until each split has ``POOL``
+def _file_pool(corpus: Corpus, tokenizer: Any, eos: list[int], budget: int, rule: int,
+               reach: dict[int, int]) -> dict[int, list[_Unit]]:  # fmt: skip
+    """The candidate files in the order the splits take them (``candidate_files``), until each split has ``reach``
     times ``budget`` tokens; only these files are read. A file longer than ``budget`` tokens is read until its
     split has them (its ``rest`` unread) where it may be held out; where it may not (under the legacy rule, or when
     it is more than ``LONGEST_SHARE`` of the data's bytes) it is read no further than ``budget`` and left to
@@ -154,7 +179,7 @@ def _file_pool(corpus: Corpus, tokenizer: Any, eos: list[int], budget: int, rule
     size = {VAL: 0, TEST: 0}
     longest = LONGEST_SHARE * sum(length for length, _ in corpus.contents)
     for shard, split in candidate_files(corpus, rule):
-        if size[split] >= POOL * budget:
+        if size[split] >= reach[split] * budget:
             continue
         long_held = rule != LEGACY_HELD_OUT_RULE and corpus.contents[shard][0] <= longest
         unit, tokens = _Unit(split, [], [], []), 0
@@ -166,7 +191,7 @@ def _file_pool(corpus: Corpus, tokenizer: Any, eos: list[int], budget: int, rule
             tokens += sum(map(len, ids))
             if tokens > budget and not long_held:
                 break
-            if long_held and size[split] + tokens >= POOL * budget:
+            if long_held and size[split] + tokens >= reach[split] * budget:
                 unit.rest = len(unit.keys)
                 break
         if unit.keys and (tokens <= budget or long_held):
