@@ -25,9 +25,9 @@ Near-duplicates (``duplicates.TrainingOverlap``): the candidates are read in ord
 times the tokens it evaluates; the rest of the corpus, which trains, is read once against them, and a candidate
 piece at least half of whose word 5-grams training holds is removed from the held-out side (under rule 2, a split of
 files that this leaves short of its budget reads twice as many candidates, and the corpus is read against them
-again, until the split holds its budget or has no candidate left, before it would keep near-duplicates). A removed document
-trains; a removed piece of a held-out file neither trains nor is evaluated (its file is held out whole), and a
-candidate file all of whose pieces are removed is not held out (it trains). The pieces of candidates left to
+again, until the split holds its budget or has no candidate left, before it would keep near-duplicates). A removed
+document trains; a removed piece of a held-out file neither trains nor is evaluated (its file is held out whole),
+and a candidate file all of whose pieces are removed is not held out (it trains). The pieces of candidates left to
 training count as training too, and so do the pieces of a long candidate beyond those read (whether it trains or
 not: a held-out piece like one of them is removed either way). A split that removal would leave without a block
 keeps its near-duplicates, with a warning (the data repeats itself).
