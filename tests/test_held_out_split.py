@@ -1,6 +1,7 @@
 """Which text `hf-geonorm train` holds out for validation and test (hf_geonorm.training.data.split): whole files of a
 folder, never pieces of a file that also trains; pieces whose text training holds anyway (a copied or near-copied
 file, a repeated paragraph of one file) removed from the held-out side; a folder of too few files split by pieces.
+(How many files each split takes, and the rule before: test_held_out_rule.py.)
 
 Each folder's files are paragraphs of random words, each paragraph a piece of its own (over 1,000 characters, then a
 blank line) that starts with a marker naming its file and place (``M0712``: file 07, paragraph 12), so that where
@@ -8,6 +9,7 @@ each piece went is read from the decoded blocks. What is expected is computed he
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import textwrap
@@ -53,6 +55,14 @@ def near_copy(paragraphs: list[str], number: int, rng: random.Random) -> list[st
     return copied
 
 
+def ranked(folder: Path) -> list[str]:
+    """The names (without .txt) of the folder's files in the order the held-out rule deals them, written out: by
+    the SHA-256 of their bytes, then their path. Validation's candidates are ranks 0, 20, ..., test's 10, 30, ...."""
+    paths = sorted(folder.iterdir())
+    return [path.stem for path in sorted(paths, key=lambda path: (hashlib.sha256(path.read_bytes()).hexdigest(),
+                                                                  str(path)))]  # fmt: skip
+
+
 def markers(run: Path, cache: Path) -> dict[str, set[str]]:
     """The markers in each split's blocks (train, val, test), decoded with the run's tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(run / "final")
@@ -66,15 +76,18 @@ def markers(run: Path, cache: Path) -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory) -> tuple[dict[str, set[str]], str, Path]:
-    """One training step on a folder of 40 files of two pieces each, whose file 00 (the first validation
-    candidate) near-copies file 05 (a training file): the markers each split holds, the log, and the folder the
-    run's data, output (``run``) and cache are in."""
+    """One training step on a folder of 40 files of two pieces each, whose file 00, the first validation candidate
+    (``ranked``: its words are drawn again until it ranks first), near-copies file 05 (a training file): the markers
+    each split holds, the log, and the folder the run's data, output (``run``) and cache are in."""
     tmp = tmp_path_factory.mktemp("folder")
     folder = tmp / "files"
     folder.mkdir()
     for number in range(40):
         write(folder / f"{number:02d}.txt", file_paragraphs(number))
-    write(folder / "00.txt", near_copy(file_paragraphs(5), 0, random.Random(99)))
+    draw = random.Random(99)
+    write(folder / "00.txt", near_copy(file_paragraphs(5), 0, draw))
+    while ranked(folder)[0] != "00" or "05" in ranked(folder)[::10]:
+        write(folder / "00.txt", near_copy(file_paragraphs(5), 0, draw))
     result = train_in(tmp, folder, *EVAL)
     assert result.exit_code == 0, result.output
     return markers(tmp / "run", tmp / "cache"), result.output, tmp
@@ -94,11 +107,11 @@ def test_held_out_files_are_whole_files_never_trained_on(folder_run):
 
 
 def test_a_held_out_file_that_copies_a_training_file_is_removed(folder_run):
-    found, output, _ = folder_run
+    found, output, tmp = folder_run
     held = found["val"] | found["test"]
     assert "00" not in files_of(held)  # file 00 near-copies file 05, which trains
     assert "05" in files_of(found["train"])
-    assert "20" in files_of(found["val"])  # the next validation candidate took its place (the control)
+    assert ranked(tmp / "files")[20] in files_of(found["val"])  # the next validation candidate took its place
     assert re.search(r"removed as near-duplicates of training text: 2 validation", output), output
 
 

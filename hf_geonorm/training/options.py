@@ -86,6 +86,13 @@ MAX_SEED = 2**32 - 1  # numpy's seeds, which Trainer's set_seed draws on
 # held out do not depend on the run's length. benchmarks/results/eval_cost.md measures both.
 EVAL_BLOCKS = 64
 EVAL_SHARE = 0.1
+# The rule that picks the held-out files of a folder (``data.split``): 2, files in the order of their content's hash,
+# each split taking them until it holds its evaluation, a long one too; 1, the rule before, files in path order and
+# none longer than the evaluation. A sweep journal, a data cache entry or a checkpoint that does not record its rule
+# was made under rule 1 and keeps it (``LEGACY_HELD_OUT_RULE``).
+HELD_OUT_RULE = 2
+LEGACY_HELD_OUT_RULE = 1
+HELD_OUT_RULES = (LEGACY_HELD_OUT_RULE, HELD_OUT_RULE)
 # Path options that an empty value would turn into the working folder: each refused, with what to give instead
 EMPTY_REFUSED = {
     "output": "the folder to write",
@@ -162,6 +169,10 @@ class TrainOptions:
     streaming: bool = field(default=False, metadata={"help": (
         "Tokenize and pack the data as training reads it (a file, a folder or a `datasets` name), with no cache "
         "and no count of its tokens in advance.")})  # fmt: skip
+    # which rule picks the held-out files (``HELD_OUT_RULE``): set by a sweep resumed from a journal, or a run
+    # resumed from a checkpoint, begun under rule 1, so that its split stays what it was; no option of the command
+    # line
+    held_out_rule: int = HELD_OUT_RULE
     data_workers: int = field(default=1, metadata={"help": "Processes that tokenize the data.", "ge": 1})
     data_cache: str = field(default_factory=default_data_cache, metadata={"help": (
         "Folder the tokenized data (Arrow files) is cached in, shared by runs on the same data."), "path": "folder",
@@ -280,6 +291,8 @@ class TrainOptions:
             )
         if not self.data_cache:
             raise ValueError("data_cache must name a folder")
+        if self.held_out_rule not in HELD_OUT_RULES:
+            raise ValueError(f"held_out_rule must be one of {HELD_OUT_RULES}; got {self.held_out_rule!r}")
         trackers(self.report_to)
         if self.bridge_anneal is not None and self.bridge_anneal > self.max_steps:
             raise ValueError(

@@ -26,7 +26,15 @@ from ...errors import NonFiniteError
 from ...files.signals import raise_if_signalled
 from ...patching import family_for
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
-from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
+from ..options import (
+    BETA1,
+    LEGACY_HELD_OUT_RULE,
+    MAX_GRAD_NORM,
+    MIN_LR_RATIO,
+    TrainOptions,
+    fields_used,
+    trainer_arguments,
+)
 from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
@@ -50,7 +58,7 @@ from .outputs import (
     shared_data,
     training_facts,
 )
-from .record import check_same_run, learning_rate_facts, run_record
+from .record import check_same_run, learning_rate_facts, recorded_held_out_rule, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -171,6 +179,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: R
             return finished
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
+    if checkpoint is not None:  # evaluated on the held-out text it was evaluated on before
+        options = replace(options, held_out_rule=recorded_held_out_rule(checkpoint))
+        if options.held_out_rule == LEGACY_HELD_OUT_RULE and main:
+            log(f"--resume: {checkpoint.name} holds out validation and test by the rule of an earlier hf-geonorm "
+                f"(held-out rule {LEGACY_HELD_OUT_RULE}, files in path order, none longer than the evaluation): kept, "
+                "so that its validation loss stays comparable")  # fmt: skip
     torch.manual_seed(options.seed)
     check_positions(options.model, options.seq_len)  # before any tokenizing
     request = data_request(options)

@@ -35,7 +35,7 @@ from ...files.ownership import only_bookkeeping_left, read_marker, record_paths
 from ...files.signals import raise_if_signalled
 from ...files.text_files import new_text_file
 from ..data.prepare import check_output_apart
-from ..options import TrainOptions
+from ..options import LEGACY_HELD_OUT_RULE, TrainOptions
 from ..rate_rule import SWEEP_RATE
 from ..run.checkpoints import checkpoints
 from ..run.model import default_rate, planned_config
@@ -48,6 +48,7 @@ from .journal import (
     JournalError,
     append,
     check_options,
+    header_options,
     journal_key,
     load_journal,
     read_journal,
@@ -127,6 +128,7 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
                 "sweep: `hf-geonorm info` and the report read it; give another --output to sweep again"
             )
         repair(journal, log)
+        train = begun_held_out_rule(journal, train, log)
         check_options(journal, replace(train, lr=None))
         if journal.header is not None and given is not None:
             sweep, taken = sweep.as_begun(journal.header["sweep_options"], given)
@@ -135,6 +137,20 @@ def run_sweep(sweep: SweepOptions, train: TrainOptions, log: Any = print,
                 log(f"the sweep resumes as it began ({journal.path}, line 1): {', '.join(taken)}")
         sweep = fixed_warmup(sweep, train, given).resolved()
         return (runner or _Sweep)(sweep, train, folder, journal, log).run()
+
+
+def begun_held_out_rule(journal: Journal, train: TrainOptions, log: Any) -> TrainOptions:
+    """``train`` with the held-out rule of the journal's header (``LEGACY_HELD_OUT_RULE`` where the header, written
+    before the rule was recorded, names none), so that a resumed sweep's runs are judged on the text its first runs
+    were; a new sweep's as given."""
+    if journal.header is None:
+        return train
+    rule = header_options(journal.header)["held_out_rule"]
+    if rule != train.held_out_rule:
+        earlier = ", an earlier hf-geonorm's: files in path order, none longer than the evaluation"
+        log(f"the sweep resumes with the held-out files it began with ({journal.path}, line 1): held-out rule {rule}"
+            f"{earlier if rule == LEGACY_HELD_OUT_RULE else ''} (not {train.held_out_rule})")  # fmt: skip
+    return replace(train, held_out_rule=rule)
 
 
 def fixed_warmup(sweep: SweepOptions, train: TrainOptions, given: Collection[str] | None) -> SweepOptions:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...files.checksums import file_sha256
 from ...modeling.settings import NORM_STYLES, GeoNormSettings
-from ..options import MAX_SEED, TrainOptions
+from ..options import LEGACY_HELD_OUT_RULE, MAX_SEED, TrainOptions
 from .options import OUTSIDE_SWEEP_KEY
 from .table import run_name
 
@@ -39,6 +39,9 @@ RECORD = (*CELL, "role", "settings", "steps", "tokens", "train_options", "finger
 ROLES = ("grid", "extension", "confirmation")
 SPLITS = ("validation", "test")  # a run's evaluated_blocks
 CONFIG_FILES = ("config.json", "model.safetensors.index.json")  # beside the weights (*.safetensors)
+# what the runs of a journal that predates an option ran with, where that is not the option's default: the held-out
+# rule before it was recorded
+BEFORE_RECORDED = {"held_out_rule": LEGACY_HELD_OUT_RULE}
 
 
 class RecordError(ValueError):
@@ -64,9 +67,11 @@ def short_path(value: Any) -> Any:
 
 def option_defaults() -> dict[str, Any]:
     """The default of every train option, as a journal holds it: an option that a journal's header lacks was added
-    to hf-geonorm after the journal was started, and its runs ran with what its default does."""
+    to hf-geonorm after the journal was started, and its runs ran with what its default does, or with what
+    ``BEFORE_RECORDED`` says they ran with (the held-out rule: rule 1)."""
     defaults = {f.name: f.default for f in fields(TrainOptions) if f.default is not MISSING}
     defaults |= {f.name: f.default_factory() for f in fields(TrainOptions) if f.default_factory is not MISSING}
+    defaults |= BEFORE_RECORDED
     return json.loads(json.dumps({name: value for name, value in defaults.items() if name not in NOT_IN_KEY}))
 
 
