@@ -55,7 +55,8 @@ def too_small(record: dict[str, Any]) -> str | None:
     return (f"validation holds {documents:,} documents ({tokens:,} tokens), fewer than {MIN_VAL_DOCUMENTS} documents "
             f"or {MIN_VAL_TOKENS:,} tokens: too few to choose between rates and arms a few hundredths apart (another "
             "sample of held-out documents could reorder them); raise --eval-blocks (held-out documents are taken "
-            "until they fill that many blocks) and give data of more, shorter documents")  # fmt: skip
+            "until they fill that many blocks) and give more documents (at most one in twenty is held out for each "
+            "split)")  # fmt: skip
 
 
 def write_held_out(folder: Path, record: dict[str, Any] | None, log: Any) -> None:

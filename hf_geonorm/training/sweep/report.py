@@ -191,7 +191,7 @@ def validation_warning(runs: list[dict[str, Any]]) -> list[str]:
         f"validation holds {documents:,} documents ({tokens:,} tokens), fewer than {MIN_VAL_DOCUMENTS} documents or "
         f"{MIN_VAL_TOKENS:,} tokens: another sample of held-out documents could reorder rates and arms a few "
         "hundredths apart; raise --eval-blocks (held-out documents are taken until they fill that many blocks) and "
-        "give data of more, shorter documents"
+        "give more documents (at most one in twenty is held out for each split)"
     ]
 
 
