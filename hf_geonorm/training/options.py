@@ -274,9 +274,6 @@ class TrainOptions:
         "Keep the checkpoints once final/ and metrics.json are written: a finished run removes them (final/ is the "
         "model; their optimizer state, twice the weights again, serves only --resume).", flag=True, sweep=False,
         sweep_key=False))  # fmt: skip
-    save_final_only: bool = field(default=False, metadata=option(
-        "What a finished run does without --keep-checkpoints (kept for the scripts and sweep journals that name it).",
-        flag=True, sweep=False))  # fmt: skip
     resume: bool = field(default=False, metadata=option(
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).", flag=True,
         sweep=False, sweep_key=False))  # fmt: skip
@@ -340,8 +337,6 @@ class TrainOptions:
             )
         if self.resume and self.force:
             raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
-        if self.keep_checkpoints and self.save_final_only:
-            raise OptionError("--keep-checkpoints and --save-final-only exclude each other: give one")
         try:
             GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
         except ValueError as error:  # the settings are the caller's (command-line options)
