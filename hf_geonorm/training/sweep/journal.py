@@ -39,7 +39,6 @@ from .record import (
 )
 
 JOURNAL = "runs.jsonl"
-JOURNAL_FORMAT = FORMAT
 LEGACY_FORMAT = 1  # read, never appended to
 DATA_KEY = ("fingerprint", "tokenizer")  # a format-1 header's data_key: the data's and the tokenizer's fingerprints
 BOM = codecs.BOM_UTF8  # what an editor saving "UTF-8 with BOM" puts before the header: read past

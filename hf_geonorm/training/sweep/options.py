@@ -85,11 +85,6 @@ class SweepOptions:
         if self.warmup_shares is not None and not self.warmup_shares:  # --warmup-shares none: not tuned
             self.warmup_shares = None
 
-    @property
-    def warmup_tuned(self) -> bool:
-        """Whether the walk tunes the warm-up share with the rate (else every run keeps the train options')."""
-        return self.warmup_shares is not None
-
     def start_shares(self) -> tuple[float | None, ...]:
         """The warm-up shares every arm starts from (None: the train options' warm-up, not tuned)."""
         return tuple(sorted(self.warmup_start)) if self.warmup_shares is not None else (None,)
