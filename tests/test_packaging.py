@@ -6,6 +6,11 @@ The new environment installs the wheel alone (``--no-deps``) and sees this inter
 ``.pth`` line for torch, transformers and the rest, so nothing is downloaded. An editable install of hf-geonorm
 there stays inactive: its finder is started by a ``.pth`` file, and ``.pth`` files of a folder added that way
 are not read. The test asserts that ``hf_geonorm`` is imported from the new environment.
+
+The core install (``pip install hf-geonorm``, no extra) brings torch, transformers, peft, safetensors, click and
+huggingface_hub and what they need, nothing else, and with them converts, loads, describes, cards and pushes a model;
+``train`` and ``sweep`` say in one line which extra they need: checked in a fresh environment installed from the
+package index (slow), and in a process where the extras' packages are hidden (every run).
 """
 
 from __future__ import annotations
