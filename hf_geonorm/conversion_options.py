@@ -1,5 +1,6 @@
-"""What ``convert_checkpoint`` (``hf-geonorm convert``) takes besides the settings: ``ConversionOptions``, each field
-declaring its command-line option (``declarations.option``), and the dtypes a model is read and written in.
+"""What ``convert_checkpoint`` (``hf-geonorm convert``) takes besides the settings: ``ConversionOptions``, a plain
+dataclass whose fields carry their command-line help (``declarations`` says how), and the dtypes a model is read and
+written in.
 
 Standard library only: the command line generates ``convert``'s options from it for ``--help`` without importing
 torch, and builds ``ConversionOptions`` from the values given.
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .analysis.defaults import PERPLEXITY_TOKENS
-from .declarations import option
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": the checkpoint's own
 
@@ -28,31 +29,28 @@ class ConversionOptions:
     ``cost_tokens`` tokens (``calibration.bridge_costs``: one forward pass over them per update);
     ``allow_missing``: load weights with missing or unexpected tensors, with a warning."""
 
-    dtype: str = field(default="auto", metadata=option(
-        "Weight dtype of the output (auto: the source's; GGUF de-quantises to float32).", choices=DTYPES,
-        show_default=True))  # fmt: skip
-    force: bool = field(default=False, metadata=option("Replace an existing non-empty OUTPUT_DIR.", flag=True))
-    base_model: str | None = field(default=None, metadata=option(
-        "Hub id (owner/name) of the model this one derives from, for the model card."))
-    license: str | None = field(default=None, metadata=option(
-        "License for the model card, a Hub license id (default: the source's, when known)."))
-    repo_id: str | None = field(default=None, metadata=option(
-        "Hub id the folder will be pushed to, used in the card's loading examples."))
-    eval_text: str | os.PathLike | None = field(default=None, metadata=option(
-        "Measure perplexity on this text before and after conversion (printed, and put in the card).",
-        file="existing"))  # fmt: skip
-    eval_tokens: int = field(default=PERPLEXITY_TOKENS, metadata=option(
-        "Tokens of --eval-text to use (as perplexity --max-tokens).", minimum=2, show_default=True))
-    calibrate_text: str | os.PathLike | None = field(default=None, metadata=option(
+    dtype: Literal[DTYPES] = field(default="auto", metadata={"help": (
+        "Weight dtype of the output (auto: the source's; GGUF de-quantises to float32).")})
+    force: bool = field(default=False, metadata={"help": "Replace an existing non-empty OUTPUT_DIR."})
+    base_model: str | None = field(default=None, metadata={"help": (
+        "Hub id (owner/name) of the model this one derives from, for the model card.")})
+    license: str | None = field(default=None, metadata={"help": "License for the model card, a Hub license id.",
+                                                        "default_text": "the source's, when known"})  # fmt: skip
+    repo_id: str | None = field(default=None, metadata={"help": (
+        "Hub id the folder will be pushed to, used in the card's loading examples.")})
+    eval_text: str | os.PathLike | None = field(default=None, metadata={"help": (
+        "Measure perplexity on this text before and after conversion (printed, and put in the card)."),
+        "path": "existing file"})  # fmt: skip
+    eval_tokens: int = field(default=PERPLEXITY_TOKENS, metadata={"help": (
+        "Tokens of --eval-text to use (as perplexity --max-tokens)."), "ge": 2})
+    calibrate_text: str | os.PathLike | None = field(default=None, metadata={"help": (
         "Set geo_alpha to one step size per update measured on this text through the Pre-Norm source (and no clamp "
         "unless --max-angle is given), and store the Pre-Norm frames and each update's bridge cost for `train "
-        "--bridge-order last-first`; see README, 'Converting a pretrained model'.", name="--calibrate",
-        file="existing"))  # fmt: skip
-    calibrate_tokens: int = field(default=4096, metadata=option(
-        "Tokens of --calibrate to use.", minimum=2, show_default=True))
-    cost_tokens: int = field(default=1024, metadata=option(
-        "Tokens of --calibrate the bridge costs are measured on (one forward pass per update).", minimum=2,
-        show_default=True))  # fmt: skip
-    allow_missing: bool = field(default=False, metadata=option(
+        "--bridge-order last-first`; see README, 'Converting a pretrained model'."), "name": "--calibrate",
+        "path": "existing file"})  # fmt: skip
+    calibrate_tokens: int = field(default=4096, metadata={"help": "Tokens of --calibrate to use.", "ge": 2})
+    cost_tokens: int = field(default=1024, metadata={"help": (
+        "Tokens of --calibrate the bridge costs are measured on (one forward pass per update)."), "ge": 2})
+    allow_missing: bool = field(default=False, metadata={"help": (
         "Load a checkpoint that lacks tensors (they stay random) or has tensors the model has no place for, with a "
-        "warning naming them, instead of refusing it.", flag=True))  # fmt: skip
+        "warning naming them, instead of refusing it.")})  # fmt: skip

@@ -1,18 +1,29 @@
-"""How a field of an options dataclass declares its command-line option, and the limits the command line and the
-API check alike: ``option`` (the declaration), ``refusal`` (why a value is outside the declared limits, in the
-words both give) and ``OptionError`` (a value refused before any work).
+"""How a dataclass declares its command-line options, and the one check of their limits.
 
-Standard library only, and at the top of the package rather than under ``training``: every command's options are
-declared with it (``TrainOptions``, ``SweepOptions``, ``ConversionOptions``, the command line's own), and the
-command line reads the declarations for ``--help`` without importing torch (``hf_geonorm_cli.library``).
+Every command's options are plain dataclasses (``TrainOptions``, ``SweepOptions``, ``EngineOptions``,
+``ConversionOptions``, ``GeoNormSettings``, the command line's own), in the manner of transformers'
+``HfArgumentParser``: a field whose metadata has ``help`` is an option, and its type says the form of the value:
+``bool`` a switch, ``Literal[...]`` the choices, ``tuple[int, ...]`` a comma list, ``tuple[float, float]`` two values,
+``float | list[float]`` a number or a comma list. The command line generates the click options from them
+(``hf_geonorm_cli/options.py``). The metadata's other keys, the whole vocabulary:
+
+- ``ge``, ``gt``, ``le``, ``lt``: the limits of a number (of each number of a list), checked by ``limit_problem``;
+- ``name``: the option, when it is not the field's name with dashes (``--alpha`` for ``geo_alpha``);
+- ``metavar``: the value's name in ``--help``;
+- ``default_text``: the default as ``--help`` states it, where the value is worked out when the job runs;
+- ``path``: ``"file"``, ``"folder"``, ``"existing file"`` or ``"existing folder"``;
+- ``flags``: switches that each set the field to a value, instead of one option that takes it (``--bf16``);
+- ``envvar``: an environment variable that gives the value.
+
+Standard library only: the command line reads the declarations for ``--help`` without importing torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import types
 from dataclasses import Field, fields
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 
 class OptionError(ValueError):
@@ -20,79 +31,73 @@ class OptionError(ValueError):
     the option and the limit."""
 
 
-# A field's TrainingArguments counterpart: the argument (or arguments) its value is passed as, or a function of the
-# options that gives the arguments, for a value Trainer takes in another form.
-TrainerCounterpart = str | tuple[str, ...] | Callable[[Any], dict[str, Any]] | None
+LIMITS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-def option(help: str, *, trainer: TrainerCounterpart = None, sweep_key: bool = True,
-           used_if: Callable[[Any], bool] | None = None, **form: Any) -> dict[str, Any]:  # fmt: skip
-    """A field's declaration: its command-line option (``help`` and ``form``), its ``TrainingArguments``
-    counterpart (``trainer``), whether the runs of a sweep must share its value (``sweep_key``: False for what does
-    not change what a run computes) and, for a field that a run uses only in some cases, ``used_if`` (a test of
-    the options; ``metrics.json`` records the field only then).
-
-    ``form`` may hold the limits ``minimum``, ``maximum``, ``min_open``, ``max_open`` (a number range) and
-    ``choices``; ``metavar``, ``folder`` ("existing": a folder that must exist; "any": a folder path), ``file`` (the
-    same for a file), ``flag`` (an on/off switch; ``switch``: with its ``--no-`` form), ``required``, ``envvar``,
-    ``show_default`` (the default as click states it, for the options of the commands other than ``train`` and
-    ``sweep``), ``settings_follow`` (the GeoNorm settings' options come after this one), ``flag_values`` (switches
-    that set the field to a value: ``{"--bf16": "bf16"}``), ``name`` (the option, when not the field's name),
-    ``items`` (a comma-separated list of that type; with ``none``, the word none gives an empty one), ``pair`` (two
-    values of that type), ``optional_value`` (the value of the option given without one: ``--extend``),
-    ``sweep=False`` (an option of ``train`` that ``sweep`` does not take), ``replaces`` (the GeoNorm setting a
-    sweep option sets, whose own option ``sweep`` therefore does not offer) and ``default_text`` (the default as the
-    help states it, for a default that is computed)."""
-    return {"option": {"help": help, **form}, "trainer": trainer, "sweep_key": sweep_key, "used_if": used_if}
-
-
-def option_name(spec: Field) -> str:
+def option_name(field: Field) -> str:
     """The command-line option of a field, as messages name it (a field set by switches: its own name)."""
-    form = spec.metadata.get("option", {})
-    return spec.name if "flag_values" in form else form.get("name", "--" + spec.name.replace("_", "-"))
+    if "flags" in field.metadata:
+        return field.name
+    return field.metadata.get("name", "--" + field.name.replace("_", "-"))
 
 
-def range_text(form: dict[str, Any]) -> str:
+def members(hint: Any) -> list[Any]:
+    """The types a field's type hint allows, but None: ``int | None`` -> ``[int]``."""
+    allowed = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return [member for member in allowed if member is not type(None)]
+
+
+def choices_of(hint: Any) -> tuple[Any, ...] | None:
+    """The choices of a ``Literal`` in the hint, or None."""
+    return next((get_args(member) for member in members(hint) if get_origin(member) is Literal), None)
+
+
+def range_text(metadata: Any) -> str:
     """A declared number range in words: ``>= 2``, ``> 0``, ``in [0, 1)``."""
-    low, high = form.get("minimum"), form.get("maximum")
-    if high is None:
-        return f"{'>' if form.get('min_open') else '>='} {low:g}"
-    if low is None:
-        return f"{'<' if form.get('max_open') else '<='} {high:g}"
-    return f"in {'(' if form.get('min_open') else '['}{low:g}, {high:g}{')' if form.get('max_open') else ']'}"
+    low = next((key for key in ("ge", "gt") if key in metadata), None)
+    high = next((key for key in ("le", "lt") if key in metadata), None)
+    number = {key: f"{metadata[key]:g}" if isinstance(metadata[key], float) else str(metadata[key])
+              for key in (low, high) if key is not None}  # fmt: skip
+    if low is None or high is None:
+        key = low or high
+        return f"{LIMITS[key]} {number[key]}"
+    opening, closing = "(" if low == "gt" else "[", ")" if high == "lt" else "]"
+    return f"in {opening}{number[low]}, {number[high]}{closing}"
 
 
-def refusal(spec: Field, value: Any) -> str | None:
-    """Why ``value`` is outside the limits field ``spec`` declares (its ``choices`` or number range), or None: the
-    message that ``validate`` raises and the command line gives for the same value. None is every field's
-    "unset"."""
-    form = spec.metadata.get("option", {})
-    name = option_name(spec)
+def limit_problem(field: Field, hint: Any, value: Any) -> str | None:
+    """Why ``value`` is outside what ``field`` declares (its ``Literal`` choices, its number range), or None: the
+    message that ``validate`` raises and the command line gives for the same value. None is every field's "unset";
+    a list is checked number by number."""
     if value is None:
         return None
-    if "choices" in form:
-        if isinstance(value, Mapping) and "dict" in str(spec.type):  # the API's other form (e.g. a preset's sizes)
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (limit_problem(field, hint, item) for item in value)), None)
+    name = option_name(field)
+    choices = choices_of(hint)
+    if choices is not None and not isinstance(value, dict):  # a dict: the API's other form (a preset's sizes)
+        if value in choices:
             return None
-        choices = ", ".join(form["choices"])
-        return None if value in form["choices"] else f"{name} must be one of {choices}; got {value!r}"
-    if "minimum" not in form and "maximum" not in form:
+        return f"{name} must be one of {', '.join(choices)}; {value!r} is not one of them"
+    if not any(key in field.metadata for key in LIMITS):
         return None
-    whole = spec.type.split("|")[0].strip() == "int"
+    whole = int in members(hint)
     kind = "a whole number" if whole else "a number"
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-        return f"{name} must be {kind} {range_text(form)}; got {value!r}"
+        return f"{name} must be {kind} {range_text(field.metadata)}; got {value!r}"
     value = value if whole else float(value)  # as the command line reads it: 1 is 1.0
     if not math.isfinite(value):
         return f"{name}: {value} is not a finite number"
-    low, high = form.get("minimum"), form.get("maximum")
-    below = low is not None and (value <= low if form.get("min_open") else value < low)
-    above = high is not None and (value >= high if form.get("max_open") else value > high)
-    return f"{name} must be {kind} {range_text(form)}; got {value!r}" if below or above else None
+    limits = field.metadata
+    inside = (value >= limits.get("ge", -math.inf) and value > limits.get("gt", -math.inf)
+              and value <= limits.get("le", math.inf) and value < limits.get("lt", math.inf))  # fmt: skip
+    return None if inside else f"{name} must be {kind} {range_text(limits)}; got {value!r}"
 
 
-def refuse_out_of_limits(options: Any) -> None:
-    """``OptionError`` for the first field of ``options`` outside its declared limits (``refusal``)."""
-    for spec in fields(options):
-        problem = refusal(spec, getattr(options, spec.name))
+def check_limits(options: Any) -> None:
+    """``OptionError`` for the first field of the dataclass ``options`` outside its declared limits."""
+    hints = get_type_hints(type(options))
+    for field in fields(options):
+        problem = limit_problem(field, hints[field.name], getattr(options, field.name))
         if problem is not None:
             raise OptionError(problem)

@@ -7,7 +7,7 @@ import click
 
 from .command_options import CardOptions
 from .errors import cannot_write
-from .options import command_options
+from .options import options_from
 
 
 def check_card_options(license_: str | None, license_name: str | None, base_model: str | None,
@@ -24,7 +24,7 @@ def check_card_options(license_: str | None, license_name: str | None, base_mode
 
 @click.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
-@command_options(CardOptions)
+@options_from(CardOptions)
 def card(path: str, base_model: str | None, license: str | None, license_name: str | None, source: str | None,
          from_folder: str | None, force: bool) -> None:  # fmt: skip
     """Write the GeoNorm model card (README.md and geonorm_card.json) of the GeoNorm folder PATH that another tool

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from .library import library_module
-from .options import _option_words as option_words
+from .options import option_words
 
 first_line = library_module("errors").first_line  # the library's, read without importing torch
 

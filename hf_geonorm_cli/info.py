@@ -11,7 +11,7 @@ import click
 
 from .command_options import JSONOptions
 from .library import library_module
-from .options import command_options
+from .options import options_from
 
 
 def settings_line(settings: dict[str, Any]) -> str:
@@ -28,7 +28,7 @@ def _positions_line(data: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("path", type=click.Path(exists=True))
-@command_options(JSONOptions)
+@options_from(JSONOptions)
 def info(path: str, as_json: bool) -> None:
     """Describe the checkpoint folder (or .gguf file) PATH: family, size, positions, GeoNorm settings, per-layer
     step sizes, and whether remote code and a model card are present. Reads headers only; loads no weights.

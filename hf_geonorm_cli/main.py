@@ -18,6 +18,7 @@ import click
 
 from .card import card, check_card_options
 from .command_options import (
+    PRESET_NAMES,
     AngleMeasuringOptions,
     ConversionOptions,
     GroupOptions,
@@ -29,7 +30,7 @@ from .command_options import (
 from .errors import GeoNormGroup, cannot_write
 from .info import info
 from .info import settings_line as _settings_line
-from .options import PRESET_NAMES, command_options, pop_settings, preview_settings_options, settings_options
+from .options import options_from, pop_settings, preview_settings_options, settings_options
 from .push import push
 from .sweep import sweep
 from .train import train
@@ -38,7 +39,7 @@ PRESETS = PRESET_NAMES
 
 
 @click.group(cls=GeoNormGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@command_options(GroupOptions)
+@options_from(GroupOptions)
 @click.version_option(package_name="hf-geonorm", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
@@ -81,7 +82,7 @@ def _step_summary(settings: dict[str, Any], num_layers: int, limit: int = 8) -> 
 
 
 @cli.command()
-@command_options(TableOptions)
+@options_from(TableOptions)
 def architectures(as_json: bool) -> None:
     """List the supported stock model types and the layout GeoNorm patches: where a decoder layer keeps its
     input norms, attention and MLP, and whether it adds one parallel update. Any checkpoint of these types
@@ -109,7 +110,8 @@ def architectures(as_json: bool) -> None:
 @cli.command()
 @click.argument("source")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@command_options(ConversionOptions, settings=settings_options)
+@settings_options
+@options_from(ConversionOptions)
 def convert(source: str, output_dir: str, **kwargs: Any) -> None:
     """Convert SOURCE to a GeoNorm checkpoint in OUTPUT_DIR.
 
@@ -150,7 +152,8 @@ def convert(source: str, output_dir: str, **kwargs: Any) -> None:
 @cli.command()
 @click.argument("arch")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@command_options(InitOptions, settings=settings_options)
+@options_from(InitOptions)
+@settings_options
 def init(arch: str, output_dir: str, preset: str | None, **kwargs: Any) -> None:
     """Write a from-scratch GeoNorm config for architecture ARCH (a stock model type such as llama or gpt2)
     to OUTPUT_DIR, for pretraining.
@@ -181,7 +184,8 @@ def init(arch: str, output_dir: str, preset: str | None, **kwargs: Any) -> None:
 
 @cli.command()
 @click.argument("source")
-@command_options(PlotOptions, TableOptions, AngleMeasuringOptions, settings=preview_settings_options)
+@options_from(PlotOptions, TableOptions, AngleMeasuringOptions)
+@preview_settings_options
 def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, max_tokens: int, window: int | None,
            dtype: str, device: str, allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Measure, per layer and sublayer, the rotation angle each residual update makes on the sphere while
@@ -226,7 +230,8 @@ def angles(source: str, text_path: str, plot_path: str | None, as_json: bool, ma
 
 @cli.command()
 @click.argument("source")
-@command_options(MeasuringOptions, settings=preview_settings_options)
+@options_from(MeasuringOptions)
+@preview_settings_options
 def perplexity(source: str, text_path: str, max_tokens: int, window: int | None, dtype: str, device: str,
                allow_missing: bool, **kwargs: Any) -> None:  # fmt: skip
     """Perplexity of SOURCE (folder, .gguf or Hub id) on a text, over non-overlapping windows. Settings

@@ -9,7 +9,7 @@ import click
 
 from .command_options import PushCommandOptions
 from .errors import first_line
-from .options import command_options
+from .options import options_from
 
 
 def _size(path: Path, files: list[str]) -> str:
@@ -23,7 +23,7 @@ def _size(path: Path, files: list[str]) -> str:
 @click.command()
 @click.argument("path", type=click.Path(file_okay=True, dir_okay=True))
 @click.argument("repo_id")
-@command_options(PushCommandOptions)
+@options_from(PushCommandOptions)
 def push(path: str, repo_id: str, **kwargs: Any) -> None:
     """Upload the GeoNorm folder PATH to the Hub model repository REPO_ID (namespace/name).
 

@@ -1,6 +1,6 @@
 """``hf-geonorm sweep``: a grid of norm styles x learning rates x seeds, each run as ``hf-geonorm train`` runs it
-(hf_geonorm.training.sweep.grid). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
-generated from their one declaration."""
+(hf_geonorm.training.sweep.grid). Its options are ``SweepOptions``, ``EngineOptions`` and the ``TrainOptions`` and
+GeoNorm settings that the grid does not set, generated from their one declaration."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ from typing import Any
 import click
 
 from .errors import LEFT_BEHIND
-from .options import declaration, declared_options, given, pop_settings
-from .train import run_job
+from .library import library_module
+from .options import GeoNormSettings, given, options_from, pop_settings
+from .train import TrainOptions, run_job
+
+SweepOptions = library_module("training/sweep/options").SweepOptions
+NOT_SWEPT = library_module("training/sweep/options").NOT_SWEPT
+EngineOptions = library_module("training/sweep/engine_options").EngineOptions
 
 
 @click.command()
-@declared_options("SweepOptions", "EngineOptions", "TrainOptions", command="sweep")
+@options_from(SweepOptions, EngineOptions)
+@options_from(TrainOptions, leave_out=NOT_SWEPT)
+@options_from(GeoNormSettings, overrides=True, leave_out=("norm_style",))  # --styles sets it
 def sweep(**kwargs: Any) -> None:
     """Is GeoNorm better than Pre-Norm on this data, and at which learning rate and warm-up?
 
@@ -29,23 +36,18 @@ def sweep(**kwargs: Any) -> None:
     warm-up, --confirm-seeds none runs one seed: the report then says first what was not tuned.
     """
     settings = pop_settings(kwargs)
-    sweep_names = {spec.name for spec in dataclasses.fields(declaration("SweepOptions"))}
-    sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
-    engine_names = {spec.name for spec in dataclasses.fields(declaration("EngineOptions"))}
-    engine_values = given({name: kwargs.pop(name) for name in engine_names})
-    from hf_geonorm.training.options import TrainOptions
+    sweep_values = {spec.name: kwargs.pop(spec.name) for spec in dataclasses.fields(SweepOptions)}
+    engine_values = {spec.name: kwargs.pop(spec.name) for spec in dataclasses.fields(EngineOptions)}
     from hf_geonorm.training.sweep.engine import sweep_on
-    from hf_geonorm.training.sweep.engine_options import EngineOptions
-    from hf_geonorm.training.sweep.options import SweepOptions
 
     options = SweepOptions(**sweep_values)
     click.get_current_context().meta[LEFT_BEHIND] = (
         f": the finished runs are in {options.output}/runs.jsonl, and the run that was training left no checkpoint "
         "(a sweep resumes by whole runs); the same command again trains the runs that are missing"
     )
-    train = TrainOptions(settings=settings, **given(kwargs))
+    train = TrainOptions(settings=settings, **kwargs)
     run_job(lambda: sweep_on(EngineOptions(**engine_values), options, train, log=timestamped,
-                             given=set(sweep_values)))  # fmt: skip
+                             given=given(sweep_values)))  # fmt: skip
 
 
 def timestamped(line: str) -> None:

@@ -1,5 +1,5 @@
 """``hf-geonorm train``: a thin command over transformers' Trainer (hf_geonorm.training.run.trainer). Its options are
-generated from ``hf_geonorm.training.options.TrainOptions``, where each is declared once."""
+generated from ``hf_geonorm.training.options.TrainOptions`` and ``GeoNormSettings``, where each is declared once."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ from typing import Any
 
 import click
 
-from .options import declared_options, given, pop_settings
+from .library import library_module
+from .options import options_from, pop_settings, settings_options
+
+TrainOptions = library_module("training/options").TrainOptions
 
 
 @click.command()
-@declared_options("TrainOptions", command="train")
+@options_from(TrainOptions)
+@settings_options
 def train(**kwargs: Any) -> None:
     """Train a GeoNorm model with transformers' Trainer.
 
@@ -21,10 +25,9 @@ def train(**kwargs: Any) -> None:
     model with its remote code, metrics.json and loss_curve.png to --output.
     """
     settings = pop_settings(kwargs)
-    from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.run.trainer import run_training
 
-    run_job(lambda: run_training(TrainOptions(settings=settings, **given(kwargs)).validate(), log=click.echo))
+    run_job(lambda: run_training(TrainOptions(settings=settings, **kwargs).validate(), log=click.echo))
 
 
 def run_job(run: Callable[[], Any]) -> Any:

@@ -27,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 import hf_geonorm
 from hf_geonorm import conversion
 from hf_geonorm.sharing.card_checks import check_remote_code
-from hf_geonorm_cli import options
+from hf_geonorm_cli import command_options, options
 from hf_geonorm_cli.main import PRESETS, cli
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -161,7 +161,7 @@ def test_the_dtype_choices_are_the_librarys():
     library's."""
     from hf_geonorm import loading
 
-    assert options.DTYPES == loading.DTYPES
+    assert command_options.DTYPES == loading.DTYPES
 
 
 def test_option_help_states_the_library_defaults():
@@ -454,7 +454,7 @@ def test_unsupported_architecture(tmp_path):
         (["--alpha", "1,2"], "one value per layer (3)"),
         (["--max-angle", "4"], "(0, pi]"),
         (["--max-angle", "pie"], "not an angle"),
-        (["--bridge", "2"], "0<=x<=1"),
+        (["--bridge", "2"], "in [0, 1]"),
         (["--norm-style", "middle"], "'middle' is not one of"),
         (["--decay", "fast"], "'fast' is not one of"),
         (["--radius", "big"], "'big' is not one of"),

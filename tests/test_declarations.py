@@ -9,12 +9,15 @@ import dataclasses
 import math
 import re
 from pathlib import Path
+from typing import get_type_hints
 
 import click
 import pytest
 from click.testing import CliRunner
 
 import hf_geonorm_cli
+from hf_geonorm.declarations import LIMITS as LIMIT_KEYS
+from hf_geonorm.declarations import choices_of, members, option_name
 from hf_geonorm.modeling import norm_styles, settings
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
@@ -24,6 +27,7 @@ from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm_cli.main import cli
+from hf_geonorm_cli.options import Checked
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
 ROOT = Path(__file__).parent.parent
@@ -87,29 +91,33 @@ def test_the_preset_names_are_the_presets_keys_and_written_nowhere_else():
 
 
 def test_no_geonorm_setting_option_is_written_by_hand_in_the_cli():
-    options = [spec.metadata["option"]["name"] for spec in dataclasses.fields(settings.GeoNormSettings)
-               if "option" in spec.metadata]  # fmt: skip
+    options = [option_name(spec) for spec in dataclasses.fields(settings.GeoNormSettings)
+               if "help" in spec.metadata]  # fmt: skip
     assert len(options) == 11 and "--norm-style" in options and "--post-zero-positions" in options
     for path in sorted((ROOT / "hf_geonorm_cli").glob("*.py")):
         words = {value for value in literals(path) if isinstance(value, str)}
         assert not words & set(options), (path.name, sorted(words & set(options)))
 
 
-def outside_values(spec: dataclasses.Field) -> list:
-    """Values just outside each limit ``spec`` declares, worked out from the limits: one below the minimum (the
-    minimum itself when it is excluded), one above the maximum, NaN for a number, a name that is not a choice."""
-    form = spec.metadata.get("option", {})
-    whole = spec.type.split("|")[0].strip() == "int"
+def outside_values(spec: dataclasses.Field, hint: object) -> list:
+    """Values just outside each limit ``spec`` declares, worked out from the limits: one below a minimum (the
+    minimum itself when it is excluded), one above a maximum, NaN for a number, a name that is not a choice."""
+    limits = spec.metadata
+    whole = int in members(hint)
     step = 1 if whole else 0.5
     values: list = []
-    if "minimum" in form:
-        values.append(form["minimum"] if form.get("min_open") else form["minimum"] - step)
-    if "maximum" in form:
-        values.append(form["maximum"] if form.get("max_open") else form["maximum"] + step)
-    if ("minimum" in form or "maximum" in form) and not whole:
+    if "ge" in limits:
+        values.append(limits["ge"] - step)
+    if "gt" in limits:
+        values.append(limits["gt"])
+    if "le" in limits:
+        values.append(limits["le"] + step)
+    if "lt" in limits:
+        values.append(limits["lt"])
+    if any(key in limits for key in LIMIT_KEYS) and not whole:
         values.append(math.nan)
-    if "choices" in form:
-        values.append("not-" + "-".join(form["choices"]))
+    if choices_of(hint) is not None:
+        values.append("not-" + "-".join(choices_of(hint)))
     return values
 
 
@@ -118,10 +126,10 @@ def declared_limits() -> list[tuple[type, str, object]]:
     options that the command line can give a value for (a field set only by switches, ``--bf16``, cannot)."""
     cases = []
     for declaration in COMMANDS:
+        hints = get_type_hints(declaration)
         for spec in dataclasses.fields(declaration):
-            form = spec.metadata.get("option", {})
-            if "flag_values" not in form:
-                cases += [(declaration, spec.name, value) for value in outside_values(spec)]
+            if "help" in spec.metadata and "flags" not in spec.metadata:
+                cases += [(declaration, spec.name, value) for value in outside_values(spec, hints[spec.name])]
     return cases
 
 
@@ -159,11 +167,6 @@ def test_the_api_and_the_command_line_refuse_a_value_outside_a_declared_limit_al
     option = "--" + name.replace("_", "-")
     assert option in message, message
     result = cli_output(COMMANDS[declaration], [f"{option}={value}"], tmp_path, monkeypatch)
-    spec = {spec.name: spec for spec in dataclasses.fields(declaration)}[name]
-    if "optional_value" in spec.metadata["option"] and str(value).startswith("-"):
-        # click reads a value that starts with "-" after an option whose value may be left out (``--extend``) as
-        # the next option, also in the ``--extend=-1`` form: refused as such before any value is read
-        message = f"No such option '{value}'"
     assert result.exit_code == 2 and message in result.output, (message, result.output)
     assert not (tmp_path / "out").exists()
 
@@ -185,17 +188,18 @@ OPTION_LINE = re.compile(r"^  (?:-\w, )?(--[a-z0-9-]+)(?: / (--[a-z0-9-]+))?", r
 
 def sample_value(param: click.Parameter, folder) -> list[str]:
     """Words that give ``param`` a value its type accepts: none for a switch, the first choice, an empty folder,
-    the bottom of a range, else 1."""
+    the bottom of a declared range, else 1."""
     if isinstance(param, click.Option) and param.is_flag:
         return []
     kind = param.type
-    if isinstance(kind, click.Choice):
-        word = str(kind.choices[0])
+    limits = kind.field.metadata if isinstance(kind, Checked) else {}
+    if isinstance(kind, Checked) and choices_of(kind.hint) is not None:
+        word = str(choices_of(kind.hint)[0])
     elif isinstance(kind, click.Path):
         folder.mkdir()
         word = str(folder)
-    elif isinstance(kind, (click.IntRange, click.FloatRange)) and kind.min is not None:
-        word = str(kind.min + (1 if kind.min_open else 0))
+    elif "ge" in limits or "gt" in limits:
+        word = str(limits["ge"] if "ge" in limits else limits["gt"] + 1)
     else:
         word = "1"
     return [word] * param.nargs
@@ -260,7 +264,7 @@ def test_convert_takes_conversion_options_as_declared():
     builds the options object from its declaration."""
     from hf_geonorm.conversion import ConversionOptions
 
-    settings_names = {spec.name for spec in dataclasses.fields(settings.GeoNormSettings) if "option" in spec.metadata}
+    settings_names = {spec.name for spec in dataclasses.fields(settings.GeoNormSettings) if "help" in spec.metadata}
     params = {param.name: param for param in cli.commands["convert"].params}
     taken = set(params) - settings_names - {"source", "output_dir"}
     assert taken == {spec.name for spec in dataclasses.fields(ConversionOptions)}

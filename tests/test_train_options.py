@@ -10,10 +10,12 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 from click.testing import CliRunner
 
+from hf_geonorm.declarations import LIMITS, members, option_name, range_text
 from hf_geonorm.training import options as declared
 from hf_geonorm.training import rate_rule
 from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
@@ -31,17 +33,18 @@ ROOT = Path(__file__).parent.parent
 CLI = Path(cli_options.__file__).parent
 
 
-def expected_help(spec: dataclasses.Field) -> dict[str, str]:
-    """The options a field should make, each with its help, written out from the field's metadata."""
-    form = spec.metadata["option"]
-    if "flag_values" in form:
-        return {flag: f"{form['help']} ({flag}: {value})" for flag, value in form["flag_values"].items()}
-    name = form.get("name", "--" + spec.name.replace("_", "-"))
-    if form.get("flag"):
-        return {name: form["help"]}
+def expected_help(spec: dataclasses.Field, hint: object) -> dict[str, str]:
+    """The options a field should make, each with its help, written out from the field's declaration: the help, the
+    range and the default (on for a switch that is on; none for one that is off)."""
+    declared = spec.metadata
+    if "flags" in declared:
+        return {flag: f"{declared['help']} ({flag}: {value})" for flag, value in declared["flags"].items()}
     default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-    shown = form.get("default_text", ",".join(map(str, default)) if isinstance(default, tuple) else default)
-    return {name: form["help"] if shown is None else f"{form['help']} [default: {shown}]"}
+    if bool in members(hint):
+        return {option_name(spec): declared["help"] + (" [default: on]" if default else "")}
+    shown = declared.get("default_text", ",".join(map(str, default)) if isinstance(default, tuple) else default)
+    text = declared["help"] + (f" [{range_text(declared)}]" if any(key in declared for key in LIMITS) else "")
+    return {option_name(spec): text if shown is None else f"{text} [default: {shown}]"}
 
 
 @pytest.mark.parametrize(
@@ -51,10 +54,12 @@ def test_every_option_help_is_its_declared_field(command, declarations):
     params = {opt: param for param in cli.commands[command].params for opt in param.opts}
     settings = set(cli_options.SETTING_OPTIONS.values())
     expected: dict[str, str] = {}
-    for declaration in reversed(declarations):  # sweep's --output is its own, not train's
+    for declaration in declarations:
+        hints = get_type_hints(declaration)
         for spec in dataclasses.fields(declaration):
-            if "option" in spec.metadata and not (command == "sweep" and spec.metadata["option"].get("sweep") is False):
-                expected.update(expected_help(spec))
+            taken = not (command == "sweep" and declaration is TrainOptions and spec.name in sweep_declared.NOT_SWEPT)
+            if "help" in spec.metadata and taken:
+                expected.update(expected_help(spec, hints[spec.name]))
     for name, text in expected.items():
         assert name in params, f"{command} has no {name}"
         assert params[name].help == text, name
@@ -80,6 +85,26 @@ def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
     assert seen == [TrainOptions()]
     assert CliRunner().invoke(cli, ["train", "--bf16", "--streaming", "--lr", "3e-3"]).exit_code == 0
     assert seen[1] == TrainOptions(precision="bf16", streaming=True, lr=3e-3)
+
+
+def test_bridge_takes_one_value_per_layer_as_the_config_does(monkeypatch):
+    """``--bridge``, declared ``float | list[float]`` as ``--alpha`` is, takes a comma list, each value in [0, 1];
+    the run's log then names the range the model computes at."""
+    from hf_geonorm.training.run.model import what_it_computes
+
+    seen = []
+    monkeypatch.setattr(trainer_module, "run_training", lambda options, log: seen.append(options))
+    assert CliRunner().invoke(cli, ["train", "--bridge", "0,0.5,1,1"]).exit_code == 0
+    assert seen == [TrainOptions(settings={"geo_bridge": [0.0, 0.5, 1.0, 1.0]})]
+    refused = CliRunner().invoke(cli, ["train", "--bridge", "0,2"])
+    assert refused.exit_code == 2 and "--bridge must be a number in [0, 1]; got 2.0" in refused.output
+
+    class Config:
+        norm_style, geo_bridge = "geo", [0.0, 0.5, 1.0, 1.0]
+
+    assert "geo_bridge 0 to 1" in what_it_computes(Config(), TrainOptions())
+    Config.geo_bridge = [0.0] * 4
+    assert "exact Pre-Norm" in what_it_computes(Config(), TrainOptions())
 
 
 def test_each_trainer_counterpart_carries_its_option_to_the_trainingarguments_field_of_that_meaning():

@@ -118,9 +118,9 @@ class SignalCheck(TrainerCallback):
 
 
 def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
-    """The options that applied to the run, for ``metrics.json``: the fields the declaration says it used
-    (``fields_used``: ``model`` or ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and
-    data knob), the tokenizer's source or the vocabulary trained; not the defaults of what the run did not use."""
+    """The options that applied to the run, for ``metrics.json``: the fields it used (``fields_used``: ``model`` or
+    ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and data knob), the tokenizer's
+    source or the vocabulary trained; not the defaults of what the run did not use."""
     used = fields_used(options)
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
@@ -303,7 +303,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         )
     args = TrainingArguments(
         output_dir=str(output),
-        **trainer_arguments(options),  # what the options set, as each declares its counterpart
+        **trainer_arguments(options),  # what the options set
         adam_beta1=BETA1,
         max_grad_norm=MAX_GRAD_NORM,
         eval_strategy="steps",

@@ -1,5 +1,5 @@
-"""What ``hf-geonorm sweep`` takes beside the ``TrainOptions`` of its runs: ``SweepOptions``, declared as
-``TrainOptions`` is (``options.option``), so that the command line generates its options from here. Like
+"""What ``hf-geonorm sweep`` takes beside the ``TrainOptions`` of its runs: ``SweepOptions``, a plain dataclass as
+``TrainOptions`` is, so that the command line generates its options from here. Like
 ``options``, it imports nothing but the standard library and the library modules ``options`` reads: the CLI reads
 it for ``--help`` without importing torch."""
 
@@ -11,12 +11,12 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ...declarations import OptionError, option, refuse_out_of_limits
+from ...declarations import OptionError, check_limits
 from ...modeling.settings import NORM_STYLES
-from ..options import MAX_SEED, TrainOptions
+from ..options import MAX_SEED
 
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
-EXTEND_DEFAULT = 2  # rate steps beyond an edge per arm: the default, and --extend with no number
+EXTEND_DEFAULT = 2  # rate steps beyond an edge per arm, unless --extend says
 DEFAULT_GRID_STEPS = 1  # sweep's starting rates: factors of 2 either side of the default rate (rate/2 to rate x 2)
 UNMEASURED_GRID_STEPS = 2  # ... around a rate no cell measured (GPT-3's, or extrapolated): rate/4 to rate x 4
 # the warm-up shares of the run the walk may take (phase i's ladder), and the two every arm starts from
@@ -36,10 +36,13 @@ def _grid_text() -> str:
     return ", ".join(f"/{2**-step}" if step < 0 else f"x{2**step}" for step in steps)
 
 
-def outside_sweep_key() -> tuple[str, ...]:
-    """The fields the runs of one sweep may differ in, declared ``sweep_key=False``: where a run writes, the rate
-    and seed the grid sets, and what does not change what a run computes."""
-    return tuple(spec.name for spec in fields(TrainOptions) if not spec.metadata.get("sweep_key", True))
+# The train options the runs of one sweep may differ in (left out of its journal's key): the rate and seed the grid
+# sets, where a run writes and what it keeps, and what does not change what a run computes.
+OUTSIDE_SWEEP_KEY = ("data_workers", "data_cache", "lr", "lr_source", "logging_steps", "report_to", "output",
+                     "keep_checkpoints", "resume", "force", "seed")  # fmt: skip
+# The train options that ``sweep`` does not take: what the grid sets, and what each run's folder or the sweep decides.
+# The sweep also sets each run's norm style (``--styles``).
+NOT_SWEPT = ("lr", "fsdp", "report_to", "output", "keep_checkpoints", "resume", "force", "seed")
 
 
 @dataclass
@@ -47,39 +50,37 @@ class SweepOptions:
     """The grid of ``hf-geonorm sweep``: every style (and, for geo, every alpha) at every learning rate and seed,
     each run as ``hf-geonorm train`` would run it with the ``TrainOptions`` beside these."""
 
-    output: str = field(default="geonorm-sweep", metadata=option(
+    output: str = field(default="geonorm-sweep", metadata={"help": (
         "Folder of the sweep: runs.jsonl (one line per finished run), sweep.md, sweep.png and runs/ (each run's "
-        "train output).", folder="any"))  # fmt: skip
-    styles: tuple[str, ...] = field(default=("pre", "geo"), metadata=option(
-        f"Norm styles compared, a comma list of {', '.join(NORM_STYLES)}.", items=str, metavar="LIST",
-        replaces="norm_style"))  # fmt: skip
-    lrs: tuple[float, ...] | None = field(default=None, metadata=option(
-        "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3).", items=float, metavar="LIST",
-        default_text=f"each style's default rate (train's) {_grid_text()}; /8 to x8 around one no cell measured"))
-    lr_range: tuple[float, float] | None = field(default=None, metadata=option(
-        "The rates from LOW to HIGH a factor 2 apart (instead of --lrs).", pair=float, metavar="LOW HIGH"))
-    seeds: tuple[int, ...] = field(default=(0,), metadata=option(
+        "train output)."), "path": "folder"})  # fmt: skip
+    styles: tuple[str, ...] = field(default=("pre", "geo"), metadata={"help": (
+        f"Norm styles compared, a comma list of {', '.join(NORM_STYLES)}."), "metavar": "LIST"})
+    lrs: tuple[float, ...] | None = field(default=None, metadata={"help": (
+        "Peak learning rates, a comma list (e.g. 2e-3,4e-3,8e-3)."), "metavar": "LIST", "default_text": (
+        f"each style's default rate (train's) {_grid_text()}; /8 to x8 around one no cell measured")})  # fmt: skip
+    lr_range: tuple[float, float] | None = field(default=None, metadata={"help": (
+        "The rates from LOW to HIGH a factor 2 apart (instead of --lrs)."), "metavar": "LOW HIGH"})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": (
         "Seeds of every cell (rate x warm-up), a comma list: each arm's cell is chosen on their mean validation "
-        "loss.", items=int, metavar="LIST"))  # fmt: skip
-    warmup_shares: tuple[float, ...] | None = field(default=WARMUP_LADDER, metadata=option(
+        "loss."), "metavar": "LIST"})  # fmt: skip
+    warmup_shares: tuple[float, ...] | None = field(default=WARMUP_LADDER, metadata={"help": (
         "The warm-up shares of the run the walk may take, a comma list from 0 to below 1 (none: the warm-up is "
         "not tuned; --warmup-steps fixes it): every arm starts at --warmup-start and takes the next share while its "
-        "best cell is at the lowest or highest share it ran, at three rates around that cell's.", items=float,
-        none=True, metavar="LIST"))  # fmt: skip
-    warmup_start: tuple[float, ...] = field(default=WARMUP_START, metadata=option(
-        "The warm-up shares every arm starts from, a comma list of --warmup-shares.", items=float,
-        metavar="LIST"))  # fmt: skip
-    alphas: tuple[float, ...] | None = field(default=None, metadata=option(
-        "geo_alpha values swept for the geo style, a comma list.", items=float, metavar="LIST",
-        default_text="--alpha, else the library's"))  # fmt: skip
-    confirm_seeds: tuple[int, ...] | None = field(default=None, metadata=option(
+        "best cell is at the lowest or highest share it ran, at three rates around that cell's."),
+        "metavar": "LIST"})  # fmt: skip
+    warmup_start: tuple[float, ...] = field(default=WARMUP_START, metadata={"help": (
+        "The warm-up shares every arm starts from, a comma list of --warmup-shares."), "metavar": "LIST"})
+    alphas: tuple[float, ...] | None = field(default=None, metadata={"help": (
+        "geo_alpha values swept for the geo style, a comma list."), "metavar": "LIST",
+        "default_text": "--alpha, else the library's"})  # fmt: skip
+    confirm_seeds: tuple[int, ...] | None = field(default=None, metadata={"help": (
         "More seeds, run only at each arm's chosen cell once it is chosen on --seeds (a third of the cost of every "
-        "seed at every cell), a comma list; none: no more seeds.", items=int, none=True, metavar="LIST",
-        default_text=f"the seeds after --seeds, {CONFIRMED_SEEDS} seeds at each chosen cell in all"))  # fmt: skip
-    extend: int = field(default=EXTEND_DEFAULT, metadata=option(
+        "seed at every cell), a comma list; none: no more seeds."), "metavar": "LIST",
+        "default_text": f"the seeds after --seeds, {CONFIRMED_SEEDS} seeds at each chosen cell in all"})  # fmt: skip
+    extend: int = field(default=EXTEND_DEFAULT, metadata={"help": (
         "While an arm's best cell is at the lowest or highest rate of its warm-up, add the next rate one grid step "
-        "beyond it (a factor 2 for --lr-range), N times at most per arm; 0: no rate added.", minimum=0,
-        maximum=MAX_RATES, metavar="N", optional_value=EXTEND_DEFAULT))  # fmt: skip
+        "beyond it (a factor 2 for --lr-range), N times at most per arm; 0: no rate added."), "ge": 0,
+        "le": MAX_RATES, "metavar": "N"})  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.warmup_shares is not None and not self.warmup_shares:  # --warmup-shares none: not tuned
@@ -145,7 +146,7 @@ class SweepOptions:
     def validate(self) -> SweepOptions:
         if not os.fspath(self.output).strip():
             raise OptionError("--output is empty (an unset shell variable?); give the folder of the sweep")
-        refuse_out_of_limits(self)
+        check_limits(self)
         rates = self.rates()
         if not rates or any(not (rate > 0 and math.isfinite(rate)) for rate in rates):
             raise OptionError(f"--lrs: learning rates must be positive finite numbers; got "

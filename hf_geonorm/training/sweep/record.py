@@ -26,11 +26,11 @@ from typing import Any
 from ...files.checksums import file_sha256
 from ...modeling.settings import NORM_STYLES, GeoNormSettings
 from ..options import MAX_SEED, TrainOptions
-from .options import outside_sweep_key
+from .options import OUTSIDE_SWEEP_KEY
 from .table import run_name
 
 FORMAT = 2  # 1: a header of the options alone, lines without their options or the model's fingerprint
-NOT_IN_KEY = outside_sweep_key()  # left out of the journal's key, as TrainOptions declares
+NOT_IN_KEY = OUTSIDE_SWEEP_KEY  # left out of the journal's key
 KEYED_BY_CONTENT = ("data", "tokenizer", "model")  # options naming files: their fingerprints are compared, not paths
 FINGERPRINTS = ("data", "tokenizer", "model")  # the model's is None for a model built from --arch
 CELL = ("run", "style", "alpha", "lr", "seed", "val_loss", "test_loss")
