@@ -296,10 +296,6 @@ I_WARMUP_START = (0.1, 0.3)
 I_CENTRES = {"pre": 2e-3, "geo": 8e-3, "sandwich": 4e-3, "post": 2e-3, "deepnorm": 2e-3}
 
 
-def phase_i_folder(results: Path, arch: str, share: float) -> Path:
-    return results / f"i_{arch}_w{round(share * 100):02d}"
-
-
 def phase_i_options(cache: str, arch: str, share: float) -> TrainOptions:
     return study_options(cache, corpus=STUDY_FILES, arch=arch, warmup_steps=round(STEPS * share))
 

@@ -89,7 +89,10 @@ TRAINING_JOBS = ("train", "sweep")
 
 
 def _is_users(error: BaseException, command: str | None) -> bool:
-    """Whether ``error`` is a mistake to report to the user in one line, not a failure to debug."""
+    """Whether ``error`` is a mistake to report to the user in one line, not a failure to debug (a job whose extra
+    is not installed is one)."""
+    if _is_instance(error, "hf_geonorm.errors", "MissingExtraError"):
+        return True
     if isinstance(error, ValueError) and command in TRAINING_JOBS:
         return True
     return isinstance(error, (ValueError, OSError)) and _raised_by_library(error)

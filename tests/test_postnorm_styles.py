@@ -203,7 +203,7 @@ def test_a_small_gpt2_at_post_norm_learns_more_than_the_unigram_distribution(tmp
     write_scratch_config("gpt2", tmp_path / "model", SMALL_GPT2, {"norm_style": "post"})
     out = tmp_path / "run"
     result = train("--model", tmp_path / "model", "--data", source_text, *LEARNING_RUN, "--data-cache",
-                   tmp_path / "cache", "--output", out, "--save-final-only")  # fmt: skip
+                   tmp_path / "cache", "--output", out)  # fmt: skip
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(out / "final")

@@ -14,7 +14,7 @@ import pytest
 from helpers import STDLIB, edited_copy, error_lines, invoke
 
 from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep
+from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep, digest
 
 RUN_OPTIONS = ["--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
                "--eval-blocks", "8"]  # fmt: skip
@@ -267,6 +267,26 @@ def test_a_journal_of_an_earlier_hf_geonorm_is_read_but_not_appended_to(tmp_path
     assert path.read_bytes() == before
     described = invoke("info", output)
     assert described.exit_code == 0 and "sweep" in described.output, described.output
+
+
+def test_a_journal_naming_the_removed_save_final_only_resumes(tmp_path, corpus, cache, real_journal):
+    """The study's journals name ``save_final_only`` (false) in their header and in every line: an option since
+    removed. Such a journal resumes: the next rate trains and its line, which no longer names it, is appended."""
+    header, run = json.loads(real_journal[0]), json.loads(real_journal[1])
+    assert "save_final_only" not in header["train_options"]
+    header["train_options"]["save_final_only"] = False  # as an earlier hf-geonorm wrote it, its digest with it
+    header["digest"] = digest(header)
+    run["train_options"]["save_final_only"] = False
+    output = tmp_path / "sweep"
+    path = write_journal(output, [header, run])
+    result = sweep(output, corpus, cache, "--styles", "pre", "--lrs", "2e-3,4e-3")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[:2] == [header, run]
+    assert [line["run"] for line in lines[1:]] == ["pre-lr2e-3-seed0", "pre-lr4e-3-seed0"]
+    assert "save_final_only" not in lines[2]["train_options"]
+    with pytest.raises(RecordError, match=r"^a record: seq_len: expected 32, found 16$"):  # other options still count
+        check_record({**lines[2], "train_options": {**lines[2]["train_options"], "seq_len": 16}}, header)
 
 
 def test_check_record_and_check_same_sweep_validate_records_from_any_store(real_journal):

@@ -51,6 +51,17 @@ def test_welchs_test_agrees_with_the_formulas_written_out():
     assert welch_test([4.0], b) is None  # one seed: no variance, no test
 
 
+@pytest.mark.parametrize(("a", "b"), [([4.62, 4.66, 4.58, 4.70], [4.05, 4.10, 4.01]),  # far apart: p near 0
+                                    ([3.1, 3.3], [3.2, 3.25, 3.18, 3.4, 2.9]),  # overlapping: p near 1
+                                    ([1.0, 2.0, 3.0], [1.5, 2.5]), ([10.0, 10.1], [9.0, 12.0])])  # fmt: skip
+def test_welchs_test_agrees_with_scipys_ttest_ind_of_unequal_variances(a, b):
+    from scipy.stats import ttest_ind
+
+    expected = ttest_ind(a, b, equal_var=False)
+    found = welch_test(a, b)
+    assert (found.t, found.p) == pytest.approx((expected.statistic, expected.pvalue), rel=1e-9, abs=1e-15)
+
+
 # ---- a journal written by hand: pre has a plateau, geo a clear best; three seeds at each best ----
 
 

@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
+from hf_geonorm.errors import EXTRAS
 from hf_geonorm.training.data.corpus import resolve_corpus, stdlib_files
 from hf_geonorm.training.run.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
 from hf_geonorm_cli.main import cli
@@ -69,24 +69,34 @@ def test_train_writes_metrics_curve_checkpoints_and_a_reloadable_model(tmp_path,
     ]  # fmt: skip
 
 
-def test_matplotlib_is_a_dependency_of_the_default_install():
-    """README's first command (`pip install -e . && hf-geonorm train`) must give the loss curve."""
-    default_install = [r for r in requires("hf-geonorm") if "extra ==" not in r]
-    assert any(r.startswith("matplotlib") for r in default_install), default_install
+def test_the_train_extra_holds_matplotlib_and_what_train_checks_for_before_it_starts():
+    """README's first command (`pip install -e ".[train]" && hf-geonorm train`) must give the loss curve, and a run
+    without a package of the extra is refused before it starts (``errors.require_extra``, ``EXTRAS``)."""
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    train_extra = {Requirement(text).name for text in project["optional-dependencies"]["train"]}
+    assert "matplotlib" in train_extra and train_extra == set(EXTRAS["train"])
+    assert not train_extra & {Requirement(text).name for text in project["dependencies"]}
 
 
-@pytest.mark.parametrize("failure", ["matplotlib missing", "savefig fails"])
-def test_a_loss_curve_that_cannot_be_drawn_is_reported(tmp_path, data_file, monkeypatch, failure):
-    if failure == "matplotlib missing":
-        for name in ("matplotlib", "matplotlib.figure", "matplotlib.pyplot"):
-            monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
-    else:
-        from matplotlib.figure import Figure
+def test_a_run_without_matplotlib_is_refused_before_it_starts_naming_the_extra(tmp_path, data_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails and find_spec finds none, as if not installed
+    out = tmp_path / "run"
+    result = train("--data", str(data_file), *SMALL, "--max-steps", "1", "--eval-every", "1", "--output", str(out))
+    assert result.exit_code == 1 and not out.exists()
+    assert result.output == ("Error: hf-geonorm train needs the train extra (matplotlib not installed): pip install "
+                             "'hf-geonorm[train]'\n")  # fmt: skip
 
-        def no_space(*args, **kwargs):
-            raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(Figure, "savefig", no_space)
+def test_a_loss_curve_that_cannot_be_written_is_reported(tmp_path, data_file, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", no_space)
     out = tmp_path / "run"
     result = train("--data", str(data_file), *SMALL, "--max-steps", "1", "--eval-every", "1", "--output", str(out))
     assert result.exit_code == 0, result.output

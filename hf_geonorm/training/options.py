@@ -245,9 +245,6 @@ class TrainOptions:
     keep_checkpoints: bool = field(default=False, metadata={"help": (
         "Keep the checkpoints once final/ and metrics.json are written: a finished run removes them (final/ is the "
         "model; their optimizer state, twice the weights again, serves only --resume).")})  # fmt: skip
-    save_final_only: bool = field(default=False, metadata={"help": (
-        "What a finished run does without --keep-checkpoints (kept for the scripts and sweep journals that name "
-        "it).")})  # fmt: skip
     resume: bool = field(default=False, metadata={"help": (
         "Resume from the newest whole checkpoint in --output (a finished run is left as it is).")})
     force: bool = field(default=False, metadata={"help": (
@@ -311,8 +308,6 @@ class TrainOptions:
             )
         if self.resume and self.force:
             raise ValueError("resume and force exclude each other: --resume continues the run, --force starts anew")
-        if self.keep_checkpoints and self.save_final_only:
-            raise OptionError("--keep-checkpoints and --save-final-only exclude each other: give one")
         try:
             GeoNormSettings.from_object(GeoNormSettings(), **self.settings)
         except ValueError as error:  # the settings are the caller's (command-line options)

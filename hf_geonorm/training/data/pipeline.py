@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
@@ -71,12 +70,16 @@ class _Packer:
     """Token ids in, blocks of ``seq_len`` out, written as one Arrow stream (fixed-size lists of int32)."""
 
     def __init__(self, path: Path, seq_len: int) -> None:
+        import pyarrow as pa  # datasets' (the train extra): imported where used, so that info reads runs without it
+
         self.seq_len, self.blocks, self.rest = seq_len, 0, np.empty(0, dtype=np.int32)
         self.type = pa.list_(pa.int32(), seq_len)
         self.sink = pa.OSFile(str(path), "wb")
         self.writer = pa.ipc.new_stream(self.sink, pa.schema([("input_ids", self.type)]))
 
     def add(self, ids: np.ndarray) -> None:
+        import pyarrow as pa
+
         ids = np.concatenate([self.rest, ids]) if len(self.rest) else ids
         count = len(ids) // self.seq_len
         if count:
@@ -110,6 +113,8 @@ class ArrowBlocks(Dataset):
     first blocks (``--max-tokens``)."""
 
     def __init__(self, path: Path, seq_len: int, limit: int | None = None) -> None:
+        import pyarrow as pa
+
         self.table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()  # zero-copy over the mapped file
         self.views = [c.flatten().to_numpy().reshape(-1, seq_len) for c in self.table.column(0).chunks if len(c)]
         self.starts = np.cumsum([0] + [len(v) for v in self.views]).tolist()
@@ -194,6 +199,8 @@ def meta_problem(folder: Path, key: str, eval_blocks: int) -> str | None:
     """Why the ``meta.json`` of the entry ``folder``, whose files verify, does not describe them (naming what), or
     None: it names the entry's key, its counts are whole numbers, and its block counts are those of its Arrow files
     (a ``meta.json`` copied from another entry, or edited, is caught here)."""
+    import pyarrow as pa
+
     meta_path = "its meta.json"  # the entry's folder is named by the caller's message
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))  # valid JSON: entry_problem
     if meta.get("key") != key:

@@ -22,7 +22,7 @@ from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from ...analysis.evaluation import explain_non_finite
-from ...errors import NonFiniteError
+from ...errors import NonFiniteError, require_extra
 from ...files.signals import raise_if_signalled
 from ...patching import family_for
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
@@ -153,6 +153,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
+    require_extra("train", "hf-geonorm train")
     options.validate()
     output = Path(options.output).absolute()  # as given: a quoted ~ is a folder ~
     main = _is_main_process()

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...errors import require_extra
 from ...files.ownership import record_paths
 from ...files.signals import raise_if_signalled
 from ..options import TrainOptions
@@ -278,5 +279,6 @@ def sweep_on(engine: EngineOptions, sweep: SweepOptions, train: TrainOptions, lo
 
     from .grid import run_sweep
 
+    require_extra("train", "hf-geonorm sweep")
     engine.validate()
     return run_sweep(sweep, train, log, given=given, runner=partial(ParallelSweep, engine) if engine.parallel else None)

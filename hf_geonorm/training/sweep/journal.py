@@ -33,15 +33,12 @@ from .record import (
     cell_problem,
     header_problem,
     journal_key,
-    option_defaults,
     record_problem,
     result_problem,
-    sweep_header,
-    sweep_identity,
+    stored_options,
 )
 
 JOURNAL = "runs.jsonl"
-JOURNAL_FORMAT = FORMAT
 LEGACY_FORMAT = 1  # read, never appended to
 DATA_KEY = ("fingerprint", "tokenizer")  # a format-1 header's data_key: the data's and the tokenizer's fingerprints
 BOM = codecs.BOM_UTF8  # what an editor saving "UTF-8 with BOM" puts before the header: read past
@@ -70,8 +67,8 @@ class Journal:
 
 
 def header_options(header: dict[str, Any]) -> dict[str, Any]:
-    """The train options of a header, the options it predates at their defaults."""
-    return {**option_defaults(), **header["train_options"]}
+    """The train options of a header, as they are compared (``record.stored_options``)."""
+    return stored_options(header["train_options"])
 
 
 def read_journal(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -321,14 +318,6 @@ def begin_journal(path: Path, header: dict[str, Any]) -> None:
     with open(open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, WHY_NO_LINK), "wb"):
         pass
     append(path, header)
-
-
-def start_journal(path: Path, train: TrainOptions, data_key: dict[str, str], sweep_options: dict[str, Any] | None = None
-                  ) -> None:  # fmt: skip
-    """A new journal for ``train``'s runs on the data of ``data_key`` (``fingerprint``, ``tokenizer``): its header,
-    the model's fingerprint and the shared settings measured here (``begin_journal`` takes a header made)."""
-    identity = sweep_identity(train, data_key["fingerprint"], data_key["tokenizer"])
-    begin_journal(path, sweep_header(identity, sweep_options or {}))
 
 
 def append(path: Path, entry: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ OUTSIDE_SWEEP_KEY = ("data_workers", "data_cache", "lr", "lr_source", "logging_s
                      "keep_checkpoints", "resume", "force", "seed")  # fmt: skip
 # The train options that ``sweep`` does not take: what the grid sets, and what each run's folder or the sweep decides.
 # The sweep also sets each run's norm style (``--styles``).
-NOT_SWEPT = ("lr", "fsdp", "report_to", "output", "keep_checkpoints", "save_final_only", "resume", "force", "seed")
+NOT_SWEPT = ("lr", "fsdp", "report_to", "output", "keep_checkpoints", "resume", "force", "seed")
 
 
 @dataclass
@@ -85,11 +85,6 @@ class SweepOptions:
     def __post_init__(self) -> None:
         if self.warmup_shares is not None and not self.warmup_shares:  # --warmup-shares none: not tuned
             self.warmup_shares = None
-
-    @property
-    def warmup_tuned(self) -> bool:
-        """Whether the walk tunes the warm-up share with the rate (else every run keeps the train options')."""
-        return self.warmup_shares is not None
 
     def start_shares(self) -> tuple[float | None, ...]:
         """The warm-up shares every arm starts from (None: the train options' warm-up, not tuned)."""

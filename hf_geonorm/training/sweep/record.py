@@ -42,6 +42,9 @@ CONFIG_FILES = ("config.json", "model.safetensors.index.json")  # beside the wei
 # what the runs of a journal that predates an option ran with, where that is not the option's default: the held-out
 # rule before it was recorded
 BEFORE_RECORDED = {"held_out_rule": LEGACY_HELD_OUT_RULE}
+# Train options removed since journals named them, no-ops when they went (save_final_only: a finished run removes its
+# checkpoints anyway): a stored run that names one is read as one that does not, so that its sweep resumes
+RETIRED_OPTIONS = ("save_final_only",)
 
 
 class RecordError(ValueError):
@@ -73,6 +76,12 @@ def option_defaults() -> dict[str, Any]:
     defaults |= {f.name: f.default_factory() for f in fields(TrainOptions) if f.default_factory is not MISSING}
     defaults |= BEFORE_RECORDED
     return json.loads(json.dumps({name: value for name, value in defaults.items() if name not in NOT_IN_KEY}))
+
+
+def stored_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The train options a header or a record holds, as they are compared: those added since at their defaults
+    (``option_defaults``), those removed since (``RETIRED_OPTIONS``) left out."""
+    return {**option_defaults(), **{name: value for name, value in options.items() if name not in RETIRED_OPTIONS}}
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -150,9 +159,10 @@ def check_same_sweep(header: dict[str, Any], identity: dict[str, Any], where: st
     """``RecordError`` ("the header: fingerprints.model: expected X, found Y") unless the stored sweep ``header``
     (checked whole: ``check_header``) is of the sweep whose ``identity`` (``sweep_identity``) is measured now:
     its options (paths aside), its shared settings and its fingerprints, field by field."""
-    defaults = {"train_options": option_defaults(), "settings": GeoNormSettings().to_dict(), "fingerprints": {}}
+    read = {"train_options": stored_options, "settings": lambda settings: {**GeoNormSettings().to_dict(), **settings},
+            "fingerprints": dict}  # fmt: skip
     for part in IDENTITY:
-        stored, now = {**defaults[part], **header[part]}, {**defaults[part], **identity[part]}
+        stored, now = read[part](header[part]), read[part](identity[part])
         for name in sorted(set(stored) | set(now)):
             skipped = part == "train_options" and name in KEYED_BY_CONTENT
             if not skipped and stored.get(name) != now.get(name):
@@ -175,7 +185,7 @@ def record_problem(record: Any, expected: dict[str, Any]) -> str | None:
     missing = [name for name in RECORD if name not in record]
     if missing:
         return f"a run without {', '.join(missing)}"
-    max_steps = {**option_defaults(), **expected["train_options"]}["max_steps"]
+    max_steps = stored_options(expected["train_options"])["max_steps"]
     problem = cell_problem(record) or result_problem(record, max_steps)
     if problem is not None:
         return problem
@@ -246,9 +256,7 @@ def identity_problem(record: dict[str, Any], expected: dict[str, Any]) -> str | 
     """The first field of the record's identity that differs from ``expected``'s: its options (the paths of the
     data, the tokenizer and the model aside), its settings (its own style and alpha), the fingerprints it checked
     before it trained and those of the data its run read."""
-    defaults = option_defaults()
-    wanted = {**defaults, **expected["train_options"]}
-    found = {**defaults, **record["train_options"]}
+    wanted, found = stored_options(expected["train_options"]), stored_options(record["train_options"])
     for name in sorted(set(wanted) | set(found)):
         if name not in KEYED_BY_CONTENT and wanted.get(name) != found.get(name):
             return f"{name}: expected {wanted.get(name)!r}, found {found.get(name)!r}"

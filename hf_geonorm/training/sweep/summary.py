@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ...errors import require_extra
 from .evidence import caveats
 from .journal import JOURNAL, read_journal
 from .reference import read_held_out
@@ -34,7 +35,9 @@ def describe_sweep(path: Path) -> dict[str, Any]:
     caveats its report starts with, each arm's chosen cell (warm-up and rate, chosen on validation) with its seeds
     and its mean validation and test loss there, the rates and warm-ups it ran, and each other arm's margin over the
     arm lowest on test ± its standard error with Welch's p; rates written as the report writes them.
-    ``journal.JournalError`` (a ``ValueError`` naming the line) for a journal the sweep itself would refuse."""
+    ``journal.JournalError`` (a ``ValueError`` naming the line) for a journal the sweep itself would refuse;
+    ``MissingExtraError`` without the train extra (Welch's test is scipy's)."""
+    require_extra("train", f"hf-geonorm info of the sweep folder {path}")
     header, runs = read_journal(path / JOURNAL)
     table, chosen = cells(runs), chosen_cells(runs)
     seeds = {choice.row: len(table[choice.row][choice.lr].seeds) for choice in chosen.values()}
