@@ -1,20 +1,16 @@
 """The options of the commands other than ``train`` and ``sweep``, declared once as dataclasses whose fields carry
-them (``hf_geonorm.declarations.option``), from which ``options.command_options`` generates the click options:
-``convert``'s are the library's ``ConversionOptions``, the others' are declared here. Standard library and the
-library's declarations only, so that ``--help`` needs no torch."""
+them (``hf_geonorm._plumbing.declarations.option``), from which ``options.command_options`` generates the click options:
+``convert``'s are the library's ``ConversionOptions``, the others' are declared here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .library import library_module
-
-option = library_module("declarations").option
-ConversionOptions = library_module("conversion_options").ConversionOptions
-DTYPES = library_module("conversion_options").DTYPES
-SIZES = library_module("training/presets")  # the presets' shapes and the default vocabulary
-MEASURES = library_module("analysis/defaults")  # the tokens perplexity and the angles are measured on
+from hf_geonorm._plumbing.declarations import option
+from hf_geonorm.analysis import defaults as MEASURES  # the tokens perplexity and the angles are measured on
+from hf_geonorm.conversion.options import DTYPES, ConversionOptions
+from hf_geonorm.training import presets as SIZES  # the presets' shapes and the default vocabulary
 
 
 def declared_as(declaration: type, name: str, **default: Any) -> Any:

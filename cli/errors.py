@@ -13,10 +13,9 @@ from typing import Any
 
 import click
 
-from .library import library_module
-from .options import _option_words as option_words
+from hf_geonorm.errors import first_line
 
-first_line = library_module("errors").first_line  # the library's, read without importing torch
+from .options import _option_words as option_words
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
@@ -40,7 +39,7 @@ class GeoNormGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except SystemExit as error:
-            if _is_instance(error, "hf_geonorm.files.signals", "Terminated"):
+            if _is_instance(error, "hf_geonorm._plumbing.signals", "Terminated"):
                 raise _stopped(ctx, "terminated (SIGTERM)", signal.SIGTERM) from None
             raise
         except KeyboardInterrupt:
@@ -62,7 +61,7 @@ class GeoNormGroup(click.Group):
 def cannot_write(output: str, error: OSError) -> click.ClickException:
     """The one-line error of an output that could not be written: one there already (with the way to replace it),
     or what the system said."""
-    from hf_geonorm.files.atomic import OutputExists
+    from hf_geonorm._plumbing.atomic import OutputExists
 
     if isinstance(error, OutputExists):
         return click.ClickException(f"{error.reason} (choose another folder, or pass --force to replace it)")
@@ -101,7 +100,7 @@ def user_error(error: BaseException) -> click.ClickException:
     model's settings as options; anything else as the library words it (a setting read from a config.json keeps
     its field name and names the file), exit 1."""
     if _is_instance(error, "hf_geonorm.errors", "SettingsError") or _is_instance(
-        error, "hf_geonorm.declarations", "OptionError"
+        error, "hf_geonorm._plumbing.declarations", "OptionError"
     ):
         return click.UsageError(option_words(first_line(error)))
     if _is_instance(error, "hf_geonorm.errors", "NonFiniteError"):

@@ -1,5 +1,6 @@
 """``hf-geonorm info``: what a checkpoint folder or ``.gguf`` file holds, and the summary of a ``train`` or
-``sweep`` output folder (hf_geonorm.inspection.describe)."""
+``sweep`` output folder (``hf_geonorm.conversion.inspection.describe``, ``hf_geonorm.training.run.summary``,
+``hf_geonorm.sweep.summary``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 import click
 
+from hf_geonorm.sharing.gguf_lineage import header_description
+
 from .command_options import JSONOptions
-from .library import library_module
 from .options import command_options
 
 
@@ -38,9 +40,17 @@ def info(path: str, as_json: bool) -> None:
     arm's best rate, the arm lowest on test and by how much, and where the report is)."""
     data = _gguf_header_facts(path)
     if data is None:
-        from hf_geonorm.inspection import describe
+        from hf_geonorm.conversion.inspection import describe
+        from hf_geonorm.sweep.summary import describe_sweep, is_sweep_folder
+        from hf_geonorm.training.run.summary import describe_run, is_run_folder
 
-        data = describe(path)
+        folder = Path(path)
+        if folder.is_dir() and is_sweep_folder(folder):
+            data = describe_sweep(folder)
+        elif folder.is_dir() and is_run_folder(folder):
+            data = describe_run(folder)
+        else:
+            data = describe(path)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -52,7 +62,7 @@ def _gguf_header_facts(path: str) -> dict[str, Any] | None:
     (``hf_geonorm.sharing.gguf_lineage``); None for anything else, or where the header does not settle them."""
     if Path(path).suffix.lower() != ".gguf" or not Path(path).is_file():
         return None
-    return library_module("sharing/gguf_lineage").header_description(path)
+    return header_description(path)
 
 
 def _gguf(path: str, data: dict[str, Any]) -> None:
@@ -75,7 +85,7 @@ def _gguf(path: str, data: dict[str, Any]) -> None:
 
 
 def _folder(path: str, data: dict[str, Any]) -> None:
-    from hf_geonorm.loading import PICKLE_ADVICE
+    from hf_geonorm.checkpoints.loading import PICKLE_ADVICE
 
     if data["geonorm"]:
         family = f"GeoNorm, stock family {data['family']}"

@@ -1,8 +1,8 @@
 """``hf-geonorm``: convert checkpoints to GeoNorm, create from-scratch configs, inspect folders, measure angles.
 
-Each command parses its options, makes one call into the library (``hf_geonorm.conversion``, ``.training.model``,
-``.inspection``, ``.evaluation``, ``.angles``, ``.training.trainer``, ``.hub``) and prints the result. torch,
-transformers and hf_geonorm are imported inside the commands, so ``--help`` answers at once. User mistakes end
+Each command parses its options, makes one call into the library (``hf_geonorm.conversion.convert``,
+``.training.run.model``, ``.conversion.inspection``, ``.analysis.evaluation``, ``.analysis.angles``,
+``.training.run.trainer``, ``.sharing.hub``) and prints the result. User mistakes end
 in a one-line ``Error: ...`` and a non-zero exit (``errors.GeoNormGroup``); ``--debug`` (or HF_GEONORM_DEBUG=1)
 shows the traceback of unexpected errors instead.
 """
@@ -15,6 +15,8 @@ import sys
 from typing import Any
 
 import click
+
+from hf_geonorm.training.options import PRESET_NAMES
 
 from .card import card, check_card_options
 from .command_options import (
@@ -29,7 +31,7 @@ from .command_options import (
 from .errors import GeoNormGroup, cannot_write
 from .info import info
 from .info import settings_line as _settings_line
-from .options import PRESET_NAMES, command_options, pop_settings, preview_settings_options, settings_options
+from .options import command_options, pop_settings, preview_settings_options, settings_options
 from .push import push
 from .sweep import sweep
 from .train import train
@@ -86,7 +88,7 @@ def architectures(as_json: bool) -> None:
     """List the supported stock model types and the layout GeoNorm patches: where a decoder layer keeps its
     input norms, attention and MLP, and whether it adds one parallel update. Any checkpoint of these types
     converts; its GeoNorm type is geonorm_<type>."""
-    from hf_geonorm.inspection import architecture_rows
+    from hf_geonorm.conversion.inspection import architecture_rows
 
     rows = architecture_rows()
     if as_json:
@@ -122,7 +124,7 @@ def convert(source: str, output_dir: str, **kwargs: Any) -> None:
     With --bridge 0 the converted model computes exactly what the source does; --bridge 1 (the default) is
     pure GeoNorm.
     """
-    from hf_geonorm.conversion import convert_checkpoint
+    from hf_geonorm.conversion.convert import convert_checkpoint
 
     settings = pop_settings(kwargs)
     options = ConversionOptions(**kwargs)

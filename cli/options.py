@@ -4,8 +4,6 @@ the command line): the GeoNorm settings' (``hf_geonorm.modeling.settings``), sha
 (``hf_geonorm.training.options``: ``declared_options``); those of the other commands (``convert``'s
 ``ConversionOptions``, ``command_options.py``: ``command_options``).
 
-The declarations are imported without the package's ``__init__`` (``library``), so that ``hf-geonorm --help``
-answers without importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -19,33 +17,34 @@ from typing import Any
 
 import click
 
-from .library import library_module
+from hf_geonorm._plumbing import declarations as library_declarations
+from hf_geonorm.modeling import settings as library_settings
+from hf_geonorm.sweep.engine_options import EngineOptions
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.training.options import TrainOptions
 
-DTYPES = library_module("conversion_options").DTYPES
 NO_CLAMP = "none"
 
 
-# The declarations of the commands' options, by name: the library module of each.
-DECLARATIONS = {"TrainOptions": "training/options", "SweepOptions": "training/sweep/options",
-                "EngineOptions": "training/sweep/engine_options"}
+# The declarations of the commands' options, by name.
+DECLARATIONS = {"TrainOptions": TrainOptions, "SweepOptions": SweepOptions, "EngineOptions": EngineOptions}
 
 
 def declarations() -> ModuleType:
-    """``hf_geonorm.declarations``: how a field declares its option, and the limits checked alike by the API."""
-    return library_module("declarations")
+    """``hf_geonorm._plumbing.declarations``: how a field declares its option, and the limits checked alike by the
+    API."""
+    return library_declarations
 
 
 def declaration(name: str) -> type:
     """The declaration ``name`` of ``DECLARATIONS`` (``TrainOptions``, ``SweepOptions``)."""
-    return getattr(library_module(DECLARATIONS[name]), name)
+    return DECLARATIONS[name]
 
 
 def setting_declarations() -> ModuleType:
     """``hf_geonorm.modeling.settings`` (``GeoNormSettings`` and its choices)."""
-    return library_module("modeling/settings")
+    return library_settings
 
-
-PRESET_NAMES = library_module("training/options").PRESET_NAMES
 
 
 class AlphaType(click.ParamType):

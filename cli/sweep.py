@@ -1,5 +1,5 @@
 """``hf-geonorm sweep``: a grid of norm styles x learning rates x seeds, each run as ``hf-geonorm train`` runs it
-(hf_geonorm.training.sweep.grid). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
+(hf_geonorm.sweep.grid). Its options are ``SweepOptions`` and the ``TrainOptions`` that make sense for a grid,
 generated from their one declaration."""
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def sweep(**kwargs: Any) -> None:
     sweep_values = given({name: kwargs.pop(name) for name in sweep_names})
     engine_names = {spec.name for spec in dataclasses.fields(declaration("EngineOptions"))}
     engine_values = given({name: kwargs.pop(name) for name in engine_names})
+    from hf_geonorm.sweep.engine import sweep_on
+    from hf_geonorm.sweep.engine_options import EngineOptions
+    from hf_geonorm.sweep.options import SweepOptions
     from hf_geonorm.training.options import TrainOptions
-    from hf_geonorm.training.sweep.engine import sweep_on
-    from hf_geonorm.training.sweep.engine_options import EngineOptions
-    from hf_geonorm.training.sweep.options import SweepOptions
 
     options = SweepOptions(**sweep_values)
     click.get_current_context().meta[LEFT_BEHIND] = (

@@ -31,7 +31,7 @@ def run_job(run: Callable[[], Any]) -> Any:
     """Run a training job so that Ctrl-C and SIGTERM stop it wherever they land, also where Python swallows their
     exception (``signals_stop_the_job``: at the job's next step, evaluation, save or run); its errors reach the
     user as every command's do (``errors.GeoNormGroup``)."""
-    from hf_geonorm.files.signals import signals_stop_the_job
+    from hf_geonorm._plumbing.signals import signals_stop_the_job
 
     with signals_stop_the_job():
         return run()

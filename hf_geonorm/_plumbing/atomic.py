@@ -159,7 +159,7 @@ class OutputInUse(ValueError):
 
 
 def holder_text(holder: dict[str, Any] | None) -> str:
-    """How messages name the run that holds a lock (``hf_geonorm.files.output_lock``)."""
+    """How messages name the run that holds a lock (``hf_geonorm._plumbing.output_lock``)."""
     if not holder:
         return "another hf-geonorm run (starting)"
     return (

@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm.files.output_lock): not content of the folder
+LOCK_NAME = ".hf-geonorm.lock"  # an output folder's lock (hf_geonorm._plumbing.output_lock): not content of the folder
 MARKER_NAME = ".hf-geonorm-output.json"
 TEMPORARY_NAME = ".hf-geonorm-temporary.json"  # in a temporary folder: who made it
 MARKER_FORMAT = 2

@@ -13,8 +13,8 @@ from typing import Any
 from torch import nn
 
 from ..errors import first_line
-from ..loading_sizes import parameter_count
 from .gguf_header import GGUF_PACKAGE_NEEDED, read_gguf_header
+from .loading_sizes import parameter_count
 
 # A file may lack a tensor or two of the model its metadata describes (``--allow-missing`` loads it); a model of
 # more than this many times the values its tensors hold is no missing tensor, but metadata that is not theirs.

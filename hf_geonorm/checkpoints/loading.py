@@ -23,19 +23,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .conversion_options import DTYPES
-from .errors import SettingsError, custom_code_error, first_line, needs_custom_code
-from .files.gguf_files import dequantize_gguf, gguf_config
-from .files.gguf_header import read_gguf_header
-from .files.safetensors_files import WeightPathError, safetensors_header, weight_files
-from .files.text_files import SPECIAL_FILES
+from .._plumbing.text_files import SPECIAL_FILES
+from ..errors import SettingsError, custom_code_error, first_line, needs_custom_code
+from ..modeling.blocks import check_layout_settings
+from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS
+from ..modeling.settings import GeoNormSettings
+from .gguf_files import dequantize_gguf, gguf_config
+from .gguf_header import read_gguf_header
 from .loading_info import check_loading_info, geonorm_keys
 from .loading_sizes import built_config, check_sizes, stated_layers
-from .modeling.blocks import check_layout_settings
-from .modeling.norm_styles import NORM_STYLE_DECLARATIONS
-from .modeling.settings import GeoNormSettings
 from .patching import family_for, supported_architectures
+from .safetensors_files import WeightPathError, safetensors_header, weight_files
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # a model is read and written in; "auto": the checkpoint's own
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt"
 )  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from .modeling.residual import GeoNormResidual
+from ..modeling.residual import GeoNormResidual
 
 
 def geonorm_keys(model: nn.Module) -> set[str]:

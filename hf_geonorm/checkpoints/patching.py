@@ -18,12 +18,12 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .modeling import modeling_geonorm as _modeling
-from .modeling.blocks import check_patch, patch_base_model
-from .modeling.families import FAMILY_BUILT_HOOKS, HEAD_NAME_MAPS, GeoNormFamily
-from .modeling.model_mixins import GeoNormBaseModelMixin
-from .modeling.modeling_geonorm import FAMILIES
-from .modeling.settings import GeoNormSettings
+from ..modeling import modeling_geonorm as _modeling
+from ..modeling.blocks import check_patch, patch_base_model
+from ..modeling.families import FAMILY_BUILT_HOOKS, HEAD_NAME_MAPS, GeoNormFamily
+from ..modeling.model_mixins import GeoNormBaseModelMixin
+from ..modeling.modeling_geonorm import FAMILIES
+from ..modeling.settings import GeoNormSettings
 
 
 def supported_architectures() -> list[str]:

@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analysis.calibration import bridge_costs, calibrate
-from .analysis.evaluation import check_finite, perplexity, text_windows
-from .conversion_options import ConversionOptions
-from .files.atomic import atomic_directory, check_output_name, check_target
-from .files.full_device import full_device_as_os_error
-from .files.output_lock import check_not_in_use, output_lock
-from .loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
-from .modeling.settings import GeoNormSettings, computes_prenorm
-from .patching import apply_geonorm
-from .sharing.card_metadata import card_lineage, usable_lineage
-from .sharing.gguf_lineage import gguf_lineage
-from .sharing.hub import save_shareable
-from .sharing.model_card import CardInfo
+from .._plumbing.atomic import atomic_directory, check_output_name, check_target
+from .._plumbing.full_device import full_device_as_os_error
+from .._plumbing.output_lock import check_not_in_use, output_lock
+from ..analysis.calibration import bridge_costs, calibrate
+from ..analysis.evaluation import check_finite, perplexity, text_windows
+from ..checkpoints.loading import Source, current_settings, load_model, load_tokenizer, open_source, resolve_settings
+from ..checkpoints.patching import apply_geonorm
+from ..modeling.settings import GeoNormSettings, computes_prenorm
+from ..sharing.card_metadata import card_lineage, usable_lineage
+from ..sharing.gguf_lineage import gguf_lineage
+from ..sharing.hub import save_shareable
+from ..sharing.model_card import CardInfo
+from .options import ConversionOptions
 
 # The fewest tokens a calibration text must give: the step sizes and frames are medians over them.
 MIN_CALIBRATION_TOKENS = 64

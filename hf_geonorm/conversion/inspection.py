@@ -9,15 +9,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import first_line
-from .files.safetensors_files import WeightPathError, saved_parameter_count
-from .loading import PICKLE_ADVICE, Source, check_supported, pickle_weights, read_config_json, resolve_settings
-from .loading_sizes import check_sizes, parameter_count
-from .modeling.decoder_layers import decoder_layer_class
-from .modeling.geometry import step_sizes, updates_per_layer
-from .patching import family_for, supported_architectures
-from .sharing.card_checks import check_remote_code
-from .sharing.model_card import card_metadata_of
+from ..checkpoints.loading import (
+    PICKLE_ADVICE,
+    Source,
+    check_supported,
+    pickle_weights,
+    read_config_json,
+    resolve_settings,
+)
+from ..checkpoints.loading_sizes import check_sizes, parameter_count
+from ..checkpoints.patching import family_for, supported_architectures
+from ..checkpoints.safetensors_files import WeightPathError, saved_parameter_count
+from ..errors import first_line
+from ..modeling.decoder_layers import decoder_layer_class
+from ..modeling.geometry import step_sizes, updates_per_layer
+from ..sharing.card_checks import check_remote_code
+from ..sharing.model_card import card_metadata_of
 
 LAYOUT_COLUMNS = ("layers", "attn_norm", "attn", "mlp_norm", "mlp")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -32,19 +39,11 @@ def positions(config: dict[str, Any]) -> int | None:
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """``describe_folder`` for a checkpoint folder, ``describe_gguf`` for a ``.gguf`` file, and for the output folder
-    of a run or a sweep (no model of its own) its summary: ``training.run.summary.describe_run``,
-    ``training.sweep.summary.describe_sweep``."""
-    from .training.run.summary import describe_run, is_run_folder
-    from .training.sweep.summary import describe_sweep, is_sweep_folder
-
+    """``describe_folder`` for a checkpoint folder, ``describe_gguf`` for a ``.gguf`` file (the output folder of a
+    run or a sweep, no model of its own, is summarised by ``training.run.summary`` and ``sweep.summary``)."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return describe_gguf(path)
-    if path.is_dir() and is_sweep_folder(path):
-        return describe_sweep(path)
-    if path.is_dir() and is_run_folder(path):
-        return describe_run(path)
     return describe_folder(path)
 
 
@@ -53,9 +52,9 @@ def describe_gguf(path: Path) -> dict[str, Any]:
     license, base model and model name it states and its tensors' types (``sharing.gguf_lineage``). From its header
     alone where that settles them (``gguf_lineage.header_description``), else from its metadata as ``convert`` reads it,
     with the same checks."""
-    from .files.gguf_header import read_gguf_header
-    from .loading import open_source
-    from .sharing.gguf_lineage import gguf_lineage, header_description
+    from ..checkpoints.gguf_header import read_gguf_header
+    from ..checkpoints.loading import open_source
+    from ..sharing.gguf_lineage import gguf_lineage, header_description
 
     header = read_gguf_header(path)
     described = header_description(path, header)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .analysis.defaults import PERPLEXITY_TOKENS
-from .declarations import option
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": the checkpoint's own
+from .._plumbing.declarations import option
+from ..analysis.defaults import PERPLEXITY_TOKENS
+from ..checkpoints.loading import DTYPES
 
 
 @dataclass

@@ -23,7 +23,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..files.gguf_header import GGUFHeader, read_gguf_header
+from ..checkpoints.gguf_header import GGUFHeader, read_gguf_header
 from .card_metadata import base_model_problem
 
 # Tensor types that hold the values as they are (float or integer): anything else is a quantisation.

@@ -18,9 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...files.ownership import record_paths
-from ...files.signals import raise_if_signalled
-from ..options import TrainOptions
+from .._plumbing.ownership import record_paths
+from .._plumbing.signals import raise_if_signalled
+from ..training.options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
 from .grid import begun_plan, style_grids
@@ -261,7 +261,7 @@ class ParallelSweep:
     def write_journal(self, entries: list[dict[str, Any]]) -> None:
         """This folder's journal, in the serial sweep's order (with ``--storage``: the study's runs), written in one
         step."""
-        from ..run.outputs import replace_file
+        from ..training.run.outputs import replace_file
 
         if self.journal.header is None or entries == self.journal.entries:
             return

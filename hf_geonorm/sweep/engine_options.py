@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...declarations import OptionError, option, refuse_out_of_limits
+from .._plumbing.declarations import OptionError, option, refuse_out_of_limits
 
 TAKEOVER_AFTER = 300  # seconds a machine's run may go without a heartbeat before another machine takes it over
 

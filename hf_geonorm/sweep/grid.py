@@ -27,19 +27,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...declarations import OptionError
-from ...errors import NonFiniteError, first_line
-from ...files.atomic import LOCK_NAME
-from ...files.output_lock import output_lock
-from ...files.ownership import only_bookkeeping_left, read_marker, record_paths
-from ...files.signals import raise_if_signalled
-from ...files.text_files import new_text_file
-from ..data.prepare import check_output_apart
-from ..options import TrainOptions
-from ..rate_rule import SWEEP_RATE
-from ..run.checkpoints import checkpoints
-from ..run.model import default_rate, planned_config
-from ..run.trainer import run_training
+from .._plumbing.atomic import LOCK_NAME
+from .._plumbing.declarations import OptionError
+from .._plumbing.output_lock import output_lock
+from .._plumbing.ownership import only_bookkeeping_left, read_marker, record_paths
+from .._plumbing.signals import raise_if_signalled
+from .._plumbing.text_files import new_text_file
+from ..errors import NonFiniteError, first_line
+from ..training.data.prepare import check_output_apart
+from ..training.options import TrainOptions
+from ..training.rate_rule import SWEEP_RATE
+from ..training.run.checkpoints import checkpoints
+from ..training.run.model import default_rate, planned_config
+from ..training.run.trainer import run_training
 from .estimate import TimeEstimate
 from .identity import checked_identity, checked_line
 from .journal import (

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..data.prepare import data_request, data_source, training_data
-from ..options import TrainOptions
+from ..training.data.prepare import data_request, data_source, training_data
+from ..training.options import TrainOptions
 from .journal import Journal, JournalError, begin_journal, check_identity, load_journal
 from .record import record_problem, sweep_header, sweep_identity
 from .reference import held_out_record, write_held_out

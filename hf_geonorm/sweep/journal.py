@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...files.text_files import open_no_follow
-from ...modeling.settings import GeoNormSettings
-from ..options import TrainOptions
+from .._plumbing.text_files import open_no_follow
+from ..modeling.settings import GeoNormSettings
+from ..training.options import TrainOptions
 from .record import (
     FORMAT,
     KEYED_BY_CONTENT,

@@ -11,9 +11,9 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ...declarations import OptionError, option, refuse_out_of_limits
-from ...modeling.settings import NORM_STYLES
-from ..options import MAX_SEED, TrainOptions
+from .._plumbing.declarations import OptionError, option, refuse_out_of_limits
+from ..modeling.settings import NORM_STYLES
+from ..training.options import MAX_SEED, TrainOptions
 
 MAX_RATES = 64  # rates in a sweep's grid (--lr-range 1e-300 1e300 would be 1,994)
 EXTEND_DEFAULT = 2  # rate steps beyond an edge per arm: the default, and --extend with no number

@@ -23,9 +23,9 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from ...files.checksums import file_sha256
-from ...modeling.settings import NORM_STYLES, GeoNormSettings
-from ..options import MAX_SEED, TrainOptions
+from .._plumbing.checksums import file_sha256
+from ..modeling.settings import NORM_STYLES, GeoNormSettings
+from ..training.options import MAX_SEED, TrainOptions
 from .options import outside_sweep_key
 from .table import run_name
 
@@ -91,7 +91,7 @@ def shared_settings(train: TrainOptions) -> dict[str, Any]:
     ``--model`` folder's stored ones (else the library's defaults) updated with those given."""
     if train.model is None:
         return GeoNormSettings(**train.settings).to_dict()
-    from ...loading import open_source, resolve_settings
+    from ..checkpoints.loading import open_source, resolve_settings
 
     return resolve_settings(train.settings, open_source(Path(train.model).expanduser()))
 

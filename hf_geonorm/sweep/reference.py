@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.pipeline import ArrowBlocks
+from ..training.data.pipeline import ArrowBlocks
 
 HELD_OUT = "held_out.json"
 NOT_LEARNING = 0.1  # an arm whose loss is within this of the unigram reference learned (almost) nothing of the context
@@ -65,7 +65,7 @@ def write_held_out(folder: Path, record: dict[str, Any] | None, log: Any) -> Non
     warning = too_small(record)
     if warning is not None:
         log(f"warning: {warning}")
-    from ..run.outputs import replace_file
+    from ..training.run.outputs import replace_file
 
     replace_file(folder / HELD_OUT, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"))
 

@@ -291,7 +291,7 @@ def plot(runs: list[dict[str, Any]], path: Path, header: dict[str, Any] | None =
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
 
-    from ..run.outputs import replace_file
+    from ..training.run.outputs import replace_file
 
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
@@ -324,7 +324,7 @@ def plot(runs: list[dict[str, Any]], path: Path, header: dict[str, Any] | None =
 def write_report(folder: Path, runs: list[dict[str, Any]], log: Any = print,
                  header: dict[str, Any] | None = None) -> None:  # fmt: skip
     """``sweep.md`` and ``sweep.png`` in ``folder``; ``log`` gets the warnings and where the report is."""
-    from ..run.outputs import replace_file
+    from ..training.run.outputs import replace_file
 
     if not runs:
         return

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from ...declarations import OptionError
+from .._plumbing.declarations import OptionError
 from .grid import Run
 from .journal import JournalError
 from .options import SweepOptions

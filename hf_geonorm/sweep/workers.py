@@ -24,10 +24,10 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from ...declarations import OptionError
-from ...errors import first_line
-from ...files.children import environment_set
-from ..options import TrainOptions
+from .._plumbing.children import environment_set
+from .._plumbing.declarations import OptionError
+from ..errors import first_line
+from ..training.options import TrainOptions
 from .protocol import Task
 
 STEP = re.compile(r"(?:^|\r|\n)\s*(?:step )?(\d+)/(\d+)(?: \[|:)")  # the bar's "3/300 [" or a line's "step 3/300:"
@@ -271,7 +271,7 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep, which stops its workers
 
     def terminated(signum: int, _: Any) -> None:
-        from ...files.signals import Terminated
+        from .._plumbing.signals import Terminated
 
         raise Terminated(signum)
 
@@ -279,7 +279,7 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any]
     _stop_with_the_sweep()
     import torch
 
-    from ...files.output_lock import share_parents_lock
+    from .._plumbing.output_lock import share_parents_lock
     from .record import RecordError
 
     share_parents_lock(folder)
@@ -290,7 +290,7 @@ def _serve(slot: Slot, train: TrainOptions, folder: Path, header: dict[str, Any]
         try:
             entry = checked_run(task, train, folder, header, slot.number)
         except BaseException as error:  # noqa: BLE001 - reported to the sweep, which stops
-            from ...files.signals import Terminated
+            from .._plumbing.signals import Terminated
 
             kind = "refused" if isinstance(error, RecordError) else "error"
             pipe.send(("stop" if isinstance(error, (KeyboardInterrupt, Terminated)) else kind,

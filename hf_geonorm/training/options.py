@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..declarations import OptionError, option, refuse_out_of_limits
+from .._plumbing.declarations import OptionError, option, refuse_out_of_limits
 from .presets import DEFAULT_POSITIONS, PRESETS, preset_positions
 
 BRIDGE_ORDERS = ("together", "last-first")
@@ -347,7 +347,7 @@ class TrainOptions:
         except ValueError as error:  # the settings are the caller's (command-line options)
             raise SettingsError(first_line(error)) from None
         if self.model is None:
-            from ..patching import family_for
+            from ..checkpoints.patching import family_for
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self

@@ -33,7 +33,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ...files.atomic import atomic_directory
+from ..._plumbing.atomic import atomic_directory
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, VAL_EVERY, Corpus
 from .split import DROPPED, SPLIT_NAMES, HeldOutPlan, held_out_plan
