@@ -57,7 +57,6 @@ def stdlib_text(tmp_path_factory: pytest.TempPathFactory, *names: str) -> Path:
 def invoke(*args: object) -> Any:
     """``hf-geonorm ARGS`` in this process (click's CliRunner); its result, whatever the exit status."""
     from click.testing import CliRunner
-
     from hf_geonorm_cli.main import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
@@ -131,8 +130,9 @@ def write_sweep_journal(path: Path, options: Any, runs: list[Any]) -> None:
     trained on the fly and cached where the tests cache data), then each run; a run given as a dict is completed
     with the identity fields it leaves out (its settings over the shared ones), a str is written as it is (any other
     value as its JSON)."""
-    from hf_geonorm.training.data.prepare import data_request, data_source
     from hf_geonorm.training.sweep.record import sweep_header, sweep_identity
+
+    from hf_geonorm.training.data.prepare import data_request, data_source
 
     source = data_source(data_request(options), lambda _: None)
     identity = sweep_identity(options, source.corpus.fingerprint, source.tokenizer_hash)
@@ -171,7 +171,6 @@ def _stopping_child(args: list[str], stop_at_save: int, cwd: Path, out: int) -> 
         os.chdir(cwd)
         os.environ.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
         import transformers.modeling_utils as modeling_utils
-
         from hf_geonorm_cli.main import cli
 
         calls, write = [0], modeling_utils.safe_save_file

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers import contents
-from tiny_models import tiny_model
-
-from hf_geonorm import conversion
 from hf_geonorm.files import atomic, full_device, signals
 from hf_geonorm.files.ownership import MARKER_NAME, mark_folder, mark_temporary
 from hf_geonorm_cli.main import cli
+from tiny_models import tiny_model
+
+from hf_geonorm import conversion
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import edited_copy
+from hf_geonorm.files import text_files
 from tiny_gguf import write_tiny_gguf
 from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
@@ -24,7 +25,6 @@ from transformers import AutoModelForCausalLM
 import hf_geonorm
 from hf_geonorm import conversion, errors, inspection, loading
 from hf_geonorm.analysis import angles, evaluation
-from hf_geonorm.files import text_files
 from hf_geonorm.training.run.model import write_scratch_config
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file

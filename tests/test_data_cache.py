@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers import reference_blocks, reference_documents, train_in
+from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data import pipeline
@@ -30,7 +31,6 @@ from hf_geonorm.training.data.pipeline import tokenizer_digest
 from hf_geonorm.training.data.prepare import DataSource, data_request, training_data
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
-from hf_geonorm_cli.main import cli
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = (STDLIB / "textwrap.py").read_text()

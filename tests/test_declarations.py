@@ -11,19 +11,19 @@ import re
 from pathlib import Path
 
 import click
+import hf_geonorm_cli
 import pytest
 from click.testing import CliRunner
-
-import hf_geonorm_cli
-from hf_geonorm.modeling import norm_styles, settings
-from hf_geonorm.training import presets
-from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.run import trainer as trainer_module
 from hf_geonorm.training.sweep import engine as engine_module
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm_cli.main import cli
+
+from hf_geonorm.modeling import norm_styles, settings
+from hf_geonorm.training import presets
+from hf_geonorm.training.options import TrainOptions
+from hf_geonorm.training.run import trainer as trainer_module
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
 ROOT = Path(__file__).parent.parent

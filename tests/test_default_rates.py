@@ -12,13 +12,13 @@ import math
 from pathlib import Path
 
 import pytest
+from hf_geonorm.training.sweep import grid as sweep_module
+from hf_geonorm.training.sweep.options import SweepOptions
 
 from hf_geonorm.training import rate_rule
 from hf_geonorm.training.options import WARMUP_SHARE, TrainOptions
 from hf_geonorm.training.presets import PRESETS
 from hf_geonorm.training.run.model import planned_config, with_learning_rate
-from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.options import SweepOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"

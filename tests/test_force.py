@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import contents, fails, invoke, train_in
+from hf_geonorm.files.ownership import mark_folder
 from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
-from hf_geonorm.files.ownership import mark_folder
 
 MARKER = ".hf-geonorm-output.json"  # what every output carries: its name is part of the documented format
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -175,7 +175,6 @@ def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_pat
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
     from click.testing import CliRunner
-
     from hf_geonorm_cli.main import cli
 
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "stock"), str(tmp_path / "link"), "--bridge", "0"])

@@ -112,9 +112,9 @@ def test_info_on_a_gguf_reads_its_header_without_torch_or_transformers(tiny_gguf
 
 
 def test_the_architectures_info_reads_from_the_header_are_those_transformers_reads_so_and_geonorm_converts():
+    from hf_geonorm.patching import supported_architectures
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from hf_geonorm.patching import supported_architectures
     from hf_geonorm.sharing.gguf_lineage import HEADER_TYPES
 
     for architecture, model_type in HEADER_TYPES.items():

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from helpers import fails, invoke, succeeds
-from transformers import LlamaConfig
-
 from hf_geonorm.patching import config_class_for
+from transformers import LlamaConfig
 
 
 def tiny_gpt2(folder: Path) -> dict:

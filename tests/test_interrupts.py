@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 from helpers import ONE_STEP
+from hf_geonorm.training.sweep import grid as grid_module
 
 from hf_geonorm.training.run import trainer as trainer_module
-from hf_geonorm.training.sweep import grid as grid_module
 
 EVALUATED = "EVALUATED AT STEP"
 LANDED = "THE SIGNAL LANDED IN A CALLBACK"

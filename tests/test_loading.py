@@ -65,9 +65,8 @@ def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
 def test_a_tensor_missing_from_a_sharded_checkpoint_names_the_index(tmp_path):
     import json
 
-    from safetensors.torch import load_file, save_file
-
     from hf_geonorm.loading import load_model, open_source
+    from safetensors.torch import load_file, save_file
 
     tiny_model("llama").save_pretrained(tmp_path, max_shard_size="20KB")
     index_file = tmp_path / "model.safetensors.index.json"

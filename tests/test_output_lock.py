@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 from helpers import contents, error_lines, fails, invoke, stopped_run, train, train_in
-from tiny_models import tiny_model
-
 from hf_geonorm.files.output_lock import output_lock
 from hf_geonorm.files.ownership import mark_folder
+from tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
 ONE_SWEEP_STEP = ["--styles", "pre", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--eval-blocks",

@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 from fake_hub import FakeHub, served
 from helpers import fails
+from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
@@ -32,7 +33,6 @@ from hf_geonorm.sharing.card_checks import auto_map_for
 from hf_geonorm.sharing.card_metadata import validate_card
 from hf_geonorm.sharing.hub import PushOptions, push_to_hub, shareable_files
 from hf_geonorm.sharing.model_card import CardInfo
-from hf_geonorm_cli.main import cli
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 

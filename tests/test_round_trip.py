@@ -20,15 +20,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import skip_where_train_refuses
+from hf_geonorm.loading import load_model, open_source
+from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file, save_file
 from tiny_models import CASES, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm.loading import load_model, open_source
 from hf_geonorm.sharing.card_checks import check_shareable
 from hf_geonorm.sharing.hub import save_shareable
-from hf_geonorm_cli.main import cli
 
 VOCAB = 320  # above the 300-token tokenizer `train` trains on the fly (TRAIN)
 TRAIN = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1"]

@@ -23,6 +23,7 @@ import yaml
 from click.testing import CliRunner
 from fake_hub import FakeHub
 from helpers import saved_with_lineage, skip_where_train_refuses
+from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
 from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
@@ -42,7 +43,6 @@ from hf_geonorm.sharing.model_card import (
 )
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run.trainer import run_training
-from hf_geonorm_cli.main import cli
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 REPO_ID = "tester/tiny-geonorm"

@@ -15,12 +15,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import write_sweep_journal
-from tiny_models import tiny_model
-from transformers import AutoModelForCausalLM
-
-from hf_geonorm.training.data.pipeline import ArrowBlocks
-from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
-from hf_geonorm.training.rate_rule import RATE_RULE
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.grid import journal_key, open_journal
 from hf_geonorm.training.sweep.journal import check_options, entry_key, header_options, load_journal
@@ -29,6 +23,12 @@ from hf_geonorm.training.sweep.protocol import most_left, walk
 from hf_geonorm.training.sweep.record import sweep_header
 from hf_geonorm.training.sweep.report import at_edge, best_rates
 from hf_geonorm_cli.main import cli
+from tiny_models import tiny_model
+from transformers import AutoModelForCausalLM
+
+from hf_geonorm.training.data.pipeline import ArrowBlocks
+from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
+from hf_geonorm.training.rate_rule import RATE_RULE
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",

@@ -20,10 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import write_sweep_journal
-from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
-
 from hf_geonorm.files.children import environment_set
-from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.sweep import grid as grid_module
 from hf_geonorm.training.sweep import workers as workers_module
 from hf_geonorm.training.sweep.engine import LocalBoard, ParallelSweep
@@ -33,6 +30,9 @@ from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm.training.sweep.protocol import Task, serial_order, walk
 from hf_geonorm.training.sweep.record import RecordError
 from hf_geonorm_cli.main import cli
+from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
+
+from hf_geonorm.training.options import TrainOptions
 
 # each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
 # of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches

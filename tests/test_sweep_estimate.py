@@ -11,7 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from helpers import invoke
-
 from hf_geonorm.training.sweep import grid as sweep_module
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from helpers import STDLIB, edited_copy, error_lines, invoke
-
 from hf_geonorm.training.sweep import grid as sweep_module
 from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep
 

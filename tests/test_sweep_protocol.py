@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_sweep import STDLIB, corpus  # noqa: F401 - the module's corpus fixture
-
 from hf_geonorm.training.sweep import evidence
 from hf_geonorm.training.sweep import grid as grid_module
 from hf_geonorm.training.sweep.journal import read_journal
@@ -22,6 +20,7 @@ from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm.training.sweep.protocol import walk
 from hf_geonorm.training.sweep.table import best_rates
 from hf_geonorm_cli.main import cli
+from test_sweep import STDLIB, corpus  # noqa: F401 - the module's corpus fixture
 
 LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 # each style's loss surface: its best rate and share, so that the walk steps a rate beyond an edge (pre, from 2e-3

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import invoke, mean, p_by_integration, variance, welch_written_out, write_sweep_journal
+from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 
 ROOT = Path(__file__).parent.parent
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

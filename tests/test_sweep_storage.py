@@ -21,10 +21,9 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
+from hf_geonorm_cli.main import cli
 from postgres_server import PostgresServer, find_server
 from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
-
-from hf_geonorm_cli.main import cli
 
 GRID = ["--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--seeds", "0", "--extend", "1", "--confirm-seeds", "1"]
 RUNS = 8  # the grid's 4, an extension per arm, a confirmation run per arm

@@ -16,13 +16,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import reference_blocks, reference_documents, stdlib_text, train
+from hf_geonorm_cli.main import cli
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.training.data.corpus import resolve_corpus, stdlib_files
 from hf_geonorm.training.run.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
-from hf_geonorm_cli.main import cli
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in, written_factor
+from hf_geonorm.files.ownership import mark_folder
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-from hf_geonorm.files.ownership import mark_folder
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from hf_geonorm.training import options as declared
-from hf_geonorm.training import rate_rule
-from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
-from hf_geonorm.training.run import trainer as trainer_module
-from hf_geonorm.training.run.model import with_learning_rate
 from hf_geonorm.training.sweep import engine_options as engine_declared
 from hf_geonorm.training.sweep import options as sweep_declared
 from hf_geonorm.training.sweep.engine_options import EngineOptions
 from hf_geonorm.training.sweep.options import SweepOptions
 from hf_geonorm_cli import options as cli_options
 from hf_geonorm_cli.main import cli
+
+from hf_geonorm.training import options as declared
+from hf_geonorm.training import rate_rule
+from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
+from hf_geonorm.training.run import trainer as trainer_module
+from hf_geonorm.training.run.model import with_learning_rate
 
 ROOT = Path(__file__).parent.parent
 

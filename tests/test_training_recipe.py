@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import STDLIB, stdlib_text, written_factor
+from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
 
@@ -21,7 +22,6 @@ from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run.model import build_model
 from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
-from hf_geonorm_cli.main import cli
 
 RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
 
