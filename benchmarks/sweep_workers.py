@@ -8,7 +8,7 @@ itself costs per run.
    their wall times are taken in this one run. Their journals must agree run for run (the benchmark checks it).
 2. The engine's own cost per run: the parallel sweep's scheduling steps (``LocalBoard``: the protocol walked,
    the journal line appended and synced, the run's files recorded) replayed for the sweep's runs without training;
-   and, where a PostgreSQL server can be started here (``tests/postgres_server.py``), the same steps through
+   and, where a PostgreSQL server can be started here (``tests/support/postgres_server.py``), the same steps through
    ``StudyBoard`` (the advisory lock, the stale check, the trial created and completed, a heartbeat): the storage
    round trips a machine makes per run. Each is set against a 30-second run (the target: under 2%).
 

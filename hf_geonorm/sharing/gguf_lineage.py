@@ -106,7 +106,7 @@ def gguf_lineage(path: str | os.PathLike, header: GGUFHeader | None = None) -> d
 
 # GGUF architectures whose transformers config reads block_count, embedding_length and context_length as
 # num_hidden_layers, hidden_size and max_position_embeddings, and the stock model type GeoNorm converts them to
-# (tests/test_info.py checks both against transformers and the supported types).
+# (tests/conversion/test_info.py checks both against transformers and the supported types).
 HEADER_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2"}
 
 

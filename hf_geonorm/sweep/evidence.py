@@ -26,9 +26,9 @@ STUDY_SECTION = (
 
 
 # the project's phase i (benchmarks/results/sweeps/i_*: GPT-2 and LLaMA 4 x 128, 300 steps, every style tuned on
-# rate and warm-up, three seeds at the chosen cell), as tests/test_sweep_protocol.py recomputes it from the journals:
-# GeoNorm's lead over Pre-Norm on test at a warm-up fixed at a tenth (rate tuned, seed 0) over the lead with the
-# warm-up tuned too (three seeds), per shape; and DeepNorm on GPT-2, a tie told as a lead
+# rate and warm-up, three seeds at the chosen cell), as tests/sweep/test_sweep_protocol.py recomputes it from the
+# journals: GeoNorm's lead over Pre-Norm on test at a warm-up fixed at a tenth (rate tuned, seed 0) over the lead with
+# the warm-up tuned too (three seeds), per shape; and DeepNorm on GPT-2, a tie told as a lead
 WARMUP_OVERSTATEMENT = {"gpt2": 3.55, "llama": 3.17}
 DEEPNORM_AT_A_TENTH, DEEPNORM_TUNED = 0.839, -0.007
 # its cells run on three seeds: how many, how many had a seed fail to train (more than FAILED_SEED above its cell's

@@ -13,12 +13,13 @@ import shutil
 
 import pytest
 import torch
-from helpers import fails, invoke, succeeds
-from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm.analysis import evaluation
-from hf_geonorm.conversion import ConversionOptions
+from hf_geonorm.conversion.convert import ConversionOptions
+
+from support.helpers import fails, invoke, succeeds
+from support.tiny_models import tiny_model, token_ids
 
 
 def whole_window_nll(model, window):
@@ -131,7 +132,7 @@ def test_a_nan_perplexity_is_called_nan():
 
 
 def test_calibrating_on_a_text_of_two_tokens_is_refused_naming_the_file_and_count(tmp_path):
-    from hf_geonorm.conversion import MIN_CALIBRATION_TOKENS
+    from hf_geonorm.conversion.convert import MIN_CALIBRATION_TOKENS
 
     tiny_model("llama").save_pretrained(tmp_path / "stock")  # no tokenizer: one token per UTF-8 byte
     (tmp_path / "short.txt").write_text("ab")
@@ -168,7 +169,7 @@ BROKEN_TOKENIZERS = {
 
 @pytest.fixture(scope="module")
 def with_tokenizer(llama_folder, tmp_path_factory):
-    from helpers import bpe_tokenizer
+    from support.helpers import bpe_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenized") / "llama"
     shutil.copytree(llama_folder, folder)

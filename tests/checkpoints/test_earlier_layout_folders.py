@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_geonorm
 
-SAVED = Path(__file__).resolve().parent / "data" / "flat_layout"
+SAVED = Path(__file__).resolve().parents[1] / "data" / "flat_layout"
 NAMES = ("gpt2", "llama", "mixtral")
 # token ids below every folder's vocabulary (128), two rows so that batching is part of what is compared
 TOKEN_IDS = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(0))

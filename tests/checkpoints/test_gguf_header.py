@@ -10,8 +10,9 @@ import sys
 from collections import Counter
 
 import pytest
-from helpers import invoke
-from tiny_gguf import write_tiny_gguf
+
+from support.helpers import invoke
+from support.tiny_gguf import write_tiny_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -53,7 +54,7 @@ def with_long_arrays(path, out):
 
 
 def test_the_header_reader_reads_what_the_gguf_package_reads(tiny_gguf, tmp_path):
-    from hf_geonorm.files.gguf_header import ARRAY_KEPT, read_gguf_header
+    from hf_geonorm.checkpoints.gguf_header import ARRAY_KEPT, read_gguf_header
 
     path = with_long_arrays(tiny_gguf, tmp_path / "long.gguf")
     reader = gguf.GGUFReader(str(path))
@@ -112,9 +113,9 @@ def test_info_on_a_gguf_reads_its_header_without_torch_or_transformers(tiny_gguf
 
 
 def test_the_architectures_info_reads_from_the_header_are_those_transformers_reads_so_and_geonorm_converts():
-    from hf_geonorm.patching import supported_architectures
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
+    from hf_geonorm.checkpoints.patching import supported_architectures
     from hf_geonorm.sharing.gguf_lineage import HEADER_TYPES
 
     for architecture, model_type in HEADER_TYPES.items():

@@ -1,6 +1,6 @@
-"""Checkpoints are read strictly (hf_geonorm.loading): a GeoNorm checkpoint holds the tensors its own settings have
-(those new to it may be missing), a tensor missing from a sharded checkpoint names its index, the weight files
-an index names lie in the model's folder, and a header that claims impossible sizes is refused, through the
+"""Checkpoints are read strictly (hf_geonorm.checkpoints.loading): a GeoNorm checkpoint holds the tensors its own
+settings have (those new to it may be missing), a tensor missing from a sharded checkpoint names its index, the weight
+files an index names lie in the model's folder, and a header that claims impossible sizes is refused, through the
 library and the command line."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import fails
 from safetensors import safe_open
-from tiny_models import LAYERS, tiny_model, token_ids
 
 import hf_geonorm
+
+from support.helpers import fails
+from support.tiny_models import LAYERS, tiny_model, token_ids
 
 # ---- a GeoNorm checkpoint must hold the tensors its own settings have ----
 
@@ -32,7 +33,7 @@ def saved_without_step_tensors(folder):
 
 
 def test_learnable_step_tensors_missing_from_a_checkpoint_that_trained_them_are_refused(tmp_path):
-    from hf_geonorm.loading import load_model, open_source
+    from hf_geonorm.checkpoints.loading import load_model, open_source
 
     model = hf_geonorm.convert(tiny_model("llama"), geo_learnable_step=True)
     model.save_pretrained(tmp_path / "geo")
@@ -46,7 +47,7 @@ def test_learnable_step_tensors_missing_from_a_checkpoint_that_trained_them_are_
 def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
     """A stock checkpoint, or a GeoNorm one without learnable steps, converted to learnable steps: the step
     tensors start at scale 1, bias 0 (as a formula: the step of a model with no learnable step)."""
-    from hf_geonorm.loading import load_model, open_source
+    from hf_geonorm.checkpoints.loading import load_model, open_source
 
     stock = tiny_model("llama", perturb=True)
     stock.save_pretrained(tmp_path / "stock")
@@ -65,8 +66,9 @@ def test_learnable_step_tensors_new_to_a_checkpoint_may_be_missing(tmp_path):
 def test_a_tensor_missing_from_a_sharded_checkpoint_names_the_index(tmp_path):
     import json
 
-    from hf_geonorm.loading import load_model, open_source
     from safetensors.torch import load_file, save_file
+
+    from hf_geonorm.checkpoints.loading import load_model, open_source
 
     tiny_model("llama").save_pretrained(tmp_path, max_shard_size="20KB")
     index_file = tmp_path / "model.safetensors.index.json"

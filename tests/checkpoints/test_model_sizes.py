@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import fails, invoke
-from tiny_gguf import write_tiny_gguf
-from tiny_models import BASE
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from support.helpers import fails, invoke
+from support.tiny_gguf import write_tiny_gguf
+from support.tiny_models import BASE
 
 HEADROOM = 3 * 2**30  # bytes of address space a command may add: far more than any tiny model, far less than 6.7B
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
+
+from support.tiny_models import tiny_model, token_ids
 
 
 class Wrapped(torch.nn.Module):

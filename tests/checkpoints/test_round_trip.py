@@ -1,5 +1,5 @@
-"""The path users take, for every case of tests/tiny_models.py: a stock checkpoint folder -> ``hf-geonorm convert
---bridge 0`` -> a GeoNorm folder -> ``from_pretrained``, through the plugin and as remote code; a GeoNorm model
+"""The path users take, for every case of tests/support/tiny_models.py: a stock checkpoint folder -> ``hf-geonorm
+convert --bridge 0`` -> a GeoNorm folder -> ``from_pretrained``, through the plugin and as remote code; a GeoNorm model
 saved and reloaded; ``train --model <stock folder>`` for one step.
 
 transformers keeps some weights in memory in another layout than in checkpoint files (mixture-of-experts experts
@@ -19,16 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import skip_where_train_refuses
-from hf_geonorm.loading import load_model, open_source
-from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file, save_file
-from tiny_models import CASES, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
+from hf_geonorm.checkpoints.loading import load_model, open_source
 from hf_geonorm.sharing.card_checks import check_shareable
 from hf_geonorm.sharing.hub import save_shareable
+from hf_geonorm_cli.main import cli
+
+from support.helpers import skip_where_train_refuses
+from support.tiny_models import CASES, tiny_model, token_ids
 
 VOCAB = 320  # above the 300-token tokenizer `train` trains on the fly (TRAIN)
 TRAIN = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1"]

@@ -19,16 +19,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from helpers import edited_copy, fails
-from hf_geonorm_cli import options
-from hf_geonorm_cli.main import PRESETS, cli
-from tiny_gguf import write_tiny_gguf
-from tiny_models import tiny_model, token_ids
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm import conversion
 from hf_geonorm.sharing.card_checks import check_remote_code
+from hf_geonorm_cli import options
+from hf_geonorm_cli.main import PRESETS, cli
+
+from support.helpers import edited_copy, fails
+from support.tiny_gguf import write_tiny_gguf
+from support.tiny_models import tiny_model, token_ids
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")

@@ -11,22 +11,22 @@ import re
 from pathlib import Path
 
 import click
-import hf_geonorm_cli
 import pytest
 from click.testing import CliRunner
-from hf_geonorm.training.sweep import engine as engine_module
-from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.engine_options import EngineOptions
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm_cli.main import cli
 
+import hf_geonorm_cli
 from hf_geonorm.modeling import norm_styles, settings
+from hf_geonorm.sweep import engine as engine_module
+from hf_geonorm.sweep import grid as sweep_module
+from hf_geonorm.sweep.engine_options import EngineOptions
+from hf_geonorm.sweep.options import SweepOptions
 from hf_geonorm.training import presets
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer as trainer_module
+from hf_geonorm_cli.main import cli
 
 COMMANDS = {TrainOptions: "train", SweepOptions: "sweep", EngineOptions: "sweep"}
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "hf_geonorm").rglob("*.py"), *(ROOT / "hf_geonorm_cli").glob("*.py")])
 
 
@@ -258,7 +258,7 @@ def test_no_click_option_is_declared_by_hand_in_the_cli():
 def test_convert_takes_conversion_options_as_declared():
     """``convert``'s options are ``ConversionOptions``' fields (and the settings), with their defaults: the command
     builds the options object from its declaration."""
-    from hf_geonorm.conversion import ConversionOptions
+    from hf_geonorm.conversion.convert import ConversionOptions
 
     settings_names = {spec.name for spec in dataclasses.fields(settings.GeoNormSettings) if "option" in spec.metadata}
     params = {param.name: param for param in cli.commands["convert"].params}

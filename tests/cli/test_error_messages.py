@@ -13,10 +13,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from fake_hub import served
-from helpers import fails, invoke
-from tiny_gguf import write_tiny_gguf
-from tiny_models import tiny_model
+
+from support.fake_hub import served
+from support.helpers import fails, invoke
+from support.tiny_gguf import write_tiny_gguf
+from support.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

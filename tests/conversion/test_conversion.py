@@ -1,7 +1,7 @@
-"""The library behind the command line, called directly: loading sources strictly (hf_geonorm.loading, GGUF),
-conversion (hf_geonorm.conversion), text, perplexity and the reasons for a non-finite one
-(hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.inspection) and
-from-scratch configs (hf_geonorm.training.run.model).
+"""The library behind the command line, called directly: loading sources strictly (hf_geonorm.checkpoints.loading,
+GGUF), conversion (hf_geonorm.conversion.convert), text, perplexity and the reasons for a non-finite one
+(hf_geonorm.analysis.evaluation), angles (hf_geonorm.analysis.angles), folder facts (hf_geonorm.conversion.inspection)
+and from-scratch configs (hf_geonorm.training.run.model).
 
 No tensor is filled with random values in silence, and every mistake is one
 ValueError that names the file and the fix.
@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import edited_copy
-from hf_geonorm.files import text_files
-from tiny_gguf import write_tiny_gguf
-from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
 from hf_geonorm import conversion, errors, inspection, loading
+from hf_geonorm._plumbing import text_files
 from hf_geonorm.analysis import angles, evaluation
 from hf_geonorm.training.run.model import write_scratch_config
+
+from support.helpers import edited_copy
+from support.tiny_gguf import write_tiny_gguf
+from support.tiny_models import tiny_model, token_ids
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fails, invoke, succeeds
-from hf_geonorm.patching import config_class_for
 from transformers import LlamaConfig
+
+from hf_geonorm.checkpoints.patching import config_class_for
+
+from support.helpers import fails, invoke, succeeds
 
 
 def tiny_gpt2(folder: Path) -> dict:
@@ -105,7 +107,7 @@ def test_info_names_pickle_weights_and_how_to_convert_them(tmp_path):
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory, data_file) -> Path:
     """One step of `train` without --lr: the default model at its default rate."""
-    from helpers import train_in
+    from support.helpers import train_in
 
     root = tmp_path_factory.mktemp("runs")
     result = train_in(root, data_file, "--keep-checkpoints")
@@ -114,9 +116,9 @@ def run_folder(tmp_path_factory, data_file) -> Path:
 
 
 def test_info_summarises_a_finished_run(run_folder):
-    from helpers import ONE_STEP
-
     from hf_geonorm.training.rate_rule import RATE_RULE
+
+    from support.helpers import ONE_STEP
 
     metrics = json.loads((run_folder / "metrics.json").read_text())
     cell = next(c for c in json.loads(RATE_RULE.read_text())["cells"]
@@ -160,9 +162,9 @@ def test_info_summarises_a_sweep_folder_from_its_journal(tmp_path):
     import shutil
     import statistics
 
-    from helpers import welch_written_out
+    from support.helpers import welch_written_out
 
-    source = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweeps" / "h_styles"
+    source = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sweeps" / "h_styles"
     folder = tmp_path / "sweep"
     folder.mkdir()
     for name in ("runs.jsonl", "sweep.md"):
@@ -227,7 +229,7 @@ def test_info_on_a_run_folder_summarises_it_and_points_to_its_model(short_run):
 
 def test_info_reads_a_gguf_file(tmp_path):
     pytest.importorskip("gguf")
-    from tiny_gguf import write_tiny_gguf
+    from support.tiny_gguf import write_tiny_gguf
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)

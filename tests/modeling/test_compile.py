@@ -19,12 +19,13 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_model, token_ids
 from torch import nn
 
 import hf_geonorm
 from hf_geonorm import GeoNormResidual, GeoNormSettings
 from hf_geonorm.modeling import step, step_autograd, step_switch
+
+from support.tiny_models import tiny_model, token_ids
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm import StepParams, geonorm_step
@@ -40,6 +39,8 @@ from hf_geonorm.modeling.remote_code import remote_code_files
 from hf_geonorm.modeling.residual import composed_geonorm_step
 from hf_geonorm.modeling.settings import MAX_ALPHA
 from hf_geonorm.modeling.step_autograd import fused_geonorm_step, kept_for_backward
+
+from support.tiny_models import tiny_model, token_ids
 
 PI4 = math.pi / 4
 WIDTH = 48  # not a power of two: the kernel's masked lanes are exercised

@@ -1,4 +1,4 @@
-"""Every head the stock model has: for each case of tests/tiny_models.py and each of sequence
+"""Every head the stock model has: for each case of tests/support/tiny_models.py and each of sequence
 classification, token classification and question answering that its stock type has in transformers.
 
 For each: ``pre`` gives the stock head's outputs with the stock head's state dict; a GeoNorm causal-LM checkpoint
@@ -18,11 +18,12 @@ import pytest
 import torch
 import transformers
 from test_models import layer_outputs
-from tiny_models import CASES, layers_of, stock_model, tiny_config, token_ids
 from transformers.models.auto import modeling_auto
 
 import hf_geonorm
 from hf_geonorm.training.data.corpus import stdlib_files
+
+from support.tiny_models import CASES, layers_of, stock_model, tiny_config, token_ids
 
 # The Auto classes of the heads, each with transformers' own table of the stock types that have that head.
 HEAD_TABLES = {

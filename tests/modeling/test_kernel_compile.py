@@ -33,7 +33,7 @@ if not hasattr(triton, "knobs"):  # the script drives Triton's compiler through 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     pytest.skip("TRITON_INTERPRET=1: Triton's interpreted kernels cannot be compiled", allow_module_level=True)
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernel_resources.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_resources.py"
 _spec = importlib.util.spec_from_file_location("kernel_resources", SCRIPT)
 kernel_resources = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = kernel_resources  # dataclasses look their module up by name

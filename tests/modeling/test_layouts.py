@@ -1,5 +1,5 @@
 """What is particular to each decoder layout (hf_geonorm/layouts.py), on the registered cases of
-tests/tiny_models.py; the properties every case shares are in tests/test_models.py.
+tests/support/tiny_models.py; the properties every case shares are in tests/modeling/test_models.py.
 
 - ``sandwich`` adds output norms that start as the plain normalisation, and is refused where the layout
   cannot take them; the layouts that already norm their outputs accept only ``pre`` and ``geo``;
@@ -22,14 +22,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import CASES, NO_HEAD_DIM, layers_of, stock_model, tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm.modeling import decoder_layers
 from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
 from hf_geonorm.modeling.layouts import LAYOUTS, LLAMA, LLAMA_LAYOUT_TYPES
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.tiny_models import CASES, NO_HEAD_DIM, layers_of, stock_model, tiny_model, token_ids
+
+ROOT = Path(__file__).resolve().parents[2]
 IDS = list(CASES)
 
 
@@ -40,7 +41,7 @@ def logits(model, ids=None, **kwargs) -> torch.Tensor:
 
 def test_each_block_shape_is_a_class_written_out_and_every_shape_has_a_case():
     """The table's classes are the GeoNorm decoder layers declared by ``class`` statements in decoder_layers.py
-    (none is made at runtime; tests/test_models.py checks each case's layers are its layout's class), and the
+    (none is made at runtime; tests/modeling/test_models.py checks each case's layers are its layout's class), and the
     registered cases run every one of them."""
     source = Path(decoder_layers.__file__).read_text(encoding="utf-8")
     declared = set(re.findall(r"^class (\w+)\(GeoNormDecoderLayer\):", source, flags=re.MULTILINE))

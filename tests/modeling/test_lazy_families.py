@@ -5,16 +5,16 @@ in a fresh Python process, whose modules no other test has imported."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
 import sys
 
 import pytest
-from tiny_models import tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_geonorm
+
+from support.helpers import json_from_child
+from support.tiny_models import tiny_model
 
 # Prints, as JSON: the families built so far and the stock modelling modules of supported types imported so far.
 REPORT = """
@@ -67,19 +67,9 @@ report.update(families_built(sys.modules[type(model).__module__]))
 
 
 def run_child(python, script: str, *args: str, cwd) -> dict:
-    """Run ``script`` (with ``families_built`` defined) in a fresh Python; its last output line, as JSON."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(cwd / "modules")}
-    result = subprocess.run(
-        [str(python), "-c", REPORT + script, *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """``script`` (with ``families_built`` defined) in a fresh Python; what it reports."""
+    modules = {"HF_MODULES_CACHE": str(cwd / "modules")}
+    return json_from_child(REPORT + script, *args, cwd=cwd, python=python, env=modules)
 
 
 def test_import_builds_no_family_and_a_lookup_builds_its_own(tmp_path):

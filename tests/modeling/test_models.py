@@ -1,5 +1,5 @@
-"""Every registered case (tests/tiny_models.py) through the ordinary transformers API, against the stock model
-and the written-out reference (tests/reference.py).
+"""Every registered case (tests/support/tiny_models.py) through the ordinary transformers API, against the stock model
+and the written-out reference (tests/support/reference.py).
 
 For each case: ``norm_style='pre'`` and ``'geo'`` with ``geo_bridge=0`` give the stock logits; ``'geo'`` equals
 the reference (the documented defaults, and steps so large that the clamps act) and keeps every token on its
@@ -18,14 +18,15 @@ import os
 
 import pytest
 import torch
-from reference import PI4, geodesic_step, geonorm_logits, plain_logits, reference_logits
-from tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_model, token_ids
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Trainer, TrainingArguments
 from transformers.pytorch_utils import Conv1D
 
 import hf_geonorm
 from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
 from hf_geonorm.modeling.transformers_versions import INSTALLED
+
+from support.reference import PI4, geodesic_step, geonorm_logits, plain_logits, reference_logits
+from support.tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_model, token_ids
 
 IDS = list(CASES)
 

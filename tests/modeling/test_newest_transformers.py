@@ -13,33 +13,24 @@ test skips, saying how to create it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PluginFreePython, bpe_tokenizer, invoke
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.modeling.transformers_versions import NEWEST_TESTED, release
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.helpers import PluginFreePython, bpe_tokenizer, invoke, plugin_free_environment
+from support.tiny_models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 VENV_VARIABLE = "HF_GEONORM_NEWEST_VENV"
 CREATE = "python3 -m venv .venv-newest && .venv-newest/bin/pip install --upgrade torch==2.13.0 transformers peft"
 TEXT = "def wrap(text, width=70, **kwargs):"
 FAMILIES = ("llama", "gpt2")  # separate q/k/v projections; GPT-2's fused Conv1D c_attn
-
-# What the environment holds, and whether hf_geonorm could be imported there at all (it must not be).
-PROBE = """
-import importlib.metadata, importlib.util, json
-versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "peft")}
-print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec("hf_geonorm") is not None}))
-"""
 
 # Runs in that environment (the plugin-free harness of helpers.py: stdin closed, hf_geonorm blocked). transformers'
 # prompt is switched back on (the harness turns it into an error, which AutoTokenizer would swallow), so a folder that
@@ -90,23 +81,7 @@ report["versions"] = {"transformers": transformers.__version__, "torch": torch._
 @pytest.fixture(scope="session")
 def newest_python() -> tuple[PluginFreePython, dict[str, str]]:
     """The newest-transformers environment's Python and its versions; a skip (a failure under .ci/run) without it."""
-    given = os.environ.get(VENV_VARIABLE)
-    venv = Path(given) if given else ROOT / ".venv-newest"
-    python = venv / "bin" / "python"
-    if not python.is_file():
-        message = f"no environment with the newest transformers at {venv}: create it with `{CREATE}` (.ci/run does)"
-        if given:
-            pytest.fail(message)
-        pytest.skip(message)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    done = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env, cwd=venv,
-                          stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    probe = json.loads(done.stdout)
-    assert not probe["plugin_found"], f"{venv} has hf_geonorm installed: it must hold transformers and peft only"
-    return PluginFreePython(python), probe["versions"]
-
-
+    return plugin_free_environment(VENV_VARIABLE, ROOT / ".venv-newest", CREATE)
 
 
 @pytest.fixture(scope="module")

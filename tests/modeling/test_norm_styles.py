@@ -17,7 +17,7 @@ import pytest
 from hf_geonorm.modeling.norm_styles import NORM_STYLE_DECLARATIONS, RATE_SOURCES
 from hf_geonorm.training import rate_rule
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hf_geonorm"
 
 SIXTH_STYLE = """        NormStyle(

@@ -12,32 +12,24 @@ path.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PluginFreePython
-from tiny_models import LAYERS, tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
 from hf_geonorm.modeling.transformers_versions import OLDEST_TESTED, release
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.helpers import PluginFreePython, plugin_free_environment
+from support.tiny_models import LAYERS, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 VENV_VARIABLE = "HF_GEONORM_OLDEST_VENV"
 OLDEST = ".".join(map(str, OLDEST_TESTED))
 CREATE = f"python3 -m venv .venv-oldest && .venv-oldest/bin/pip install torch==2.13.0 'transformers=={OLDEST}.*' peft"
 FAMILIES = ("gpt2", "llama")
 NEW_TOKENS = 12
-
-PROBE = """
-import importlib.metadata, importlib.util, json
-versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers")}
-print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec("hf_geonorm") is not None}))
-"""
 
 # Runs in that environment (the plugin-free harness of helpers.py).
 CHILD = """
@@ -70,23 +62,10 @@ report["transformers"] = transformers.__version__
 @pytest.fixture(scope="session")
 def oldest_python() -> PluginFreePython:
     """The oldest-transformers environment's Python; a skip (a failure under .ci/run) without it."""
-    given = os.environ.get(VENV_VARIABLE)
-    venv = Path(given) if given else ROOT / ".venv-oldest"
-    python = venv / "bin" / "python"
-    if not python.is_file():
-        message = f"no environment with transformers {OLDEST} at {venv}: create it with `{CREATE}` (.ci/run does)"
-        if given:
-            pytest.fail(message)
-        pytest.skip(message)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    done = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env, cwd=venv,
-                          stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    probe = json.loads(done.stdout)
-    assert not probe["plugin_found"], f"{venv} has hf_geonorm installed: it must hold torch, transformers and peft"
-    installed = probe["versions"]["transformers"]
-    assert release(installed) == OLDEST_TESTED, f"{venv} has transformers {installed}, not the oldest tested {OLDEST}"
-    return PluginFreePython(python)
+    python, versions = plugin_free_environment(VENV_VARIABLE, ROOT / ".venv-oldest", CREATE)
+    installed = versions["transformers"]
+    assert release(installed) == OLDEST_TESTED, f"it has transformers {installed}, not the oldest tested {OLDEST}"
+    return python
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,14 @@ import math
 
 import pytest
 import torch
-from helpers import reference_blocks, reference_documents, stdlib_text, train
-from tiny_models import CASES, layers_of, tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.modeling.layouts import LAYOUTS
 from hf_geonorm.training.run.model import scratch_config, write_scratch_config
+
+from support.helpers import reference_blocks, reference_documents, stdlib_text, train
+from support.tiny_models import CASES, layers_of, tiny_config, tiny_model, token_ids
 
 LAYERS, WIDTH = 4, 128
 BETA = (8 * LAYERS) ** -0.25  # DeepNet, decoder-only: beta = (8N)^(-1/4)
@@ -198,8 +199,8 @@ def unigram_cross_entropy(train_blocks: list[list[int]], eval_blocks: list[list[
 def test_a_small_gpt2_at_post_norm_learns_more_than_the_unigram_distribution(tmp_path, source_text):
     """``hf-geonorm train`` of a GPT-2 4 x 64 at ``norm_style=post``, 200 steps: its validation loss must end well
     below the unigram cross-entropy of the same blocks, computed here from the documents (held out as documented:
-    tests/test_data_pipeline.py) with the run's tokenizer. With the position table drawn at random it ended at the
-    unigram loss (5.287 against 5.285; now 4.16: docs/training.md, "Post-Norm on GPT-2"). About 15 s."""
+    tests/training/test_data_pipeline.py) with the run's tokenizer. With the position table drawn at random it ended at
+    the unigram loss (5.287 against 5.285; now 4.16: docs/training.md, "Post-Norm on GPT-2"). About 15 s."""
     write_scratch_config("gpt2", tmp_path / "model", SMALL_GPT2, {"norm_style": "post"})
     out = tmp_path / "run"
     result = train("--model", tmp_path / "model", "--data", source_text, *LEARNING_RUN, "--data-cache",

@@ -9,11 +9,12 @@ import math
 
 import pytest
 import torch
-from helpers import fails
-from tiny_models import LAYERS, tiny_model, token_ids
 
 import hf_geonorm
 from hf_geonorm.modeling.settings import MAX_FRAME_RISE, MIN_FRAME, GeoNormSettings
+
+from support.helpers import fails
+from support.tiny_models import LAYERS, tiny_model, token_ids
 
 
 def finite_logits_and_gradients(model: torch.nn.Module, ids: torch.Tensor) -> tuple[bool, bool]:

@@ -17,10 +17,11 @@ import json
 
 import pytest
 import torch
-from tiny_models import tiny_config, tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
+
+from support.tiny_models import tiny_config, tiny_model, token_ids
 
 # The built model steps hard enough (alpha 6, sqrt decay) that the clamp is reached, so every setting changes
 # its logits.

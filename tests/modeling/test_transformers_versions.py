@@ -3,7 +3,7 @@ once and pyproject.toml's pin agrees with it; outside it the plugin and a folder
 naming the range and the installed version (above the newest tested they run, warning, and refuse a decoder layer
 they cannot take over); ``hf-geonorm train`` refuses a release too old for it; the names that transformers changed
 within the range are the installed release's. The folders under the oldest release itself:
-tests/test_oldest_transformers.py."""
+tests/modeling/test_oldest_transformers.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import fails
-from tiny_models import layers_of, tiny_model
 from transformers import AutoModelForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -27,7 +25,10 @@ from hf_geonorm.modeling import blocks
 from hf_geonorm.modeling import transformers_versions as versions
 from hf_geonorm.training.options import OLDEST_TRANSFORMERS
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.helpers import fails
+from support.tiny_models import layers_of, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_pin_in_pyproject_is_the_tested_range():
@@ -82,12 +83,11 @@ def test_above_the_newest_release_a_decoder_layer_that_gained_a_method_is_refuse
 
 
 # The command line in a process whose transformers is, for the modelling code, older than the range: the module is
-# imported first without the package (as the command line reads its declarations) and told so.
+# told so before the command runs.
 COMMAND_UNDER_AN_OLDER_RELEASE = """
 import sys
-from hf_geonorm_cli.library import library_module
+from hf_geonorm.modeling import transformers_versions as versions
 
-versions = library_module("modeling/transformers_versions")
 versions.INSTALLED, versions.INSTALLED_VERSION = (5, 15), "5.15.1"
 from hf_geonorm_cli.main import cli
 

@@ -1,4 +1,4 @@
-"""Output folders written all or nothing (hf_geonorm.files.atomic), on their own and through ``hf-geonorm convert``
+"""Output folders written all or nothing (hf_geonorm._plumbing.atomic), on their own and through ``hf-geonorm convert``
 killed with SIGTERM or SIGKILL, or raced, at points the test controls.
 
 The kill tests run the real command line in a child process that stops at a named point (the weights are
@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import contents
-from hf_geonorm.files import atomic, full_device, signals
-from hf_geonorm.files.ownership import MARKER_NAME, mark_folder, mark_temporary
-from hf_geonorm_cli.main import cli
-from tiny_models import tiny_model
 
 from hf_geonorm import conversion
+from hf_geonorm._plumbing import atomic, full_device, signals
+from hf_geonorm._plumbing.ownership import MARKER_NAME, mark_folder, mark_temporary
+from hf_geonorm_cli.main import cli
+
+from support.helpers import contents
+from support.tiny_models import tiny_model
 
 
 @pytest.fixture(params=["renameat2", "plain rename"])
@@ -151,7 +152,7 @@ def test_only_leftovers_proven_of_a_dead_process_are_removed_and_nothing_moves_i
 
 CHILD = """
 import os, sys
-import hf_geonorm.conversion as conversion
+import hf_geonorm.conversion.convert as conversion
 
 def pause_after_saving(*args, **kwargs):
     result = save(*args, **kwargs)
@@ -231,8 +232,7 @@ def test_sigkill_during_convert_leaves_a_partial_that_the_next_run_removes(tmp_p
 
 READ_ONLY_CHILD = """
 import sys
-from hf_geonorm_cli.library import library_module
-atomic = library_module("files/atomic")  # the module and what it imports, from their files: no torch to import
+from hf_geonorm._plumbing import atomic
 with atomic.atomic_directory(sys.argv[1], force=True) as tmp:
     (tmp / "new.txt").write_text("new")
 """
@@ -308,7 +308,7 @@ def test_a_swallowed_sigterm_stops_training_at_the_next_step():
 
 
 def test_an_output_name_of_240_characters_is_written(tmp_path):
-    from hf_geonorm.files.atomic import atomic_directory, remove_stale_partials
+    from hf_geonorm._plumbing.atomic import atomic_directory, remove_stale_partials
 
     output = tmp_path / ("m" * 240)
     with atomic_directory(output) as tmp:

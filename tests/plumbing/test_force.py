@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import contents, fails, invoke, train_in
-from hf_geonorm.files.ownership import mark_folder
-from tiny_models import tiny_model, token_ids
 
 import hf_geonorm
+from hf_geonorm._plumbing.ownership import mark_folder
+
+from support.helpers import contents, fails, invoke, train_in
+from support.tiny_models import tiny_model, token_ids
 
 MARKER = ".hf-geonorm-output.json"  # what every output carries: its name is part of the documented format
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
@@ -162,7 +163,7 @@ def test_train_force_starts_anew_only_over_its_own_output(data_file, tmp_path):
 
 def train_args(tmp_path: Path, data: Path, *more: str) -> list:
     """The arguments ``train_in`` gives (one step into ``tmp_path / "run"``), for ``fails``."""
-    from helpers import ONE_STEP
+    from support.helpers import ONE_STEP
 
     return ["train", "--data", data, *ONE_STEP, "--data-cache", tmp_path / "cache", "--output", tmp_path / "run",
             *more]  # fmt: skip
@@ -175,12 +176,13 @@ def test_converting_to_a_link_to_an_empty_folder_writes_into_that_folder(tmp_pat
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty", target_is_directory=True)
     from click.testing import CliRunner
+
     from hf_geonorm_cli.main import cli
 
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "stock"), str(tmp_path / "link"), "--bridge", "0"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "config.json").is_file()
-    model = hf_geonorm.loading.load_model(hf_geonorm.loading.open_source(tmp_path / "link"))
+    model = hf_geonorm.checkpoints.loading.load_model(hf_geonorm.checkpoints.loading.open_source(tmp_path / "link"))
     ids = token_ids()
     torch.testing.assert_close(model(input_ids=ids).logits, tiny_model("llama")(input_ids=ids).logits)
 

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ONE_STEP
-from hf_geonorm.training.sweep import grid as grid_module
 
+from hf_geonorm.sweep import grid as grid_module
 from hf_geonorm.training.run import trainer as trainer_module
+
+from support.helpers import ONE_STEP
 
 EVALUATED = "EVALUATED AT STEP"
 LANDED = "THE SIGNAL LANDED IN A CALLBACK"
@@ -193,10 +194,10 @@ def test_a_ctrl_c_python_swallows_between_runs_stops_the_sweep_before_the_next(t
 def test_a_signal_python_swallows_while_an_output_is_written_stops_before_it_moves(tmp_path, sig, command):
     """``convert`` and ``init``: the signal lands while the output is written into its temporary folder; nothing is
     moved into place, and the temporary folder is removed."""
-    from tiny_models import tiny_model
-
     from hf_geonorm import conversion
     from hf_geonorm.training.run import model as model_module
+
+    from support.tiny_models import tiny_model
 
     tiny_model("gpt2").save_pretrained(tmp_path / "stock")
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""One run per output folder (hf_geonorm.files.output_lock): a second ``train`` into a folder another one writes
+"""One run per output folder (hf_geonorm._plumbing.output_lock): a second ``train`` into a folder another one writes
 into fails at once, naming it; a stale lock of a killed run is taken over with a line; ``sweep``, ``convert`` and
 ``init`` refuse a folder another run holds, a folder inside one (a running sweep's logs and runs) and a folder
 holding one; a symbolic link as the output folder leaves no lock file behind, and a lock file that is a symbolic link
@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import contents, error_lines, fails, invoke, stopped_run, train, train_in
-from hf_geonorm.files.output_lock import output_lock
-from hf_geonorm.files.ownership import mark_folder
-from tiny_models import tiny_model
+
+from hf_geonorm._plumbing.output_lock import output_lock
+from hf_geonorm._plumbing.ownership import mark_folder
+
+from support.helpers import contents, error_lines, fails, invoke, stopped_run, train, train_in
+from support.tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3", "--eval-blocks", "8"]
 ONE_SWEEP_STEP = ["--styles", "pre", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--eval-blocks",
@@ -63,8 +65,8 @@ def test_a_second_train_into_the_same_output_fails_at_once_naming_the_first(tmp_
 
 
 def test_sweep_convert_and_init_refuse_a_folder_another_run_holds(tmp_path, data_file):
-    from hf_geonorm.files.output_lock import output_lock
-    from hf_geonorm.files.ownership import mark_folder
+    from hf_geonorm._plumbing.output_lock import output_lock
+    from hf_geonorm._plumbing.ownership import mark_folder
 
     out = tmp_path / "busy"
     out.mkdir()
@@ -95,9 +97,7 @@ def stock(tmp_path_factory) -> Path:
 HOLDER = """
 import sys
 from contextlib import ExitStack
-from hf_geonorm_cli.library import library_module
-
-output_lock = library_module("files/output_lock").output_lock
+from hf_geonorm._plumbing.output_lock import output_lock
 with ExitStack() as held:
     for folder, command in zip(sys.argv[1::2], sys.argv[2::2]):
         held.enter_context(output_lock(folder, command))

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ONE_STEP, fails, invoke, succeeds, train_in
-from hf_geonorm.files.ownership import MARKER_NAME, ownership_problem, read_marker, record_paths
-from tiny_models import tiny_model
+
+from hf_geonorm._plumbing.ownership import MARKER_NAME, ownership_problem, read_marker, record_paths
+
+from support.helpers import ONE_STEP, fails, invoke, succeeds, train_in
+from support.tiny_models import tiny_model
 
 BOOKKEEPING = (".hf-geonorm.lock", MARKER_NAME)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
 # times single training steps of its own (forward, backward, AdamW) for speed; trains no model to a result
 STEP_TIMERS = {"overhead"}
@@ -49,8 +49,9 @@ def test_data_pipeline_marks_every_target_and_resumes_from_its_journal(shape, tm
     """benchmarks/data_pipeline.py at 1 MB, one corpus shape (the folder's with --runslow: the same measurements on
     another input): every measurement, every target in the table; the tokens it reports are the tokenizer's count
     of the documented documents; a second run measures nothing again."""
-    from helpers import reference_documents
     from tokenizers import Tokenizer
+
+    from support.helpers import reference_documents
 
     bench = load(BENCHMARKS / "data_pipeline.py", monkeypatch)
     args = ["--sizes", "1", "--shapes", shape, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]

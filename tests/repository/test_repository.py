@@ -1,7 +1,7 @@
 """Properties of the repository as a whole: its documents link only to files it has, nothing points at the
 specification's old home outside the repository, the README's settings table states the library's defaults, the
-package's modules import without cycles (their floors: tests/test_structure.py), and the test suite's summary says
-why tests were skipped."""
+package's modules import without cycles (their floors: tests/repository/test_structure.py), and the test suite's summary
+says why tests were skipped."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hf_geonorm"
 SPEC = PACKAGE / "modeling" / "method.md"  # the method specification, shipped beside the code it specifies
 # spelled in two parts, so that this file does not mention what it looks for

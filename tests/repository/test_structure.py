@@ -13,18 +13,18 @@ from pathlib import Path
 from test_repository import PACKAGE, ROOT, absolute, imported_names
 
 # The floors of hf_geonorm and its command line, lowest first: a module may import modules of its own floor and of
-# those below, never one above (the import cycles are tests/test_repository.py's). A name is a module or a folder of
+# those below, never one above (the import cycles are tests/repository/test_repository.py's). A name is a module or a folder of
 # them; each module is on the floor of the longest name that holds it, so a new top-level module of hf_geonorm is on
 # the top floor until it is placed. Within the training floor, FLOW below orders the modules further.
 FLOORS = (
     {"hf_geonorm.modeling"},  # the code a saved folder carries as its remote code: imports none of the rest
-    {"hf_geonorm.patching", "hf_geonorm.errors", "hf_geonorm.loading_sizes", "hf_geonorm.loading_info",
-     "hf_geonorm.files", "hf_geonorm.declarations", "hf_geonorm.conversion_options", "hf_geonorm.analysis.defaults"},
+    {"hf_geonorm.checkpoints.patching", "hf_geonorm.errors", "hf_geonorm.checkpoints.loading_sizes", "hf_geonorm.checkpoints.loading_info",
+     "hf_geonorm._plumbing", "hf_geonorm._plumbing.declarations", "hf_geonorm.conversion.options", "hf_geonorm.analysis.defaults"},
     # the core every job uses: patching, the errors, what loading checks, files written safely, the options'
     # declarations and the defaults they name (standard library only)
-    {"hf_geonorm.loading"},  # a model from a folder, a Hub id or a GGUF file
+    {"hf_geonorm.checkpoints.loading"},  # a model from a folder, a Hub id or a GGUF file
     {"hf_geonorm.analysis", "hf_geonorm.sharing"},  # what a loaded model is measured and shared by
-    {"hf_geonorm.conversion", "hf_geonorm.inspection", "hf_geonorm.training"},  # the jobs
+    {"hf_geonorm.conversion.convert", "hf_geonorm.conversion.inspection", "hf_geonorm.training"},  # the jobs
     {"hf_geonorm", "hf_geonorm_cli"},  # the faces: the package's names and the command line
 )  # fmt: skip
 CLI = Path(importlib.util.find_spec("hf_geonorm_cli").origin).parent  # its folder, whatever the folder is named
@@ -72,8 +72,8 @@ def upward_imports(graph: dict[str, set[str]], floors: tuple[set[str], ...]) -> 
 def test_no_module_imports_one_on_a_floor_above_its_own():
     graph = import_graph({"hf_geonorm": PACKAGE, "hf_geonorm_cli": CLI})
     # edges the check reads: a module-level import, a function-level one within a floor, and the command line's
-    assert "hf_geonorm.patching" in graph["hf_geonorm.loading"]
-    assert "hf_geonorm.training.run.summary" in graph["hf_geonorm.inspection"]
+    assert "hf_geonorm.checkpoints.patching" in graph["hf_geonorm.checkpoints.loading"]
+    assert "hf_geonorm.training.run.summary" in graph["hf_geonorm.conversion.inspection"]
     assert any(target.startswith("hf_geonorm.") for module, targets in graph.items()
                if module.startswith("hf_geonorm_cli.") for target in targets)  # fmt: skip
     stale = sorted(name for names in FLOORS for name in names

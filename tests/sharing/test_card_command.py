@@ -16,13 +16,14 @@ import stat
 from pathlib import Path
 
 import pytest
-from fake_hub import served
-from helpers import contents, fails, invoke
 from huggingface_hub import ModelCard
-from tiny_models import tiny_model
 
 from hf_geonorm.sharing.card_checks import check_shareable
 from hf_geonorm.sharing.card_updates import TRAINER_CARD_MARK
+
+from support.fake_hub import served
+from support.helpers import contents, fails, invoke
+from support.tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "1",
          "--eval-every", "1", "--eval-blocks", "4"]  # fmt: skip

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LINEAGE, invoke, saved_with_lineage, succeeds, train_in
 from huggingface_hub import ModelCard
-from tiny_models import tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.helpers import LINEAGE, invoke, saved_with_lineage, succeeds, train_in
+from support.tiny_models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def card_of(folder: Path) -> tuple[dict, str]:
@@ -56,7 +57,7 @@ SMOL = "HuggingFaceTB/SmolLM2-135M"
 )
 def test_a_gguf_that_states_its_models_hub_id_gives_the_card_its_base_model(tmp_path, keys):
     pytest.importorskip("gguf")
-    from tiny_gguf import write_tiny_gguf
+    from support.tiny_gguf import write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "model.gguf", metadata=keys)
     succeeds("convert", tmp_path / "model.gguf", tmp_path / "out")
@@ -68,7 +69,7 @@ def test_a_gguf_that_states_its_models_hub_id_gives_the_card_its_base_model(tmp_
 
 def test_a_gguf_card_names_the_model_and_says_what_its_weights_were_dequantised_from(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from tiny_gguf import write_tiny_gguf
+    from support.tiny_gguf import write_tiny_gguf
 
     keys = {"general.name": "SmolLM2 135M", "general.basename": "SmolLM2", "general.size_label": "135M"}
     write_tiny_gguf(tmp_path / "model.gguf", metadata=keys, quantised="Q4_1")

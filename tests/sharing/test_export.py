@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
@@ -31,7 +30,9 @@ from hf_geonorm.sharing.folders import add_remote_code, save_config_with_remote_
 from hf_geonorm.sharing.hub import save_shareable
 from hf_geonorm.sharing.model_card import CardInfo
 
-REPO = Path(__file__).resolve().parents[1]
+from support.tiny_models import tiny_model, token_ids
+
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hf_geonorm" / "modeling"
 SPEC_SOURCE = REPO / "hf_geonorm" / "modeling" / "method.md"
 STDLIB = set(sys.stdlib_module_names)

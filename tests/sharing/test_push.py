@@ -1,4 +1,4 @@
-"""``hf-geonorm push`` and ``hf_geonorm.sharing.hub.push_to_hub`` against a local Hub (tests/fake_hub.py).
+"""``hf-geonorm push`` and ``hf_geonorm.sharing.hub.push_to_hub`` against a local Hub (tests/support/fake_hub.py).
 
 huggingface_hub reads HF_ENDPOINT into ``constants.ENDPOINT`` (and the download URL template) when imported, so
 in-process tests set those constants (``HfApi()`` reads ENDPOINT when created); the subprocess test sets
@@ -20,11 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fake_hub import FakeHub, served
-from helpers import fails
-from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
-from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
@@ -33,6 +29,11 @@ from hf_geonorm.sharing.card_checks import auto_map_for
 from hf_geonorm.sharing.card_metadata import validate_card
 from hf_geonorm.sharing.hub import PushOptions, push_to_hub, shareable_files
 from hf_geonorm.sharing.model_card import CardInfo
+from hf_geonorm_cli.main import cli
+
+from support.fake_hub import FakeHub, served
+from support.helpers import fails
+from support.tiny_models import tiny_model
 
 SCRIPT = Path(sys.executable).with_name("hf-geonorm")
 

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fake_hub import served
-from helpers import fails, invoke
 from safetensors.numpy import save_file
-from tiny_models import tiny_model
+
+from support.fake_hub import served
+from support.helpers import fails, invoke
+from support.tiny_models import tiny_model
 
 RAN = Path("/tmp/hf-geonorm-pickle-ran")
 

@@ -15,11 +15,12 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from helpers import fails
-from tiny_models import tiny_model
 
-from hf_geonorm.conversion import convert_checkpoint
+from hf_geonorm.conversion.convert import convert_checkpoint
 from hf_geonorm.training.data.tokenizer import train_tokenizer
+
+from support.helpers import fails
+from support.tiny_models import tiny_model
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MARKER_CODE = """

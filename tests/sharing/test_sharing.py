@@ -6,7 +6,7 @@ directory is this environment's site-packages, so that the editable-install hook
 an import blocker). One child process loads every folder -- a folder from
 ``hf-geonorm convert``, a plain re-save of it, Trainer checkpoints and the final folder of
 ``run_training``, a LoRA adapter trained on the GeoNorm model, and the converted folder pushed to a local Hub
-(tests/fake_hub.py) and loaded back by repository id -- with ``trust_remote_code=True``, and compares logits and
+(tests/support/fake_hub.py) and loaded back by repository id -- with ``trust_remote_code=True``, and compares logits and
 greedy generations with what the plugin computes in this process.
 """
 
@@ -21,11 +21,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from fake_hub import FakeHub
-from helpers import saved_with_lineage, skip_where_train_refuses
-from hf_geonorm_cli.main import cli
 from huggingface_hub import ModelCard, constants
-from tiny_models import tiny_model, token_ids
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
@@ -43,6 +39,11 @@ from hf_geonorm.sharing.model_card import (
 )
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run.trainer import run_training
+from hf_geonorm_cli.main import cli
+
+from support.fake_hub import FakeHub
+from support.helpers import saved_with_lineage, skip_where_train_refuses
+from support.tiny_models import tiny_model, token_ids
 
 TEXT = Path(json.__file__).with_name("decoder.py")  # real text: a Python stdlib source file
 REPO_ID = "tester/tiny-geonorm"
@@ -238,7 +239,7 @@ def test_a_checkpoint_becomes_pushable_with_a_card(folders, tmp_path):
 
 def test_plain_saves_of_geonorm_models_carry_their_code(folders, tmp_path):
     """The documented example, in this process: a model converted here and saved plainly gets auto_map and its code
-    (the plugin-less load of such a folder is tests/test_export.py's); a stock model saved after
+    (the plugin-less load of such a folder is tests/sharing/test_export.py's); a stock model saved after
     ``import hf_geonorm`` stays a stock folder."""
     tiny_model("llama").save_pretrained(tmp_path / "stock")
     assert "auto_map" not in json.loads((tmp_path / "stock" / "config.json").read_text())
@@ -494,7 +495,8 @@ report["wrapped"] = {
 def test_two_folders_loaded_as_remote_code_before_peft_both_get_loras_default_targets(converted, tmp_path,
                                                                                       plugin_free_python):  # fmt: skip
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
-    from tiny_models import tiny_model
+
+    from support.tiny_models import tiny_model
 
     llama = tmp_path / "llama"
     hf_geonorm.convert(tiny_model("llama")).save_pretrained(llama)

@@ -1,4 +1,4 @@
-"""Helpers more than one test file uses, imported by name (``from helpers import fails, train``).
+"""Helpers more than one test file uses, imported by name (``from support.helpers import fails, train``).
 
 - Text to train on: ``STDLIB``, ``stdlib_text``, ``words``, ``rows``.
 - The command line as a user meets it: ``invoke``, ``train``, ``train_in``, ``succeeds``, ``fails``,
@@ -7,7 +7,8 @@
 - A sweep's journal written by hand (``write_sweep_journal``) and a training run stopped by a real signal
   (``stopped_run``).
 - A Python without the plugin for remote-code tests (``PluginFreePython``; the ``plugin_free_python`` fixture of
-  conftest.py makes one).
+  conftest.py makes one; ``plugin_free_environment`` opens the oldest and newest transformers' environments), and
+  a snippet's JSON from a fresh Python (``json_from_child``).
 - Rules written out from the docs, independently of the code: the data pipeline's documents, blocks and held-out
   split (``reference_documents``, ``reference_blocks``, ``held_out``), Welch's test (``welch_written_out``) and the
   learning-rate schedule (``written_factor``).
@@ -57,6 +58,7 @@ def stdlib_text(tmp_path_factory: pytest.TempPathFactory, *names: str) -> Path:
 def invoke(*args: object) -> Any:
     """``hf-geonorm ARGS`` in this process (click's CliRunner); its result, whatever the exit status."""
     from click.testing import CliRunner
+
     from hf_geonorm_cli.main import cli
 
     return CliRunner().invoke(cli, [str(a) for a in args])
@@ -64,8 +66,8 @@ def invoke(*args: object) -> Any:
 
 def skip_where_train_refuses() -> None:
     """Skip, saying why, where ``hf-geonorm train`` refuses the installed transformers (below 5.23; the modelling
-    tests also run under the range's oldest release, in .ci/run): tests/test_transformers_versions.py checks the
-    refusal itself."""
+    tests also run under the range's oldest release, in .ci/run): tests/modeling/test_transformers_versions.py checks
+    the refusal itself."""
     from hf_geonorm.modeling.transformers_versions import INSTALLED, INSTALLED_VERSION
     from hf_geonorm.training.options import OLDEST_TRANSFORMERS
 
@@ -130,8 +132,7 @@ def write_sweep_journal(path: Path, options: Any, runs: list[Any]) -> None:
     trained on the fly and cached where the tests cache data), then each run; a run given as a dict is completed
     with the identity fields it leaves out (its settings over the shared ones), a str is written as it is (any other
     value as its JSON)."""
-    from hf_geonorm.training.sweep.record import sweep_header, sweep_identity
-
+    from hf_geonorm.sweep.record import sweep_header, sweep_identity
     from hf_geonorm.training.data.prepare import data_request, data_source
 
     source = data_source(data_request(options), lambda _: None)
@@ -171,6 +172,7 @@ def _stopping_child(args: list[str], stop_at_save: int, cwd: Path, out: int) -> 
         os.chdir(cwd)
         os.environ.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
         import transformers.modeling_utils as modeling_utils
+
         from hf_geonorm_cli.main import cli
 
         calls, write = [0], modeling_utils.safe_save_file
@@ -502,3 +504,43 @@ def written_factor(step: int, warmup: int, total: int, floor: float) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return floor + (1 - floor) * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) / 2
+
+
+def json_from_child(code: str, *args: str, cwd: Path, python: Path | str = sys.executable,
+                    env: dict[str, str] | None = None) -> Any:  # fmt: skip
+    """``code`` run in a fresh Python (``python -c code ARGS``, offline, one thread, the environment's variables plus
+    ``env``); its last output line, read as JSON."""
+    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run([str(python), "-c", code, *args], cwd=cwd, env=child_env, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# What an environment holds, and whether hf_geonorm could be imported there at all (it must not be).
+ENVIRONMENT_PROBE = """
+import importlib.metadata, importlib.util, json
+versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "peft")}
+print(json.dumps({"versions": versions, "plugin_found": importlib.util.find_spec("hf_geonorm") is not None}))
+"""
+
+
+def plugin_free_environment(variable: str, default: Path, create: str) -> tuple[PluginFreePython, dict[str, str]]:
+    """The Python of the environment the variable ``variable`` names (else ``default``): one with torch, transformers
+    and peft but no hf-geonorm, and the versions it holds. Without it the test skips, saying how to ``create`` it;
+    where ``variable`` is set (.ci/run sets it) it fails instead."""
+    given = os.environ.get(variable)
+    venv = Path(given) if given else default
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        message = f"no environment at {venv}: create it with `{create}` (.ci/run does)"
+        if given:
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([str(python), "-c", ENVIRONMENT_PROBE], capture_output=True, text=True, env=env, cwd=venv,
+                          stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    probe = json.loads(done.stdout)
+    assert not probe["plugin_found"], f"{venv} has hf_geonorm installed: it must hold torch, transformers and peft only"
+    return PluginFreePython(python), probe["versions"]

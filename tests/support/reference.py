@@ -2,7 +2,7 @@
 sizes" and "The block").
 
 The reference runs a *stock* model with each decoder layer's output replaced by a copy of the stock block's
-forward, written here per layout (tests/tiny_models.py names each case's layout), in which every residual
+forward, written here per layout (tests/support/tiny_models.py names each case's layout), in which every residual
 addition ``x + u`` is a call ``step(x, u)``. With ``step = x + u`` the copy must reproduce the stock model
 (which checks the copies); with the geodesic step below it is the GeoNorm model. Embeddings, final norm and head
 are the stock model's own.
@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from tiny_models import layers_of
+
+from support.tiny_models import layers_of
 
 PI4 = math.pi / 4
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,7 +1,7 @@
 """The registry of test cases: every model the property suites build, in one place.
 
 A case is a stock model type, the keyword arguments of a tiny config for it (no downloads) and the decoder
-block layout it has, named by the written-out reference block in tests/reference.py that the GeoNorm model is
+block layout it has, named by the written-out reference block in tests/support/reference.py that the GeoNorm model is
 checked against. Suites parametrize over ``CASES`` (or a named subset of it) and build models with
 ``stock_model`` (cached, shared by all tests) or ``tiny_model`` (fresh). Adding a model type or a block
 variant is one entry here.
@@ -90,7 +90,7 @@ class Case:
     name: str
     model_type: str
     config: dict = field(repr=False)  # keyword arguments of the stock config class
-    block: str = "llama"  # the layout: a block of tests/reference.py
+    block: str = "llama"  # the layout: a block of tests/support/reference.py
 
 
 def _cases() -> dict[str, Case]:

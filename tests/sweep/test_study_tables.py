@@ -1,6 +1,6 @@
 """What benchmarks/sweep_study_tables.py states about the study (study.md, study.json): each margin between two arms
 as the difference of their mean test losses ± its standard error with Welch's two-sided p, recomputed here from the
-committed journals with the formulas written out (tests/helpers.py); never a difference in units of a seed
+committed journals with the formulas written out (tests/support/helpers.py); never a difference in units of a seed
 spread, which is not a standard error; and study.md is what the script writes from the journals today."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import mean, welch_written_out
 
-ROOT = Path(__file__).parent.parent
+from support.helpers import mean, welch_written_out
+
+ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"
 STUDY = (SWEEPS / "study.md").read_text(encoding="utf-8")
 
@@ -120,8 +121,8 @@ def test_each_finished_phases_report_is_what_the_sweeps_report_writer_writes_fro
     """A sweep.md written by an earlier hf-geonorm said what that version said (a margin against the larger seed
     spread, "the arm's best rate" in bold beside single-seed cells); benchmarks/sweep_reports.py writes every finished
     phase's report again from its journal, and this checks that none is stale."""
-    from hf_geonorm.training.sweep.grid import read_journal
-    from hf_geonorm.training.sweep.report import report_text
+    from hf_geonorm.sweep.grid import read_journal
+    from hf_geonorm.sweep.report import report_text
 
     spec = importlib.util.spec_from_file_location("bench_sweep_reports", ROOT / "benchmarks" / "sweep_reports.py")
     module = importlib.util.module_from_spec(spec)

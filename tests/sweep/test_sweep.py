@@ -1,4 +1,4 @@
-"""`hf-geonorm sweep` (hf_geonorm.training.sweep): a 2-style x 2-rate grid trained end to end, resumed after a stop,
+"""`hf-geonorm sweep` (hf_geonorm.sweep): a 2-style x 2-rate grid trained end to end, resumed after a stop,
 refused with other options, its choice checked against a selection written out here, and one run's test loss
 recomputed from its saved model and by training it again through `hf-geonorm train`."""
 
@@ -14,21 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import write_sweep_journal
-from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.grid import journal_key, open_journal
-from hf_geonorm.training.sweep.journal import check_options, entry_key, header_options, load_journal
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import most_left, walk
-from hf_geonorm.training.sweep.record import sweep_header
-from hf_geonorm.training.sweep.report import at_edge, best_rates
-from hf_geonorm_cli.main import cli
-from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
+from hf_geonorm.sweep import grid as sweep_module
+from hf_geonorm.sweep.grid import journal_key, open_journal
+from hf_geonorm.sweep.journal import check_options, entry_key, header_options, load_journal
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.protocol import most_left, walk
+from hf_geonorm.sweep.record import sweep_header
+from hf_geonorm.sweep.report import at_edge, best_rates
 from hf_geonorm.training.data.pipeline import ArrowBlocks
 from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
 from hf_geonorm.training.rate_rule import RATE_RULE
+from hf_geonorm_cli.main import cli
+
+from support.helpers import write_sweep_journal
+from support.tiny_models import tiny_model
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
@@ -188,7 +189,7 @@ def test_the_default_grid_is_each_styles_default_rate_from_a_half_to_twice(arch,
     """Without --lrs or --lr-range each style's grid centres on the rate train would give it (at the tiny preset, a
     cell the study measured: its best rate, read from the rule's file here; LLaMA GeoNorm, until phase i measures it
     at 4 x 128, the geometric mean of its cells at widths 64 and 256) at 1/2, 1 and 2 times (the walk extends it at
-    an edge); a rate no cell measured gets a wider grid (tests/test_default_rates.py)."""
+    an edge); a rate no cell measured gets a wider grid (tests/training/test_default_rates.py)."""
     table = json.loads(RATE_RULE.read_text())
     best = {(c["arch"], c["style"], c["width"], c["layers"]): c["lr"] for c in table["cells"]}
     logged: list[str] = []
@@ -505,7 +506,7 @@ def test_bad_seeds_ranges_and_outputs_are_refused_up_front_naming_the_option(tmp
     assert "Traceback" not in result.output and "OverflowError" not in result.output and not output.exists()
 
 
-COMMITTED = sorted((Path(__file__).parent.parent / "benchmarks" / "results" / "sweeps").glob("*/runs.jsonl"))
+COMMITTED = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sweeps").glob("*/runs.jsonl"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.parent.name)

@@ -1,4 +1,4 @@
-"""`hf-geonorm sweep --workers N` (hf_geonorm.training.sweep.engine): the study's protocol walked over whatever runs
+"""`hf-geonorm sweep --workers N` (hf_geonorm.sweep.engine): the study's protocol walked over whatever runs
 have ended (``protocol.walk``) takes the serial sweep's steps in any order of completion, and a sweep trained by two
 worker processes writes the serial sweep's journal, report and plot: the same runs, choice and numbers."""
 
@@ -19,20 +19,21 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import write_sweep_journal
-from hf_geonorm.files.children import environment_set
-from hf_geonorm.training.sweep import grid as grid_module
-from hf_geonorm.training.sweep import workers as workers_module
-from hf_geonorm.training.sweep.engine import LocalBoard, ParallelSweep
-from hf_geonorm.training.sweep.engine_options import EngineOptions
-from hf_geonorm.training.sweep.journal import JournalError, entry_key, load_journal
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import Task, serial_order, walk
-from hf_geonorm.training.sweep.record import RecordError
-from hf_geonorm_cli.main import cli
 from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
+from hf_geonorm._plumbing.children import environment_set
+from hf_geonorm.sweep import grid as grid_module
+from hf_geonorm.sweep import workers as workers_module
+from hf_geonorm.sweep.engine import LocalBoard, ParallelSweep
+from hf_geonorm.sweep.engine_options import EngineOptions
+from hf_geonorm.sweep.journal import JournalError, entry_key, load_journal
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.protocol import Task, serial_order, walk
+from hf_geonorm.sweep.record import RecordError
 from hf_geonorm.training.options import TrainOptions
+from hf_geonorm_cli.main import cli
+
+from support.helpers import write_sweep_journal
 
 # each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
 # of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches

@@ -10,8 +10,9 @@ import sysconfig
 from pathlib import Path
 from types import SimpleNamespace
 
-from helpers import invoke
-from hf_geonorm.training.sweep import grid as sweep_module
+from hf_geonorm.sweep import grid as sweep_module
+
+from support.helpers import invoke
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STEPS = 3

@@ -11,9 +11,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import STDLIB, edited_copy, error_lines, invoke
-from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.record import RecordError, check_header, check_record, check_same_sweep
+
+from hf_geonorm.sweep import grid as sweep_module
+from hf_geonorm.sweep.record import RecordError, check_header, check_record, check_same_sweep
+
+from support.helpers import STDLIB, edited_copy, error_lines, invoke
 
 RUN_OPTIONS = ["--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--warmup-steps", "0",
                "--eval-blocks", "8"]  # fmt: skip
@@ -258,7 +260,7 @@ def test_each_line_carries_the_options_and_fingerprints_of_its_run(real_journal)
 def test_a_journal_of_an_earlier_hf_geonorm_is_read_but_not_appended_to(tmp_path, corpus, cache):
     """A format-1 journal (the study's): its lines record neither their options nor the model's content, so a sweep
     cannot check them; `info` still reads it."""
-    committed = Path(__file__).parent.parent / "benchmarks" / "results" / "sweeps" / "b_gcide" / "runs.jsonl"
+    committed = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sweeps" / "b_gcide" / "runs.jsonl"
     output = tmp_path / "sweep"
     path = write_journal(output, committed.read_text().splitlines())
     before = path.read_bytes()

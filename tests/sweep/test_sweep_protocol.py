@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm.training.sweep import evidence
-from hf_geonorm.training.sweep import grid as grid_module
-from hf_geonorm.training.sweep.journal import read_journal
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import walk
-from hf_geonorm.training.sweep.table import best_rates
-from hf_geonorm_cli.main import cli
 from test_sweep import STDLIB, corpus  # noqa: F401 - the module's corpus fixture
+
+from hf_geonorm.sweep import evidence
+from hf_geonorm.sweep import grid as grid_module
+from hf_geonorm.sweep.journal import read_journal
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.protocol import walk
+from hf_geonorm.sweep.table import best_rates
+from hf_geonorm_cli.main import cli
 
 LADDER = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 # each style's loss surface: its best rate and share, so that the walk steps a rate beyond an edge (pre, from 2e-3
@@ -203,7 +204,7 @@ def test_the_command_with_no_tuning_option_tunes_rate_and_warm_up_and_confirms_t
 
 
 def report_of(runs: list[dict]) -> str:
-    from hf_geonorm.training.sweep.report import report_text
+    from hf_geonorm.sweep.report import report_text
 
     return report_text(runs)[0]
 
@@ -227,7 +228,7 @@ def test_a_fixed_warm_up_or_one_seed_puts_the_caveat_first():
     assert "p below is from a t with 1-2 degrees of freedom" in report_of(two).splitlines()[2]
 
 
-COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweeps"
+COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sweeps"
 
 
 def phase_i_cells(arch: str) -> dict[tuple, dict[int, tuple]]:
@@ -317,7 +318,7 @@ def test_a_journal_without_roles_is_not_counted_as_zero_runs_of_each_role():
 
 
 def report_text_with(runs: list[dict], reference: dict) -> tuple[str, list[str]]:
-    from hf_geonorm.training.sweep.report import report_text
+    from hf_geonorm.sweep.report import report_text
 
     return report_text(runs, None, reference)
 

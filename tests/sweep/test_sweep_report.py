@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import invoke, mean, p_by_integration, variance, welch_written_out, write_sweep_journal
-from hf_geonorm.training.sweep.welch import two_sided_p, welch_test
 
+from hf_geonorm.sweep.welch import two_sided_p, welch_test
 from hf_geonorm.training.options import TrainOptions
 
-ROOT = Path(__file__).parent.parent
+from support.helpers import invoke, mean, p_by_integration, variance, welch_written_out, write_sweep_journal
+
+ROOT = Path(__file__).resolve().parents[2]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
         "--warmup-steps", "0", "--eval-blocks", "8", "--extend", "0"]  # fmt: skip
@@ -55,7 +56,7 @@ def test_welchs_test_agrees_with_the_formulas_written_out():
 
 
 def entry(style: str, lr: float, seed: int, val: float, test: float, role: str = "grid") -> dict:
-    from hf_geonorm.training.sweep.grid import Run
+    from hf_geonorm.sweep.grid import Run
 
     return {"run": Run(style, None, lr, seed).name, "style": style, "alpha": None, "lr": lr, "seed": seed,
             "settings": {"norm_style": style}, "steps": 3, "tokens": 3 * 4 * 32, "val_loss": val, "test_loss": test,

@@ -1,4 +1,4 @@
-"""`hf-geonorm sweep --storage postgresql://...` (hf_geonorm.training.sweep.storage): one sweep shared by several
+"""`hf-geonorm sweep --storage postgresql://...` (hf_geonorm.sweep.storage): one sweep shared by several
 machines through a real PostgreSQL server (``postgres_server``), each machine a process of its own with its own
 working folder and data cache. The runs, the choice and the test means equal a serial sweep's over the same grid,
 also when a machine is killed mid-run (another takes its run over after --takeover-after), when the database
@@ -21,9 +21,11 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
-from hf_geonorm_cli.main import cli
-from postgres_server import PostgresServer, find_server
 from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
+
+from hf_geonorm_cli.main import cli
+
+from support.postgres_server import PostgresServer, find_server
 
 GRID = ["--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--seeds", "0", "--extend", "1", "--confirm-seeds", "1"]
 RUNS = 8  # the grid's 4, an extension per arm, a confirmation run per arm
@@ -245,7 +247,7 @@ def test_database_errors_fail_at_once_with_their_cause(tmp_path, postgres, corpu
     """Only a lost connection is waited out (a restart, above). A refused login, a missing database, a malformed URL,
     a study name longer than Optuna's column, a closed port and an unknown host each fail at once, in one line that
     says why, the password never shown; nothing is written to the output folder."""
-    from hf_geonorm.training.sweep import storage
+    from hf_geonorm.sweep import storage
 
     monkeypatch.setattr(storage, "RETRY_SECONDS", 0.01)  # a retry, were there one, would only say so
     with_password = postgres.add_user_with_password("geonorm_secret", "right")

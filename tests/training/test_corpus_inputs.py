@@ -16,16 +16,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from helpers import ONE_STEP, STDLIB, error_lines, logged, rows, train, train_in, words
-from hf_geonorm.files.text_files import read_text
-from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from hf_geonorm._plumbing.text_files import read_text
 from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.documents import PIECE_CHARS
 from hf_geonorm.training.data.pipeline import ArrowBlocks
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DEFAULT_TOKENIZER_VOCAB
+from hf_geonorm_cli.main import cli
+
+from support.helpers import ONE_STEP, STDLIB, error_lines, logged, rows, train, train_in, words
 
 
 def sentences(count: int) -> str:

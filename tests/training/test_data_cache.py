@@ -2,7 +2,7 @@
 changed under the same size and modification time is tokenized again; an entry whose Arrow files or meta.json were
 changed, cut short or removed is rebuilt with one warning naming it; a storage error is one line naming the cache
 and the fix, and leaves nothing half-written. The expected blocks are computed from the documented rules
-(tests/helpers.py, ``reference_blocks``)."""
+(tests/support/helpers.py, ``reference_blocks``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import reference_blocks, reference_documents, train_in
-from hf_geonorm_cli.main import cli
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data import pipeline
@@ -31,6 +29,9 @@ from hf_geonorm.training.data.pipeline import tokenizer_digest
 from hf_geonorm.training.data.prepare import DataSource, data_request, training_data
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import DATA_CACHE_ENV, TrainOptions
+from hf_geonorm_cli.main import cli
+
+from support.helpers import reference_blocks, reference_documents, train_in
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = (STDLIB / "textwrap.py").read_text()

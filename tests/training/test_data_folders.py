@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import STDLIB, contents, error_lines, train_in, words
 
 from hf_geonorm.training.data.corpus import resolve_corpus
+
+from support.helpers import STDLIB, contents, error_lines, train_in, words
 
 
 def prose(count: int, tag: str) -> str:

@@ -15,12 +15,23 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import STDLIB, held_out, logged, marked_text, reference_blocks, reference_documents, train, train_in, words
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
 from hf_geonorm.training.run import trainer as trainer_module
+
+from support.helpers import (
+    STDLIB,
+    held_out,
+    logged,
+    marked_text,
+    reference_blocks,
+    reference_documents,
+    train,
+    train_in,
+    words,
+)
 
 SMALL = ["--seq-len", "64", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--max-steps", "2",
          "--eval-every", "2", "--preset", "tiny"]  # fmt: skip

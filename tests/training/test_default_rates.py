@@ -12,15 +12,15 @@ import math
 from pathlib import Path
 
 import pytest
-from hf_geonorm.training.sweep import grid as sweep_module
-from hf_geonorm.training.sweep.options import SweepOptions
 
+from hf_geonorm.sweep import grid as sweep_module
+from hf_geonorm.sweep.options import SweepOptions
 from hf_geonorm.training import rate_rule
 from hf_geonorm.training.options import WARMUP_SHARE, TrainOptions
 from hf_geonorm.training.presets import PRESETS
 from hf_geonorm.training.run.model import planned_config, with_learning_rate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"
 # GPT-3's models: (layers, width, peak learning rate), Brown et al. 2020, table 2.1
 GPT3 = {"125m": (12, 768, 6.0e-4), "350m": (24, 1024, 3.0e-4), "760m": (24, 1536, 2.5e-4), "1.3b": (24, 2048, 2.0e-4),

@@ -14,11 +14,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import STDLIB, train_in
 from transformers import AutoTokenizer
 
 from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.pipeline import ArrowBlocks, streaming_blocks, streaming_holdout
+
+from support.helpers import STDLIB, train_in
 
 VOCABULARY = sorted(set(re.findall(r"[a-z]{3,}", (STDLIB / "textwrap.py").read_text())))
 EVAL = ["--eval-blocks", "32"]  # 2,048 tokens a split: a whole file of two pieces fits

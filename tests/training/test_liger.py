@@ -15,24 +15,24 @@ import importlib
 import importlib.util
 import inspect
 import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from tiny_models import tiny_model
 
 import hf_geonorm
 from hf_geonorm.modeling.layouts import LAYOUTS
 from hf_geonorm.training.liger import check_geonorm_kept, geonorm_liger_patch, geonorm_parts, register_liger_patches
 
+from support.helpers import json_from_child
+from support.tiny_models import tiny_model
+
 LIGER_INSTALLED = importlib.util.find_spec("liger_kernel") is not None
 needs_liger = pytest.mark.skipif(
     not LIGER_INSTALLED, reason="liger-kernel is not installed (pip install -e '.[liger]')"
 )
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # Defines state(model): each module's name -> (its class, the name it prints, the function bound on it as its own
 # forward); a module a Liger patch replaces changes one of them.
@@ -68,7 +68,7 @@ SCRIPT = """
 import hf_geonorm
 import torch
 import transformers
-from tiny_models import tiny_model
+from support.tiny_models import tiny_model
 from transformers import Trainer, TrainingArguments
 from transformers.integrations.liger import apply_liger_kernel
 
@@ -116,19 +116,9 @@ print(json.dumps(report))
 
 
 def run_child(script: str, job: dict, cwd: Path) -> dict:
-    """``STATE`` and ``script`` in a fresh Python (``tests/`` on its path); its last output line, as JSON."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    result = subprocess.run(
-        [sys.executable, "-c", STATE + script, str(TESTS), json.dumps(job)],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """``STATE`` and ``script`` in a fresh Python (``tests/`` on its path, the job as JSON); what it reports."""
+    quiet = {"TRANSFORMERS_VERBOSITY": "error"}
+    return json_from_child(STATE + script, str(TESTS), json.dumps(job), cwd=cwd, env=quiet)
 
 
 def check_same_swaps_as_stock(found: dict, case: str, layers: int = 3) -> None:
@@ -179,7 +169,8 @@ def test_liger_on_every_geonorm_type_liger_supports(tmp_path):
     """The same for every supported type whose stock type Liger patches (each block shape Liger knows: LLaMA's,
     Gemma 2's four norms, OLMo 2's output norms, Phi-3's fused MLP, Granite's multipliers, GLM-4's...)."""
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN  # defines the patches only
-    from tiny_models import CASES
+
+    from support.tiny_models import CASES
 
     cases = [name for name, case in CASES.items() if case.model_type in MODEL_TYPE_TO_APPLY_LIGER_FN]
     out = run_child(SCRIPT, {"cases": cases}, tmp_path)

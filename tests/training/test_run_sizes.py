@@ -8,8 +8,9 @@ import json
 import re
 
 import pytest
-from helpers import SHORT_RUN, contents, succeeds, train
 from transformers import AutoModelForCausalLM
+
+from support.helpers import SHORT_RUN, contents, succeeds, train
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3",
          "--eval-blocks", "8"]  # fmt: skip
@@ -60,10 +61,10 @@ def test_a_run_says_what_it_will_take_and_writes_files_of_that_size(kept_run):
 
 
 def test_the_activations_are_estimated_by_the_tokens_of_a_step():
-    from tiny_models import tiny_model
-
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.run.optim import run_sizes
+
+    from support.tiny_models import tiny_model
 
     model = tiny_model("llama")
     one = run_sizes(model, TrainOptions(batch_size=2, seq_len=32))

@@ -1,7 +1,7 @@
 """The documents tokenized in batches of bounded text (hf_geonorm.training.data.token_batches): a document's tokens are
 the tokenizer's own for the whole document (``tokenizer(doc)``), whether it went to the tokenizer whole or in pieces; a
 tokenizer for which pieces could change the tokens gets whole documents; batches hold bounded text, in order; and
-worker processes and small batches build the blocks of the documented rules (tests/helpers.py)."""
+worker processes and small batches build the blocks of the documented rules (tests/support/helpers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from helpers import marked_text, reference_blocks, reference_documents
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
 from hf_geonorm.training.data import token_batches
@@ -20,6 +19,8 @@ from hf_geonorm.training.data.corpus import resolve_corpus
 from hf_geonorm.training.data.pipeline import ArrowBlocks, prepare_blocks
 from hf_geonorm.training.data.token_batches import BATCH_CHARS, encode_documents, piece_cuts, text_batches
 from hf_geonorm.training.data.tokenizer import fast_tokenizer, train_tokenizer
+
+from support.helpers import marked_text, reference_blocks, reference_documents
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 # Characters that meet at the cuts: ASCII and Unicode whitespace (Python's and the tokenizer's differ on some),
@@ -130,7 +131,7 @@ def test_workers_start_with_sigterms_default_and_end_by_their_queue(tokenizer):
     block, as here, where one worker does every task while the other starts, is where that happened)."""
     import signal
 
-    from hf_geonorm.files.signals import terminate_raises
+    from hf_geonorm._plumbing.signals import terminate_raises
 
     with terminate_raises():
         for _ in range(5):

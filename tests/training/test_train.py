@@ -1,6 +1,6 @@
 """`hf-geonorm train` and hf_geonorm.training: Trainer runs, checkpoints, resume, the bridge anneal, LoRA, the
 loss curve, and DDP on CPU (gloo) against the single-process run. Killed runs and damaged inputs:
-tests/test_train_faults.py."""
+tests/training/test_train_faults.py."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import reference_blocks, reference_documents, stdlib_text, train
-from hf_geonorm_cli.main import cli
-from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
 from hf_geonorm.training.data.corpus import resolve_corpus, stdlib_files
 from hf_geonorm.training.run.bridge import MIN_COST, BridgeAnneal, anneal_weights, last_first_bridges
+from hf_geonorm_cli.main import cli
+
+from support.helpers import reference_blocks, reference_documents, stdlib_text, train
+from support.tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 
@@ -34,7 +35,7 @@ def data_file(tmp_path_factory) -> Path:
 
 def eval_loss_of(folder: Path, data_file: Path, blocks: int) -> float:
     """The validation loss of a saved model, computed here from the saved tokenizer and weights (the validation
-    documents held out as documented: tests/helpers.py), on the first ``blocks`` of them (as many as the
+    documents held out as documented: tests/support/helpers.py), on the first ``blocks`` of them (as many as the
     run evaluated: metrics.json's ``evaluated_blocks``)."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -20,17 +20,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in, written_factor
-from hf_geonorm.files.ownership import mark_folder
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
+from hf_geonorm._plumbing.ownership import mark_folder
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run import trainer
 from hf_geonorm.training.run.bridge import anneal_weights, last_first_bridges
 from hf_geonorm.training.run.trainer import run_training
+
+from support.helpers import STDLIB, contents, error_lines, invoke, stopped_run, train, train_in, written_factor
+from support.tiny_models import tiny_model
 
 SMALL = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]
 

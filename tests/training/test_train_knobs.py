@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import fails, stdlib_text, train, train_in
-from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 
 import hf_geonorm
@@ -21,6 +19,9 @@ from hf_geonorm.training.data.prepare import evaluation_size
 from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import EVAL_BLOCKS, TrainOptions
 from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
+from hf_geonorm_cli.main import cli
+
+from support.helpers import fails, stdlib_text, train, train_in
 
 TINY = {"seq_len": 32, "vocab_size": 300, "warmup_steps": 0, "lr": 1e-3}
 SMALL = ["--seq-len", "32", "--batch-size", "4", "--warmup-steps", "0", "--lr", "1e-3"]

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hf_geonorm.training.sweep import engine_options as engine_declared
-from hf_geonorm.training.sweep import options as sweep_declared
-from hf_geonorm.training.sweep.engine_options import EngineOptions
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm_cli import options as cli_options
-from hf_geonorm_cli.main import cli
 
+from hf_geonorm.sweep import engine_options as engine_declared
+from hf_geonorm.sweep import options as sweep_declared
+from hf_geonorm.sweep.engine_options import EngineOptions
+from hf_geonorm.sweep.options import SweepOptions
 from hf_geonorm.training import options as declared
 from hf_geonorm.training import rate_rule
 from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
 from hf_geonorm.training.run import trainer as trainer_module
 from hf_geonorm.training.run.model import with_learning_rate
+from hf_geonorm_cli import options as cli_options
+from hf_geonorm_cli.main import cli
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CLI = Path(cli_options.__file__).parent
 
@@ -128,7 +128,8 @@ def test_the_rule_fits_an_exponent_only_where_cells_measure_it_apart():
 
 def test_the_library_rule_is_the_one_the_committed_journals_give():
     """hf_geonorm/training/rate_rule.json is what benchmarks/rate_rule.py writes from the committed journals today
-    (tests/test_default_rates.py checks train's rate at every measured cell against the journals themselves)."""
+    (tests/training/test_default_rates.py checks train's rate at every measured cell against the journals
+    themselves)."""
     bench = rate_rule_script()
     sweeps = ROOT / "benchmarks" / "results" / "sweeps"
     cells, edges = bench.measured_cells(sweeps)
@@ -215,7 +216,7 @@ def test_the_declaration_modules_import_only_the_standard_library():
 def test_an_empty_path_option_is_refused_as_an_empty_output_is(option, tmp_path, monkeypatch):
     """An empty value (an unset shell variable) would name the working folder: `train --data ""` trained on it.
     Each path option refuses it in one line before anything is read or written, for train and for sweep."""
-    from helpers import contents, fails
+    from support.helpers import contents, fails
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("the user's own file\n" * 50)

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import STDLIB, stdlib_text, written_factor
-from hf_geonorm_cli.main import cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainingArguments
 
@@ -22,6 +20,9 @@ from hf_geonorm.training.data.tokenizer import train_tokenizer
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.run.model import build_model
 from hf_geonorm.training.run.trainer import CheckedTrainer, run_training
+from hf_geonorm_cli.main import cli
+
+from support.helpers import STDLIB, stdlib_text, written_factor
 
 RUN_NAMING = {"_name_or_path"}  # config fields that name where a run came from, not what it is
 
@@ -135,7 +136,8 @@ def test_weight_decay_falls_on_the_weight_matrices_only(arch, tmp_path):
 
 
 def test_the_optimizer_defaults_are_the_recipe():
-    """The command line passes only what was given (tests/test_train_options.py): these defaults are train's."""
+    """The command line passes only what was given (tests/training/test_train_options.py): these defaults are
+    train's."""
     from hf_geonorm.training.options import FINE_TUNING_WEIGHT_DECAY, PRETRAINING_WEIGHT_DECAY
 
     assert (TrainOptions().adam_beta2, TrainOptions().min_lr_ratio) == (0.95, 0.1)

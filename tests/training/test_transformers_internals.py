@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import CASES, layers_of, stock_model
 from transformers import PreTrainedConfig, PreTrainedModel, Trainer, TrainerCallback
 
 from hf_geonorm.modeling.blocks import check_stock_layer_class
 from hf_geonorm.modeling.transformers_versions import UnsupportedTransformers
 from hf_geonorm.training.run import transformers_internals as internals
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hf_geonorm"
+from support.tiny_models import CASES, layers_of, stock_model
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hf_geonorm"
 # the transformers classes whose private attributes hf-geonorm's classes could override or read
 TRANSFORMERS_CLASSES = (Trainer, TrainerCallback, PreTrainedModel, PreTrainedConfig)
 
