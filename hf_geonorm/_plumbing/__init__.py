@@ -1,4 +1,5 @@
-"""Files on disk: outputs written all or nothing (``atomic``, with SIGTERM and SIGINT handled while they are
-written: ``signals``; a full device named alike whichever writer reports it: ``full_device``), text read as UTF-8
-(``text_files``), GGUF checkpoints de-quantised (``gguf_files``) and safetensors headers read without loading
-weights (``safetensors_files``)."""
+"""What every package below the command line shares, private to the library: outputs written all or nothing
+(``atomic``, with the proof of what hf-geonorm wrote: ``ownership``; one writer per folder: ``output_lock``), SIGTERM
+and SIGINT handled while they are written (``signals``), child processes' environment (``children``), a full device
+named alike whichever writer reports it (``full_device``), text read as UTF-8 (``text_files``), file checksums
+(``checksums``), and how an options field declares its command-line option (``declarations``)."""

@@ -17,13 +17,12 @@ import json
 import pytest
 import torch
 import transformers
-from test_models import layer_outputs
 from transformers.models.auto import modeling_auto
 
 import hf_geonorm
 from hf_geonorm.training.data.corpus import stdlib_files
 
-from support.tiny_models import CASES, layers_of, stock_model, tiny_config, token_ids
+from support.tiny_models import CASES, layer_outputs, layers_of, stock_model, tiny_config, token_ids
 
 # The Auto classes of the heads, each with transformers' own table of the stock types that have that head.
 HEAD_TABLES = {

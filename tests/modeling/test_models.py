@@ -26,7 +26,7 @@ from hf_geonorm.modeling.decoder_layers import DECODER_LAYERS
 from hf_geonorm.modeling.transformers_versions import INSTALLED
 
 from support.reference import PI4, geodesic_step, geonorm_logits, plain_logits, reference_logits
-from support.tiny_models import CASES, CLASSIC, VOCAB, layers_of, stock_model, tiny_model, token_ids
+from support.tiny_models import CASES, CLASSIC, VOCAB, layer_outputs, layers_of, stock_model, tiny_model, token_ids
 
 IDS = list(CASES)
 
@@ -96,24 +96,6 @@ def test_every_setting_equals_the_written_out_block(case, settings):
     geo = hf_geonorm.convert(stock, norm_style="geo", **settings)
     expected = geonorm_logits(stock, CASES[case].block, ids, **settings)
     torch.testing.assert_close(logits(geo, ids), expected, atol=1e-6, rtol=1e-5)
-
-
-def layer_outputs(model, ids):
-    """The embeddings and every decoder layer's output (the last hidden state transformers reports is after the
-    final norm)."""
-    seen = []
-
-    def keep(module, args, out):
-        seen.append(out[0] if isinstance(out, tuple) else out)
-
-    hooks = [layer.register_forward_hook(keep) for layer in layers_of(model)]
-    try:
-        with torch.no_grad():
-            first = model(ids, output_hidden_states=True).hidden_states[0]
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return first, seen
 
 
 @pytest.mark.parametrize("case", IDS)

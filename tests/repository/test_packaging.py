@@ -1,4 +1,6 @@
-"""The wheel works on its own: built from a copy of the source, installed into a new virtual environment and run
+"""The layout installs as the packages it names: ``cli/`` as ``hf_geonorm_cli`` and ``model_cards/`` as
+``hf_geonorm.model_cards`` (pyproject.toml's ``package-dir``), in the editable install the tests run from and in a
+wheel. The wheel works on its own: built from a copy of the source, installed into a new virtual environment and run
 from a folder outside the source tree, its ``hf-geonorm`` command answers, ``hf_geonorm.modeling`` holds the method
 specification, and the model card template renders a card beside a saved model.
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "hf_geonorm", "hf_geonorm_cli")
+SOURCES = ("pyproject.toml", "README.md", "hf_geonorm", "cli", "model_cards")
 
 CHECK = r"""
 import importlib.resources, json, sys
@@ -50,6 +52,25 @@ print(json.dumps({"module": hf_geonorm.__file__}))
 """
 
 
+def test_the_editable_install_maps_the_command_line_and_the_card_templates_to_their_folders():
+    """The install the tests run from (``pip install -e .``) imports ``hf_geonorm_cli`` from ``cli/`` and
+    ``hf_geonorm.model_cards`` from ``model_cards/``, the console script's entry point among them, and the card's
+    template is read from there."""
+    import importlib.metadata
+    import importlib.resources
+
+    import hf_geonorm.model_cards
+    import hf_geonorm_cli.main
+    from hf_geonorm.sharing.model_card import CARD_TEMPLATE, card_template
+
+    assert Path(hf_geonorm_cli.main.__file__).resolve() == ROOT / "cli" / "main.py"
+    assert Path(hf_geonorm.model_cards.__file__).resolve().parent == ROOT / "model_cards"
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="hf-geonorm")
+    assert script.load() is hf_geonorm_cli.main.cli
+    assert card_template() == (ROOT / "model_cards" / CARD_TEMPLATE).read_text(encoding="utf-8")
+    assert importlib.resources.files("hf_geonorm.model_cards").joinpath(CARD_TEMPLATE).is_file()
+
+
 def run(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
@@ -74,7 +95,10 @@ def test_the_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
         cwd=tmp_path, timeout=300)  # fmt: skip
     (wheel,) = dist.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"hf_geonorm/modeling/method.md", "hf_geonorm/sharing/geonorm_model_card.md"} <= names
+    assert {"hf_geonorm/modeling/method.md", "hf_geonorm/model_cards/geonorm_model_card.md", "hf_geonorm_cli/main.py",
+            "hf_geonorm/checkpoints/loading.py", "hf_geonorm/sweep/grid.py"} <= names  # fmt: skip
+    # the folders under their import names only; the golden cards are the tests' (rendered for tiny test models)
+    assert not [name for name in names if name.startswith(("cli/", "model_cards/", "hf_geonorm/model_cards/golden"))]
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path, timeout=120)

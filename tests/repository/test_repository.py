@@ -1,7 +1,7 @@
 """Properties of the repository as a whole: its documents link only to files it has, nothing points at the
 specification's old home outside the repository, the README's settings table states the library's defaults, the
-package's modules import without cycles (their floors: tests/repository/test_structure.py), and the test suite's summary
-says why tests were skipped."""
+package's modules import without cycles (their layers: tests/repository/test_layers.py), the modelling code imports
+nothing outside it and passes its values explicitly, and the test suite's summary says why tests were skipped."""
 
 from __future__ import annotations
 
@@ -205,6 +205,19 @@ def test_the_modelling_package_imports_nothing_outside_it():
                 continue
             outside.append(f"{path.name}: {'.' * level}{name}")
     assert not outside, "imports outside the modelling package:\n" + "\n".join(outside)
+
+
+def test_the_modelling_code_passes_its_values_explicitly():
+    """No value of a forward travels through a module's ``__dict__`` behind nn.Module's back: the attention weights
+    are returned, the first tokens are an argument of the residual update and, from the base model's inputs, a
+    named attribute its layers share (``decoder_layers.FirstTokens``)."""
+    found = [
+        f"{path.name}:{number}"
+        for path in sorted(MODELING.glob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "__dict__" in line
+    ]
+    assert not found, f"side channels through __dict__: {found}"
 
 
 def test_the_readme_settings_table_states_the_library_defaults():

@@ -330,6 +330,14 @@ class PluginFreePython:
         return report, results
 
 
+# ---- sweeps ----
+
+# a sweep's runs at their smallest, and the protocol before issue 54: the grid given, one seed
+TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
+        "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
+FIXED = ["--extend", "0", "--confirm-seeds", "none"]
+
+
 # ---- runs and folders a new user makes ----
 
 SHORT_RUN = ["--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--warmup-steps", "0", "--lr", "1e-3"]

@@ -205,3 +205,21 @@ def layers_of(model) -> torch.nn.ModuleList:
     """The decoder layers of a causal LM (``model.layers`` or GPT-2's ``h``), stock or GeoNorm."""
     base = model.base_model
     return base.layers if hasattr(base, "layers") else base.h
+
+
+def layer_outputs(model, ids):
+    """The embeddings and every decoder layer's output (the last hidden state transformers reports is after the
+    final norm)."""
+    seen = []
+
+    def keep(module, args, out):
+        seen.append(out[0] if isinstance(out, tuple) else out)
+
+    hooks = [layer.register_forward_hook(keep) for layer in layers_of(model)]
+    try:
+        with torch.no_grad():
+            first = model(ids, output_hidden_states=True).hidden_states[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return first, seen

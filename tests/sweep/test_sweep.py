@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,20 +27,8 @@ from hf_geonorm.training.options import FINE_TUNING_LR, TrainOptions
 from hf_geonorm.training.rate_rule import RATE_RULE
 from hf_geonorm_cli.main import cli
 
-from support.helpers import write_sweep_journal
+from support.helpers import FIXED, TINY, write_sweep_journal
 from support.tiny_models import tiny_model
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-TINY = ["--seq-len", "32", "--batch-size", "4", "--vocab-size", "300", "--max-steps", "3", "--eval-every", "3",
-        "--warmup-steps", "0", "--eval-blocks", "8"]  # fmt: skip
-FIXED = ["--extend", "0", "--confirm-seeds", "none"]  # the protocol before issue 54: the grid given, one seed
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sweep-corpus") / "text.txt"
-    path.write_text("".join((STDLIB / name).read_text() for name in ("textwrap.py", "shlex.py", "string.py")))
-    return path
 
 
 def sweep_args(corpus: Path, output: Path, *more: str) -> list[str]:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm._plumbing.children import environment_set
 from hf_geonorm.sweep import grid as grid_module
@@ -33,7 +32,7 @@ from hf_geonorm.sweep.record import RecordError
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm_cli.main import cli
 
-from support.helpers import write_sweep_journal
+from support.helpers import FIXED, STDLIB, TINY, write_sweep_journal
 
 # each arm's made-up validation loss: a parabola in log2(rate) around its own best rate, so that --extend walks out
 # of the grid on one side (pre upwards, geo downwards) and the confirmation runs land at the rate it reaches

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_sweep import STDLIB, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm.sweep import evidence
 from hf_geonorm.sweep import grid as grid_module

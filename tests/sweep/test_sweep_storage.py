@@ -21,10 +21,10 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
-from test_sweep import FIXED, STDLIB, TINY, corpus  # noqa: F401 - the module's corpus fixture
 
 from hf_geonorm_cli.main import cli
 
+from support.helpers import FIXED, STDLIB, TINY
 from support.postgres_server import PostgresServer, find_server
 
 GRID = ["--styles", "pre,geo", "--lrs", "1e-5,2e-5", "--seeds", "0", "--extend", "1", "--confirm-seeds", "1"]
