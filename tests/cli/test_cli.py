@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_geonorm
-from hf_geonorm import conversion
+from hf_geonorm.conversion import convert as conversion
 from hf_geonorm.sharing.card_checks import check_remote_code
 from hf_geonorm_cli import options
 from hf_geonorm_cli.main import PRESETS, cli
@@ -160,7 +160,7 @@ def test_the_declarations_help_reads_are_the_ones_the_library_uses():
 def test_the_dtype_choices_are_the_librarys():
     """The CLI spells the dtypes out so that --help needs no torch (``loading`` imports it); they must be the
     library's."""
-    from hf_geonorm import loading
+    from hf_geonorm.checkpoints import loading
 
     assert options.DTYPES == loading.DTYPES
 

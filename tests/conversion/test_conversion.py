@@ -19,9 +19,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm
-from hf_geonorm import conversion, errors, inspection, loading
+from hf_geonorm import errors
 from hf_geonorm._plumbing import text_files
 from hf_geonorm.analysis import angles, evaluation
+from hf_geonorm.checkpoints import loading
+from hf_geonorm.conversion import convert as conversion
+from hf_geonorm.conversion import inspection
 from hf_geonorm.training.run.model import write_scratch_config
 
 from support.helpers import edited_copy

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hf_geonorm import conversion
 from hf_geonorm._plumbing import atomic, full_device, signals
 from hf_geonorm._plumbing.ownership import MARKER_NAME, mark_folder, mark_temporary
+from hf_geonorm.conversion import convert as conversion
 from hf_geonorm_cli.main import cli
 
 from support.helpers import contents

@@ -194,7 +194,7 @@ def test_a_ctrl_c_python_swallows_between_runs_stops_the_sweep_before_the_next(t
 def test_a_signal_python_swallows_while_an_output_is_written_stops_before_it_moves(tmp_path, sig, command):
     """``convert`` and ``init``: the signal lands while the output is written into its temporary folder; nothing is
     moved into place, and the temporary folder is removed."""
-    from hf_geonorm import conversion
+    from hf_geonorm.conversion import convert as conversion
     from hf_geonorm.training.run import model as model_module
 
     from support.tiny_models import tiny_model
