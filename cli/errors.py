@@ -1,7 +1,7 @@
 """How the command line reports, for every command in one place (``GeoNormGroup``): the library's ``ValueError``s
 become one-line ``Error: ...`` messages (a bad setting or option value a usage error, exit 2), its warnings
 one-line ``warning: ...`` messages, Ctrl-C and SIGTERM exits 130 and 143, and unexpected exceptions one line with a
-pointer to ``--debug``. Imports nothing heavy, so ``--help`` stays fast."""
+pointer to ``--debug``."""
 
 from __future__ import annotations
 

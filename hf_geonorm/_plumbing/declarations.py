@@ -2,9 +2,8 @@
 API check alike: ``option`` (the declaration), ``refusal`` (why a value is outside the declared limits, in the
 words both give) and ``OptionError`` (a value refused before any work).
 
-Standard library only, and at the top of the package rather than under ``training``: every command's options are
-declared with it (``TrainOptions``, ``SweepOptions``, ``ConversionOptions``, the command line's own), and the
-command line reads the declarations for ``--help`` without importing torch (``hf_geonorm_cli.library``).
+Below every package that has options rather than under ``training``: every command's options are declared with it
+(``TrainOptions``, ``SweepOptions``, ``ConversionOptions``, the command line's own).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ shapes and types, never their data.
 
 ``gguf.GGUFReader`` builds every field of the file, a NumPy view per string of the tokenizer's vocabulary and merges
 (about 100,000 on SmolLM2: seconds per read); this reads the same layout with ``struct`` and keeps the lengths of
-long arrays only. Standard library only (the tensor types' names come from the ``gguf`` package when asked for), so
-``hf-geonorm info`` reads a file's facts without importing torch or transformers (``hf_geonorm_cli.library``).
+long arrays only. Standard library only (the tensor types' names come from the ``gguf`` package when asked for).
 """
 
 from __future__ import annotations

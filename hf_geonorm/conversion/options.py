@@ -1,8 +1,7 @@
 """What ``convert_checkpoint`` (``hf-geonorm convert``) takes besides the settings: ``ConversionOptions``, each field
 declaring its command-line option (``declarations.option``), and the dtypes a model is read and written in.
 
-Standard library only: the command line generates ``convert``'s options from it for ``--help`` without importing
-torch, and builds ``ConversionOptions`` from the values given.
+The command line generates ``convert``'s options from it, and builds ``ConversionOptions`` from the values given.
 """
 
 from __future__ import annotations

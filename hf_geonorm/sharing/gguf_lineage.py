@@ -12,8 +12,8 @@ written; a title is never turned into an id.
 the header, with torch and transformers imported: most of a minute on a busy machine, for facts the header states)
 and the size checks every command makes. Where the header leaves nothing for those to find (an architecture of
 ``HEADER_TYPES`` whose block count, width and vocabulary are stated and agree with the tensors), the facts come from
-the header alone, without torch or transformers: this module and those it imports use the standard library only
-(and ``gguf`` for the tensor types' names), so the command line reads it through ``hf_geonorm_cli.library``.
+the header alone, without building transformers' config: this module and those it imports read the header with
+the standard library only (and ``gguf`` for the tensor types' names).
 Anything else (another architecture, a missing size, metadata that disagrees with the tensors, which the checks
 refuse) is left to ``describe_gguf``."""
 

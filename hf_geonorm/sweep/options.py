@@ -1,7 +1,5 @@
 """What ``hf-geonorm sweep`` takes beside the ``TrainOptions`` of its runs: ``SweepOptions``, declared as
-``TrainOptions`` is (``options.option``), so that the command line generates its options from here. Like
-``options``, it imports nothing but the standard library and the library modules ``options`` reads: the CLI reads
-it for ``--help`` without importing torch."""
+``TrainOptions`` is (``options.option``), so that the command line generates its options from here."""
 
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ choices or form of the value), from which the CLI generates the click options of
 option's name, default, help and limits are written here only, and the command line and ``validate`` refuse a value
 outside them with the same message (``declarations.refusal``). A ``TrainOptions`` field also declares its
 ``TrainingArguments`` counterpart (``trainer_arguments``), whether a sweep's runs must share it (``sweep_key``) and
-when a run uses it (``used_if``, for ``metrics.json``). The module and the library modules it imports (the
-declarations, the presets) import nothing but the standard library at load time: the CLI reads them for ``--help``
-without importing torch. ``validate`` checks the values before anything is read or built.
+when a run uses it (``used_if``, for ``metrics.json``). ``validate`` checks the values before anything is read or
+built.
 """
 
 from __future__ import annotations

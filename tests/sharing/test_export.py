@@ -315,9 +315,9 @@ def test_package_data_of_the_wheel(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"hf_geonorm/sharing/geonorm_model_card.md", "hf_geonorm/modeling/method.md"} <= names
+    assert {"model_cards/geonorm_model_card.md", "hf_geonorm/modeling/method.md"} <= names
     assert {f"hf_geonorm/modeling/{p.name}" for p in remote_code_files()} <= names
-    assert {"hf_geonorm_cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
+    assert {"cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
 
 
 def test_markdown_links_of_a_saved_card_resolve_in_the_folder(tmp_path):

@@ -8,14 +8,11 @@ import ast
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from hf_geonorm.sweep import engine_options as engine_declared
-from hf_geonorm.sweep import options as sweep_declared
 from hf_geonorm.sweep.engine_options import EngineOptions
 from hf_geonorm.sweep.options import SweepOptions
 from hf_geonorm.training import options as declared
@@ -67,10 +64,10 @@ def test_the_commands_repeat_no_option_and_no_default():
         tree = ast.parse((CLI / name).read_text())
         calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
         options = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "option"]
-        assert not options, f"hf_geonorm_cli/{name} declares options of its own"
+        assert not options, f"cli/{name} declares options of its own"
         keywords = {k.arg for c in calls for k in c.keywords}
         fields = {spec.name for spec in dataclasses.fields(TrainOptions)} - {"settings"}
-        assert not keywords & fields, f"hf_geonorm_cli/{name} passes {sorted(keywords & fields)} by name"
+        assert not keywords & fields, f"cli/{name} passes {sorted(keywords & fields)} by name"
 
 
 def test_train_with_no_options_gets_the_declarations_defaults(monkeypatch):
@@ -187,29 +184,6 @@ def test_a_card_states_the_rate_a_short_run_reached_not_the_one_it_asked():
     facts = training_facts(options, "d", 20, peak, 1.0, 1.0, rate)  # stopped at step 20 of a 30-step warm-up: 20/30
     assert facts["peak learning rate"].startswith(f"{1e-3 * 20 / 30:.3g} reached of 0.001")
     assert facts["learning rate source"] == "given by --lr"
-
-
-def test_the_declaration_modules_import_only_the_standard_library():
-    """The declarations and the library modules they import at load time, followed down their relative imports, as
-    the CLI reads them for ``--help`` (``hf_geonorm_cli/library.py``): the standard library and each other only."""
-    seen: set[Path] = set()
-    todo = [Path(declared.__file__), Path(sweep_declared.__file__), Path(engine_declared.__file__)]
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.level:
-                folder = path.parent.joinpath(*[".."] * (node.level - 1))
-                todo.append(folder.joinpath(*node.module.split(".")).with_suffix(".py").resolve())
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
-                assert all(name.split(".")[0] in sys.stdlib_module_names for name in names), (path.name, names)
-    package = Path(declared.__file__).parents[1]
-    assert {path.relative_to(package).as_posix() for path in seen} == {
-        "declarations.py", "training/options.py", "training/presets.py", "training/sweep/options.py",
-        "training/sweep/engine_options.py", "modeling/settings.py", "modeling/norm_styles.py"}
 
 
 @pytest.mark.parametrize("option", ["--data", "--model", "--tokenizer", "--data-cache", "--output"])
