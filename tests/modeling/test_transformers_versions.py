@@ -7,7 +7,6 @@ tests/modeling/test_oldest_transformers.py."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -82,24 +81,33 @@ def test_above_the_newest_release_a_decoder_layer_that_gained_a_method_is_refuse
         blocks.check_stock_layer_class(changed_base)
 
 
-# The command line in a process whose transformers is, for the modelling code, older than the range: the module is
-# told so before the command runs.
+# The command line in a process where the plugin's record of the installed transformers says 5.15.1: that module is
+# made first, from its file, with transformers.__version__ reading so while it runs (transformers swaps its lazy module
+# as its submodules load, so the version cannot be set earlier), and the plugin imported afterwards finds it.
 COMMAND_UNDER_AN_OLDER_RELEASE = """
-import sys
-from hf_geonorm.modeling import transformers_versions as versions
+import importlib.util, sys
+from pathlib import Path
 
-versions.INSTALLED, versions.INSTALLED_VERSION = (5, 15), "5.15.1"
-from hf_geonorm_cli.main import cli
+import transformers
+
+name = "hf_geonorm.modeling.transformers_versions"
+package = Path(importlib.util.find_spec("hf_geonorm").origin).parent  # found, not imported
+spec = importlib.util.spec_from_file_location(name, package / "modeling" / "transformers_versions.py")
+versions = importlib.util.module_from_spec(spec)
+transformers.__version__ = "5.15.1"
+spec.loader.exec_module(versions)
+assert versions.INSTALLED == (5, 15)
+sys.modules[name] = versions
+from hf_geonorm_cli import run  # the console script's entry point
 
 sys.argv = ["hf-geonorm", "architectures"]
-cli()
+run()
 """
 
 
 def test_the_command_line_refuses_an_older_transformers_in_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", COMMAND_UNDER_AN_OLDER_RELEASE], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
+                          cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=300)  # fmt: skip
     assert done.returncode == 1 and done.stdout == ""
     lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert lines == [

@@ -66,7 +66,7 @@ def test_the_editable_install_maps_the_command_line_and_the_card_templates_to_th
     assert Path(hf_geonorm_cli.main.__file__).resolve() == ROOT / "cli" / "main.py"
     assert Path(hf_geonorm.model_cards.__file__).resolve().parent == ROOT / "model_cards"
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="hf-geonorm")
-    assert script.load() is hf_geonorm_cli.main.cli
+    assert script.load() is hf_geonorm_cli.run and script.load().__module__ == "hf_geonorm_cli"
     assert card_template() == (ROOT / "model_cards" / CARD_TEMPLATE).read_text(encoding="utf-8")
     assert importlib.resources.files("hf_geonorm.model_cards").joinpath(CARD_TEMPLATE).is_file()
 

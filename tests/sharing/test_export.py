@@ -300,10 +300,10 @@ def test_saving_refuses_stock_quantised_and_peft_models_and_save_with_push(tmp_p
 
 def test_package_data_of_the_wheel(tmp_path):
     """After a non-editable install the card template and the method specification must be found: they are
-    package data of hf_geonorm.sharing and hf_geonorm.modeling."""
+    package data of hf_geonorm.model_cards (the folder model_cards/) and hf_geonorm.modeling."""
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "hf_geonorm", "hf_geonorm_cli"):
+    for name in ("pyproject.toml", "README.md", "hf_geonorm", "cli", "model_cards"):
         subprocess.run(["cp", "-r", str(REPO / name), str(source / name)], check=True)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
@@ -315,9 +315,9 @@ def test_package_data_of_the_wheel(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"model_cards/geonorm_model_card.md", "hf_geonorm/modeling/method.md"} <= names
+    assert {"hf_geonorm/model_cards/geonorm_model_card.md", "hf_geonorm/modeling/method.md"} <= names
     assert {f"hf_geonorm/modeling/{p.name}" for p in remote_code_files()} <= names
-    assert {"cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
+    assert {"hf_geonorm_cli/main.py", "hf_geonorm/sharing/hub.py", "hf_geonorm/sharing/model_card.py"} <= names
 
 
 def test_markdown_links_of_a_saved_card_resolve_in_the_folder(tmp_path):
