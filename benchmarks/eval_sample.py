@@ -30,11 +30,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm  # noqa: F401  (registers the GeoNorm classes)
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.journal import header_options
+from hf_geonorm.sweep.report import best_rates, cells, mean_spread
 from hf_geonorm.training.data.prepare import data_request, data_source, training_data
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.journal import header_options
-from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = 8  # consecutive blocks of 128 tokens per group

@@ -23,9 +23,9 @@ And a roofline: the bytes each kernel moves per token (every read and write once
 at H100 SXM and H200 HBM bandwidth for ROOFLINE_TOKENS tokens, next to Liger-Kernel's fused add + RMSNorm (what
 a Pre-Norm block fuses at the same place), its bytes counted from its kernel's reads and writes.
 
-Writes kernel_resources.json and .md to --out (default benchmarks/results). tests/test_kernel_compile.py compiles
-the same variants with ``compile_variant`` (a covering subset by default, this whole matrix with --runslow), and
-benchmarks/gpu_check.sh measures the roofline's shapes on a GPU against the predictions in the .json.
+Writes kernel_resources.json and .md to --out (default benchmarks/results). tests/modeling/test_kernel_compile.py
+compiles the same variants with ``compile_variant`` (a covering subset by default, this whole matrix with --runslow),
+and benchmarks/gpu_check.sh measures the roofline's shapes on a GPU against the predictions in the .json.
 
     python benchmarks/kernel_resources.py            # the whole matrix: a few minutes on one core
 """
@@ -85,7 +85,7 @@ DTYPES = {
 }
 # 768-16384 (fused.MAX_FUSED_WIDTH): one per power-of-two block, and 5000, not a multiple of 16
 WIDTHS = (768, 1024, 2048, 4096, 5000, 8192, 16384)
-SPILL_FREE_UP_TO = 8192  # widths up to this one must not spill (tests/test_kernel_compile.py)
+SPILL_FREE_UP_TO = 8192  # widths up to this one must not spill (tests/modeling/test_kernel_compile.py)
 
 # Per-SM limits. Threads, warps, registers and shared memory per SM and per block: the CUDA C++ Programming Guide,
 # "Technical Specifications per Compute Capability". Blocks per SM, register and shared-memory allocation units,

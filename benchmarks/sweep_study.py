@@ -61,10 +61,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from hf_geonorm.sweep.grid import read_journal, run_sweep
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.report import arm_name, best_rates
 from hf_geonorm.training.options import LEGACY_HELD_OUT_RULE, TrainOptions
-from hf_geonorm.training.sweep.grid import read_journal, run_sweep
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.report import arm_name, best_rates
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STEPS, WARMUP = 300, 30

@@ -6,8 +6,13 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
-import sys as _sys
-
+from .checkpoints.patching import (
+    apply_geonorm,
+    config_class_for,
+    convert,
+    family_for,
+    supported_architectures,
+)
 from .modeling import model_mixins as _model_mixins
 from .modeling import modeling_geonorm as _modeling
 from .modeling.families import GeoNormFamily
@@ -22,13 +27,6 @@ from .modeling.geometry import (
 from .modeling.layouts import BlockLayout
 from .modeling.residual import GeoNormResidual, identity_norm_like
 from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
-from .patching import (
-    apply_geonorm,
-    config_class_for,
-    convert,
-    family_for,
-    supported_architectures,
-)
 from .sharing.hub import push_model_to_hub as _push_model_to_hub
 from .training.liger import enable_liger_kernels as _enable_liger_kernels
 
@@ -36,17 +34,6 @@ from .training.liger import enable_liger_kernels as _enable_liger_kernels
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub
 # Liger-Kernel's patches of a stock type X apply to geonorm_X too (when liger-kernel is installed)
 _enable_liger_kernels()
-
-
-def _bind_earlier_imports() -> None:
-    """Make the modules and subpackages imported before the package ran (the command line imports its declarations
-    so, for a ``--help`` without torch: ``hf_geonorm_cli.library``) its attributes, as an import after it does."""
-    for name, module in list(_sys.modules.items()):
-        if name.startswith(f"{__name__}.") and name.count(".") == 1:
-            globals().setdefault(name.rpartition(".")[2], module)
-
-
-_bind_earlier_imports()
 
 __all__ = [
     "NORM_STYLES",

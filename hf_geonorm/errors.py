@@ -1,8 +1,7 @@
 """The errors the library raises for its user (a setting out of range, a non-finite metric, what would need custom
 code, a job whose extra is not installed), and how a message is cut to the one line the command line prints.
 
-Imports only the standard library: the command line reads ``first_line`` from this file (``hf_geonorm_cli.library``)
-without importing torch, so that it formats its own messages as the library does.
+The command line formats its own messages with ``first_line`` too, so that they read as the library's.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ Each field carries its help and limits in its metadata and its choices in its ty
 from which the CLI generates the click options of ``train`` and ``sweep``; so an option's name, default, help and
 limits are written here only, and the command line and ``validate`` refuse a value outside them with the same
 message (``declarations.limit_problem``). ``trainer_arguments`` passes the options on to ``TrainingArguments``, and
-``fields_used`` says which of them a run uses (``metrics.json``). The module and the library modules it imports (the
-declarations, the presets) import nothing but the standard library at load time: the CLI reads them for ``--help``
-without importing torch. ``validate`` checks the values before anything is read or built.
+``fields_used`` says which of them a run uses (``metrics.json``). ``validate`` checks the values before anything is
+read or built.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..declarations import OptionError, check_limits
+from .._plumbing.declarations import OptionError, check_limits
 from .presets import DEFAULT_POSITIONS, PRESETS, preset_positions
 
 BRIDGE_ORDERS = ("together", "last-first")
@@ -313,7 +312,7 @@ class TrainOptions:
         except ValueError as error:  # the settings are the caller's (command-line options)
             raise SettingsError(first_line(error)) from None
         if self.model is None:
-            from ..patching import family_for
+            from ..checkpoints.patching import family_for
 
             family_for(self.arch)  # an unknown architecture, named with the supported ones
         return self

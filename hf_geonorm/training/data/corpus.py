@@ -24,9 +24,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..._plumbing.checksums import file_sha256
+from ..._plumbing.text_files import BINARY_PROBE, not_text
 from ...errors import first_line
-from ...files.checksums import file_sha256
-from ...files.text_files import BINARY_PROBE, not_text
 from ..options import HELD_OUT_RULE, LEGACY_HELD_OUT_RULE
 from .documents import (
     TEXT_TYPES,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ...files.atomic import atomic_directory
+from ..._plumbing.atomic import atomic_directory
 from ..options import HELD_OUT_RULE, LEGACY_HELD_OUT_RULE
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, VAL_EVERY, Corpus

@@ -25,9 +25,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
+from ..._plumbing.checksums import file_sha256
+from ...checkpoints.loading import NO_REMOTE_CODE, TOKENIZER_FILES, looks_like_path, open_source, standard_tokenizer
 from ...errors import custom_code_error, first_line, needs_custom_code
-from ...files.checksums import file_sha256
-from ...loading import NO_REMOTE_CODE, TOKENIZER_FILES, looks_like_path, open_source, standard_tokenizer
 from ..options import DEFAULT_TOKENIZER_VOCAB, LEGACY_HELD_OUT_RULE, TOKENIZER_SAMPLE_CHARS, trained_vocab_problem
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus

@@ -14,12 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ...errors import SettingsError, first_line
-from ...files.atomic import atomic_directory, check_target
-from ...files.full_device import full_device_as_os_error
-from ...files.output_lock import check_not_in_use, output_lock
-from ...inspection import check_fits_memory, parameter_count
-from ...loading import (
+from ..._plumbing.atomic import atomic_directory, check_target
+from ..._plumbing.full_device import full_device_as_os_error
+from ..._plumbing.output_lock import check_not_in_use, output_lock
+from ...checkpoints.loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
@@ -27,8 +25,10 @@ from ...loading import (
     open_source,
     resolve_settings,
 )
+from ...checkpoints.patching import config_class_for
+from ...conversion.inspection import check_fits_memory, parameter_count
+from ...errors import SettingsError, first_line
 from ...modeling.settings import GeoNormSettings
-from ...patching import config_class_for
 from ...sharing.folders import save_config_with_remote_code
 from ..data.tokenizer import folder_config, has_trained_weights
 from ..options import (

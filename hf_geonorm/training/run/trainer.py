@@ -21,10 +21,10 @@ import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
+from ..._plumbing.signals import raise_if_signalled
 from ...analysis.evaluation import explain_non_finite
+from ...checkpoints.patching import family_for
 from ...errors import NonFiniteError, require_extra
-from ...files.signals import raise_if_signalled
-from ...patching import family_for
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
 from ..options import (
     BETA1,
