@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ...errors import require_extra
+from ..errors import require_extra
 from .evidence import caveats
 from .journal import JOURNAL, read_journal
 from .reference import read_held_out
