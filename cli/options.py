@@ -132,8 +132,9 @@ def value_type(field: dataclasses.Field, hint: Any) -> tuple[Any, dict[str, Any]
     elif origin is tuple:
         read, extra["nargs"] = click.types.convert_type(args[0]), len(args)
     elif path is not None:
-        read = click.Path(exists=path.startswith("existing"), file_okay=path.endswith("file"),
-                          dir_okay=path.endswith("folder"))  # fmt: skip
+        # what a path that need not exist yet is (a file where a folder goes) is the library's to say, in its words
+        read = click.Path(exists=path.startswith("existing"), file_okay=path != "existing folder",
+                          dir_okay=path != "existing file")  # fmt: skip
     else:
         read = click.types.convert_type(kinds[0])
     if choices is not None or any(key in field.metadata for key in declarations.LIMITS):
