@@ -76,7 +76,8 @@ def test_the_train_extra_holds_matplotlib_and_what_train_checks_for_before_it_st
     from packaging.requirements import Requirement
 
     tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
-    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     train_extra = {Requirement(text).name for text in project["optional-dependencies"]["train"]}
     assert "matplotlib" in train_extra and train_extra == set(EXTRAS["train"])
     assert not train_extra & {Requirement(text).name for text in project["dependencies"]}
