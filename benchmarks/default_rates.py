@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from hf_geonorm.modeling.settings import NORM_STYLES
+from hf_geonorm.sweep.options import UNMEASURED_GRID_STEPS
+from hf_geonorm.sweep.report import rate_text
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.presets import PRESETS
 from hf_geonorm.training.rate_rule import EXTRAPOLATED, RATE_RULE
 from hf_geonorm.training.run.model import default_rate, planned_config
-from hf_geonorm.training.sweep.options import UNMEASURED_GRID_STEPS
-from hf_geonorm.training.sweep.report import rate_text
 
 RESULTS = Path(__file__).parent / "results"
 FIT = RESULTS / "rate_rule.json"  # benchmarks/rate_rule.py's fit over the cells, which train does not use

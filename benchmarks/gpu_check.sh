@@ -40,13 +40,14 @@ left() { echo $((budget - (SECONDS - start))); }
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-echo "== 0. the kernel's first-use check (hf_geonorm.modeling.kernel_check.check_kernel) on CUDA"
+echo "== 0. the kernel's first-use check (hf_geonorm.modeling.fused.check_kernel) on CUDA"
 timeout 90 "$python" - > "$out/kernel_check.txt" 2>&1 <<'PY'
 import math
 
 import torch
 
-from hf_geonorm.modeling import kernel_check
+from hf_geonorm.modeling.fused import check_kernel
+from hf_geonorm.modeling.geometry import FusedGeodesicStep
 
 cases = [  # (state dtype, update dtype, max_angle, what the backward keeps)
     (torch.float32, torch.float32, math.pi / 4, "output"),
@@ -60,7 +61,7 @@ cases = [  # (state dtype, update dtype, max_angle, what the backward keeps)
 failed = 0
 for x_dtype, u_dtype, max_angle, keep in cases:
     for width in (768, 5000):
-        problem = kernel_check.check_kernel("cuda", x_dtype, u_dtype, width, max_angle, keep)
+        problem = check_kernel(FusedGeodesicStep, "cuda", x_dtype, u_dtype, width, max_angle, keep)
         print(x_dtype, u_dtype, width, max_angle, keep, "ok" if problem is None else f"FAILED: {problem}")
         failed += problem is not None
 raise SystemExit(1 if failed else 0)

@@ -3,7 +3,7 @@
 Every variant of hf_geonorm/modeling/triton_kernels.py (the forward with and without the clamp; the backward
 clamped reading u, unclamped reading u, clamped reading the output) is compiled by Triton's own compiler for
 sm_80 (A100), sm_90 (H100, H200) and sm_100 (B200), for each dtype pair the fused step launches it with and
-each width of WIDTHS. The arguments are the launch's own (``triton_kernels.forward_launch`` /
+each width of WIDTHS. The arguments are the launch's own (``fused.forward_launch`` /
 ``backward_launch`` on stand-in tensors) and Triton's own binder specialises them, as a launch does: pointers,
 strides and the width divisible by 16 are marked so, which is what lets the loads be 128-bit vectors. Nothing
 needs a GPU: Triton ships ptxas and cuobjdump for every target.
@@ -23,9 +23,9 @@ And a roofline: the bytes each kernel moves per token (every read and write once
 at H100 SXM and H200 HBM bandwidth for ROOFLINE_TOKENS tokens, next to Liger-Kernel's fused add + RMSNorm (what
 a Pre-Norm block fuses at the same place), its bytes counted from its kernel's reads and writes.
 
-Writes kernel_resources.json and .md to --out (default benchmarks/results). tests/test_kernel_compile.py compiles
-the same variants with ``compile_variant`` (a covering subset by default, this whole matrix with --runslow), and
-benchmarks/gpu_check.sh measures the roofline's shapes on a GPU against the predictions in the .json.
+Writes kernel_resources.json and .md to --out (default benchmarks/results). tests/modeling/test_kernel_compile.py
+compiles the same variants with ``compile_variant`` (a covering subset by default, this whole matrix with --runslow),
+and benchmarks/gpu_check.sh measures the roofline's shapes on a GPU against the predictions in the .json.
 
     python benchmarks/kernel_resources.py            # the whole matrix: a few minutes on one core
 """
@@ -53,7 +53,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
-from hf_geonorm.modeling import step_autograd, triton_kernels
+from hf_geonorm.modeling import fused, triton_kernels
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -68,7 +68,7 @@ class Variant:
     from_out: bool = False
 
 
-# Every constexpr combination the launch can ask for (FROM_OUT needs the clamp: step_autograd refuses it without).
+# Every constexpr combination the launch can ask for (FROM_OUT needs the clamp: the fused step refuses it without).
 VARIANTS = (
     Variant("forward", backward=False, clamp=True),
     Variant("forward, no clamp", backward=False, clamp=False),
@@ -76,16 +76,16 @@ VARIANTS = (
     Variant("backward, no clamp", backward=True, clamp=False),
     Variant("backward from the output", backward=True, clamp=True, from_out=True),
 )
-# (state dtype, update dtype): step_autograd.KERNEL_DTYPES, and a float32 state with a bfloat16 update (autocast)
+# (state dtype, update dtype): fused.KERNEL_DTYPES, and a float32 state with a bfloat16 update (autocast)
 DTYPES = {
     "fp32": (torch.float32, torch.float32),
     "bf16": (torch.bfloat16, torch.bfloat16),
     "fp16": (torch.float16, torch.float16),
     "fp32 state, bf16 update": (torch.float32, torch.bfloat16),
 }
-# 768-16384 (step_autograd.MAX_FUSED_WIDTH): one per power-of-two block, and 5000, not a multiple of 16
+# 768-16384 (fused.MAX_FUSED_WIDTH): one per power-of-two block, and 5000, not a multiple of 16
 WIDTHS = (768, 1024, 2048, 4096, 5000, 8192, 16384)
-SPILL_FREE_UP_TO = 8192  # widths up to this one must not spill (tests/test_kernel_compile.py)
+SPILL_FREE_UP_TO = 8192  # widths up to this one must not spill (tests/modeling/test_kernel_compile.py)
 
 # Per-SM limits. Threads, warps, registers and shared memory per SM and per block: the CUDA C++ Programming Guide,
 # "Technical Specifications per Compute Capability". Blocks per SM, register and shared-memory allocation units,
@@ -153,12 +153,12 @@ def launch_arguments(variant: Variant, state_dtype: torch.dtype, update_dtype: t
     if not variant.backward:
         out = torch.empty(1, width, dtype=state_dtype)
         max_angle = math.pi / 4 if variant.clamp else None
-        return triton_kernels._geonorm_fwd_kernel, triton_kernels.forward_launch(x, u, out, stats, 0.5, max_angle)
+        return triton_kernels.geodesic_forward_kernel, fused.forward_launch(x, u, out, stats, 0.5, max_angle)
     v = torch.empty(1, width, dtype=state_dtype) if variant.from_out else u  # the output has the state's dtype
     grad, dx, du = torch.empty_like(x), torch.empty_like(x), torch.empty_like(u)
     max_angle = math.pi / 4 if variant.clamp else None
-    launch = triton_kernels.backward_launch(x, v, grad, stats, dx, du, 0.5, max_angle, variant.from_out)
-    return triton_kernels._geonorm_bwd_kernel, launch
+    launch = fused.backward_launch(x, v, grad, stats, dx, du, 0.5, max_angle, variant.from_out)
+    return triton_kernels.geodesic_backward_kernel, launch
 
 
 def row_access_bits(ptx: str, op: str) -> list[int]:
@@ -247,10 +247,10 @@ def _compile_variant(target: str, dtype: str, width: int, variant: Variant, opti
 
 def geonorm_bytes(width: int, state_dtype: torch.dtype, update_dtype: torch.dtype) -> dict[str, int]:
     """Bytes per token. Forward: reads x and u, writes the output (x's dtype) and three float32 row numbers.
-    Backward: reads x, what the step kept (the output or u, as ``step_autograd.kept_for_backward`` picks at the
+    Backward: reads x, what the step kept (the output or u, as ``fused.kept_for_backward`` picks at the
     default clamp), the output gradient and the row numbers, writes dx and du."""
     xb, ub = state_dtype.itemsize * width, update_dtype.itemsize * width
-    kept = xb if step_autograd.kept_for_backward(torch.empty(0, dtype=state_dtype), math.pi / 4) == "output" else ub
+    kept = xb if fused.kept_for_backward(torch.empty(0, dtype=state_dtype), math.pi / 4) == "output" else ub
     return {"forward": xb + ub + xb + STATS_BYTES, "backward": xb + kept + xb + STATS_BYTES + xb + ub}
 
 
@@ -466,7 +466,7 @@ def _device_bandwidth(name: str) -> str | None:
 
 def _geonorm_microseconds(width: int, dtype: str, tokens: int) -> dict:
     """The kernels as the fused step launches them at the defaults (clamped at pi/4; the backward reading the
-    output or u as ``step_autograd.kept_for_backward`` picks) at ``tokens`` x ``width``: per direction the variant,
+    output or u as ``fused.kept_for_backward`` picks) at ``tokens`` x ``width``: per direction the variant,
     its time, how it was timed and the launched kernel's registers and spills."""
     state, update = DTYPES[dtype]
     per_token = geonorm_bytes(width, state, update)
@@ -476,13 +476,13 @@ def _geonorm_microseconds(width: int, dtype: str, tokens: int) -> dict:
         u = torch.randn(tokens, width, device="cuda", dtype=update) * 0.1
         out, stats = torch.empty_like(x), torch.empty(tokens, 3, device="cuda", dtype=torch.float32)
         sets.append((x, u, torch.randn_like(x), out, stats, torch.empty_like(x), torch.empty_like(u)))
-    from_out = step_autograd.kept_for_backward(sets[0][0], math.pi / 4) == "output"
+    from_out = fused.kept_for_backward(sets[0][0], math.pi / 4) == "output"
     grid, kept = (tokens,), 3 if from_out else 1  # the forward's output, or u
-    forward = [functools.partial(triton_kernels._geonorm_fwd_kernel[grid], *arguments, **options)
-               for arguments, options in (triton_kernels.forward_launch(x, u, out, stats, 0.5, math.pi / 4)
+    forward = [functools.partial(triton_kernels.geodesic_forward_kernel[grid], *arguments, **options)
+               for arguments, options in (fused.forward_launch(x, u, out, stats, 0.5, math.pi / 4)
                                           for x, u, _, out, stats, _, _ in sets)]  # fmt: skip
-    backward = [functools.partial(triton_kernels._geonorm_bwd_kernel[grid], *arguments, **options)
-                for arguments, options in (triton_kernels.backward_launch(
+    backward = [functools.partial(triton_kernels.geodesic_backward_kernel[grid], *arguments, **options)
+                for arguments, options in (fused.backward_launch(
                     tensors[0], tensors[kept], tensors[2], tensors[4], tensors[5], tensors[6], 0.5, math.pi / 4,
                     from_out) for tensors in sets)]  # fmt: skip
     variants = {"forward": "forward", "backward": "backward from the output" if from_out else "backward"}

@@ -1,7 +1,7 @@
 """Liger-Kernel on against off on a GeoNorm LLaMA, one training step on a CUDA device (run by gpu_check.sh).
 
-Liger's kernels run on GPUs only, so tests/test_liger.py checks on CPU which modules Liger swaps; this checks the
-numbers: for each norm style and dtype, two copies of a tiny GeoNorm LLaMA (same weights, same batch), the second
+Liger's kernels run on GPUs only, so tests/training/test_liger.py checks on CPU which modules Liger swaps; this checks
+the numbers: for each norm style and dtype, two copies of a tiny GeoNorm LLaMA (same weights, same batch), the second
 patched by ``_apply_liger_kernel_to_instance`` as Trainer's ``use_liger_kernel=True`` patches it (RMSNorm, SwiGLU,
 RoPE, fused linear cross-entropy), and compares the loss, every gradient, and the loss after one SGD step taken with
 those gradients. A difference is relative: to the loss, or to the largest gradient entry of the same tensor. The

@@ -1,5 +1,5 @@
 """What proving a 14 GB checkpoint costs: the SHA-256 the marker records of each file as it is written and checks
-again before the file is replaced or removed (``hf_geonorm.files.ownership.file_entry``, ``changed_file``), and the
+again before the file is replaced or removed (``hf_geonorm._plumbing.ownership.file_entry``, ``changed_file``), and the
 stat proof checked first (``file_proof``: size, modification and change times, inode).
 
 Hashing: ``file_entry`` of a file of ``--mib`` MiB of random bytes, read back from the page cache (the cheapest a hash
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hf_geonorm.files.ownership import file_entry, mark_folder, ownership_problem
+from hf_geonorm._plumbing.ownership import file_entry, mark_folder, ownership_problem
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = 3

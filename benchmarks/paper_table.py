@@ -43,10 +43,10 @@ from sweep_study import (
     phase_i_options,
 )
 
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.welch import welch_test
 from hf_geonorm.training.data.pipeline import ArrowBlocks
 from hf_geonorm.training.data.prepare import data_request, data_source, training_data
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.welch import welch_test
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STYLES = {"pre": "Pre-Norm", "post": "Post-Norm", "deepnorm": "DeepNorm", "sandwich": "SandwichNorm", "geo": "GeoNorm"}

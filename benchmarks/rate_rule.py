@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.report import at_edge, best_rates, rate_text
 from hf_geonorm.training.options import WARMUP_SHARE
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import at_edge, best_rates, rate_text
 
 RESULTS = Path(__file__).parent / "results"
 LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rule.json"

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from sweep_study import I_CENTRES, I_SHAPES
 
-from hf_geonorm.training.sweep.journal import read_journal
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.protocol import walk
-from hf_geonorm.training.sweep.table import rate_text, share_text
+from hf_geonorm.sweep.journal import read_journal
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.protocol import walk
+from hf_geonorm.sweep.table import rate_text, share_text
 
 RESULTS = Path(__file__).parent / "results"
 SWEEPS = RESULTS / "sweeps"

@@ -1,5 +1,5 @@
 """Each finished study phase's ``sweep.md`` and ``sweep.png`` written again from its journal (``runs.jsonl``) by the
-sweep's own report writer (``hf_geonorm.training.sweep.report.write_report``, what ``hf-geonorm sweep`` calls when
+sweep's own report writer (``hf_geonorm.sweep.report.write_report``, what ``hf-geonorm sweep`` calls when
 every run is in), so that a report written by an earlier hf-geonorm says what the current one says of the same runs.
 Trains nothing, and reads nothing but the journals; a phase still running (phase i) is not among the defaults, since
 its own sweep writes its report after every run:
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import write_report
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.report import write_report
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 FINISHED = ("a_gpt2", "a_llama", "b_fortunes", "b_gcide", "c_depth", "d_alpha", "e_alpha_stdlib", "e_alpha_gcide",

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..loading import Source
+from ..checkpoints.loading import Source
 from ..modeling.geometry import geonorm_angle, prenorm_angle
 from ..modeling.residual import residual_modules
 from ..modeling.settings import GeoNormSettings, computes_prenorm

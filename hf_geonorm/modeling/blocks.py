@@ -1,7 +1,7 @@
 """The patch that puts GeoNorm into a stock base model, and the checks before it.
 
-``patch_base_model`` sets each stock decoder layer's class to the GeoNorm decoder layer of its block shape
-(``decoder_layers.py``, chosen by the layout's ``block``) and gives every sublayer its ``GeoNormResidual``.
+``patch_base_model`` builds every sublayer's ``GeoNormResidual`` and hands each stock decoder layer to the GeoNorm
+decoder layer of its block shape (``decoder_layers.py``, chosen by the layout's ``block``: its ``take_over``).
 Imports only torch, transformers and flat siblings (remote code).
 """
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .decoder_layers import FirstTokens, GeoNormDecoderLayer, decoder_layer_class
+from .decoder_layers import FIRST_TOKENS, GeoNormDecoderLayer, decoder_layer_class
 from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
 from .norm_styles import NORM_STYLE_DECLARATIONS, named_styles
@@ -158,22 +158,30 @@ def _free_padding_row(base_model: nn.Module, fresh_init: bool) -> None:
             weight[row].normal_(0.0, others.float().std().item())
 
 
-def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+def pass_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
     """Forward pre-hook of a patched base model: under ``geo_first_token_prenorm``, called without
-    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), mark the first position whose mask
-    is 1 in each row in the model's ``FirstTokens``; otherwise clear the mark (the layers then read the position
-    ids)."""
-    first = None
+    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), hand the decoder layers the first
+    position whose mask is 1 in each row as the keyword argument ``FIRST_TOKENS``, which the stock model passes on
+    to its layers with its other keyword arguments. Otherwise nothing is added, and the layers read the position
+    ids."""
     config = base_model.config
     mask, position_ids = kwargs.get("attention_mask"), kwargs.get("position_ids")
-    if getattr(config, "geo_first_token_prenorm", False) and position_ids is None and isinstance(mask, torch.Tensor):
-        inputs = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1])
-                       if isinstance(t, torch.Tensor)), None)  # fmt: skip
-        if mask.dim() == 2 and inputs is not None and inputs.dim() >= 2:
-            length = inputs.shape[1]
-            positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
-            first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
-    base_model.geonorm_first_tokens.mask = first
+    if not getattr(config, "geo_first_token_prenorm", False) or position_ids is not None:
+        return None
+    inputs = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1])
+                   if isinstance(t, torch.Tensor)), None)  # fmt: skip
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or inputs is None or inputs.dim() < 2:
+        return None
+    length = inputs.shape[1]
+    positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
+    first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
+    if not base_model.geonorm_layout.layer_kwargs and not torch.equal(first, (positions == 0).expand_as(first)):
+        raise ValueError(
+            f"{config.model_type}'s decoder layers are not given the model's keyword arguments, so under "
+            "geo_first_token_prenorm they find each sequence's first token from the position ids: pass position_ids "
+            "with a left-padded batch (as generate does)"
+        )
+    return args, {**kwargs, FIRST_TOKENS: first}
 
 
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
@@ -189,40 +197,37 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     style = NORM_STYLE_DECLARATIONS[settings.norm_style]  # what the style adds besides its residual modules
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
-    first_tokens = getattr(base_model, "geonorm_first_tokens", None)
-    if not isinstance(first_tokens, FirstTokens):  # the first patch of this base model (a re-patch keeps its hook)
-        first_tokens = base_model.geonorm_first_tokens = FirstTokens()
-        base_model.register_forward_pre_hook(_find_first_tokens, with_kwargs=True)
+    if not getattr(base_model, "geonorm_passes_first_tokens", False):  # a re-patch keeps its hook
+        base_model.register_forward_pre_hook(pass_first_tokens, with_kwargs=True)
+        base_model.geonorm_passes_first_tokens = True
     layer_class = decoder_layer_class(layout)
     _declare_no_split(base_model, layer_class)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
     parallel = layer_class.parallel_residual(config)
     schedule = UpdateSchedule(config, num_layers, 1 if parallel else 2)  # one per model, for its residual modules
+    sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
     for k, layer in enumerate(layers):
-        if not isinstance(layer, layer_class):  # a re-patch keeps the class (and a subclass FSDP made of it)
-            layer.__class__ = layer_class
-        layer.geonorm_layer_index = k
-        layer.geonorm_first_tokens = first_tokens
-        sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
+        residuals: dict[str, GeoNormResidual] = {}
         for index, (part, norm_name) in enumerate(sublayers):
-            existing = getattr(layer, f"geonorm_{part}_residual", None)
-            if isinstance(existing, GeoNormResidual) and existing.fits(settings):
-                existing.config, existing.layer_index, existing.num_layers = config, k, num_layers
-                existing.sublayer, existing.sublayers, existing.schedule = index, len(sublayers), schedule
-                continue
-            out_norm = None
-            if style.output_norms:
-                out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
-            residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
-            norm = getattr(layer, norm_name) if norm_name is not None else None
-            reference = next((norm if norm is not None else layer).parameters(), None)
-            if reference is not None:
-                residual.to(device=reference.device, dtype=reference.dtype)
-            residual.train(layer.training)
-            setattr(layer, f"geonorm_{part}_residual", residual)
+            residual = getattr(layer, f"geonorm_{part}_residual", None)
+            if isinstance(residual, GeoNormResidual) and residual.fits(settings):
+                residual.place(config, k, num_layers, index, len(sublayers), schedule)
+            else:
+                out_norm = None
+                if style.output_norms:
+                    out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
+                residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
+                norm = getattr(layer, norm_name) if norm_name is not None else None
+                reference = next((norm if norm is not None else layer).parameters(), None)
+                if reference is not None:
+                    residual.to(device=reference.device, dtype=reference.dtype)
+                residual.train(layer.training)
+            residuals[part] = residual
+        layer_class.take_over(layer, residuals["attn"], residuals.get("mlp"))
         if fresh_init and style.deepnet_init:
             deepnet_init_(layer, layout, num_layers, config)
+    config.geonorm_built_into(base_model)
     if style.geodesic:
         _free_padding_row(base_model, fresh_init)
     if fresh_init and style.normalises_after and settings.post_zero_positions:

@@ -55,6 +55,8 @@ class BlockLayout:
     may raise ``ValueError`` for a variant GeoNorm cannot express.
     ``position_ids`` is False where the stock model calls its layers without position ids or a padding mask
     (GPT-Neo, GPT-BigCode): they cannot find each sequence's first token (``geo_first_token_prenorm``).
+    ``layer_kwargs`` is False where the stock model does not pass its keyword arguments on to its layers (Falcon):
+    they then find the first token of a left-padded batch only from position ids given with it.
     """
 
     block: str = "llama"
@@ -73,6 +75,7 @@ class BlockLayout:
     conv1d: bool = False
     select: Callable[[Any], BlockLayout] | None = None
     position_ids: bool = True
+    layer_kwargs: bool = True
 
     def for_config(self, config: Any) -> BlockLayout:
         """The layout of the block variant ``config`` builds (itself unless the type has variants)."""
@@ -194,6 +197,7 @@ FALCON = BlockLayout(
     final_norm="ln_f",
     fused_values=_falcon_values,
     select=_falcon_layout,
+    layer_kwargs=False,
 )
 FALCON_NEW = replace(FALCON, attn_norm="ln_attn", mlp_norm="ln_mlp")
 FALCON_SEQUENTIAL = replace(FALCON, mlp_norm="post_attention_layernorm")

@@ -7,6 +7,7 @@ decoder layers at construction.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from .blocks import patch_base_model
 from .checkpoint_layout import guarded_conversions
 from .layouts import LEARNED_POSITIONS, BlockLayout
 from .remote_code import write_remote_code
-from .residual import GeoNormResidual, settings_in_use
+from .residual import GeoNormResidual
 from .settings import GeoNormSettings
 from .transformers_versions import CACHE_ARGUMENT
 
@@ -32,12 +33,15 @@ SETTING_DEFAULTS = GeoNormSettings().to_dict()
 SETTING_NAMES = GeoNormSettings.names()
 # Settings that decide which modules and parameters a model has: fixed once a model reads the config.
 STRUCTURAL_SETTINGS = ("norm_style", "geo_learnable_step")
+# The config's count of the live models built from it (``GeoNormConfigMixin.geonorm_built_into``); never saved.
+BUILT_MODELS = "_geonorm_built_models"
 
 
 class GeoNormConfigMixin:
     """Adds the GeoNorm settings to a stock config. The config is where a model's settings live: its residual
     modules read them at every forward, so an assignment changes the model at once; every assignment is
-    validated, and one that would change the model's modules is refused while a model uses the config."""
+    validated, and one that would change the model's modules is refused while a model built from the config
+    lives (``geonorm_built_into``)."""
 
     model_type: str
     geonorm_stock_type: str
@@ -53,13 +57,30 @@ class GeoNormConfigMixin:
                 num_layers = None
             validated = GeoNormSettings(**current).validate(num_layers if isinstance(num_layers, int) else None)
             value = getattr(validated, key)
-            if key in STRUCTURAL_SETTINGS and value != before and settings_in_use(self):
+            if key in STRUCTURAL_SETTINGS and value != before and getattr(self, BUILT_MODELS, 0) > 0:
                 raise ValueError(
                     f"{key} decides which modules a GeoNorm model has, so it cannot change on the config of a built "
                     f"model; call hf_geonorm.apply_geonorm(model, {key}={value!r}) (it keeps the weights), or set it "
                     "on the config before the model is built"
                 )
         super().__setattr__(key, value)
+
+    def geonorm_built_into(self, model: nn.Module) -> None:
+        """Count ``model`` among the models built from this config until it is garbage collected (a base model,
+        when ``blocks.patch_base_model`` gives it modules that read this config): meanwhile the settings that
+        decide which modules exist are refused. A copy of the model (``copy.deepcopy``) copies the count with its
+        config, and keeps it."""
+        super().__setattr__(BUILT_MODELS, getattr(self, BUILT_MODELS, 0) + 1)
+        weakref.finalize(model, self._geonorm_model_gone)
+
+    def _geonorm_model_gone(self) -> None:
+        super().__setattr__(BUILT_MODELS, max(getattr(self, BUILT_MODELS, 0) - 1, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' ``to_dict`` (what a save writes) without the count of built models."""
+        out = super().to_dict()
+        out.pop(BUILT_MODELS, None)
+        return out
 
     def set_geonorm_settings(self, settings: GeoNormSettings) -> None:
         """Write validated settings, structural ones included: for ``apply_geonorm``, which rebuilds the modules."""

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import WeightPathError, safetensors_header, weight_files
-from ..loading_info import tensor_names
+from ..checkpoints.loading_info import tensor_names
+from ..checkpoints.patching import family_for
+from ..checkpoints.safetensors_files import WeightPathError, safetensors_header, weight_files
 from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure, remote_code_files
-from ..patching import family_for
 from .card_metadata import validate_card
 from .card_updates import is_geonorm_card
 from .model_card import written_as_is

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..files.ownership import ownership_problem, read_marker, record_paths
+from .._plumbing.ownership import ownership_problem, read_marker, record_paths
 from .card_metadata import ALIASES_REFUSED, BYTE_ORDER_MARK, LICENSE_FIELDS, metadata_has_aliases, validate_card
 from .model_card import (
     CARD_DATA,

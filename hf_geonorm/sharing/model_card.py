@@ -22,12 +22,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import saved_parameter_count
+from ..checkpoints.patching import family_for
+from ..checkpoints.safetensors_files import saved_parameter_count
 from ..modeling.geometry import step_sizes, updates_per_layer
 from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS
 from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from ..modeling.settings import GeoNormSettings
-from ..patching import family_for
 from .card_metadata import (
     HEAD_PIPELINE_TAGS,
     card_lineage,
@@ -38,7 +38,9 @@ from .card_metadata import (
 from .gguf_lineage import is_quantised
 from .model_facts import bridge_words, lora_targets, style_tags, tensor_types_text
 
+# the card's template: model_cards/ at the top of the repository, installed as the package hf_geonorm.model_cards
 CARD_TEMPLATE = "geonorm_model_card.md"
+CARD_TEMPLATES = "hf_geonorm.model_cards"
 CARD_DATA = "geonorm_card.json"
 CARD_REPO_PLACEHOLDER = "path/to/this/folder"
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_neo", "gpt_bigcode")  # a position table: generate stops at its end
@@ -115,8 +117,8 @@ def load_card_info(path: str | os.PathLike) -> CardInfo | None:
 
 
 def card_template() -> str:
-    """The Jinja template of the model card: package data beside this module."""
-    return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
+    """The Jinja template of the model card: package data of ``hf_geonorm.model_cards``."""
+    return resources.files(CARD_TEMPLATES).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
 
 
 def max_rotation(a: float, max_angle: float | None, clamp: str = "both") -> float:

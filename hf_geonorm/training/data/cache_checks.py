@@ -20,10 +20,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...files.atomic import remove_tree
-from ...files.checksums import file_sha256
-from ...files.ownership import temporary_folder
-from ...files.text_files import json_or_problem
+from ..._plumbing.atomic import remove_tree
+from ..._plumbing.checksums import file_sha256
+from ..._plumbing.ownership import temporary_folder
+from ..._plumbing.text_files import json_or_problem
 from ..options import DATA_CACHE_ENV
 
 WHERE = f"--data-cache (or ${DATA_CACHE_ENV})"

@@ -7,7 +7,7 @@ place when all of them are done. ``resume_checkpoint`` checks the checkpoints ne
 damaged ones (a file missing or unreadable, or a training state that does not fit the checkpoint's step or the record
 of its run: ``checkpoint_state``), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
 the Trainer would keep the values of ``--model`` for tensors it does not find. The staging folder and a replaced
-checkpoint carry the proof of a temporary folder (``hf_geonorm.files.ownership``), which ``atomic.remove_leftovers``
+checkpoint carry the proof of a temporary folder (``hf_geonorm._plumbing.ownership``), which ``atomic.remove_leftovers``
 needs to remove them after a kill; only the checkpoints the output's marker proves are the run's are rotated away
 or removed at the end, never a folder that is merely named ``checkpoint-N``.
 """
@@ -30,14 +30,14 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..._plumbing.atomic import remove_tree
+from ..._plumbing.full_device import is_full_device
+from ..._plumbing.ownership import MARKER_NAME, changed_file, mark_temporary, proven_entries, temporary_folder
+from ..._plumbing.text_files import json_or_problem
+from ...checkpoints.loading import NO_REMOTE_CODE, read_config_json
+from ...checkpoints.loading_info import tensor_names
+from ...checkpoints.safetensors_files import safetensors_header, weight_files
 from ...errors import SettingsError, first_line
-from ...files.atomic import remove_tree
-from ...files.full_device import is_full_device
-from ...files.ownership import MARKER_NAME, changed_file, mark_temporary, proven_entries, temporary_folder
-from ...files.safetensors_files import safetensors_header, weight_files
-from ...files.text_files import json_or_problem
-from ...loading import NO_REMOTE_CODE, read_config_json
-from ...loading_info import tensor_names
 from ...modeling.settings import GeoNormSettings
 from .checkpoint_state import Schedule, missing_file_problem, state_files, state_problem
 from .record import RECORD_FORMAT, RECORD_NAME, write_record

@@ -14,12 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ...errors import SettingsError, first_line
-from ...files.atomic import atomic_directory, check_target
-from ...files.full_device import full_device_as_os_error
-from ...files.output_lock import check_not_in_use, output_lock
-from ...inspection import check_fits_memory, parameter_count
-from ...loading import (
+from ..._plumbing.atomic import atomic_directory, check_target
+from ..._plumbing.full_device import full_device_as_os_error
+from ..._plumbing.output_lock import check_not_in_use, output_lock
+from ...checkpoints.loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
@@ -27,8 +25,10 @@ from ...loading import (
     open_source,
     resolve_settings,
 )
+from ...checkpoints.patching import config_class_for
+from ...conversion.inspection import check_fits_memory, parameter_count
+from ...errors import SettingsError, first_line
 from ...modeling.settings import GeoNormSettings
-from ...patching import config_class_for
 from ...sharing.folders import save_config_with_remote_code
 from ..data.tokenizer import folder_config, has_trained_weights
 from ..options import (
@@ -349,13 +349,15 @@ def what_it_computes(config: Any, options: TrainOptions) -> str:
     """The model's norm style as it computes: ``geo_bridge`` 0 is exact Pre-Norm whatever ``norm_style`` says."""
     style = getattr(config, "norm_style", "?")
     bridge = getattr(config, "geo_bridge", 1.0)
-    if style == "geo" and bridge == 0 and options.bridge_anneal is None:
+    bridges = bridge if isinstance(bridge, list) else [bridge]  # a list: one per layer or per update
+    if style == "geo" and max(bridges) == 0 and options.bridge_anneal is None:
         return (
             "norm_style geo at geo_bridge 0: it computes exact Pre-Norm (the source model); --bridge-anneal STEPS "
             "moves it to GeoNorm while it trains"
         )
-    if style == "geo" and bridge < 1:
-        return f"norm_style geo at geo_bridge {bridge:g}" + (
+    if style == "geo" and min(bridges) < 1:
+        shown = f"{min(bridges):g} to {max(bridges):g}" if isinstance(bridge, list) else f"{bridge:g}"
+        return f"norm_style geo at geo_bridge {shown}" + (
             f", annealed to 1 over {options.bridge_anneal} steps" if options.bridge_anneal else ""
         )
     return f"norm_style {style}"

@@ -1,7 +1,7 @@
 """What a run leaves in its output folder, also when it is stopped:
 
-- one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm.files.output_lock``) from before it looks
-  at the folder until it ends; a second run into the folder fails at once, naming the first;
+- one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm._plumbing.output_lock``) from before it
+  looks at the folder until it ends; a second run into the folder fails at once, naming the first;
 - checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
   place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
 - an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
@@ -11,7 +11,7 @@
   checkpoint; nothing is published as final, and ``metrics.json`` is always strict JSON;
 - SIGKILL leaves a hidden temporary folder carrying the proof that the run made it, which the next run in the same
   output folder removes (``atomic.remove_leftovers``: never a folder only named like one);
-- the folder's marker (``hf_geonorm.files.ownership``) lists what the run wrote there with each file's proof, as it
+- the folder's marker (``hf_geonorm._plumbing.ownership``) lists what the run wrote there with each file's proof, as it
   publishes it; the checkpoints rotated away leave it, and TensorBoard's event files (``--report-to tensorboard``)
   are recorded when the run ends (``RunOutputs.finish``);
 - ``--force`` starts anew only in an empty folder or an hf-geonorm output holding nothing else: what that output
@@ -39,17 +39,17 @@ from transformers import TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from ...errors import first_line
-from ...files.atomic import atomic_directory, check_output_name, remove_leftovers, remove_tree
-from ...files.output_lock import output_lock
-from ...files.ownership import (
+from ..._plumbing.atomic import atomic_directory, check_output_name, remove_leftovers, remove_tree
+from ..._plumbing.output_lock import output_lock
+from ..._plumbing.ownership import (
     check_replaceable,
     is_bookkeeping,
     only_bookkeeping_left,
     record_paths,
     temporary_folder,
 )
-from ...files.signals import terminate_raises
+from ..._plumbing.signals import terminate_raises
+from ...errors import first_line
 from ...modeling.settings import GeoNormSettings
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info

@@ -21,12 +21,20 @@ import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
+from ..._plumbing.signals import raise_if_signalled
 from ...analysis.evaluation import explain_non_finite
-from ...errors import NonFiniteError
-from ...files.signals import raise_if_signalled
-from ...patching import family_for
+from ...checkpoints.patching import family_for
+from ...errors import NonFiniteError, require_extra
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
-from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
+from ..options import (
+    BETA1,
+    LEGACY_HELD_OUT_RULE,
+    MAX_GRAD_NORM,
+    MIN_LR_RATIO,
+    TrainOptions,
+    fields_used,
+    trainer_arguments,
+)
 from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
@@ -50,7 +58,7 @@ from .outputs import (
     shared_data,
     training_facts,
 )
-from .record import check_same_run, learning_rate_facts, run_record
+from .record import check_same_run, learning_rate_facts, recorded_held_out_rule, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -118,9 +126,9 @@ class SignalCheck(TrainerCallback):
 
 
 def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
-    """The options that applied to the run, for ``metrics.json``: the fields the declaration says it used
-    (``fields_used``: ``model`` or ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and
-    data knob), the tokenizer's source or the vocabulary trained; not the defaults of what the run did not use."""
+    """The options that applied to the run, for ``metrics.json``: the fields it used (``fields_used``: ``model`` or
+    ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and data knob), the tokenizer's
+    source or the vocabulary trained; not the defaults of what the run did not use."""
     used = fields_used(options)
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
@@ -145,6 +153,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
+    require_extra("train", "hf-geonorm train")
     options.validate()
     output = Path(options.output).absolute()  # as given: a quoted ~ is a folder ~
     main = _is_main_process()
@@ -171,6 +180,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: R
             return finished
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
+    if checkpoint is not None:  # evaluated on the held-out text it was evaluated on before
+        options = replace(options, held_out_rule=recorded_held_out_rule(checkpoint))
+        if options.held_out_rule == LEGACY_HELD_OUT_RULE and main:
+            log(f"--resume: {checkpoint.name} holds out validation and test by the rule of an earlier hf-geonorm "
+                f"(held-out rule {LEGACY_HELD_OUT_RULE}, files in path order, none longer than the evaluation): kept, "
+                "so that its validation loss stays comparable")  # fmt: skip
     torch.manual_seed(options.seed)
     check_positions(options.model, options.seq_len)  # before any tokenizing
     request = data_request(options)
@@ -302,7 +317,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         )
     args = TrainingArguments(
         output_dir=str(output),
-        **trainer_arguments(options),  # what the options set, as each declares its counterpart
+        **trainer_arguments(options),  # what the options set
         adam_beta1=BETA1,
         max_grad_norm=MAX_GRAD_NORM,
         eval_strategy="steps",

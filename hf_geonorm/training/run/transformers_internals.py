@@ -1,7 +1,7 @@
 """Every private attribute of transformers that hf-geonorm touches, and the few functions it relies on that
 transformers does not export, each with what hf-geonorm needs of it: a minor release may rename any of them.
 
-``tests/test_transformers_internals.py`` checks each against the installed transformers (and that the package
+``tests/training/test_transformers_internals.py`` checks each against the installed transformers (and that the package
 touches no other private attribute), so an upgrade fails there, in one named place; the pin in ``pyproject.toml``
 is the range that test passed on. ``CheckedTrainer`` checks the Trainer methods ``AtomicCheckpointTrainer``
 overrides when it is built, since an override of a renamed method would silently never run. The modelling code
