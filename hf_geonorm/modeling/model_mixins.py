@@ -35,6 +35,9 @@ SETTING_NAMES = GeoNormSettings.names()
 STRUCTURAL_SETTINGS = ("norm_style", "geo_learnable_step")
 # The config's count of the live models built from it (``GeoNormConfigMixin.geonorm_built_into``); never saved.
 BUILT_MODELS = "_geonorm_built_models"
+# Set once a config's __init__ is done: until then its depth may still be the class default (transformers applies
+# ``num_hidden_layers=`` and the other mapped names after the fields), so per-layer lists wait for the end of init.
+INITIALISED = "_geonorm_initialised"
 
 
 class GeoNormConfigMixin:
@@ -51,10 +54,7 @@ class GeoNormConfigMixin:
             current = {name: getattr(self, name, SETTING_DEFAULTS[name]) for name in SETTING_NAMES}
             before = current[key]
             current[key] = value
-            try:
-                num_layers = self.num_hidden_layers
-            except AttributeError:
-                num_layers = None
+            num_layers = self.num_hidden_layers if getattr(self, INITIALISED, False) else None
             validated = GeoNormSettings(**current).validate(num_layers if isinstance(num_layers, int) else None)
             value = getattr(validated, key)
             if key in STRUCTURAL_SETTINGS and value != before and getattr(self, BUILT_MODELS, 0) > 0:
@@ -64,6 +64,15 @@ class GeoNormConfigMixin:
                     "on the config before the model is built"
                 )
         super().__setattr__(key, value)
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        """Check the per-layer lists against the depth the config ends with (``GPT2Config(num_hidden_layers=4,
+        geo_alpha=[...] * 4)`` sets the depth after the settings)."""
+        super().__post_init__(**kwargs)
+        settings = GeoNormSettings(**{name: getattr(self, name) for name in SETTING_NAMES})
+        depth = self.num_hidden_layers
+        settings.validate(depth if isinstance(depth, int) else None)
+        super().__setattr__(INITIALISED, True)
 
     def geonorm_built_into(self, model: nn.Module) -> None:
         """Count ``model`` among the models built from this config until it is garbage collected (a base model,
@@ -80,6 +89,7 @@ class GeoNormConfigMixin:
         """transformers' ``to_dict`` (what a save writes) without the count of built models."""
         out = super().to_dict()
         out.pop(BUILT_MODELS, None)
+        out.pop(INITIALISED, None)
         return out
 
     def set_geonorm_settings(self, settings: GeoNormSettings) -> None:

@@ -5,6 +5,7 @@ error a user gets."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -186,3 +187,23 @@ def test_first_token_prenorm_on_layers_without_keyword_arguments_needs_position_
 def test_an_alpha_list_with_an_empty_item_is_refused(value, tmp_path):
     line = fails("convert", tmp_path / "source", tmp_path / "out", "--alpha", value, code=2)
     assert "empty item" in line and repr(value) in line
+
+
+# ---- per-layer lists against the depth a config ends with ----
+
+
+@pytest.mark.parametrize("arch, depth_name", [("gpt2", "n_layer"), ("gpt2", "num_hidden_layers"),
+                                              ("llama", "num_hidden_layers")])  # fmt: skip
+def test_a_per_layer_list_is_checked_against_the_depth_given_with_it(arch, depth_name, tmp_path):
+    # transformers sets a mapped name (GPT-2's num_hidden_layers for n_layer) after the fields: the list must still
+    # meet the depth given, not the class default (12 for GPT-2, 32 for LLaMA)
+    config_class = hf_geonorm.config_class_for(arch)
+    config = config_class(**{depth_name: 3}, geo_alpha=[0.1, 0.2, 0.3], geo_bridge=[1.0] * 6)
+    assert (config.num_hidden_layers, config.geo_alpha, config.geo_bridge) == (3, [0.1, 0.2, 0.3], [1.0] * 6)
+    for length in (2, 4, 12, 32):
+        with pytest.raises(ValueError, match=rf"one value per layer \(3\).*got {length}"):
+            config_class(**{depth_name: 3}, geo_alpha=[0.1] * length)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not [key for key in saved if key.startswith("_")]  # nothing of the check is saved
+    assert config_class.from_pretrained(tmp_path).geo_alpha == [0.1, 0.2, 0.3]

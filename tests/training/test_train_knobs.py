@@ -336,3 +336,17 @@ def test_a_short_run_shows_its_evaluation_and_leaves_it_out_of_tokens_per_second
     assert "left out" in output and "tokens/s" in output
     assert metrics["tokens_per_second"] == pytest.approx(metrics["tokens"] / metrics["training_seconds"])
     assert metrics["training_seconds"] < metrics["train_seconds"]  # the evaluations inside train() are left out
+
+
+# ---- per-layer settings at a preset's depth ----
+
+
+def test_a_per_layer_alpha_takes_the_presets_depth(tmp_path, data_file):
+    # the tiny preset has 4 layers (GPT-2's class default is 12): four values are one per layer
+    result = train_in(tmp_path, data_file, "--arch", "gpt2", "--preset", "tiny", "--alpha", "0.1,0.2,0.3,0.4")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert (config["n_layer"], config["geo_alpha"]) == (4, [0.1, 0.2, 0.3, 0.4])
+    line = fails("train", "--data", data_file, "--arch", "gpt2", "--preset", "tiny", "--alpha", ",".join(["0.1"] * 12),
+                 "--output", tmp_path / "twelve")  # fmt: skip
+    assert "one value per layer (4)" in line and "got 12" in line
