@@ -69,7 +69,6 @@ class BlockLayout:
     mlp_out_norm: str | None = None
     norm_weight_offset: float = 0.0
     plain_norms: bool = True
-    final_norm: str = "norm"
     fused_values: FusedValues | None = None
     lora_targets: tuple[str, ...] = ATTENTION_LORA_TARGETS
     conv1d: bool = False
@@ -173,18 +172,15 @@ GPT2 = BlockLayout(
     attn_norm="ln_1",
     attn="attn",
     mlp_norm="ln_2",
-    final_norm="ln_f",
     fused_values=_gpt2_values,
     lora_targets=("c_attn",),
     conv1d=True,
 )
 
 # Parallel residual: one step with u = Attn(N1 x) + FFN(N2 x), or one shared norm (mlp_norm=None).
-GPT_NEOX = BlockLayout(block="gpt_neox", attn="attention", final_norm="final_layer_norm", fused_values=_neox_values)
-PHI = BlockLayout(
-    block="phi", mlp_norm=None, final_norm="final_layernorm", lora_targets=("q_proj", "v_proj", "fc1", "fc2")
-)
-GPTJ = BlockLayout(block="gptj", layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None, final_norm="ln_f")
+GPT_NEOX = BlockLayout(block="gpt_neox", attn="attention", fused_values=_neox_values)
+PHI = BlockLayout(block="phi", mlp_norm=None, lora_targets=("q_proj", "v_proj", "fc1", "fc2"))
+GPTJ = BlockLayout(block="gptj", layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None)
 CODEGEN = replace(GPTJ, fused_values=_codegen_values)
 COHERE = BlockLayout(block="cohere", mlp_norm=None)
 # StableLM's post_attention_layernorm is None on parallel blocks: the MLP then shares input_layernorm.
@@ -194,7 +190,6 @@ FALCON = BlockLayout(
     layers="h",
     attn="self_attention",
     mlp_norm=None,
-    final_norm="ln_f",
     fused_values=_falcon_values,
     select=_falcon_layout,
     layer_kwargs=False,
@@ -221,7 +216,7 @@ GLM4 = BlockLayout(block="glm4", attn_out_norm="post_self_attn_layernorm", mlp_o
 
 # Close variants of LLaMA's block.
 NEMOTRON = BlockLayout(norm_weight_offset=1.0)  # LayerNorm1P computes (1 + w) x
-PERSIMMON = BlockLayout(block="persimmon", final_norm="final_layernorm", fused_values=_neox_values)
+PERSIMMON = BlockLayout(block="persimmon", fused_values=_neox_values)
 APERTUS = BlockLayout(block="apertus", attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
 # GPT-2's block shape with nn.Linear projections: GPT-Neo's separate q/k/v, GPTBigCode's fused c_attn.
 GPT_NEO = replace(

@@ -204,7 +204,8 @@ print(json.dumps([{"exit_code": result.exit_code, "output": result.output} for r
 def test_the_core_commands_run_without_the_extras_and_train_names_the_extra_it_needs(tmp_path, stock_llama):
     sweep_folder = ROOT / "benchmarks" / "results" / "sweeps" / "j_gpt2_300"  # a committed sweep's output
     commands = [["convert", str(stock_llama), "geo", "--bridge", "0"], ["info", "geo"], ["card", "geo", "--license",
-                "mit"], ["info", str(sweep_folder)], ["train"], ["sweep"]]  # fmt: skip
+                "mit"], ["info", str(sweep_folder)], ["train"], ["sweep"],
+                ["angles", "geo", "--text", str(ROOT / "README.md"), "--plot", "angles.png"]]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, ",".join(EXTRA_PACKAGES), json.dumps(commands)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -213,7 +214,7 @@ def test_the_core_commands_run_without_the_extras_and_train_names_the_extra_it_n
     for result in (converted, described, carded):
         assert result["exit_code"] == 0, result["output"]
     assert "geonorm_llama" in described["output"] and (tmp_path / "geo" / "README.md").is_file()
-    jobs = [f"info of the sweep folder {sweep_folder}", "train", "sweep"]
+    jobs = [f"info of the sweep folder {sweep_folder}", "train", "sweep", "angles --plot"]
     for result, what in zip([swept, *refused], jobs, strict=True):
         assert result["exit_code"] == 1 and result["output"].count("\n") == 1, result["output"]
         assert f"hf-geonorm {what} needs the train extra" in result["output"], result["output"]
