@@ -30,7 +30,7 @@ from .journal import Journal, JournalError, append, begin_journal, check_identit
 from .options import SweepOptions
 from .protocol import Task, Walk, plan_text, serial_order, walk
 from .record import RecordError, check_record, sweep_header
-from .reference import HELD_OUT, write_held_out
+from .reference import HELD_OUT, read_held_out, write_held_out
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
 
@@ -87,8 +87,10 @@ class ParallelSweep:
 
     def run(self) -> list[dict[str, Any]]:
         self.board = self.open_board()
-        if self.engine.storage is not None or not self.board.walk().finished:  # a study's runs: read once joined
-            self.check_identity()
+        if (self.engine.storage is not None  # a study's runs: read once joined
+                or not self.board.walk().finished
+                or (not self.train.streaming and read_held_out(self.folder, self.journal.header) is None)):
+            self.check_identity()  # a finished sweep without its reference (an earlier hf-geonorm's): measured now
         slots = worker_slots(self.engine.workers, self.engine.devices)
         pending = self.board.walk()
         if not pending.finished:

@@ -57,7 +57,7 @@ from .journal import (
 )
 from .options import DEFAULT_GRID_STEPS, STARTING_RATES, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
 from .protocol import Run, Task, most_left, plan_text, walk
-from .reference import HELD_OUT
+from .reference import HELD_OUT, read_held_out
 from .report import write_report
 from .table import rate_text
 
@@ -197,6 +197,8 @@ class _Sweep:
         first = walk(self.sweep, self.grids, self.entries)
         if not first.finished:
             self.log(plan_text(self.sweep, self.grids, self.entries))
+        elif not self.train.streaming and read_held_out(self.folder, self.journal.header) is None:
+            self.check_identity()  # a finished sweep without its reference (an earlier hf-geonorm's): measured now
         while (task := self.next_task()) is not None:
             self.train_run(task)
         final = walk(self.sweep, self.grids, self.entries)

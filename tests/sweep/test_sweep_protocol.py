@@ -355,3 +355,31 @@ def test_the_default_sweep_writes_the_unigram_reference_of_its_held_out_text(def
         assert record[f"unigram_{split}"] == pytest.approx(-np.log(counts / counts.sum())[targets].mean(), rel=1e-9)
     row = f"| {record['unigram_validation']:.4f} | {record['unigram_test']:.4f} | – |"
     assert row in (folder / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["serial", "workers"])
+def test_a_finished_sweep_without_its_reference_gets_it_when_run_again(default_sweep, corpus, tmp_path, workers):  # noqa: F811
+    """A sweep finished by an earlier hf-geonorm has no held_out.json: the same command run again (by either
+    engine) trains nothing, measures the reference (the same record the sweep wrote before its first run) and puts
+    its row in the report; once it is there, a run again does not prepare the data."""
+    import shutil
+
+    folder, _ = default_sweep
+    earlier = tmp_path / "sweep"
+    shutil.copytree(folder, earlier, ignore=shutil.ignore_patterns("held_out.json", "runs"))
+    command = ["sweep", "--output", str(earlier), "--data", str(corpus), "--data-cache", str(folder.parent / "cache"),
+               *TINY, *workers]  # fmt: skip
+    patch = pytest.MonkeyPatch()
+    patch.setattr(grid_module, "_train", lambda *args: pytest.fail("a finished sweep trained a run"))
+    patch.setattr(grid_module, "style_grids", lambda sweep, train, log, header=None: dict(START))
+    try:
+        again = CliRunner().invoke(cli, command)
+        once_more = CliRunner().invoke(cli, command)
+    finally:
+        patch.undo()
+    assert again.exit_code == 0 and once_more.exit_code == 0, again.output + once_more.output
+    record = json.loads((folder / "held_out.json").read_text())
+    assert json.loads((earlier / "held_out.json").read_text()) == record
+    row = f"| {record['unigram_validation']:.4f} | {record['unigram_test']:.4f} | – |"
+    assert row in (earlier / "sweep.md").read_text()
+    assert "preparing the data" in again.output and "preparing the data" not in once_more.output
