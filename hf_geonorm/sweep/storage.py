@@ -41,6 +41,9 @@ from .record import RecordError, check_header, check_record, check_same_sweep
 
 RETRY_SECONDS = 2.0  # how often an unreachable database is tried again
 MAX_STUDY_NAME = 512  # characters: Optuna's studies.study_name column
+# The advisory lock held while Optuna creates its tables (once per database, whatever the study): its CREATE TYPE
+# races where two machines join a new database together ("duplicate key ... pg_type_typname_nsp_index").
+SCHEMA_LOCK_KEY = zlib.crc32(b"hf-geonorm sweep: Optuna's tables")
 # SQLSTATEs of a connection the server dropped or cannot take yet (a restart): connection_exception (class 08),
 # admin_shutdown, crash_shutdown, cannot_connect_now; a connection that breaks with no SQLSTATE is lost too
 LOST_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
@@ -143,11 +146,16 @@ class StudyBoard:
         self.sweep, self.grids = sweep, grids
         self.header: dict[str, Any] = {}  # the study's, once this machine has joined it (``join``)
         self.reached = False  # whether a step has reached the database: after that, a lost connection is waited out
-        self.storage = self.retrying("open", lambda: optuna.storages.RDBStorage(
-            url, heartbeat_interval=int(self.beat_every), grace_period=int(takeover_after),
-            engine_kwargs={"pool_pre_ping": True}))  # fmt: skip
-        self.study = self.retrying("open", lambda: optuna.create_study(
-            study_name=study, storage=self.storage, direction="minimize", load_if_exists=True))  # fmt: skip
+
+        def opened() -> tuple[Any, Any]:
+            with self.locked(SCHEMA_LOCK_KEY):  # machines starting together would each create Optuna's tables
+                storage = optuna.storages.RDBStorage(url, heartbeat_interval=int(self.beat_every),
+                                                     grace_period=int(takeover_after),
+                                                     engine_kwargs={"pool_pre_ping": True})  # fmt: skip
+                return storage, optuna.create_study(study_name=study, storage=storage, direction="minimize",
+                                                    load_if_exists=True)  # fmt: skip
+
+        self.storage, self.study = self.retrying("open", opened)
         self.study_id = self.storage.get_study_id_from_name(study)
 
     def retrying(self, what: str, step: Callable[[], Any]) -> Any:
@@ -177,18 +185,19 @@ class StudyBoard:
                 time.sleep(RETRY_SECONDS)
 
     @contextmanager
-    def locked(self) -> Any:
-        """The study's advisory lock: one machine at a time reads the protocol and takes a run."""
+    def locked(self, key: int | None = None) -> Any:
+        """An advisory lock, the study's by default: one machine at a time reads the protocol and takes a run."""
         import sqlalchemy
         from sqlalchemy.exc import DBAPIError
 
+        key = self.lock_key if key is None else key
         with self.lock_engine.connect() as connection:
-            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": self.lock_key})
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
             try:
                 yield
             finally:
                 with suppress(DBAPIError):  # a connection lost (a restart) has released its lock already
-                    connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self.lock_key})
+                    connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
 
     def join(self, header: dict[str, Any], grid: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
         """Record the sweep's header and grid in a new study; compare a study's that has them with this machine's

@@ -277,3 +277,33 @@ def test_database_errors_fail_at_once_with_their_cause(tmp_path, postgres, corpu
 
     with psycopg.connect(with_password.replace("geonorm_secret@", "geonorm_secret:right@")) as connection:
         assert connection.execute("SELECT current_user").fetchone() == ("geonorm_secret",)
+
+
+def test_machines_joining_a_new_database_together_create_its_tables_once(postgres):
+    """Optuna creates its tables when a machine first opens a database; machines that start together each tried to,
+    and all but one failed on a duplicate type. Opened at one instant by six threads (each its own connections, as
+    machines), the boards all join one study."""
+    import psycopg
+
+    from hf_geonorm.sweep.options import SweepOptions
+    from hf_geonorm.sweep.storage import StudyBoard
+
+    with psycopg.connect(postgres.url, autocommit=True) as connection:
+        connection.execute("CREATE DATABASE together")
+    url = postgres.url.rsplit("/", 1)[0] + "/together"
+    start, opened, failed = threading.Barrier(6), [], []
+
+    def machine() -> None:
+        start.wait()
+        try:
+            opened.append(StudyBoard(url, "one", 60.0, SweepOptions(), {}, lambda line: None).study_id)
+        except Exception as error:  # noqa: BLE001 - the failure is the finding
+            failed.append(error)
+
+    threads = [threading.Thread(target=machine) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failed, failed
+    assert len(opened) == 6 and len(set(opened)) == 1

@@ -296,9 +296,10 @@ def test_the_125m_preset_takes_a_training_step(tmp_path, data_file):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 1 and metrics["final_eval_loss"] < 10
     # GPT-2 small's body, 12 layers of width 768 (12 d^2 + 13 d each), the 300-token vocabulary padded to 320 rows
-    # (tied to the head), 64 positions and the final norm; GeoNorm adds a few scalars per layer
+    # (tied to the head), the preset's 2048 positions (room to generate past the 64-token training blocks) and the
+    # final norm; GeoNorm adds a few scalars per layer
     d, layers = 768, 12
-    expected = layers * (12 * d * d + 13 * d) + 320 * d + 64 * d + 2 * d
+    expected = layers * (12 * d * d + 13 * d) + 320 * d + 2048 * d + 2 * d
     assert 0 <= metrics["parameters"] - expected <= 16 * layers, metrics["parameters"] - expected
 
 
