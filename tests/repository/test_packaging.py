@@ -235,7 +235,7 @@ def core_run(args: list[str], cwd: Path, succeed: bool = True, **env: str) -> su
 def test_the_core_install_brings_the_five_packages_and_converts_loads_describes_cards_and_pushes(tmp_path):
     from importlib.metadata import version
 
-    from fake_hub import FakeHub
+    from support.fake_hub import FakeHub
 
     source = tmp_path / "src"
     source.mkdir()
