@@ -196,8 +196,10 @@ def test_llamas_margins_over_the_seeds_that_trained_are_quoted(style):
 
 def phase_j_cell(folder: str, style: str) -> list[float]:
     """The test losses at ``style``'s chosen cell in a phase-j sweep: the lowest seed-0 validation loss over every
-    warm-up share and rate of its one journal."""
+    warm-up share and rate of its one journal (none while the style has not run)."""
     own = [r for r in journal(folder) if r["style"] == style and r["val_loss"] is not None]
+    if not own:  # a sweep still running that has not reached the style
+        return []
     best = min((r for r in own if r["seed"] == 0), key=lambda r: r["val_loss"])
     return [r["test_loss"] for r in own if (r["warmup_share"], r["lr"]) == (best["warmup_share"], best["lr"])]
 
@@ -212,3 +214,26 @@ def test_one_sweep_command_reproduces_phase_is_gpt2_margins_within_their_standar
     assert len(phase_j_cell("j_gpt2_300", "geo")) == len(phase_j_cell("j_gpt2_300", style)) == 3
     assert abs(reproduced[0] - original[0]) <= (reproduced[1] ** 2 + original[1] ** 2) ** 0.5
     assert quoted(reproduced[0], reproduced[1]) in TRAINING, quoted(reproduced[0], reproduced[1])
+
+
+def test_the_length_table_gives_each_confirmed_margin_from_the_journals():
+    """length.md (benchmarks/length_table.py): GeoNorm against Pre-Norm and DeepNorm at each shape and length whose
+    arms ran three seeds at their chosen cells, Welch written out on the journals here; none for a folder running."""
+    text = (SWEEPS / "length.md").read_text(encoding="utf-8")
+    rows = text.split("## GeoNorm's margins")[1].splitlines()
+    sources = {("GPT-2 4 x 128", 300): lambda s: phase_j_cell("j_gpt2_300", s),
+               ("LLaMA 4 x 128", 300): lambda s: phase_i_cell("llama", s)}  # fmt: skip
+    for shape, arch in (("GPT-2 4 x 128", "gpt2"), ("LLaMA 4 x 128", "llama")):
+        for steps in (1200, 2400):
+            if (SWEEPS / f"j_{arch}_{steps}" / "runs.jsonl").is_file():
+                sources[shape, steps] = lambda s, folder=f"j_{arch}_{steps}": phase_j_cell(folder, s)
+    for (shape, steps), losses in sources.items():
+        [row] = [line for line in rows if line.startswith(f"| {shape} | {steps} |")]
+        geo_minus_pre, geo_minus_deepnorm = row.split(" | ")[2:4]
+        for column, style in ((geo_minus_pre, "pre"), (geo_minus_deepnorm, "deepnorm")):
+            geo, other = losses("geo"), losses(style)
+            if len(geo) < 3 or len(other) < 3:
+                assert column == "–", (shape, steps, style)
+                continue
+            difference, se, _, _ = welch_written_out(geo, other)
+            assert column.startswith(f"{difference:+.3f} ± {se:.3f} (p "), (shape, steps, style, column)
