@@ -25,12 +25,12 @@ from ..training.options import TrainOptions
 from .engine_options import EngineOptions
 from .estimate import TimeEstimate, duration
 from .grid import begun_plan, style_grids
-from .identity import measured_identity
+from .identity import measured_identity, reference_for_finished
 from .journal import Journal, JournalError, append, begin_journal, check_identity, load_journal
 from .options import SweepOptions
 from .protocol import Task, Walk, plan_text, serial_order, walk
 from .record import RecordError, check_record, sweep_header
-from .reference import HELD_OUT, read_held_out, write_held_out
+from .reference import HELD_OUT, write_held_out
 from .report import write_report
 from .workers import Pool, Worker, worker_slots
 
@@ -87,10 +87,10 @@ class ParallelSweep:
 
     def run(self) -> list[dict[str, Any]]:
         self.board = self.open_board()
-        if (self.engine.storage is not None  # a study's runs: read once joined
-                or not self.board.walk().finished
-                or (not self.train.streaming and read_held_out(self.folder, self.journal.header) is None)):
-            self.check_identity()  # a finished sweep without its reference (an earlier hf-geonorm's): measured now
+        if self.engine.storage is not None or not self.board.walk().finished:  # a study's runs: read once joined
+            self.check_identity()
+        else:
+            reference_for_finished(self.journal, self.train, begun_plan(self.sweep, self.grids), self.log)
         slots = worker_slots(self.engine.workers, self.engine.devices)
         pending = self.board.walk()
         if not pending.finished:

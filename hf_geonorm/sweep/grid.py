@@ -41,7 +41,7 @@ from ..training.run.checkpoints import checkpoints
 from ..training.run.model import default_rate, planned_config
 from ..training.run.trainer import run_training
 from .estimate import TimeEstimate
-from .identity import checked_identity, checked_line
+from .identity import checked_identity, checked_line, reference_for_finished
 from .journal import (
     JOURNAL,
     Journal,
@@ -57,7 +57,7 @@ from .journal import (
 )
 from .options import DEFAULT_GRID_STEPS, STARTING_RATES, UNMEASURED_GRID_STEPS, WARMUP_LADDER, SweepOptions
 from .protocol import Run, Task, most_left, plan_text, walk
-from .reference import HELD_OUT, read_held_out
+from .reference import HELD_OUT
 from .report import write_report
 from .table import rate_text
 
@@ -197,8 +197,8 @@ class _Sweep:
         first = walk(self.sweep, self.grids, self.entries)
         if not first.finished:
             self.log(plan_text(self.sweep, self.grids, self.entries))
-        elif not self.train.streaming and read_held_out(self.folder, self.journal.header) is None:
-            self.check_identity()  # a finished sweep without its reference (an earlier hf-geonorm's): measured now
+        else:
+            reference_for_finished(self.journal, self.train, begun_plan(self.sweep, self.grids), self.log)
         while (task := self.next_task()) is not None:
             self.train_run(task)
         final = walk(self.sweep, self.grids, self.entries)

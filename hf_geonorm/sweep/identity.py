@@ -10,11 +10,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..errors import first_line
 from ..training.data.prepare import data_request, data_source, training_data
 from ..training.options import TrainOptions
 from .journal import Journal, JournalError, begin_journal, check_identity, load_journal
 from .record import record_problem, sweep_header, sweep_identity
-from .reference import held_out_record, write_held_out
+from .reference import held_out_record, read_held_out, write_held_out
 
 
 def measured_identity(train: TrainOptions) -> tuple[dict[str, Any], Callable[[Any], dict[str, Any] | None]]:
@@ -54,6 +55,18 @@ def checked_identity(journal: Journal, train: TrainOptions, plan: dict[str, Any]
     if prepare:
         write_held_out(journal.path.parent, prepare_data(log), log)
     return journal, identity
+
+
+def reference_for_finished(journal: Journal, train: TrainOptions, plan: dict[str, Any], log: Any) -> None:
+    """A finished sweep without its unigram reference (an earlier hf-geonorm wrote none): measured now from the
+    journal's data. Where the data is no longer the journal's, the report goes without it and the log says why (the
+    journal's runs still make the report, as they did)."""
+    if train.streaming or read_held_out(journal.path.parent, journal.header) is not None:
+        return
+    try:
+        checked_identity(journal, train, plan, True, log)
+    except ValueError as error:  # the data changed, or cannot be read as the sweep read it
+        log(f"warning: the report goes without its unigram reference row: {first_line(error)}")
 
 
 def checked_line(journal: Journal, label: str, entry: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:

@@ -383,3 +383,18 @@ def test_a_finished_sweep_without_its_reference_gets_it_when_run_again(default_s
     row = f"| {record['unigram_validation']:.4f} | {record['unigram_test']:.4f} | – |"
     assert row in (earlier / "sweep.md").read_text()
     assert "preparing the data" in again.output and "preparing the data" not in once_more.output
+    # on data that is no longer the journal's, the report is written as before, without the row, and says why
+    changed = tmp_path / "changed"
+    shutil.copytree(folder, changed, ignore=shutil.ignore_patterns("held_out.json", "runs"))
+    other = tmp_path / "text.txt"
+    other.write_text(corpus.read_text() + "x = 1\n")
+    patch.setattr(grid_module, "_train", lambda *args: pytest.fail("a finished sweep trained a run"))
+    patch.setattr(grid_module, "style_grids", lambda sweep, train, log, header=None: dict(START))
+    try:
+        elsewhere = CliRunner().invoke(cli, ["sweep", "--output", str(changed), "--data", str(other), "--data-cache",
+                                             str(tmp_path / "cache"), *TINY, *workers])  # fmt: skip
+    finally:
+        patch.undo()
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert "warning: the report goes without its unigram reference row" in elsewhere.output
+    assert not (changed / "held_out.json").exists() and "| unigram:" not in (changed / "sweep.md").read_text()

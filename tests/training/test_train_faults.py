@@ -742,6 +742,13 @@ def test_a_vocab_size_beyond_the_data_is_refused_before_training_with_no_lock_le
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert f"the vocab_size of --model {tmp_path / 'cfg'} 50,000 is more than a tokenizer" in lines[0], lines[0]
     assert not out.exists() and not list(tmp_path.rglob(LOCK))
+    # neither given: the default size, named as that (not as a --model None)
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text(data_file.read_text()[:1500])
+    result = train("--data", tiny, "--max-steps", "1", "--data-cache", tmp_path / "cache", "--output", out)
+    lines = error_lines(result.output)
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "the default tokenizer size (--vocab-size) 2,048 is more than a tokenizer" in lines[0], lines[0]
 
 
 def test_a_vocab_size_the_machine_cannot_train_is_refused_by_its_memory(tmp_path, data_file, monkeypatch):

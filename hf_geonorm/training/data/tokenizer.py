@@ -62,7 +62,8 @@ def training_tokenizer(
     else:
         vocab = tokenizer_vocab(vocab_size, model)
         check_trained_fits(vocab, model, vocab_size)
-        asked = "--vocab-size" if vocab_size is not None else f"the vocab_size of --model {model}"
+        asked = ("--vocab-size" if vocab_size is not None else f"the vocab_size of --model {model}" if model is not None
+                 else "the default tokenizer size (--vocab-size)")  # fmt: skip
         loaded = corpus_tokenizer(corpus, vocab, cache, builder, log, rule, asked)
     if loaded.pad_token is None:
         loaded.pad_token = loaded.eos_token
