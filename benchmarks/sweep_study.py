@@ -46,9 +46,9 @@ a run on two threads waits for the busy one: 1.06 s a step against 0.31 on one t
     cd /work/wt/study && OMP_NUM_THREADS=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1 setsid nohup nice -n 5 \
         /work/venv/bin/python benchmarks/sweep_study.py --phases j --commit-every 2 >> study-j.log 2>&1 &
 
-After merging branch ``study`` into main, write with this version what the earlier one in the worktree wrote or
-lacks: ``python benchmarks/sweep_reports.py --phases j_gpt2_300`` (and each finished 1200-step folder, after
-running its sweep command once more here for its unigram reference) and ``python benchmarks/length_table.py``.
+Before resuming, merge main into the worktree (``git merge main``: the study runs the current code, which resumes a
+journal under the held-out rule it began with); after merging branch ``study`` into main, write the length table
+again (``python benchmarks/length_table.py``).
 
 (the study corpus must be built first: ``python benchmarks/study_corpus.py --layout files``, with transformers 5.24
 on the path, see that script.)
