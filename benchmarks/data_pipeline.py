@@ -163,6 +163,7 @@ def preparation(spec: dict[str, Any]) -> dict[str, Any]:
     from hf_geonorm.training.data.corpus import resolve_corpus
     from hf_geonorm.training.data.pipeline import prepare_blocks
     from hf_geonorm.training.data.tokenizer import corpus_tokenizer, fast_tokenizer
+    from hf_geonorm.training.options import HELD_OUT_RULE
 
     cache = Path(spec["cache"])
     start, cpu = time.perf_counter(), cpu_time()
@@ -171,7 +172,7 @@ def preparation(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["tokenizer"] is not None:
         tokenizer = fast_tokenizer(spec["tokenizer"])
     else:
-        tokenizer = corpus_tokenizer(corpus, VOCAB, cache, True, log=lambda line: None)
+        tokenizer = corpus_tokenizer(corpus, VOCAB, cache, True, lambda line: None, HELD_OUT_RULE)
     ready = time.perf_counter()
     prepared = prepare_blocks(corpus, tokenizer, SEQ_LEN, cache, EVAL_BLOCKS, spec["workers"])
     end = time.perf_counter()

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from hf_geonorm.modeling.settings import NORM_STYLES
+from hf_geonorm.sweep.options import UNMEASURED_GRID_STEPS
+from hf_geonorm.sweep.report import rate_text
 from hf_geonorm.training.options import TrainOptions
 from hf_geonorm.training.presets import PRESETS
 from hf_geonorm.training.rate_rule import EXTRAPOLATED, RATE_RULE
 from hf_geonorm.training.run.model import default_rate, planned_config
-from hf_geonorm.training.sweep.options import UNMEASURED_GRID_STEPS
-from hf_geonorm.training.sweep.report import rate_text
 
 RESULTS = Path(__file__).parent / "results"
 FIT = RESULTS / "rate_rule.json"  # benchmarks/rate_rule.py's fit over the cells, which train does not use
@@ -76,6 +76,32 @@ def extrapolation_ratios(ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(largest.values())
 
 
+def extrapolation_basis(row: dict[str, Any], ratios: list[dict[str, Any]], tuned: dict[tuple[str, str], str]) -> str:
+    """The line of one style's extrapolation: the ratio it holds, its ratio at every cell of the style by width, and
+    the ratio with the warm-up tuned."""
+    key = (row["arch"], row["style"])
+    cells = sorted((c for c in ratios if (c["arch"], c["style"]) == key), key=lambda c: (c["width"], c["layers"]))
+    every = ", ".join(f"{c['ratio']:g} at {c['layers']} x {c['width']}" for c in cells)
+    return (f"- {row['arch']} {row['style']}: {row['ratio']:g}, at {row['layers']} x {row['width']} ({row['phase']}); "
+            f"over its {len(cells)} cell{'s' if len(cells) > 1 else ''}: {every}; with the warm-up tuned: "
+            f"{tuned.get(key, '–')}")  # fmt: skip
+
+
+def tuned_ratios() -> dict[tuple[str, str], str]:
+    """Each non-Pre style's best rate over Pre-Norm's where the study tuned the warm-up share with the rate (the
+    library's ``tuned_warmup_cells``, phase i), in words by family and style."""
+    cells = json.loads(RATE_RULE.read_text(encoding="utf-8")).get("tuned_warmup_cells", [])
+    pre = {(c["arch"], c["layers"], c["width"]): c for c in cells if c["style"] == "pre"}
+    found = {}
+    for cell in cells:
+        base = pre.get((cell["arch"], cell["layers"], cell["width"]))
+        if cell["style"] != "pre" and base is not None:
+            found[(cell["arch"], cell["style"])] = (
+                f"{cell['lr'] / base['lr']:g} at {cell['layers']} x {cell['width']} ({rate_text(cell['lr'])} at a "
+                f"{cell['warmup_share']:.0%} warm-up against {rate_text(base['lr'])} at {base['warmup_share']:.0%})")
+    return found
+
+
 def rule_crossings() -> tuple[list[str], dict[str, float]]:
     """Where each family's fitted GeoNorm rule would meet Pre-Norm's, were the two rules taken beyond the widths their
     cells span (``train`` uses no fitted rule): the measured ratio says nothing beyond those widths. The lines,
@@ -118,7 +144,8 @@ def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
         "(every other style: Pre-Norm's rate there times the style's best over Pre-Norm's at the largest shape both "
         "were measured at) or a *fallback (unmeasured)* (Pre-Norm's rate, for a style no cell measured beside "
         "Pre-Norm). Every source but the first two is a guess to sweep around: `train` says so, and `hf-geonorm "
-        f"sweep`'s default grid spans 1/{2**UNMEASURED_GRID_STEPS} to {2**UNMEASURED_GRID_STEPS} times it.",
+        f"sweep`'s default starting rates span 1/{2**UNMEASURED_GRID_STEPS} to {2**UNMEASURED_GRID_STEPS} times it "
+        "(its walk extends them while the best is at an edge).",
         "",
         "| preset | layers x width | family | " + " | ".join(NORM_STYLES) + " | GPT-3 |",
         "|---|---|---|" + "---|" * len(NORM_STYLES) + "---|",
@@ -141,10 +168,15 @@ def page(rates: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> str:
     measured = {(row["arch"], row["style"]) for row in used}
     unmeasured = [f"{family} {style}" for family in FAMILIES for style in NORM_STYLES
                   if style != "pre" and (family, style) not in measured]  # fmt: skip
-    lines += ["", "The ratio each style's *extrapolation* takes beyond its cells (the largest cell's, held at every "
-              "larger shape, which no larger cell measures):", "",
-              *(f"- {row['arch']} {row['style']}: {row['ratio']:g}, at {row['layers']} x {row['width']} "
-                f"({row['phase']})" for row in used)]  # fmt: skip
+    tuned = tuned_ratios()
+    lines += ["", "Past the cells there were two ways to go: every style at Pre-Norm's published rate, or each style's "
+              "measured ratio to Pre-Norm held. `train` takes the second, and states its basis in the log and on the "
+              "card, each such rate marked \"not measured at this size: sweep first\". The ratio each style's "
+              "*extrapolation* takes beyond its cells (the largest cell's, held at every larger shape, which no "
+              "larger cell measures), what it rests on (each cell's best chosen on seed 0's validation at a warm-up "
+              "of a tenth of the run; the ratio at every cell of the style, by width), and the ratio where the study "
+              "tuned the warm-up with the rate (phase i):", "",
+              *(extrapolation_basis(row, ratios, tuned) for row in used)]
     if unmeasured:
         lines += [f"- no cell beside Pre-Norm's yet, so Pre-Norm's rate (*fallback*): {', '.join(unmeasured)}"]
     crossings, below = rule_crossings()

@@ -30,10 +30,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_geonorm  # noqa: F401  (registers the GeoNorm classes)
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.journal import header_options
+from hf_geonorm.sweep.report import best_rates, cells, mean_spread
 from hf_geonorm.training.data.prepare import data_request, data_source, training_data
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread
 
 RESULTS = Path(__file__).parent / "results"
 CLUSTER = 8  # consecutive blocks of 128 tokens per group
@@ -61,7 +62,7 @@ def grouped_error(values: torch.Tensor) -> float:
 def phase_record(sweeps: Path, phase: str, cache: str) -> dict[str, Any]:
     header, runs = read_journal(sweeps / phase / "runs.jsonl")
     known = {f.name for f in fields(TrainOptions)}
-    options = TrainOptions(**{k: v for k, v in header["train_options"].items() if k in known}, data_cache=cache)
+    options = TrainOptions(**{k: v for k, v in header_options(header).items() if k in known}, data_cache=cache)
     request = replace(data_request(options), evaluated_blocks=None)  # every held-out block, as the runs held out
     data = training_data(data_source(request, lambda _: None), request, lambda _: None)
     plain = [r for r in runs if r["alpha"] is None]

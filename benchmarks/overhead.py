@@ -51,7 +51,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 import hf_geonorm
-from hf_geonorm.modeling import kernel_check, step_autograd, step_switch
+from hf_geonorm.modeling import fused
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -109,7 +109,7 @@ class Config:
         self.peaks: list[int] = []
 
     def step(self, ids: torch.Tensor) -> float:
-        step_switch.set_fused_enabled(self.fused)
+        fused.set_fused_enabled(self.fused)
         try:
             amp = torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
             with amp:
@@ -118,7 +118,7 @@ class Config:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         finally:
-            step_switch.set_fused_enabled(True)
+            fused.set_fused_enabled(True)
         return float(loss.detach())
 
 
@@ -169,7 +169,7 @@ def update_op_costs(size: dict, args, compiled: bool) -> dict:
     Pre-Norm add x + u, the GeoNorm step with the fused update (default) and without (composed path). A
     low-noise view of what the updates add to a step (the step-level ratios above carry the machine's noise).
     On CUDA the state is float32 and the update bfloat16, as under autocast."""
-    from hf_geonorm import StepParams, geonorm_step
+    from hf_geonorm import geodesic_step
 
     device, rows = args.device, size["batch"] * size["seq"]
     g = torch.Generator().manual_seed(3)
@@ -177,7 +177,7 @@ def update_op_costs(size: dict, args, compiled: bool) -> dict:
     u_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     u = (0.3 * torch.randn(rows, size["hidden"], generator=g)).to(device, u_dtype).requires_grad_(True)
     grad = torch.randn(rows, size["hidden"], generator=g).to(device)
-    ops = {"add": lambda a, b: a + b, "geo": lambda a, b: geonorm_step(a, b, StepParams(0.5))}
+    ops = {"add": lambda a, b: a + b, "geo": lambda a, b: geodesic_step(a, b, 0.5)}
     funcs = {"add": ops["add"], "geo": ops["geo"], "geo_unfused": ops["geo"]}
     if compiled:
         funcs = {name: torch.compile(fn, fullgraph=True) for name, fn in funcs.items()}
@@ -185,7 +185,7 @@ def update_op_costs(size: dict, args, compiled: bool) -> dict:
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for rep in range(33):
         for name, fn in funcs.items():
-            step_switch.set_fused_enabled(name != "geo_unfused")
+            fused.set_fused_enabled(name != "geo_unfused")
             if name == "geo_unfused" and compiled and rep == 0:
                 torch._dynamo.reset()  # the switch is read while tracing
             x.grad = u.grad = None
@@ -195,7 +195,7 @@ def update_op_costs(size: dict, args, compiled: bool) -> dict:
             sync(device)
             if rep >= 3:  # warm-up (and compilation)
                 times[name].append(clock() - t0)
-            step_switch.set_fused_enabled(True)
+            fused.set_fused_enabled(True)
     return {name: round(1e3 * statistics.median(v), 4) for name, v in times.items()}
 
 
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if gpu:
         probe = torch.zeros(2, size["hidden"], device="cuda")
-        result["fused_backend_geo"] = {"eager": step_autograd.fused_backend(probe, probe), "compiled": "torch (traced)"}
+        result["fused_backend_geo"] = {"eager": fused.fused_backend(probe, probe), "compiled": "torch (traced)"}
     else:
         result["fused_backend_geo"] = {"eager": "torch", "compiled": "torch (traced)"}
     started = time.perf_counter()
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             block = run_arch(arch, chosen, size, args, compiled=mode == "compiled")
             block["seconds"] = round(time.perf_counter() - t0, 1)
             result["results"].setdefault(arch, {})[mode] = block
-            failure = kernel_check.kernel_failure()
+            failure = fused.kernel_failure()
             if failure is not None:  # the kernel fell back: what ran is the composed path
                 result["fused_backend_geo"]["eager"] = f"composed (kernel check failed: {failure})"
             result["seconds"] = round(time.perf_counter() - started, 1)

@@ -168,7 +168,7 @@ def legacy_deepnorm_init(layer: torch.nn.Module, layout: Any, num_layers: int, c
 
 def normalised_entry(self: residual.GeoNormResidual, x: torch.Tensor) -> torch.Tensor:
     """The first block reads each token's state at RMS 1 (norm sqrt(d))."""
-    return entry_rescale(x, "sqrt_d")
+    return entry_rescale(x, "sqrt_d") if self.layer_index == 0 else x
 
 
 @contextlib.contextmanager
@@ -207,7 +207,7 @@ def options(shape: Shape, cell: Cell, lr: float, output: str, data: str | None, 
                         vocab_size=shape.vocab, max_steps=shape.steps, lr=lr, weight_decay=0.1, seed=0,
                         warmup_steps=round(shape.steps * cell.warmup_share), batch_size=shape.batch,
                         seq_len=shape.seq_len, eval_every=shape.steps, eval_blocks=shape.eval_blocks,
-                        logging_steps=50, output=output, save_final_only=True, **extra)  # fmt: skip
+                        logging_steps=50, output=output, **extra)  # fmt: skip
 
 
 def evaluation_data(shape: Shape, data: str | None, cache: str | None) -> tuple[dict[str, float], torch.Tensor]:

@@ -45,7 +45,7 @@ DATA = Path(sysconfig.get_paths()["stdlib"]) / "typing.py"
 
 def one_step(arch: str, preset: str, seq_len: int, vocab: int) -> dict[str, Any]:
     """Train ``arch`` at ``preset`` for one step in this process; what ``presets_step.md`` reports of it."""
-    from hf_geonorm.inspection import parameter_count
+    from hf_geonorm.conversion.inspection import parameter_count
     from hf_geonorm.training.options import TrainOptions
     from hf_geonorm.training.presets import DEFAULT_VOCAB
     from hf_geonorm.training.run import trainer as trainer_module

@@ -17,8 +17,11 @@ cells, log-log interpolation between them, which passes through every cell by co
 ``hf_geonorm.training.rate_rule``). Every cell was measured at train's default warm-up (``WARMUP_SHARE``): a
 phase at another share is refused, as its best rate is not the one train's default warm-up matches. A best rate
 at the edge of its grid is not a measurement of the best (it may lie beyond): such cells are listed and left out.
-Writes ``benchmarks/results/rate_rule.json`` and ``rate_rule.md`` (the fit and its account), and the measured cells
-and GPT-3's published rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its default
+Beside the cells, each style's best cell at phase i's shapes with the warm-up share tuned with the rate (chosen as
+``paper_table.py`` chooses, over every share and rate): not a default (train's warm-up is a tenth of the run), but
+part of the basis ``train`` states for a rate extrapolated past the cells. Writes ``benchmarks/results/rate_rule.json``
+and ``rate_rule.md`` (the fit and its account), and the measured cells, the tuned-warm-up cells and GPT-3's published
+rates to ``hf_geonorm/training/rate_rule.json``, where ``hf-geonorm train`` reads its default
 learning rate (``hf_geonorm.training.rate_rule.pretraining_rate``; ``benchmarks/default_rates.py`` tables it at the
 presets); trains nothing:
 
@@ -35,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.report import at_edge, best_rates, rate_text
 from hf_geonorm.training.options import WARMUP_SHARE
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import at_edge, best_rates, rate_text
 
 RESULTS = Path(__file__).parent / "results"
 LIBRARY_RULE = Path(__file__).parents[1] / "hf_geonorm" / "training" / "rate_rule.json"
@@ -53,6 +56,8 @@ GPT3 = [{"name": name, "layers": layers, "width": width, "lr": lr} for name, lay
     ("2.7B", 32, 2560, 1.6e-4), ("6.7B", 32, 4096, 1.2e-4), ("13B", 40, 5140, 1.0e-4), ("175B", 96, 12288, 0.6e-4),
 )]  # fmt: skip
 GPT3_125M = GPT3[0]
+# phase i's shapes (architecture: layers, width), whose folders i_ARCH_wNN tuned the warm-up share with the rate
+TUNED_WARMUP = {"gpt2": (4, 128), "llama": (4, 128)}
 
 
 def measured_cells(sweeps: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -173,11 +178,28 @@ def report(cells: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
     return record
 
 
+def tuned_warmup_cells(sweeps: Path) -> list[dict[str, Any]]:
+    """Each style's best cell at phase i's shapes (``TUNED_WARMUP``: every ``i_ARCH_wNN`` folder, one per warm-up
+    share) over every share and rate: the lowest seed-0 validation loss, as the paper's table chooses."""
+    cells = []
+    for arch, (layers, width) in TUNED_WARMUP.items():
+        runs = [(int(folder.name.rsplit("_w", 1)[1]) / 100, run) for folder in sorted(sweeps.glob(f"i_{arch}_w*"))
+                if (folder / "runs.jsonl").is_file() for run in read_journal(folder / "runs.jsonl")[1]
+                if run["seed"] == 0 and run["alpha"] is None and run.get("val_loss") is not None]  # fmt: skip
+        for style in dict.fromkeys(run["style"] for _, run in runs):
+            share, best = min(((s, r) for s, r in runs if r["style"] == style), key=lambda item: item[1]["val_loss"])
+            cells.append({"phase": f"i_{arch}_w*", "arch": arch, "style": style, "layers": layers, "width": width,
+                          "lr": best["lr"], "warmup_share": share})  # fmt: skip
+    return cells
+
+
 def library_rule(record: dict[str, Any]) -> dict[str, Any]:
     """What ``train`` reads: the measured cells (each the default at its own shape, and between a style's cells the
-    log-log interpolation between them) and GPT-3's rates (beyond them); not the fit."""
-    return {"written_by": f"benchmarks/rate_rule.py (from benchmarks/results/sweeps: {', '.join(SHAPES)})",
-            "cells": record["cells"],
+    log-log interpolation between them), the tuned-warm-up cells (the basis an extrapolation states) and GPT-3's
+    rates (beyond the cells); not the fit."""
+    return {"written_by": f"benchmarks/rate_rule.py (from benchmarks/results/sweeps: {', '.join(SHAPES)}; tuned "
+                          f"warm-up: {', '.join(f'i_{arch}_w*' for arch in TUNED_WARMUP)})",
+            "cells": record["cells"], "tuned_warmup_cells": record["tuned_warmup_cells"],
             "published": {"source": GPT3_SOURCE, "models": GPT3}}  # fmt: skip
 
 
@@ -209,6 +231,16 @@ def page(record: dict[str, Any]) -> str:
     if record["left_out_at_edge"]:
         edges = ", ".join(f"{c['phase']} {c['style']} ({rate_text(c['lr'])})" for c in record["left_out_at_edge"])
         lines += ["", f"Left out, the best at an edge of its grid: {edges}."]
+    tuned = record.get("tuned_warmup_cells", [])
+    if tuned:
+        pre = {(c["arch"], c["layers"], c["width"]): c["lr"] for c in tuned if c["style"] == "pre"}
+        lines += ["", "With the warm-up share tuned with the rate (phase i, every `i_ARCH_wNN` folder; seed 0's "
+                  "validation over every share and rate): not a default, but the basis `train` states beside a rate "
+                  "it extrapolates. Each style's best, and its ratio to Pre-Norm's:", "",
+                  "| cell | style | rate | warm-up share | over Pre-Norm |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {c['arch']} {c['layers']} x {c['width']} | {c['style']} | {rate_text(c['lr'])} | "
+                  f"{c['warmup_share']:g} | {c['lr'] / pre[(c['arch'], c['layers'], c['width'])]:g} |"
+                  for c in tuned]  # fmt: skip
     if "gpt3_125m" in record:
         check = record["gpt3_125m"]
         lines += ["", f"Pre-Norm's rule at GPT-3's 125M shape (12 x 768): {check['pre_rule']:.2e}, against the "
@@ -224,7 +256,7 @@ def main() -> None:
     cells, edges = measured_cells(args.results)
     if not cells:
         raise SystemExit(f"no journal of {', '.join(SHAPES)} under {args.results}: run benchmarks/sweep_study.py first")
-    record = report(cells, edges)
+    record = {**report(cells, edges), "tuned_warmup_cells": tuned_warmup_cells(args.results)}
     (RESULTS / "rate_rule.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     (RESULTS / "rate_rule.md").write_text(page(record), encoding="utf-8")
     LIBRARY_RULE.write_text(json.dumps(library_rule(record), indent=1) + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ A type is *LLaMA-identical* when its normalised forward equals ``LlamaDecoderLay
 in ``<base>.layers``, the base model calls each layer with ``hidden_states`` as the only positional argument and
 its final norm is ``<base>.norm`` and the base model it wraps is the type's own base model (not a multimodal
 wrapper's text model): then ``hf_geonorm``'s LLaMA layout patches it unchanged.
-``llama_identical_types()`` returns those types; tests/test_layouts.py checks that
+``llama_identical_types()`` returns those types; tests/modeling/test_layouts.py checks that
 ``hf_geonorm.layouts.LLAMA_LAYOUT_TYPES`` contains every one, so the test fails when transformers moves.
 
 Run ``python benchmarks/scan_layouts.py`` for the report (``--json`` for machine-readable output).

@@ -109,9 +109,10 @@ def token_counts(out: Path, cache: str) -> dict:
     """The corpus's tokens as the study's runs see them: ``train``'s data step (the tokenizer trained on the fly,
     the held-out documents, the blocks), which also fills the cache the runs read."""
     from hf_geonorm.training.data.prepare import data_request, data_source, training_data
-    from hf_geonorm.training.options import TrainOptions
+    from hf_geonorm.training.options import LEGACY_HELD_OUT_RULE, TrainOptions
 
-    options = TrainOptions(data=str(out), data_cache=cache, seq_len=SEQ_LEN, eval_blocks=EVAL_BLOCKS)
+    options = TrainOptions(data=str(out), data_cache=cache, seq_len=SEQ_LEN, eval_blocks=EVAL_BLOCKS,
+                           held_out_rule=LEGACY_HELD_OUT_RULE)  # the study's runs' (sweep_study.BASE)
     request = data_request(options)
     source = data_source(request, print)
     facts = training_data(source, request, print).facts

@@ -1,6 +1,6 @@
 """How the study's tables state an arm and a margin (``sweep_study_tables.py``): an arm's test loss over its seeds
 at the rate chosen for it, and the difference of two arms' means ± its standard error with Welch's two-sided p
-(``hf_geonorm.training.sweep.welch``), never a difference in units of a seed spread; and the note on the split rule
+(``hf_geonorm.sweep.welch``), never a difference in units of a seed spread; and the note on the split rule
 the phases before i held out by."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.table import Cell, mean_spread
-from hf_geonorm.training.sweep.welch import welch_test
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.table import Cell, mean_spread
+from hf_geonorm.sweep.welch import welch_test
 
 SPLIT_LEAK = Path(__file__).parent / "results" / "split_leak.json"
 MARGIN = (

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
+from hf_geonorm.sweep import estimate as estimate_module
+from hf_geonorm.sweep.grid import read_journal, run_sweep
+from hf_geonorm.sweep.options import SweepOptions
+from hf_geonorm.sweep.report import rate_text
 from hf_geonorm.training.options import TrainOptions
-from hf_geonorm.training.sweep import estimate as estimate_module
-from hf_geonorm.training.sweep.grid import read_journal, run_sweep
-from hf_geonorm.training.sweep.options import SweepOptions
-from hf_geonorm.training.sweep.report import rate_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_cost import FILES, corpus  # noqa: E402  (the same corpus: the largest standard-library modules)

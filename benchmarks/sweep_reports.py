@@ -1,8 +1,11 @@
 """Each finished study phase's ``sweep.md`` and ``sweep.png`` written again from its journal (``runs.jsonl``) by the
-sweep's own report writer (``hf_geonorm.training.sweep.report.write_report``, what ``hf-geonorm sweep`` calls when
+sweep's own report writer (``hf_geonorm.sweep.report.write_report``, what ``hf-geonorm sweep`` calls when
 every run is in), so that a report written by an earlier hf-geonorm says what the current one says of the same runs.
-Trains nothing, and reads nothing but the journals; a phase still running (phase i) is not among the defaults, since
-its own sweep writes its report after every run:
+Trains nothing, and reads nothing but the journals and each folder's ``held_out.json`` (the unigram reference row; a
+finished sweep run again measures it where an earlier hf-geonorm wrote none); a phase still running (phase j's
+1200-step folders) is not among the defaults, since its own sweep writes its report after every run. Phase j runs
+from a worktree at an earlier hf-geonorm (``sweep_study.py``): after merging its branch, write j_gpt2_300's report
+again here:
 
     python benchmarks/sweep_reports.py [--results benchmarks/results/sweeps] [--phases a_gpt2,h_styles,...]
 """
@@ -12,13 +15,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import write_report
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.report import write_report
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 FINISHED = ("a_gpt2", "a_llama", "b_fortunes", "b_gcide", "c_depth", "d_alpha", "e_alpha_stdlib", "e_alpha_gcide",
             "e_alpha_depth", "f_length_1200", "f_length_2400", "g_width_64", "g_width_256", "g_depth_2", "g_depth_8",
-            "g_llama_64", "g_llama_128", "g_llama_256", "h_styles", "reproduction")  # fmt: skip
+            "g_llama_64", "g_llama_128", "g_llama_256", "h_styles", "reproduction", "j_gpt2_300")  # fmt: skip
 
 
 def main() -> None:

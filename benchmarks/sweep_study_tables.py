@@ -3,7 +3,7 @@ journals (``runs.jsonl``, written by ``hf-geonorm sweep``'s library function in 
 
 - Every phase with both arms: each arm at its own best rate (chosen on that phase's validation; on ``b_gcide`` the
   rates chosen on fortunes, since the dictionary's validation chooses nothing), test loss over its seeds, and
-  GeoNorm's difference ± its standard error with Welch's two-sided p (``hf_geonorm.training.sweep.welch``).
+  GeoNorm's difference ± its standard error with Welch's two-sided p (``hf_geonorm.sweep.welch``).
 - GeoNorm's best rate over Pre-Norm's in each of those phases.
 - Alpha and rate together (phase d): validation loss per alpha at each rate, each alpha's best rate.
 - Alpha 0.5 against alpha 1, seeded (phase e): on the standard library, on the held-out dictionary, and at depth.
@@ -24,8 +24,8 @@ from typing import Any
 
 from study_margins import MARGIN, arm_at, arm_test_loss, margin, margin_cells, old_split_note, runs_of
 
-from hf_geonorm.training.sweep.grid import read_journal
-from hf_geonorm.training.sweep.report import best_rates, cells, mean_spread, rate_text
+from hf_geonorm.sweep.grid import read_journal
+from hf_geonorm.sweep.report import best_rates, cells, mean_spread, rate_text
 
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 STUDY_CORPUS = Path(__file__).parent / "results" / "study_corpus.json"

@@ -8,7 +8,7 @@ itself costs per run.
    their wall times are taken in this one run. Their journals must agree run for run (the benchmark checks it).
 2. The engine's own cost per run: the parallel sweep's scheduling steps (``LocalBoard``: the protocol walked,
    the journal line appended and synced, the run's files recorded) replayed for the sweep's runs without training;
-   and, where a PostgreSQL server can be started here (``tests/postgres_server.py``), the same steps through
+   and, where a PostgreSQL server can be started here (``tests/support/postgres_server.py``), the same steps through
    ``StudyBoard`` (the advisory lock, the stale check, the trial created and completed, a heartbeat): the storage
    round trips a machine makes per run. Each is set against a 30-second run (the target: under 2%).
 
@@ -73,12 +73,12 @@ def run_seconds(output: Path) -> float:
 def engine_cost(work: Path, serial: Path, url: str | None) -> dict[str, float]:
     """Seconds per run of the engine's scheduling steps, replayed over the serial sweep's runs: the local board's,
     and the storage's where ``url`` names a database."""
-    from hf_geonorm.files.ownership import record_paths
+    from hf_geonorm._plumbing.ownership import record_paths
+    from hf_geonorm.sweep.engine import LocalBoard
+    from hf_geonorm.sweep.grid import style_grids
+    from hf_geonorm.sweep.journal import load_journal
+    from hf_geonorm.sweep.options import SweepOptions
     from hf_geonorm.training.options import TrainOptions
-    from hf_geonorm.training.sweep.engine import LocalBoard
-    from hf_geonorm.training.sweep.grid import style_grids
-    from hf_geonorm.training.sweep.journal import load_journal
-    from hf_geonorm.training.sweep.options import SweepOptions
 
     source = load_journal(serial / "runs.jsonl")
     by_run = {entry["run"]: entry for entry in source.entries}
@@ -89,7 +89,7 @@ def engine_cost(work: Path, serial: Path, url: str | None) -> dict[str, float]:
     (replay / "runs.jsonl").write_text(json.dumps(source.header) + "\n")
     boards: dict[str, Any] = {"local": LocalBoard(load_journal(replay / "runs.jsonl"), sweep_options, grids)}
     if url is not None:
-        from hf_geonorm.training.sweep.storage import StudyBoard
+        from hf_geonorm.sweep.storage import StudyBoard
 
         boards["storage"] = StudyBoard(url, "benchmark", 300, sweep_options, grids, print)
         boards["storage"].header = source.header  # what join() leaves a machine's board holding (a once-a-sweep step)
@@ -134,8 +134,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sweep-workers-") as folder:
         work = Path(folder)
         data = corpus(work / "corpus")
+        from hf_geonorm.sweep.identity import measured_identity
         from hf_geonorm.training.options import TrainOptions
-        from hf_geonorm.training.sweep.identity import measured_identity
 
         cache = str(work / "cache")
         options = TrainOptions(data=str(data), preset="tiny", vocab_size=1024, seq_len=64, eval_blocks=16,

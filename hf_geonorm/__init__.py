@@ -6,44 +6,34 @@ first use:
 ``hf_geonorm.GeoNormLlamaConfig`` (or loading a ``geonorm_llama`` checkpoint) builds llama's only.
 """
 
-import sys as _sys
-
-from .modeling import model_mixins as _model_mixins
-from .modeling import modeling_geonorm as _modeling
-from .modeling.families import GeoNormFamily
-from .modeling.geometry import (
-    entry_rescale,
-    exp_map,
-    geodesic_update,
-    prenorm_angle,
-    step_sizes,
-    tangent,
-)
-from .modeling.layouts import BlockLayout
-from .modeling.residual import GeoNormResidual, StepParams, geonorm_step, identity_norm_like
-from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
-from .patching import (
+from .checkpoints.patching import (
     apply_geonorm,
     config_class_for,
     convert,
     family_for,
     supported_architectures,
 )
+from .modeling import model_mixins as _model_mixins
+from .modeling import modeling_geonorm as _modeling
+from .modeling.families import GeoNormFamily
+from .modeling.geometry import (
+    entry_rescale,
+    exp_map,
+    geodesic_step,
+    prenorm_angle,
+    step_sizes,
+    tangent,
+)
+from .modeling.layouts import BlockLayout
+from .modeling.residual import GeoNormResidual, identity_norm_like
+from .modeling.settings import NORM_STYLES, RADII, GeoNormSettings
 from .sharing.hub import push_model_to_hub as _push_model_to_hub
+from .training.liger import enable_liger_kernels as _enable_liger_kernels
 
 # The plugin's models push with the GeoNorm card (remote-code copies of the modelling code push as transformers does).
 _model_mixins.PUSH_TO_HUB = _push_model_to_hub
-
-
-def _bind_earlier_imports() -> None:
-    """Make the modules and subpackages imported before the package ran (the command line imports its declarations
-    so, for a ``--help`` without torch: ``hf_geonorm_cli.library``) its attributes, as an import after it does."""
-    for name, module in list(_sys.modules.items()):
-        if name.startswith(f"{__name__}.") and name.count(".") == 1:
-            globals().setdefault(name.rpartition(".")[2], module)
-
-
-_bind_earlier_imports()
+# Liger-Kernel's patches of a stock type X apply to geonorm_X too (when liger-kernel is installed)
+_enable_liger_kernels()
 
 __all__ = [
     "NORM_STYLES",
@@ -52,15 +42,13 @@ __all__ = [
     "GeoNormFamily",
     "GeoNormResidual",
     "GeoNormSettings",
-    "StepParams",
     "apply_geonorm",
     "config_class_for",
     "convert",
     "entry_rescale",
     "exp_map",
     "family_for",
-    "geodesic_update",
-    "geonorm_step",
+    "geodesic_step",
     "identity_norm_like",
     "prenorm_angle",
     "step_sizes",

@@ -1,11 +1,15 @@
 """The errors the library raises for its user (a setting out of range, a non-finite metric, what would need custom
-code), and how a message is cut to the one line the command line prints.
+code, a job whose extra is not installed), and how a message is cut to the one line the command line prints.
 
-Imports only the standard library: the command line reads ``first_line`` from this file (``hf_geonorm_cli.library``)
-without importing torch, so that it formats its own messages as the library does.
+The command line formats its own messages with ``first_line`` too, so that they read as the library's.
 """
 
 from __future__ import annotations
+
+import importlib.util
+
+# The packages (import names) of each extra of pyproject.toml that a job of hf-geonorm needs beyond the core install
+EXTRAS = {"train": ("datasets", "datasketch", "matplotlib", "scipy")}
 
 
 class SettingsError(ValueError):
@@ -14,6 +18,19 @@ class SettingsError(ValueError):
 
 class NonFiniteError(ValueError):
     """A metric came out NaN or infinite; the message says where the first non-finite value appeared and why."""
+
+
+class MissingExtraError(ImportError):
+    """A job needs an extra of hf-geonorm that is not installed (the message names the extra and how to install it)."""
+
+
+def require_extra(extra: str, job: str) -> None:
+    """``MissingExtraError`` naming ``extra`` when a package of it is not installed: ``job`` needs it, before it
+    starts (a run would otherwise fail at its end, drawing its loss curve)."""
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtraError(f"{job} needs the {extra} extra ({', '.join(missing)} not installed): pip install "
+                                f"'hf-geonorm[{extra}]'")  # fmt: skip
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

@@ -1,8 +1,11 @@
-"""Shared pytest setup: fixtures and hooks only (the helpers test files share are in tests/helpers.py).
+"""Shared pytest setup: fixtures and hooks only (the helpers test files share are in tests/support/helpers.py).
 
 - ``pytest -q`` runs on two pytest-xdist workers (``addopts`` in pyproject.toml); ``-n 0`` runs in one process.
 - ``--runslow`` runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
 - The summary ends with why tests were skipped, one line per reason (``pytest -q`` would give only a count).
+- The tests run against an install of the project (``pip install -e ".[dev]"``, as .ci/run does): the command line
+  (``cli/``) and the card template (``model_cards/``) import under their installed names only, so a run where they
+  would come from another install than ``hf_geonorm`` stops at once, saying so (``pytest_configure``).
 - Every test runs torch with one intra-op thread (the models are tiny; more threads only cost time on a busy
   machine), and every test module starts with the objects alive then frozen out of the garbage collector's walks.
 - Every test runs with ``HOME`` and its working folder in temporary folders (``machine_left_alone``).
@@ -41,11 +44,36 @@ atexit.register(shutil.rmtree, DATA_CACHE, ignore_errors=True)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers.dynamic_module_utils as dynamic_module_utils  # noqa: E402
-from helpers import SHORT_RUN, PluginFreePython, stdlib_text, succeeds  # noqa: E402
+
+from support.helpers import SHORT_RUN, PluginFreePython, stdlib_text, succeeds  # noqa: E402
 
 # A folder with remote code loaded without trust_remote_code=True raises at once instead of waiting 15 s for an
 # answer on stdin (here and in the plugin-free child of helpers.PluginFreePython).
 dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop, naming the fix, unless the command line and the card template come from the same install as the
+    ``hf_geonorm`` imported here (this checkout installed editable, or one wheel): ``PYTHONPATH=.`` alone finds the
+    library only, and would test it with another install's command line, or none."""
+    import importlib.util
+
+    import hf_geonorm
+
+    library = Path(hf_geonorm.__file__).resolve().parent
+    found = {name: importlib.util.find_spec(name) for name in ("hf_geonorm_cli", "hf_geonorm.model_cards")}
+    places = {name: Path(spec.origin).resolve().parent if spec and spec.origin else None
+              for name, spec in found.items()}  # fmt: skip
+    beside = {  # an editable install of a checkout, or an installed wheel
+        "hf_geonorm_cli": (library.parent / "cli", library.parent / "hf_geonorm_cli"),
+        "hf_geonorm.model_cards": (library.parent / "model_cards", library / "model_cards"),
+    }
+    strays = [f"{name} from {places[name]}" for name in found if places[name] not in beside[name]]
+    if strays:
+        raise pytest.UsageError(
+            f"the tests need the hf_geonorm of {library.parent} installed (pip install -e \".[dev]\" there), but found "
+            + ", ".join(strays)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +86,7 @@ def data_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stock_llama(tmp_path_factory) -> Path:
     """A saved stock tiny LLaMA, as a user downloads one."""
-    from tiny_models import tiny_model
+    from support.tiny_models import tiny_model
 
     folder = tmp_path_factory.mktemp("stock") / "llama"
     tiny_model("llama").save_pretrained(folder)

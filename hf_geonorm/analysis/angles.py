@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..loading import Source
+from ..checkpoints.loading import Source
+from ..errors import require_extra
 from ..modeling.geometry import geonorm_angle, prenorm_angle
 from ..modeling.residual import residual_modules
 from ..modeling.settings import GeoNormSettings, computes_prenorm
@@ -162,11 +163,9 @@ def angles_table(stats: list[SublayerAngles], prenorm: bool) -> str:
 
 
 def check_plot_target(path: str | os.PathLike) -> None:
-    """``ValueError`` before any model runs when the plot cannot be drawn or written to ``path``."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ValueError("drawing the plot needs matplotlib: pip install matplotlib") from None
+    """Before any model runs: ``MissingExtraError`` when the plot cannot be drawn (matplotlib is in the train
+    extra), ``ValueError`` when it cannot be written to ``path``."""
+    require_extra("train", "hf-geonorm angles --plot")
     parent = Path(path).absolute().parent
     if not parent.is_dir():
         raise ValueError(f"cannot write the plot to {path}: the folder {parent} does not exist")

@@ -1,5 +1,4 @@
-"""The defaults of the measures on text, declared once for the library and the command line: standard library only,
-so that ``hf-geonorm --help`` reads them without importing torch (``hf_geonorm_cli.library``)."""
+"""The defaults of the measures on text, declared once for the library and the command line."""
 
 # Tokens of a text that perplexity is measured on: `perplexity --max-tokens`, `convert --eval-tokens` (before and
 # after the conversion) and their library calls, so that their numbers compare.

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._plumbing.text_files import read_text
+from ..checkpoints.loading import Source, load_model, load_tokenizer, open_source, resolve_settings
+from ..checkpoints.patching import apply_geonorm
 from ..errors import NonFiniteError
-from ..files.text_files import read_text
-from ..loading import Source, load_model, load_tokenizer, open_source, resolve_settings
 from ..modeling.residual import GeoNormResidual, residual_modules
-from ..patching import apply_geonorm
 from .defaults import PERPLEXITY_TOKENS
 
 BYTES_TOKENIZATION = "raw UTF-8 bytes modulo the vocabulary size (the source has no tokenizer)"

@@ -1,7 +1,7 @@
 """The patch that puts GeoNorm into a stock base model, and the checks before it.
 
-``patch_base_model`` sets each stock decoder layer's class to the GeoNorm decoder layer of its block shape
-(``decoder_layers.py``, chosen by the layout's ``block``) and gives every sublayer its ``GeoNormResidual``.
+``patch_base_model`` builds every sublayer's ``GeoNormResidual`` and hands each stock decoder layer to the GeoNorm
+decoder layer of its block shape (``decoder_layers.py``, chosen by the layout's ``block``: its ``take_over``).
 Imports only torch, transformers and flat siblings (remote code).
 """
 
@@ -11,13 +11,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .decoder_layers import FirstTokens, decoder_layer_class
+from .decoder_layers import FIRST_TOKENS, GeoNormDecoderLayer, decoder_layer_class
 from .fresh_init import deepnet_init_, zero_positions_
 from .layouts import BlockLayout
 from .norm_styles import NORM_STYLE_DECLARATIONS, named_styles
 from .residual import GeoNormResidual, UpdateSchedule, identity_norm_like
 from .settings import GeoNormSettings
+from .transformers_versions import (
+    CAPTURE_REGISTRY_BY_MODEL,
+    INSTALLED_VERSION,
+    SUPPORTED_RANGE,
+    UNTESTED_RELEASE,
+    UnsupportedTransformers,
+)
 
 
 def _get_path(module: nn.Module, path: str) -> Any:
@@ -29,14 +37,13 @@ def _get_path(module: nn.Module, path: str) -> Any:
 def _register_output_capture(base_model: nn.Module) -> None:
     """transformers keys ``output_hidden_states`` capture on the model's class name, registered in ``__init__``; a
     base model whose class is set afterwards (the base of a head, ``apply_geonorm``) must be registered too, with
-    its class's entry, which names the GeoNorm decoder layer (``families.geonorm_recorded_outputs``)."""
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # older transformers capture outputs without the registry
-        return
+    its class's entry, which names the GeoNorm decoder layer (``families.geonorm_recorded_outputs``). The registry
+    takes the model from transformers 5.23 on, the name of its class before (``CAPTURE_REGISTRY_BY_MODEL``)."""
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+
     recordable = getattr(base_model, "_can_record_outputs", None)
     if recordable:
-        _CAN_RECORD_REGISTRY[base_model] = recordable
+        _CAN_RECORD_REGISTRY[base_model if CAPTURE_REGISTRY_BY_MODEL else str(type(base_model))] = recordable
 
 
 def _declare_no_split(base_model: nn.Module, layer_class: type) -> None:
@@ -87,6 +94,26 @@ def check_layout_settings(
         )
 
 
+# What Python puts in every class body besides the methods a class defines.
+CLASS_BODY_ENTRIES = frozenset({"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__"})
+
+
+def check_stock_layer_class(layer_class: type) -> None:
+    """``UnsupportedTransformers`` unless ``layer_class`` defines ``__init__`` and ``forward`` alone, directly over
+    ``GradientCheckpointingLayer``: what setting a layer's class to a GeoNorm decoder layer relies on (the layer
+    keeps what ``__init__`` made and loses only ``forward``). The tests check it on every release tested; above the
+    newest, ``check_patch`` checks it here, so that a stock layer that gained a method is refused, not run without
+    it."""
+    defined = set(vars(layer_class)) - CLASS_BODY_ENTRIES
+    if layer_class.__bases__ != (GradientCheckpointingLayer,) or defined != {"__init__", "forward"}:
+        raise UnsupportedTransformers(
+            f"{layer_class.__name__} of transformers {INSTALLED_VERSION} is not the decoder layer the GeoNorm "
+            f"code was tested with (it defines {', '.join(sorted(defined))} over "
+            f"{', '.join(base.__name__ for base in layer_class.__bases__)}): pip install "
+            f"'transformers{SUPPORTED_RANGE}', the releases it is tested on"
+        )
+
+
 def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, settings: GeoNormSettings) -> BlockLayout:
     """Raise ``ValueError`` if ``base_model`` (with ``config``) cannot become GeoNorm with ``settings``; return
     the layout of the block variant it builds. Changes nothing, so callers validate before they patch."""
@@ -99,6 +126,8 @@ def check_patch(base_model: nn.Module, config: Any, layout: BlockLayout, setting
     if getattr(config, "add_cross_attention", False):
         raise ValueError("GeoNorm supports decoder-only models; set add_cross_attention=False")
     for k, layer in enumerate(_get_path(base_model, layout.layers)):
+        if UNTESTED_RELEASE and not isinstance(layer, GeoNormDecoderLayer):
+            check_stock_layer_class(type(layer))
         for part in (layout.attn, layout.mlp, layout.attn_norm, layout.mlp_norm):
             if part is not None and not hasattr(layer, part):
                 raise ValueError(
@@ -129,22 +158,30 @@ def _free_padding_row(base_model: nn.Module, fresh_init: bool) -> None:
             weight[row].normal_(0.0, others.float().std().item())
 
 
-def _find_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+def pass_first_tokens(base_model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
     """Forward pre-hook of a patched base model: under ``geo_first_token_prenorm``, called without
-    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), mark the first position whose mask
-    is 1 in each row in the model's ``FirstTokens``; otherwise clear the mark (the layers then read the position
-    ids)."""
-    first = None
+    ``position_ids`` but with a 2D ``attention_mask`` (past and current tokens), hand the decoder layers the first
+    position whose mask is 1 in each row as the keyword argument ``FIRST_TOKENS``, which the stock model passes on
+    to its layers with its other keyword arguments. Otherwise nothing is added, and the layers read the position
+    ids."""
     config = base_model.config
     mask, position_ids = kwargs.get("attention_mask"), kwargs.get("position_ids")
-    if getattr(config, "geo_first_token_prenorm", False) and position_ids is None and isinstance(mask, torch.Tensor):
-        inputs = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1])
-                       if isinstance(t, torch.Tensor)), None)  # fmt: skip
-        if mask.dim() == 2 and inputs is not None and inputs.dim() >= 2:
-            length = inputs.shape[1]
-            positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
-            first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
-    base_model.geonorm_first_tokens.mask = first
+    if not getattr(config, "geo_first_token_prenorm", False) or position_ids is not None:
+        return None
+    inputs = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1])
+                   if isinstance(t, torch.Tensor)), None)  # fmt: skip
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or inputs is None or inputs.dim() < 2:
+        return None
+    length = inputs.shape[1]
+    positions = torch.arange(mask.shape[1] - length, mask.shape[1], device=mask.device)
+    first = positions[None, :] == mask.to(torch.int32).argmax(dim=1)[:, None]
+    if not base_model.geonorm_layout.layer_kwargs and not torch.equal(first, (positions == 0).expand_as(first)):
+        raise ValueError(
+            f"{config.model_type}'s decoder layers are not given the model's keyword arguments, so under "
+            "geo_first_token_prenorm they find each sequence's first token from the position ids: pass position_ids "
+            "with a left-padded batch (as generate does)"
+        )
+    return args, {**kwargs, FIRST_TOKENS: first}
 
 
 def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fresh_init: bool) -> None:
@@ -160,40 +197,37 @@ def patch_base_model(base_model: nn.Module, config: Any, layout: BlockLayout, fr
     style = NORM_STYLE_DECLARATIONS[settings.norm_style]  # what the style adds besides its residual modules
     layout = check_patch(base_model, config, layout, settings)
     _register_output_capture(base_model)
-    first_tokens = getattr(base_model, "geonorm_first_tokens", None)
-    if not isinstance(first_tokens, FirstTokens):  # the first patch of this base model (a re-patch keeps its hook)
-        first_tokens = base_model.geonorm_first_tokens = FirstTokens()
-        base_model.register_forward_pre_hook(_find_first_tokens, with_kwargs=True)
+    if not getattr(base_model, "geonorm_passes_first_tokens", False):  # a re-patch keeps its hook
+        base_model.register_forward_pre_hook(pass_first_tokens, with_kwargs=True)
+        base_model.geonorm_passes_first_tokens = True
     layer_class = decoder_layer_class(layout)
     _declare_no_split(base_model, layer_class)
     layers = _get_path(base_model, layout.layers)
     num_layers = len(layers)
     parallel = layer_class.parallel_residual(config)
     schedule = UpdateSchedule(config, num_layers, 1 if parallel else 2)  # one per model, for its residual modules
+    sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
     for k, layer in enumerate(layers):
-        if not isinstance(layer, layer_class):  # a re-patch keeps the class (and a subclass FSDP made of it)
-            layer.__class__ = layer_class
-        layer.geonorm_layer_index = k
-        layer.geonorm_first_tokens = first_tokens
-        sublayers = [("attn", layout.attn_norm)] + ([] if parallel else [("mlp", layout.mlp_norm)])
+        residuals: dict[str, GeoNormResidual] = {}
         for index, (part, norm_name) in enumerate(sublayers):
-            existing = getattr(layer, f"geonorm_{part}_residual", None)
-            if isinstance(existing, GeoNormResidual) and existing.fits(settings):
-                existing.config, existing.layer_index, existing.num_layers = config, k, num_layers
-                existing.sublayer, existing.sublayers, existing.schedule = index, len(sublayers), schedule
-                continue
-            out_norm = None
-            if style.output_norms:
-                out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
-            residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
-            norm = getattr(layer, norm_name) if norm_name is not None else None
-            reference = next((norm if norm is not None else layer).parameters(), None)
-            if reference is not None:
-                residual.to(device=reference.device, dtype=reference.dtype)
-            residual.train(layer.training)
-            setattr(layer, f"geonorm_{part}_residual", residual)
+            residual = getattr(layer, f"geonorm_{part}_residual", None)
+            if isinstance(residual, GeoNormResidual) and residual.fits(settings):
+                residual.place(config, k, num_layers, index, len(sublayers), schedule)
+            else:
+                out_norm = None
+                if style.output_norms:
+                    out_norm = identity_norm_like(getattr(layer, norm_name), layout.norm_weight_offset)
+                residual = GeoNormResidual(config, k, num_layers, out_norm, index, len(sublayers), schedule)
+                norm = getattr(layer, norm_name) if norm_name is not None else None
+                reference = next((norm if norm is not None else layer).parameters(), None)
+                if reference is not None:
+                    residual.to(device=reference.device, dtype=reference.dtype)
+                residual.train(layer.training)
+            residuals[part] = residual
+        layer_class.take_over(layer, residuals["attn"], residuals.get("mlp"))
         if fresh_init and style.deepnet_init:
             deepnet_init_(layer, layout, num_layers, config)
+    config.geonorm_built_into(base_model)
     if style.geodesic:
         _free_padding_row(base_model, fresh_init)
     if fresh_init and style.normalises_after and settings.post_zero_positions:

@@ -2,10 +2,11 @@
 layer's (``LlamaDecoderLayer.forward`` for LLaMA) with each residual addition ``residual + hidden_states`` a call
 to the sublayer's ``GeoNormResidual`` (method.md, "The block").
 
-``patch_base_model`` (``blocks.py``) sets a stock layer's class to the one its layout names (``DECODER_LAYERS``).
-Every stock decoder layer class defines only ``__init__`` and ``forward`` over ``GradientCheckpointingLayer``
-(``tests/test_transformers_internals.py`` checks this against the installed transformers), so a built layer keeps
-all its modules and takes this forward; gradient checkpointing wraps it as it wraps the stock one.
+``GeoNormDecoderLayer.take_over`` (called by ``blocks.patch_base_model``) sets a stock layer's class to the one its
+layout names (``DECODER_LAYERS``) and gives it its attributes. Every stock decoder layer class defines only
+``__init__`` and ``forward`` over ``GradientCheckpointingLayer`` (``tests/test_transformers_internals.py`` checks
+this against the installed transformers), so a built layer keeps all its modules and takes this forward; gradient
+checkpointing wraps it as it wraps the stock one.
 
 Imports only torch, transformers and flat siblings (remote code).
 """
@@ -16,58 +17,58 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .layouts import BlockLayout
 from .residual import GeoNormResidual
+from .transformers_versions import CACHE_ARGUMENT, GPTJ_BLOCK_RETURNS_TUPLE
 
-
-class FirstTokens:
-    """The first real token of each sequence in the current forward of one base model (a bool mask over its
-    positions), found by the base model's forward pre-hook from a 2D attention mask when no position ids are given
-    (``blocks._find_first_tokens``); None otherwise, and the layers then read the position ids. One object, shared
-    by the base model and its decoder layers: the stock model calls its layers with its own arguments, so this is
-    how a value of the model's inputs reaches them."""
-
-    def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None
+# The keyword argument that carries the first real token of each sequence (a bool mask over the positions of the
+# forward) from the base model's inputs to its decoder layers, as the stock model passes its other keyword
+# arguments on (``blocks.pass_first_tokens`` adds it where a 2D attention mask says more than the position ids).
+FIRST_TOKENS = "geonorm_first_tokens"
 
 
 class GeoNormDecoderLayer(GradientCheckpointingLayer):
-    """What every GeoNorm decoder layer has, set by ``patch_base_model``: its index (layer 0 puts the embeddings
-    where the style starts them), the base model's ``FirstTokens``, and the residual update of each sublayer:
+    """What every GeoNorm decoder layer has, given by ``take_over``: the residual update of each sublayer,
     ``geonorm_attn_residual`` and ``geonorm_mlp_residual``, or ``geonorm_attn_residual`` alone where attention and
-    MLP make one summed update (``parallel``)."""
+    MLP make one summed update (``parallel``). Each knows its layer's index; each ``forward`` first hands its input
+    to ``geonorm_attn_residual.enter``, which in layer 0 puts the embeddings where the style starts them."""
 
     # Whether attention and MLP make one summed update: True, False, or the config attribute that says so.
     parallel: ClassVar[bool | str] = False
 
-    geonorm_layer_index: int
-    geonorm_first_tokens: FirstTokens
     geonorm_attn_residual: GeoNormResidual
     geonorm_mlp_residual: GeoNormResidual
+
+    @classmethod
+    def take_over(cls, layer: nn.Module, attn_residual: GeoNormResidual, mlp_residual: GeoNormResidual | None) -> None:
+        """Make the stock decoder ``layer`` (or a GeoNorm one patched anew) this class, with the residual module of
+        each sublayer (``mlp_residual`` None for a parallel block). Its modules and parameters stay as they are."""
+        if not isinstance(layer, cls):  # a re-patch keeps the class (and a subclass FSDP made of it)
+            layer.__class__ = cls
+        layer.geonorm_attn_residual = attn_residual
+        if mlp_residual is not None:
+            layer.geonorm_mlp_residual = mlp_residual
 
     @classmethod
     def parallel_residual(cls, config: Any) -> bool:
         """Whether a layer of ``config`` makes one update (one residual module) rather than two."""
         return cls.parallel if isinstance(cls.parallel, bool) else bool(getattr(config, cls.parallel))
 
-    def geonorm_enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The layer's input: in layer 0, the embeddings as the style starts them (``GeoNormResidual.enter``)."""
-        if self.geonorm_layer_index == 0:
-            return self.geonorm_attn_residual.enter(hidden_states)
-        return hidden_states
-
-    def geonorm_first_token_mask(self, position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    def geonorm_first_token_mask(
+        self, first: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """The first token of each sequence, when ``geo_first_token_prenorm`` keeps it on the Pre-Norm update (else
-        None): the first position whose 2D ``attention_mask`` is 1 in each row, found from the base model's inputs
-        (a left-padded batch: ``geonorm_first_tokens``); else where the caller's ``position_ids`` are 0 (also
-        packed sequences; the model's own position ids without them). A 4D mask or inputs passed to the base model
-        by position cannot be read: then the position ids decide."""
+        None): ``first``, the keyword argument ``FIRST_TOKENS`` (which the forward takes out of the arguments it
+        passes on to the attention) where the base model found it from a 2D ``attention_mask`` (a left-padded
+        batch); else where the caller's ``position_ids`` are 0 (also packed sequences; the model's own position
+        ids without them). A 4D mask or inputs passed to the base model by position cannot be read: then the
+        position ids decide."""
         config = self.geonorm_attn_residual.config
         if config.norm_style != "geo" or not config.geo_first_token_prenorm:
             return None
-        first = self.geonorm_first_tokens.mask
         if first is not None:
             return first
         if position_ids is None:
@@ -87,8 +88,8 @@ class GeoNormLlamaDecoderLayer(GeoNormDecoderLayer):
     Gemma, AXK2 and Nemotron (LLaMA's layer with norms of their own kind)."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -105,8 +106,8 @@ class GeoNormApertusDecoderLayer(GeoNormDecoderLayer):
     ``feedforward_layernorm``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.attention_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -122,8 +123,8 @@ class GeoNormPhi3DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Phi-3 decoder layer: LLaMA's, with a dropout on each sublayer's update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -140,8 +141,8 @@ class GeoNormGraniteDecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Granite decoder layer: LLaMA's, with each update scaled by ``residual_multiplier``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -158,8 +159,8 @@ class GeoNormPersimmonDecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Persimmon decoder layer: LLaMA's, with a dropout on the MLP's update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -175,8 +176,8 @@ class GeoNormGemma2DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm Gemma 2 decoder layer, also Gemma 3's: each sublayer's output norm is part of its update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -193,8 +194,8 @@ class GeoNormGlm4DecoderLayer(GeoNormDecoderLayer):
     """The GeoNorm GLM-4 decoder layer: each sublayer's output norm is part of its update."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -212,8 +213,8 @@ class GeoNormOlmo2DecoderLayer(GeoNormDecoderLayer):
     and ``geo`` apply (they take no input norm)."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
         hidden_states = self.post_attention_layernorm(hidden_states)
@@ -233,8 +234,8 @@ class GeoNormGPTNeoXLayer(GeoNormDecoderLayer):
     parallel = "use_parallel_residual"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         attn_input = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         attn_output, _ = self.attention(hidden_states=attn_input, **kwargs)
@@ -258,8 +259,8 @@ class GeoNormStableLmDecoderLayer(GeoNormDecoderLayer):
     parallel = "use_parallel_residual"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         self_attn_output, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -281,8 +282,8 @@ class GeoNormPhiDecoderLayer(GeoNormDecoderLayer):
     parallel = True
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         attn_outputs, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -293,19 +294,25 @@ class GeoNormPhiDecoderLayer(GeoNormDecoderLayer):
 
 
 class GeoNormGPTJBlock(GeoNormDecoderLayer):
-    """The GeoNorm GPT-J block, also CodeGen's: parallel with one shared norm ``ln_1``."""
+    """The GeoNorm GPT-J block, also CodeGen's: parallel with one shared norm ``ln_1``. Before transformers 5.24
+    their models read ``(hidden states, attention weights)`` from it (``GPTJ_BLOCK_RETURNS_TUPLE``)."""
 
     parallel = True
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+    def forward(
+        self, hidden_states: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
-        attn_output, _ = self.attn(hidden_states=hidden_states, **kwargs)
+        attn_output, attn_weights = self.attn(hidden_states=hidden_states, **kwargs)
         feed_forward_hidden_states = self.mlp(hidden_states)
         update = attn_output + feed_forward_hidden_states
-        return self.geonorm_attn_residual(residual, update, self.ln_1, first_tokens)
+        hidden_states = self.geonorm_attn_residual(residual, update, self.ln_1, first_tokens)
+        if GPTJ_BLOCK_RETURNS_TUPLE:
+            return hidden_states, attn_weights
+        return hidden_states
 
 
 class GeoNormCohereDecoderLayer(GeoNormDecoderLayer):
@@ -314,8 +321,8 @@ class GeoNormCohereDecoderLayer(GeoNormDecoderLayer):
     parallel = True
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.input_layernorm)
         hidden_states_attention, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
@@ -333,8 +340,8 @@ class GeoNormFalconDecoderLayer(GeoNormDecoderLayer):
     parallel = "parallel_attn"
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         config = self.config
         residual = hidden_states
         if config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2:
@@ -365,7 +372,8 @@ class GeoNormFalconDecoderLayer(GeoNormDecoderLayer):
 
 class GeoNormGPT2Block(GeoNormDecoderLayer):
     """The GeoNorm GPT-2 block (decoder-only: no cross-attention), which its model calls with positional
-    ``cache`` and ``attention_mask``."""
+    ``cache`` and ``attention_mask``; its attention takes the cache under the name of the installed transformers
+    (``CACHE_ARGUMENT``: ``past_key_values`` before 5.24)."""
 
     def forward(
         self,
@@ -379,12 +387,12 @@ class GeoNormGPT2Block(GeoNormDecoderLayer):
     ) -> torch.Tensor:
         if encoder_hidden_states is not None:
             raise ValueError("GeoNorm supports decoder-only GPT-2 (no cross-attention)")
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
         attn_output, _ = self.attn(
-            hidden_states, cache=cache, attention_mask=attention_mask, use_cache=use_cache, **kwargs
+            hidden_states, attention_mask=attention_mask, use_cache=use_cache, **{CACHE_ARGUMENT: cache}, **kwargs
         )
         hidden_states = self.geonorm_attn_residual(residual, attn_output, self.ln_1, first_tokens)
 
@@ -399,8 +407,8 @@ class GeoNormGPTNeoBlock(GeoNormDecoderLayer):
     weights)``."""
 
     def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
         attn_output, attn_weights = self.attn(hidden_states=hidden_states, **kwargs)
@@ -430,8 +438,8 @@ class GeoNormGPTBigCodeBlock(GeoNormDecoderLayer):
     ) -> torch.Tensor:
         if encoder_hidden_states is not None:
             raise ValueError("GeoNorm supports decoder-only GPTBigCode (no cross-attention)")
-        hidden_states = self.geonorm_enter(hidden_states)
-        first_tokens = self.geonorm_first_token_mask(kwargs.get("position_ids"))
+        hidden_states = self.geonorm_attn_residual.enter(hidden_states)
+        first_tokens = self.geonorm_first_token_mask(kwargs.pop(FIRST_TOKENS, None), kwargs.get("position_ids"))
         residual = hidden_states
         hidden_states = self.geonorm_attn_residual.sublayer_input(hidden_states, self.ln_1)
         attn_output, _ = self.attn(

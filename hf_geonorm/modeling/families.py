@@ -20,6 +20,7 @@ from .decoder_layers import decoder_layer_class
 from .layouts import LAYOUTS, BlockLayout
 from .model_mixins import SETTING_DEFAULTS, GeoNormBaseModelMixin, GeoNormConfigMixin, GeoNormHeadModelMixin
 from .settings import GeoNormSettings
+from .transformers_versions import check_transformers
 
 # The heads transformers puts on a decoder's base model besides the LM head, by Auto class, each with the name map
 # (transformers.models.auto.modeling_auto) of the stock types that have it. A family gets its stock type's heads.
@@ -235,7 +236,10 @@ def _build_classes(family: GeoNormFamily) -> FamilyClasses:
 
 def discover_families(module: str) -> dict[str, GeoNormFamily]:
     """A family for every tabled type this transformers version has (its classes looked up by name only, none
-    built), its classes to be defined in ``module``."""
+    built), its classes to be defined in ``module``; first the check that the installed transformers is one the
+    code is tested on (``transformers_versions.check_transformers``: the plugin and a folder's remote code both
+    run it when they are imported)."""
+    check_transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 

@@ -55,6 +55,8 @@ class BlockLayout:
     may raise ``ValueError`` for a variant GeoNorm cannot express.
     ``position_ids`` is False where the stock model calls its layers without position ids or a padding mask
     (GPT-Neo, GPT-BigCode): they cannot find each sequence's first token (``geo_first_token_prenorm``).
+    ``layer_kwargs`` is False where the stock model does not pass its keyword arguments on to its layers (Falcon):
+    they then find the first token of a left-padded batch only from position ids given with it.
     """
 
     block: str = "llama"
@@ -67,12 +69,12 @@ class BlockLayout:
     mlp_out_norm: str | None = None
     norm_weight_offset: float = 0.0
     plain_norms: bool = True
-    final_norm: str = "norm"
     fused_values: FusedValues | None = None
     lora_targets: tuple[str, ...] = ATTENTION_LORA_TARGETS
     conv1d: bool = False
     select: Callable[[Any], BlockLayout] | None = None
     position_ids: bool = True
+    layer_kwargs: bool = True
 
     def for_config(self, config: Any) -> BlockLayout:
         """The layout of the block variant ``config`` builds (itself unless the type has variants)."""
@@ -170,18 +172,15 @@ GPT2 = BlockLayout(
     attn_norm="ln_1",
     attn="attn",
     mlp_norm="ln_2",
-    final_norm="ln_f",
     fused_values=_gpt2_values,
     lora_targets=("c_attn",),
     conv1d=True,
 )
 
 # Parallel residual: one step with u = Attn(N1 x) + FFN(N2 x), or one shared norm (mlp_norm=None).
-GPT_NEOX = BlockLayout(block="gpt_neox", attn="attention", final_norm="final_layer_norm", fused_values=_neox_values)
-PHI = BlockLayout(
-    block="phi", mlp_norm=None, final_norm="final_layernorm", lora_targets=("q_proj", "v_proj", "fc1", "fc2")
-)
-GPTJ = BlockLayout(block="gptj", layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None, final_norm="ln_f")
+GPT_NEOX = BlockLayout(block="gpt_neox", attn="attention", fused_values=_neox_values)
+PHI = BlockLayout(block="phi", mlp_norm=None, lora_targets=("q_proj", "v_proj", "fc1", "fc2"))
+GPTJ = BlockLayout(block="gptj", layers="h", attn_norm="ln_1", attn="attn", mlp_norm=None)
 CODEGEN = replace(GPTJ, fused_values=_codegen_values)
 COHERE = BlockLayout(block="cohere", mlp_norm=None)
 # StableLM's post_attention_layernorm is None on parallel blocks: the MLP then shares input_layernorm.
@@ -191,9 +190,9 @@ FALCON = BlockLayout(
     layers="h",
     attn="self_attention",
     mlp_norm=None,
-    final_norm="ln_f",
     fused_values=_falcon_values,
     select=_falcon_layout,
+    layer_kwargs=False,
 )
 FALCON_NEW = replace(FALCON, attn_norm="ln_attn", mlp_norm="ln_mlp")
 FALCON_SEQUENTIAL = replace(FALCON, mlp_norm="post_attention_layernorm")
@@ -217,7 +216,7 @@ GLM4 = BlockLayout(block="glm4", attn_out_norm="post_self_attn_layernorm", mlp_o
 
 # Close variants of LLaMA's block.
 NEMOTRON = BlockLayout(norm_weight_offset=1.0)  # LayerNorm1P computes (1 + w) x
-PERSIMMON = BlockLayout(block="persimmon", final_norm="final_layernorm", fused_values=_neox_values)
+PERSIMMON = BlockLayout(block="persimmon", fused_values=_neox_values)
 APERTUS = BlockLayout(block="apertus", attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
 # GPT-2's block shape with nn.Linear projections: GPT-Neo's separate q/k/v, GPTBigCode's fused c_attn.
 GPT_NEO = replace(

@@ -7,6 +7,7 @@ decoder layers at construction.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +19,9 @@ from .blocks import patch_base_model
 from .checkpoint_layout import guarded_conversions
 from .layouts import LEARNED_POSITIONS, BlockLayout
 from .remote_code import write_remote_code
-from .residual import GeoNormResidual, settings_in_use
+from .residual import GeoNormResidual
 from .settings import GeoNormSettings
+from .transformers_versions import CACHE_ARGUMENT
 
 # How a GeoNorm model pushes itself: set by the plugin (``hf_geonorm``) on its own copy of this module to its Hub
 # layer, which also writes the GeoNorm model card. A copy loaded as remote code never gets it (and so never
@@ -31,12 +33,18 @@ SETTING_DEFAULTS = GeoNormSettings().to_dict()
 SETTING_NAMES = GeoNormSettings.names()
 # Settings that decide which modules and parameters a model has: fixed once a model reads the config.
 STRUCTURAL_SETTINGS = ("norm_style", "geo_learnable_step")
+# The config's count of the live models built from it (``GeoNormConfigMixin.geonorm_built_into``); never saved.
+BUILT_MODELS = "_geonorm_built_models"
+# Set once a config's __init__ is done: until then its depth may still be the class default (transformers applies
+# ``num_hidden_layers=`` and the other mapped names after the fields), so per-layer lists wait for the end of init.
+INITIALISED = "_geonorm_initialised"
 
 
 class GeoNormConfigMixin:
     """Adds the GeoNorm settings to a stock config. The config is where a model's settings live: its residual
     modules read them at every forward, so an assignment changes the model at once; every assignment is
-    validated, and one that would change the model's modules is refused while a model uses the config."""
+    validated, and one that would change the model's modules is refused while a model built from the config
+    lives (``geonorm_built_into``)."""
 
     model_type: str
     geonorm_stock_type: str
@@ -46,19 +54,43 @@ class GeoNormConfigMixin:
             current = {name: getattr(self, name, SETTING_DEFAULTS[name]) for name in SETTING_NAMES}
             before = current[key]
             current[key] = value
-            try:
-                num_layers = self.num_hidden_layers
-            except AttributeError:
-                num_layers = None
+            num_layers = self.num_hidden_layers if getattr(self, INITIALISED, False) else None
             validated = GeoNormSettings(**current).validate(num_layers if isinstance(num_layers, int) else None)
             value = getattr(validated, key)
-            if key in STRUCTURAL_SETTINGS and value != before and settings_in_use(self):
+            if key in STRUCTURAL_SETTINGS and value != before and getattr(self, BUILT_MODELS, 0) > 0:
                 raise ValueError(
                     f"{key} decides which modules a GeoNorm model has, so it cannot change on the config of a built "
                     f"model; call hf_geonorm.apply_geonorm(model, {key}={value!r}) (it keeps the weights), or set it "
                     "on the config before the model is built"
                 )
         super().__setattr__(key, value)
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        """Check the per-layer lists against the depth the config ends with (``GPT2Config(num_hidden_layers=4,
+        geo_alpha=[...] * 4)`` sets the depth after the settings)."""
+        super().__post_init__(**kwargs)
+        settings = GeoNormSettings(**{name: getattr(self, name) for name in SETTING_NAMES})
+        depth = self.num_hidden_layers
+        settings.validate(depth if isinstance(depth, int) else None)
+        super().__setattr__(INITIALISED, True)
+
+    def geonorm_built_into(self, model: nn.Module) -> None:
+        """Count ``model`` among the models built from this config until it is garbage collected (a base model,
+        when ``blocks.patch_base_model`` gives it modules that read this config): meanwhile the settings that
+        decide which modules exist are refused. A copy of the model (``copy.deepcopy``) copies the count with its
+        config, and keeps it."""
+        super().__setattr__(BUILT_MODELS, getattr(self, BUILT_MODELS, 0) + 1)
+        weakref.finalize(model, self._geonorm_model_gone)
+
+    def _geonorm_model_gone(self) -> None:
+        super().__setattr__(BUILT_MODELS, max(getattr(self, BUILT_MODELS, 0) - 1, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' ``to_dict`` (what a save writes) without the count of built models."""
+        out = super().to_dict()
+        out.pop(BUILT_MODELS, None)
+        out.pop(INITIALISED, None)
+        return out
 
     def set_geonorm_settings(self, settings: GeoNormSettings) -> None:
         """Write validated settings, structural ones included: for ``apply_geonorm``, which rebuilds the modules."""
@@ -153,7 +185,7 @@ def _sequence_positions(args: tuple, kwargs: dict[str, Any]) -> tuple[int, torch
     ids = kwargs.get("input_ids", args[0] if args else None)
     embeds = kwargs.get("inputs_embeds")
     new = ids.shape[-1] if ids is not None else (embeds.shape[-2] if embeds is not None else 0)
-    past = kwargs.get("past_key_values")
+    past = kwargs.get(CACHE_ARGUMENT)
     cached = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
     return cached + new, kwargs.get("position_ids")
 

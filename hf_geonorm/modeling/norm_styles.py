@@ -1,7 +1,9 @@
-"""The norm styles of the GeoNorm family (method.md, "The family"), each declared once, here: its residual
-rule, the modules and init it adds, its model card's words and where its default learning rate comes from. The
-code that builds, patches, describes or trains a model reads these declarations; adding a style is adding one
-(``tests/test_norm_styles.py`` adds a sixth in a copy of the package and runs a model with it).
+"""The norm styles of the GeoNorm family (method.md, "The family"), each declared once, here: the modules and
+init it adds, its model card's words and where its default learning rate comes from. The code that builds,
+patches, describes or trains a model reads these declarations. The residual rules of the five styles are one
+``match`` over ``norm_style`` in ``GeoNormResidual.forward`` (``residual.py``); a style declared with a ``rule``
+of its own runs that instead, so adding a style is adding its declaration (``tests/test_norm_styles.py`` adds a
+sixth in a copy of the package and runs a model with it).
 
 Standard library only, like ``settings.py``, which reads the style names from here: the command line reads both
 without torch. A rule therefore uses only the operators of the tensors and modules it is handed.
@@ -9,6 +11,7 @@ without torch. A rule therefore uses only the operators of the tensors and modul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +24,9 @@ PRE_NORM_RECIPE = "the Pre-Norm recipe"
 RATIO_TO_PRE_NORM = "ratio to Pre-Norm"
 RATE_SOURCES = (PRE_NORM_RECIPE, RATIO_TO_PRE_NORM)
 
-# (residual, x, u, norm, first_tokens) -> the new state: the residual module (``residual.GeoNormResidual``) of the
-# update, the state, the sublayer's update, the block's norm before that sublayer, the first-token mask or None.
+# (residual, x, u, norm, first_tokens) -> the new state, for a style that is not one of the five: the residual
+# module (``residual.GeoNormResidual``) of the update, the state, the sublayer's update, the block's norm before
+# that sublayer, the first-token mask or None.
 ResidualRule = Callable[[Any, Any, Any, Any, Any], Any]
 
 
@@ -30,27 +34,32 @@ ResidualRule = Callable[[Any, Any, Any, Any, Any], Any]
 class NormStyle:
     """One member of the family, as ``norm_style`` names it.
 
-    ``rule`` the residual update (``ResidualRule``); ``card_text`` how the model card names it;
+    ``card_text`` how the model card names it (its name, then after a comma or colon its rule);
     ``normalises_after``: the sublayer reads the state itself and the rule normalises afterwards with the block's
     own norms (so the first block's input follows ``post_embedding_norm``, and a model built from a config starts a
     learned position table at zero under ``post_zero_positions``); ``output_norms``: each sublayer's update passes
-    a fresh norm of the block's kind (``residual.output_norm``, starting as the identity); ``residual_scale`` the
-    factor on the state for a model of T layers (``residual.residual_scale``); ``deepnet_init``: a model built
-    from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``: the GeoNorm update with its
-    entry (``geo_radius``), learnable step, padding row and first-token rule; ``rate_source`` one of
+    a fresh norm of the block's kind (``residual.output_norm``, starting as the identity); ``deepnet_init``: a
+    model built from a config draws DeepNet's init (``fresh_init.deepnet_init_``); ``geodesic``: the GeoNorm update
+    with its entry (``geo_radius``), learnable step, padding row and first-token rule; ``rate_source`` one of
     ``RATE_SOURCES`` (every style but Pre-Norm: its ratio to Pre-Norm); ``is_stock``: the style is the stock model
-    itself (``pre``)."""
+    itself (``pre``); ``rule`` the residual update of a style that is not one of the five (``ResidualRule``; the
+    five are written out in ``GeoNormResidual.forward``)."""
 
     name: str
-    rule: ResidualRule
     card_text: str
     is_stock: bool = False
     normalises_after: bool = False
     output_norms: bool = False
-    residual_scale: Callable[[int], float] | None = None
     deepnet_init: bool = False
     geodesic: bool = False
     rate_source: str = RATIO_TO_PRE_NORM
+    rule: ResidualRule | None = None
+
+    @property
+    def title(self) -> str:
+        """The style's name as a card's title names the model: ``card_text`` up to its first comma or colon
+        ("Pre-Norm", "GeoNorm")."""
+        return re.split(r"[,:]", self.card_text, maxsplit=1)[0]
 
     @property
     def only_input_norms(self) -> bool:
@@ -67,45 +76,14 @@ def named_styles(which: Callable[[NormStyle], bool], last: str) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def add_update(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
-    """x + u."""
-    return x + u
-
-
-def normalise_sum(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
-    """N(x + u), scaled first by the style's residual scale where it has one: N(alpha x + u)."""
-    scale = residual.residual_scale
-    return norm(x + u) if scale is None else norm(scale * x + u)
-
-
-def add_normalised_update(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
-    """x + N'(u), N' the sublayer's own output norm."""
-    return x + residual.output_norm(u)
-
-
-def take_geodesic_step(residual: Any, x: Any, u: Any, norm: Any, first_tokens: Any) -> Any:
-    """The GeoNorm step with the bridge, frames and learnable step (``residual.GeoNormResidual.geodesic``)."""
-    return residual.geodesic(x, u, first_tokens)
-
-
-def deepnorm_alpha(num_layers: int) -> float:
-    """DeepNet's residual scale (2T)^(1/4)."""
-    return (2.0 * num_layers) ** 0.25
-
-
 NORM_STYLE_DECLARATIONS: dict[str, NormStyle] = {
     style.name: style
     for style in (
-        NormStyle(
-            "pre", add_update, "Pre-Norm, x + F(N(x)): the stock model", is_stock=True, rate_source=PRE_NORM_RECIPE
-        ),
-        NormStyle("post", normalise_sum, "Post-Norm, N(x + F(x))", normalises_after=True),
-        NormStyle("sandwich", add_normalised_update, "Sandwich-Norm, x + N'(F(N(x)))", output_norms=True),
-        NormStyle(
-            "deepnorm", normalise_sum, "DeepNorm, N(alpha x + F(x))", normalises_after=True,
-            residual_scale=deepnorm_alpha, deepnet_init=True,
-        ),  # fmt: skip
-        NormStyle("geo", take_geodesic_step, "GeoNorm: geodesic steps on the sphere", geodesic=True),
+        NormStyle("pre", "Pre-Norm, x + F(N(x)): the stock model", is_stock=True, rate_source=PRE_NORM_RECIPE),
+        NormStyle("post", "Post-Norm, N(x + F(x))", normalises_after=True),
+        NormStyle("sandwich", "Sandwich-Norm, x + N'(F(N(x)))", output_norms=True),
+        NormStyle("deepnorm", "DeepNorm, N(alpha x + F(x))", normalises_after=True, deepnet_init=True),
+        NormStyle("geo", "GeoNorm: geodesic steps on the sphere", geodesic=True),
     )
 }
 NORM_STYLES = tuple(NORM_STYLE_DECLARATIONS)

@@ -1,116 +1,34 @@
-"""One residual-update module for the whole family, every norm style declared in ``norm_styles.py``.
+"""One residual-update module for the whole family: the five norm styles are one ``match`` over ``norm_style`` in
+``GeoNormResidual.forward`` (method.md, "The family"); the rest of each style is declared in ``norm_styles.py``.
 
-A block asks its residual module what each sublayer reads (``sublayer_input``) and how the state moves
-given the sublayer's update (``forward``): the rule of the style's declaration (``norm_styles.py``). Parameters
-exist only where a style needs them: the output norm of ``sandwich`` and the scale/bias of ``geo_learnable_step``.
-The ``geo`` style's update (``geodesic``) is written out here: the GeoNorm update of ``geometry.py`` (tangent, the
-angle with its clamp, the exponential map; ``step.py`` picks its implementation), with the bridge, the frames and
-the learnable step around it.
+A block asks its residual module what each sublayer reads (``sublayer_input``) and how the state moves given the
+sublayer's update (``forward``). Parameters exist only where a style needs them: the output norm of ``sandwich``
+and the scale/bias of ``geo_learnable_step``. The ``geo`` case is the GeoNorm update of ``geometry.py``
+(``geodesic_step``: tangent, the angle with its clamp, the exponential map; it picks its implementation), with
+this update's step size, bridge and frame and the first-token rule.
 
 The settings have one home, the model's config: a residual module keeps a reference to it and reads the clamp,
 radius and the per-update values of the ``UpdateSchedule`` it shares with the model's other residual modules
 (step sizes, bridges, frames; method.md, "Step sizes") from it at every forward, so assigning
 ``model.config.geo_alpha`` changes the model at once; the schedule is computed again only after such an
 assignment. The two settings that decide which modules and parameters exist (``norm_style``,
-``geo_learnable_step``) are fixed when the module is built; the config refuses to change them while a module
-reads it (``settings_in_use``).
+``geo_learnable_step``) are fixed when the module is built; the config of a built model refuses to change them
+(``model_mixins.GeoNormConfigMixin``).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import weakref
-from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .geometry import (
-    bridge_turn,
-    clamped_turn,
-    entry_rescale,
-    exp_map,
-    in_compute_dtype,
-    per_update,
-    prenorm_update,
-    step_sizes,
-    tangent,
-)
+from .geometry import entry_rescale, geodesic_step, per_update, prenorm_update, step_sizes
 from .norm_styles import NORM_STYLE_DECLARATIONS, NormStyle
 from .settings import GeoNormSettings
-from .step import geodesic_step
-
-_LIVE_RESIDUALS: weakref.WeakSet[GeoNormResidual] = weakref.WeakSet()
-
-
-@dataclass(frozen=True, eq=False)
-class StepParams:
-    """Everything one update of the ``geo`` style reads besides the state x and the update u, as one object.
-    ``eq=False``: the learnable scale and bias are tensors, compared by identity.
-
-    ``alpha`` the step size a_k (a number, or a tensor); ``max_angle`` the clamp (None: none, the turn still stops
-    at ``geometry.MAX_TURN``); ``bridge`` 1 for the GeoNorm step, 0 for the Pre-Norm update, in between the
-    interpolation; ``step_scale``/``step_bias`` the learnable step (``geo_learnable_step``); ``frame``
-    (c, c_next / c) the Pre-Norm frame of ``geo_frames``; ``clamp`` "both" (base angle and final angle) or "final"
-    (method.md, "The update", "The bridge"). Every field but ``alpha`` is given by keyword:
-    ``StepParams(0.5, max_angle=None, bridge=0.3)``."""
-
-    alpha: float | torch.Tensor
-    _: KW_ONLY
-    max_angle: float | None = math.pi / 4
-    bridge: float = 1.0
-    step_scale: torch.Tensor | None = None
-    step_bias: torch.Tensor | None = None
-    frame: tuple[float, float] | None = None
-    clamp: str = "both"
-
-    @property
-    def is_geodesic_step(self) -> bool:
-        """Whether these are the plain GeoNorm update's settings (bridge 1, both clamps, no learnable step), which
-        ``step.geodesic_step`` computes (fused where it can be)."""
-        return self.bridge == 1.0 and self.clamp == "both" and self.step_scale is None and self.step_bias is None
-
-
-def geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
-    """The update of the ``geo`` style, with the Pre-Norm bridge: bridge = 1 is the clamped GeoNorm step (radius |x|
-    kept), bridge = 0 the Pre-Norm update exactly (x + u, or in the ``frame``), in between the angle and radius
-    interpolate (method.md, "The update" and "The bridge").
-
-    The plain GeoNorm update goes to ``step.geodesic_step`` (the fused implementation where it covers the call;
-    ``HF_GEONORM_FUSED=0`` or ``step_switch.set_fused_enabled(False)`` turns that off); every other setting is
-    composed around the same pieces by ``composed_geonorm_step``."""
-    if not isinstance(params, StepParams):
-        raise TypeError(
-            "geonorm_step takes the step's settings as one StepParams: geonorm_step(x, u, StepParams(alpha, ...)); "
-            f"got {type(params).__name__}"
-        )
-    if params.is_geodesic_step:
-        return geodesic_step(x, u, params.alpha, params.max_angle)  # fused where it can be (step.py)
-    return composed_geonorm_step(x, u, params)
-
-
-def composed_geonorm_step(x: torch.Tensor, u: torch.Tensor, params: StepParams) -> torch.Tensor:
-    """``geonorm_step`` for every setting, composed of torch operations and differentiated by autograd: the update
-    as method.md writes it (tangent, the angle with its clamp, the exponential map), with the learnable step
-    on the angle and the bridge to the Pre-Norm update around it."""
-    if params.bridge == 0.0:
-        return prenorm_update(x, u, params.frame)  # the Pre-Norm end of the bridge, exactly
-    dtype = x.dtype
-    x, u = in_compute_dtype(x, u)
-    t = tangent(x, u)
-    turn = clamped_turn(x, t, params.alpha, params.max_angle, params.step_scale, params.step_bias, params.clamp)
-    if params.bridge == 1.0:
-        return exp_map(x, turn.step * t, turn.theta).to(dtype)
-    turn, radius = bridge_turn(x, u, turn, params.bridge, params.frame)
-    return (radius * exp_map(x, turn.step * t, turn.theta)).to(dtype)
-
-
-def settings_in_use(config: Any) -> bool:
-    """Whether a live GeoNorm residual module reads its settings from ``config`` (it is a built model's)."""
-    return any(residual.config is config for residual in list(_LIVE_RESIDUALS))
 
 
 class UpdateSchedule:
@@ -185,14 +103,9 @@ class GeoNormResidual(nn.Module):
     ) -> None:
         super().__init__()
         settings = GeoNormSettings.from_object(config).validate(num_layers)
-        self.config = config
         self.norm_style = settings.norm_style
         self.style: NormStyle = NORM_STYLE_DECLARATIONS[settings.norm_style]
-        self.layer_index = layer_index
-        self.num_layers = num_layers
-        self.sublayer = sublayer
-        self.sublayers = sublayers
-        self.schedule = schedule if schedule is not None else UpdateSchedule(config, num_layers, sublayers)
+        self.place(config, layer_index, num_layers, sublayer, sublayers, schedule)
         if self.style.output_norms:
             if output_norm is None:
                 raise ValueError(f"norm_style={self.norm_style!r} needs an output norm for each sublayer")
@@ -203,23 +116,29 @@ class GeoNormResidual(nn.Module):
         else:
             self.step_scale = None
             self.step_bias = None
-        _LIVE_RESIDUALS.add(self)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Copies (``copy.deepcopy``, pickle) read their own copy of the config, and count as its users too."""
-        super().__setstate__(state)
-        _LIVE_RESIDUALS.add(self)
+    def place(
+        self,
+        config: Any,
+        layer_index: int,
+        num_layers: int,
+        sublayer: int = 0,
+        sublayers: int = 1,
+        schedule: UpdateSchedule | None = None,
+    ) -> None:
+        """Where this update sits and what it reads (the arguments of ``__init__``): set when it is built, and again
+        when ``apply_geonorm`` keeps it in a model patched anew."""
+        self.config = config
+        self.layer_index = layer_index
+        self.num_layers = num_layers
+        self.sublayer = sublayer
+        self.sublayers = sublayers
+        self.schedule = schedule if schedule is not None else UpdateSchedule(config, num_layers, sublayers)
 
     def fits(self, settings: GeoNormSettings) -> bool:
         """Whether this module has the parameters ``settings`` ask for (same style, same learnable step)."""
         learnable = NORM_STYLE_DECLARATIONS[settings.norm_style].geodesic and settings.geo_learnable_step
         return settings.norm_style == self.norm_style and learnable == (self.step_scale is not None)
-
-    @property
-    def residual_scale(self) -> float | None:
-        """The style's factor on the state (DeepNet's alpha, (2T)^(1/4)), or None where it has none."""
-        scale = self.style.residual_scale
-        return None if scale is None else scale(self.num_layers)
 
     @property
     def update_index(self) -> int:
@@ -252,9 +171,11 @@ class GeoNormResidual(nn.Module):
         )
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """The first block's input: put on its sphere (``geo`` with ``geo_radius='sqrt_d'``), or, for the styles
-        that normalise after the update (post, deepnorm), the embeddings scaled or normalised as
-        ``post_embedding_norm`` says."""
+        """A decoder layer's input, as its first update reads it: in layer 0 the embeddings put on their sphere
+        (``geo`` with ``geo_radius='sqrt_d'``), or, for the styles that normalise after the update (post,
+        deepnorm), scaled or normalised as ``post_embedding_norm`` says; in every other layer ``x`` itself."""
+        if self.layer_index != 0:
+            return x
         if self.style.geodesic:
             return entry_rescale(x, self.config.geo_radius, self.bridge)
         embedding_norm = self.config.post_embedding_norm
@@ -273,26 +194,31 @@ class GeoNormResidual(nn.Module):
     def forward(
         self, x: torch.Tensor, update: torch.Tensor, norm: nn.Module, first_tokens: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The new state from the state ``x`` and the sublayer's ``update``: the rule of the style's declaration
-        (``norm_styles.py``). ``first_tokens`` (bool, broadcast against ``x[..., 0]``) marks the rows at position 0
-        that ``geo`` keeps on the Pre-Norm update (``geodesic``)."""
-        return self.style.rule(self, x, update, norm, first_tokens)
-
-    def geodesic(self, x: torch.Tensor, update: torch.Tensor, first_tokens: torch.Tensor | None) -> torch.Tensor:
-        """The ``geo`` update of this place in the model: its step size, bridge and frame from the schedule, the
-        clamp and the learnable step (``geonorm_step``); the rows of ``first_tokens`` take the Pre-Norm update
-        (``x + u``, or in the frame of ``geo_frames``) under ``geo_first_token_prenorm`` (method.md,
-        "Converting a pretrained model")."""
-        config, schedule, i = self.config, self.schedule.current(), self.update_index
-        frame = None if schedule.frames is None else schedule.frames[i]
-        params = StepParams(
-            schedule.step_sizes[i], max_angle=config.geo_max_angle, bridge=schedule.bridges[i],
-            step_scale=self.step_scale, step_bias=self.step_bias, frame=frame, clamp=config.geo_clamp,
-        )  # fmt: skip
-        out = geonorm_step(x, update, params)
-        if first_tokens is not None and config.geo_first_token_prenorm:
-            out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
-        return out
+        """The new state from the state ``x`` and the sublayer's ``update`` u, by the rule of the style (method.md,
+        "The family"; N is the block's ``norm`` before the sublayer). ``first_tokens`` (bool, broadcast against
+        ``x[..., 0]``) marks the rows at position 0 that ``geo`` keeps on the Pre-Norm update under
+        ``geo_first_token_prenorm`` (method.md, "Converting a pretrained model")."""
+        match self.norm_style:
+            case "pre":
+                return x + update
+            case "post":
+                return norm(x + update)
+            case "sandwich":
+                return x + self.output_norm(update)
+            case "deepnorm":
+                return norm((2.0 * self.num_layers) ** 0.25 * x + update)  # DeepNet's alpha = (2T)^(1/4)
+            case "geo":
+                config, schedule, i = self.config, self.schedule.current(), self.update_index
+                frame = None if schedule.frames is None else schedule.frames[i]
+                out = geodesic_step(
+                    x, update, schedule.step_sizes[i], config.geo_max_angle, bridge=schedule.bridges[i],
+                    step_scale=self.step_scale, step_bias=self.step_bias, frame=frame, clamp=config.geo_clamp,
+                )  # fmt: skip
+                if first_tokens is not None and config.geo_first_token_prenorm:
+                    out = torch.where(first_tokens.unsqueeze(-1), prenorm_update(x, update, frame), out)
+                return out
+            case _:  # a style declared with a rule of its own (norm_styles.py)
+                return self.style.rule(self, x, update, norm, first_tokens)
 
 
 def residual_modules(model: nn.Module) -> list[tuple[int, str, GeoNormResidual]]:

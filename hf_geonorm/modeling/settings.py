@@ -1,17 +1,18 @@
 """The settings that select a member of the GeoNorm family, their validation, and their command-line options.
 
 The field names are the config fields of every GeoNorm model (``config.norm_style`` and so on). The config is
-their one home: a model's residual modules read them from it at every forward (``residual.py``). Each field that
-the commands take declares its option in its metadata (``setting_option``: the name, the help, the form of the
-value and its limits), from which the CLI generates the options; the module imports the standard library only, so
-that ``hf-geonorm --help`` reads it without torch (and it ships as remote code beside the modelling files).
+their one home: a model's residual modules read them from it at every forward (``residual.py``). A field that the
+commands take as an option has its help in its metadata (``help``, and ``name``, ``metavar`` and the limits ``ge``
+and ``le`` where it needs them) and its choices in its type; the command line generates the options from them. The
+module imports the standard library only, so that ``hf-geonorm --help`` reads it without torch (and it ships as
+remote code beside the modelling files).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, NewType
 
 from .norm_styles import NORM_STYLE_DECLARATIONS, NORM_STYLES
 
@@ -37,14 +38,17 @@ MAX_FRAME_RISE = 1e4
 # The smallest frame: below it the framed state is lost against the norms' epsilon and its gradients underflow.
 MIN_FRAME = 1e-9
 
+# No step turns a state further than this, also with no clamp (``max_angle=None``): pi takes a state to its
+# antipode, the end of every geodesic that is the shortest path (the exponential map is one-to-one only up to
+# there). Turning further winds back around the circle; its angle, linear in alpha, has gradients of order alpha
+# per step, which compound over the layers past float16's range from alpha ~ 1e2 and past float32's from ~1e4.
+MAX_TURN = math.pi
+# States shorter than this have no usable direction (torch.nn.functional.normalize uses the same eps): the
+# GeoNorm step leaves them where they are, and every division by |x| is by at least this.
+NORM_FLOOR = 1e-12
 
-def setting_option(name: str, help: str, **form: Any) -> dict[str, Any]:
-    """A setting's command-line option, shared by the commands that build or convert a model: its ``name``
-    (``--decay``), ``help`` (the CLI adds the default), and the form of its value: ``choices``; ``minimum``,
-    ``maximum``, ``min_open``, ``max_open`` (a number range); ``flag`` (on/off, with a ``--no-`` form);
-    ``per_layer`` (a number or a comma list of them, one per layer or update); ``angle`` (radians, also written
-    ``pi/N``, or ``none`` for no clamp); ``metavar``."""
-    return {"option": {"name": name, "help": help, **form}}
+# An angle in radians, in (0, pi]: the command line also reads it as pi/N, and "none" for no clamp
+Radians = NewType("Radians", float)
 
 
 def computes_prenorm(settings: Any) -> bool:
@@ -98,41 +102,38 @@ class GeoNormSettings:
     at 24 layers (p < 0.001).
     Set ``geo_alpha`` for your budget where you can tune it."""
 
-    norm_style: str = field(default="geo", metadata=setting_option(
-        "--norm-style", "Residual update of every block, one of the family the choices name: geo is GeoNorm, pre "
-        "the stock Pre-Norm.", choices=NORM_STYLES))  # fmt: skip
-    post_zero_positions: bool = field(default=True, metadata=setting_option(
-        "--post-zero-positions", "post and deepnorm built from a config: a learned position table (GPT-2's) starts at "
-        "zero, not at random (other styles, and trained weights, are left alone).", flag=True))  # fmt: skip
-    post_embedding_norm: str = field(default="none", metadata=setting_option(
-        "--post-embedding-norm", "post and deepnorm: what the first block reads: the embeddings as the stock model "
-        "sums them (none), times sqrt(hidden_size) (sqrt_d, the original Transformer), or normalised per token "
-        "(layer_norm, BERT's embedding LayerNorm without its gain and bias).",
-        choices=POST_EMBEDDING_NORMS))  # fmt: skip
-    geo_alpha: float | list[float] = field(default=0.5, metadata=setting_option(
-        "--alpha", "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used "
-        "as given).", per_layer=True, minimum=0, metavar="FLOAT|LIST"))  # fmt: skip
-    geo_decay: str = field(default="harmonic", metadata=setting_option(
-        "--decay", "Layer-wise step-size schedule a_k: harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a.",
-        choices=DECAYS))  # fmt: skip
-    geo_max_angle: float | None = field(default=math.pi / 4, metadata=setting_option(
-        "--max-angle", "Clamp on each rotation, in radians (a number, pi/4, ...) or 'none'.", angle=True, minimum=0,
-        min_open=True, maximum=math.pi, metavar="RAD|none"))  # fmt: skip
-    geo_clamp: str = field(default="both", metadata=setting_option(
-        "--clamp", "What --max-angle clamps: both the base angle |t|/|x| and the final angle (the paper's rule), or "
-        "the final angle only (for small calibrated steps).", choices=CLAMPS))  # fmt: skip
-    geo_learnable_step: bool = field(default=False, metadata=setting_option(
-        "--learnable-step", "Give every sublayer a learnable scale and bias on its angle.", flag=True))
-    geo_radius: str = field(default="embedding", metadata=setting_option(
-        "--radius", "Sphere radius: each token's embedding norm, or sqrt(hidden_size).", choices=RADII))
-    geo_bridge: float | list[float] = field(default=1.0, metadata=setting_option(
-        "--bridge", "0 = exact Pre-Norm (the source model's outputs), 1 = pure GeoNorm; in between interpolates.",
-        minimum=0.0, maximum=1.0))  # fmt: skip
+    norm_style: Literal[NORM_STYLES] = field(default="geo", metadata={"help": (
+        "Residual update of every block, one of the family the choices name: geo is GeoNorm, pre the stock "
+        "Pre-Norm.")})  # fmt: skip
+    post_zero_positions: bool = field(default=True, metadata={"help": (
+        "post and deepnorm built from a config: a learned position table (GPT-2's) starts at zero, not at random "
+        "(other styles, and trained weights, are left alone).")})  # fmt: skip
+    post_embedding_norm: Literal[POST_EMBEDDING_NORMS] = field(default="none", metadata={"help": (
+        "post and deepnorm: what the first block reads: the embeddings as the stock model sums them (none), times "
+        "sqrt(hidden_size) (sqrt_d, the original Transformer), or normalised per token (layer_norm, BERT's "
+        "embedding LayerNorm without its gain and bias).")})  # fmt: skip
+    geo_alpha: float | list[float] = field(default=0.5, metadata={"name": "--alpha", "help": (
+        "Base step size a, or a comma-separated list of T per-layer (or 2T per-update) step sizes (used as "
+        "given)."), "ge": 0, "metavar": "FLOAT|LIST"})  # fmt: skip
+    geo_decay: Literal[DECAYS] = field(default="harmonic", metadata={"name": "--decay", "help": (
+        "Layer-wise step-size schedule a_k: harmonic a/k, sqrt a/sqrt(k), linear a(T+1-k)/T, constant a.")})
+    geo_max_angle: Radians | None = field(default=math.pi / 4, metadata={"name": "--max-angle", "help": (
+        "Clamp on each rotation, in radians (a number, pi/4, ...) or 'none'."), "metavar": "RAD|none"})
+    geo_clamp: Literal[CLAMPS] = field(default="both", metadata={"name": "--clamp", "help": (
+        "What --max-angle clamps: both the base angle |t|/|x| and the final angle (the paper's rule), or the final "
+        "angle only (for small calibrated steps).")})  # fmt: skip
+    geo_learnable_step: bool = field(default=False, metadata={"name": "--learnable-step", "help": (
+        "Give every sublayer a learnable scale and bias on its angle.")})
+    geo_radius: Literal[RADII] = field(default="embedding", metadata={"name": "--radius", "help": (
+        "Sphere radius: each token's embedding norm, or sqrt(hidden_size).")})
+    geo_bridge: float | list[float] = field(default=1.0, metadata={"name": "--bridge", "help": (
+        "0 = exact Pre-Norm (the source model's outputs), 1 = pure GeoNorm; in between interpolates (a list: one "
+        "value per layer, or per update)."), "ge": 0, "le": 1})  # fmt: skip
     geo_frames: list[float] | None = None
     geo_bridge_costs: list[float] | None = None
-    geo_first_token_prenorm: bool = field(default=False, metadata=setting_option(
-        "--first-token-prenorm", "The first token of each sequence (position id 0) takes the Pre-Norm update x + u, "
-        "for models converted from Pre-Norm.", flag=True))  # fmt: skip
+    geo_first_token_prenorm: bool = field(default=False, metadata={"name": "--first-token-prenorm", "help": (
+        "The first token of each sequence (position id 0) takes the Pre-Norm update x + u, for models converted "
+        "from Pre-Norm.")})  # fmt: skip
 
     def __post_init__(self) -> None:
         self.validate()

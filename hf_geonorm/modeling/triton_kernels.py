@@ -1,5 +1,5 @@
-"""The Triton kernels of the fused GeoNorm update (``step_twin.py`` says what they compute, ``step_autograd.py``
-when they run).
+"""The Triton kernels of the fused GeoNorm update (``fused.py`` says what they compute, launches them and
+says when they run).
 
 One program per row (one token): the whole row of ``x`` and ``u`` is loaded once into registers, in float32
 whatever the input dtypes; the reductions <x,x> and <u,x> run over it, then |t|^2 = sum (u - c x)^2 over the
@@ -10,25 +10,21 @@ row numbers once. The backward kernel reads x, u (or the output) and the output 
 
 Both kernels get their per-row numbers from the one helper ``_row_step``: ``geometry.geonorm_rotation`` and the
 step's coefficients spelled out in Triton's language (Triton cannot call torch code). The backward-only numbers
-are ``_row_gradients``, the Triton spelling of ``step_twin._gradient_scalars``. tests/test_fused.py runs both
-kernels against the plain torch implementation through Triton's interpreter.
+are ``_row_gradients``, the Triton spelling of ``fused._gradient_scalars``. tests/test_fused.py runs both
+kernels against the composed torch path through Triton's interpreter.
 
-``triton_loader.py`` imports this module only where triton imports (on first use, so ``import hf_geonorm`` does
+``fused.py`` imports this module only where triton imports (on first use, so ``import hf_geonorm`` does
 not pay for triton; with TRITON_INTERPRET=1 set before that, the kernels are Triton's interpreted ones and run
 on CPU).
 """
 
 from __future__ import annotations  # kernel annotations (tl.constexpr) stay unevaluated strings
 
-import torch
-
 try:  # transformers' remote-code check skips imports inside try: checkpoints load where triton is missing
     import triton
     import triton.language as tl
 except ImportError as missing:
     raise ImportError("the fused GeoNorm kernels need triton (pip install triton)") from missing
-
-from .geometry import MAX_TURN, NORM_FLOOR
 
 
 @triton.jit
@@ -49,7 +45,7 @@ def _row_step(xx, ux, tt, alpha, max_angle, floor, CLAMP: tl.constexpr):
     if CLAMP:
         theta = tl.minimum(alpha * tl.minimum(base, max_angle), max_angle)
         clamped = (base > max_angle) | (alpha * base > max_angle)
-    else:  # no clamp: max_angle is geometry.MAX_TURN, which only the final angle meets
+    else:  # no clamp: max_angle is settings.MAX_TURN, which only the final angle meets
         theta = tl.minimum(alpha * base, max_angle)
         clamped = alpha * base > max_angle
     step = tl.where(clamped, theta / tl.where(base > 0.0, base, 1.0), alpha)
@@ -82,8 +78,8 @@ def _row_gradients(gx, gu, a, b, c, xn, tn, theta, sinc, clamped, moves, alpha):
 
 
 @triton.jit
-def _geonorm_fwd_kernel(X, U, OUT, STATS, stride_x, stride_u, stride_o, N, alpha, max_angle, floor,
-                        CLAMP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def geodesic_forward_kernel(X, U, OUT, STATS, stride_x, stride_u, stride_o, N, alpha, max_angle, floor,
+                            CLAMP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -103,9 +99,9 @@ def _geonorm_fwd_kernel(X, U, OUT, STATS, stride_x, stride_u, stride_o, N, alpha
 
 
 @triton.jit
-def _geonorm_bwd_kernel(X, V, G, STATS, DX, DU, stride_x, stride_v, stride_g, stride_dx, stride_du, N, alpha,
-                        max_angle, floor, CLAMP: tl.constexpr, FROM_OUT: tl.constexpr,
-                        BLOCK: tl.constexpr):  # fmt: skip
+def geodesic_backward_kernel(X, V, G, STATS, DX, DU, stride_x, stride_v, stride_g, stride_dx, stride_du, N,
+                             alpha, max_angle, floor, CLAMP: tl.constexpr, FROM_OUT: tl.constexpr,
+                             BLOCK: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -136,46 +132,3 @@ def _geonorm_bwd_kernel(X, V, G, STATS, DX, DU, stride_x, stride_v, stride_g, st
     du = b * g + k * v + px * x
     tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
     tl.store(DU + row * stride_du + cols, du.to(DU.dtype.element_ty), mask=mask)
-
-
-def _launch_config(width: int) -> tuple[int, int]:
-    block = triton.next_power_of_2(width)
-    warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
-    return block, warps
-
-
-def _limit(max_angle: float | None) -> float:
-    """The angle the kernels clamp at: ``max_angle``, or with no clamp ``geometry.MAX_TURN`` (final angle only)."""
-    return MAX_TURN if max_angle is None else float(max_angle)
-
-
-def triton_forward(x2: torch.Tensor, u2: torch.Tensor, alpha: float, max_angle: float | None):
-    """The forward kernel on [rows, width] tensors with unit column stride: (out, [rows, 3] float32 stats)."""
-    rows, width = x2.shape
-    out = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
-    stats = torch.empty((rows, 3), dtype=torch.float32, device=x2.device)
-    if rows == 0:
-        return out, stats
-    block, warps = _launch_config(width)
-    _geonorm_fwd_kernel[(rows,)](
-        x2, u2, out, stats, x2.stride(0), u2.stride(0), out.stride(0), width, float(alpha),
-        _limit(max_angle), NORM_FLOOR, CLAMP=max_angle is not None, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
-    return out, stats
-
-
-def triton_backward(x2, v2, g2, stats, alpha: float, max_angle: float | None, from_out: bool, u_dtype):
-    """The backward kernel: (dx, du) from x, v (u, or the forward's output with ``from_out``), the output
-    gradient and the forward's row numbers."""
-    rows, width = x2.shape
-    dx = torch.empty((rows, width), dtype=x2.dtype, device=x2.device)
-    du = torch.empty((rows, width), dtype=u_dtype, device=x2.device)
-    if rows == 0:
-        return dx, du
-    block, warps = _launch_config(width)
-    _geonorm_bwd_kernel[(rows,)](
-        x2, v2, g2, stats, dx, du, x2.stride(0), v2.stride(0), g2.stride(0), dx.stride(0), du.stride(0), width,
-        float(alpha), _limit(max_angle), NORM_FLOOR,
-        CLAMP=max_angle is not None, FROM_OUT=from_out, BLOCK=block, num_warps=warps,
-    )  # fmt: skip
-    return dx, du

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import WeightPathError, safetensors_header, weight_files
-from ..loading_info import tensor_names
-from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure
-from ..patching import family_for
+from ..checkpoints.loading_info import tensor_names
+from ..checkpoints.patching import family_for
+from ..checkpoints.safetensors_files import WeightPathError, safetensors_header, weight_files
+from ..modeling.remote_code import METHOD_SPEC, auto_map, module_closure, remote_code_files
 from .card_metadata import validate_card
 from .card_updates import is_geonorm_card
 from .model_card import written_as_is
@@ -63,14 +63,24 @@ def check_remote_code(path: str | os.PathLike, config: dict[str, Any] | None = N
     return RemoteCodeStatus(dict(found), files, missing)
 
 
-def check_shareable(path: str | os.PathLike) -> list[str]:
+def modified_remote_code(path: str | os.PathLike, files: list[str]) -> list[str]:
+    """Those of the remote code ``files`` of the folder ``path`` that are not, byte for byte, the modelling
+    source this hf-geonorm writes (``remote_code.remote_code_files``): edited, or not hf-geonorm's at all."""
+    written = {source.name: source for source in remote_code_files()}
+    return [name for name in files
+            if name not in written or (Path(path) / name).read_bytes() != written[name].read_bytes()]  # fmt: skip
+
+
+def check_shareable(path: str | os.PathLike, allow_modified_code: bool = False) -> list[str]:
     """Why the folder ``path`` cannot be pushed as a GeoNorm model (an empty list: it can).
 
     It needs safetensors weights whose headers match their sizes and that its config's model loads whole (every
     tensor it has, nothing left over, every shape right), a ``config.json`` of a GeoNorm type this hf-geonorm
     supports, complete remote code (``auto_map`` for AutoConfig, AutoModel, AutoModelForCausalLM and
-    the family's heads naming this family's classes, every file they import present and compiling), the method
-    specification the card links, and a README.md model card that passes ``validate_card``.
+    the family's heads naming this family's classes, every file they import present and compiling, and each the
+    very source this hf-geonorm writes unless ``allow_modified_code``: whoever loads the model with
+    ``trust_remote_code=True`` runs it), the method specification the card links, and a README.md model card that
+    passes ``validate_card``.
     """
     path = Path(path)
     if not path.exists():
@@ -93,11 +103,15 @@ def check_shareable(path: str | os.PathLike) -> list[str]:
         expected_map = auto_map_for(model_type)
     except ValueError:
         return [f"{path} is {model_type!r}, which this hf-geonorm does not support"]
-    problems = _weight_problems(path) + _remote_code_problems(path, config, expected_map) + _unsafe_files(path)
+    problems = (_weight_problems(path) + _remote_code_problems(path, config, expected_map, allow_modified_code)
+                + _unsafe_files(path))  # fmt: skip
     if not problems:
         problems = _loading_problems(path, config)
     readme = path / "README.md"
-    if not readme.is_file():
+    if os.path.lexists(readme) and not readme.is_file():
+        problems.append(f"{readme} is not a file (a folder, or a link to none): move it away, then write the card "
+                        f"with hf-geonorm card {path}")  # fmt: skip
+    elif not readme.is_file():
         problems.append(f"{path} has no README.md model card: write one with hf-geonorm card {path}")
     else:
         card_problems = validate_card(readme)
@@ -132,7 +146,8 @@ def _weight_problems(path: Path) -> list[str]:
         try:
             safetensors_header(file)
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-            problems.append(f"{file.name} is damaged: {' '.join(str(error).split())}")
+            words = " ".join(str(error).split())
+            problems.append(words if words.startswith(f"{file.name} ") else f"{file.name} is damaged: {words}")
     return problems
 
 
@@ -160,7 +175,9 @@ def _unsafe_files(path: Path) -> list[str]:
     return problems
 
 
-def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str, str]) -> list[str]:
+def _remote_code_problems(
+    path: Path, config: dict[str, Any], expected: dict[str, str], allow_modified_code: bool
+) -> list[str]:
     hint = f"add it with hf_geonorm.sharing.folders.add_remote_code({str(path)!r})"
     found = config.get("auto_map")
     if not found:
@@ -185,9 +202,26 @@ def _remote_code_problems(path: Path, config: dict[str, Any], expected: dict[str
             compile((path / name).read_text(encoding="utf-8"), name, "exec")
         except (SyntaxError, ValueError, UnicodeDecodeError) as error:
             problems.append(f"the remote code file {name} does not compile ({type(error).__name__}: {error})")
+    modified = [] if allow_modified_code or problems else modified_remote_code(path, status.files)
+    if modified:
+        problems.append(
+            f"the remote code {', '.join(modified)} is not what hf-geonorm {_version()} writes, and whoever loads the "
+            f"model with trust_remote_code=True would run it: restore it with "
+            f"hf_geonorm.sharing.folders.add_remote_code({str(path)!r}), or push it knowingly with "
+            "--allow-modified-code (the card then says so)"
+        )
     if not (path / METHOD_SPEC).is_file():
         problems.append(f"the method specification {METHOD_SPEC}, which the card links, is missing ({hint})")
     return problems
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hf-geonorm")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _loading_problems(path: Path, config: dict[str, Any]) -> list[str]:

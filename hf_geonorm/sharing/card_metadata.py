@@ -40,12 +40,15 @@ def metadata_has_aliases(text: str) -> bool:
         return False  # reported by whatever parses it next
 
 
+BYTE_ORDER_MARK = "\ufeff"  # what some editors put at the start of a UTF-8 file
+
+
 def card_metadata_of(readme: str | Path) -> dict[str, Any]:
     """The metadata of the card file ``readme`` (a local README.md, or one downloaded from the Hub): ``ValueError``
     when it uses YAML aliases, before anything builds them."""
     from huggingface_hub import ModelCard
 
-    text = Path(readme).read_text(encoding="utf-8")
+    text = Path(readme).read_text(encoding="utf-8-sig")  # a byte-order mark is no part of the text
     if metadata_has_aliases(text):
         raise ValueError(f"{readme}: {ALIASES_REFUSED}")
     return ModelCard(text).data.to_dict()
@@ -253,6 +256,9 @@ def validate_card(card: Any, geonorm: bool = True) -> list[str]:
         text = Path(card).read_text(encoding="utf-8")
     else:
         text = str(card)
+    if text.startswith(BYTE_ORDER_MARK):
+        return ["it starts with a byte-order mark (U+FEFF), behind which huggingface_hub and the Hub find no "
+                "metadata: save it as UTF-8 without one (hf-geonorm card writes it so)"]  # fmt: skip
     match = REGEX_YAML_BLOCK.search(text)
     if not match:
         return ["no YAML metadata block (a '---' line, the metadata, a '---' line) at the top"]

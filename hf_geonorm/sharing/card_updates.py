@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..files.ownership import ownership_problem, read_marker, record_paths
-from .card_metadata import ALIASES_REFUSED, LICENSE_FIELDS, metadata_has_aliases, validate_card
+from .._plumbing.ownership import ownership_problem, read_marker, record_paths
+from .card_metadata import ALIASES_REFUSED, BYTE_ORDER_MARK, LICENSE_FIELDS, metadata_has_aliases, validate_card
 from .model_card import (
     CARD_DATA,
     FINGERPRINT_START,
@@ -65,6 +65,9 @@ def write_card_for(path: str | os.PathLike, facts: CardInfo, force: bool = False
     and its text is kept. ``ValueError``, with nothing written, where the card would not pass push's check."""
     path = Path(path)
     readme = path / "README.md"
+    if os.path.lexists(readme) and not readme.is_file():
+        raise ValueError(f"{readme} is not a file (a folder, or a link to none): the card is written there; move it "
+                         "away")  # fmt: skip
     users_readme = not replaceable_card(readme)
     if users_readme and not force:
         raise FileExistsError(f"{readme} {_whose(readme)}: pass --force to update only its metadata (its text is "
@@ -114,8 +117,9 @@ def _whose(readme: Path) -> str:
 
 
 def own_metadata(readme: Path) -> tuple[dict[str, Any], str]:
-    """The metadata of the card file ``readme`` as its YAML says it, and the text below it; ``ValueError`` when
-    it cannot be read (not UTF-8; YAML aliases, which are not built; YAML that does not parse; not a mapping)."""
+    """The metadata of the card file ``readme`` as its YAML says it, and the text below it (a byte-order mark
+    read as the start of the file, and dropped); ``ValueError`` when it cannot be read (not UTF-8; YAML aliases,
+    which are not built; YAML that does not parse; not a mapping)."""
     import yaml
     from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
@@ -123,6 +127,7 @@ def own_metadata(readme: Path) -> tuple[dict[str, Any], str]:
         text = readme.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{readme} is not UTF-8 text ({error.reason} at byte {error.start}); a card is") from None
+    text = text.removeprefix(BYTE_ORDER_MARK)
     match = REGEX_YAML_BLOCK.search(text)
     if not match:
         return {}, text

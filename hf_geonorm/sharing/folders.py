@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints.patching import family_for
 from ..modeling.remote_code import write_remote_code
-from ..patching import family_for
 
 
 def add_remote_code(path: str | os.PathLike) -> dict[str, str]:

@@ -12,8 +12,8 @@ written; a title is never turned into an id.
 the header, with torch and transformers imported: most of a minute on a busy machine, for facts the header states)
 and the size checks every command makes. Where the header leaves nothing for those to find (an architecture of
 ``HEADER_TYPES`` whose block count, width and vocabulary are stated and agree with the tensors), the facts come from
-the header alone, without torch or transformers: this module and those it imports use the standard library only
-(and ``gguf`` for the tensor types' names), so the command line reads it through ``hf_geonorm_cli.library``.
+the header alone, without building transformers' config: this module and those it imports read the header with
+the standard library only (and ``gguf`` for the tensor types' names).
 Anything else (another architecture, a missing size, metadata that disagrees with the tensors, which the checks
 refuse) is left to ``describe_gguf``."""
 
@@ -23,7 +23,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..files.gguf_header import GGUFHeader, read_gguf_header
+from ..checkpoints.gguf_header import GGUFHeader, read_gguf_header
 from .card_metadata import base_model_problem
 
 # Tensor types that hold the values as they are (float or integer): anything else is a quantisation.
@@ -106,7 +106,7 @@ def gguf_lineage(path: str | os.PathLike, header: GGUFHeader | None = None) -> d
 
 # GGUF architectures whose transformers config reads block_count, embedding_length and context_length as
 # num_hidden_layers, hidden_size and max_position_embeddings, and the stock model type GeoNorm converts them to
-# (tests/test_info.py checks both against transformers and the supported types).
+# (tests/conversion/test_info.py checks both against transformers and the supported types).
 HEADER_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2"}
 
 

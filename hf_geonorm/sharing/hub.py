@@ -10,11 +10,11 @@ import copy
 import json
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .card_checks import check_shareable, shareable_files
+from .card_checks import check_remote_code, check_shareable, modified_remote_code, shareable_files
 from .model_card import CARD_REPO_PLACEHOLDER, CardInfo, write_model_card
 
 
@@ -28,7 +28,9 @@ class PushOptions:
     GeoNorm model. ``private`` applies when the repository is created; ``revision`` names a branch (created from
     main when missing); ``create_pr`` opens a pull request instead of committing; ``token`` is the usual login when
     None (HF_TOKEN, ``hf auth login``). ``max_shard_size`` and ``tags`` apply to a model in memory
-    (``push_to_hub``): the size of its weight files, and the card's tags besides the model's ``model_tags``."""
+    (``push_to_hub``): the size of its weight files, and the card's tags besides the model's ``model_tags``.
+    ``allow_modified_code`` pushes remote code that is not what this hf-geonorm writes (refused otherwise: anyone
+    loading the model with ``trust_remote_code=True`` runs it); the pushed card then says which files differ."""
 
     commit_message: str | None = None
     commit_description: str | None = None
@@ -38,6 +40,7 @@ class PushOptions:
     create_pr: bool = False
     max_shard_size: int | str | None = "50GB"
     tags: list[str] | None = None
+    allow_modified_code: bool = False
 
 
 @dataclass
@@ -50,6 +53,7 @@ class PushResult:
     commit_oid: str
     files: list[str]
     pr_url: str | None = None
+    modified_code: list[str] = field(default_factory=list)  # remote code pushed with allow_modified_code
 
 
 def resolve_token(token: str | None = None) -> str:
@@ -83,17 +87,29 @@ def _prepare_target(api: Any, repo_id: str, private: bool | None, revision: str 
     return repo_id
 
 
-def _card_for_repo(path: Path, repo_id: str) -> bytes:
-    """README.md with the placeholder in its loading examples replaced by the repository id."""
-    return (path / "README.md").read_bytes().replace(f'"{CARD_REPO_PLACEHOLDER}"'.encode(), f'"{repo_id}"'.encode())
+def _card_for_repo(path: Path, repo_id: str, modified_code: list[str]) -> bytes:
+    """README.md with the placeholder in its loading examples replaced by the repository id, and a warning after
+    its metadata when the remote code is pushed modified (``modified_code``: the files that differ)."""
+    card = (path / "README.md").read_bytes().replace(f'"{CARD_REPO_PLACEHOLDER}"'.encode(), f'"{repo_id}"'.encode())
+    if not modified_code:
+        return card
+    warning = (
+        f"> **Modified remote code.** {', '.join(modified_code)} in this repository is not the code hf-geonorm writes: "
+        "it was changed and pushed knowingly (`hf-geonorm push --allow-modified-code`). Read it before loading the "
+        "model with `trust_remote_code=True`, which runs it.\n\n"
+    ).encode()
+    start = card.find(b"---", 3) if card.startswith(b"---") else -1
+    body = card.find(b"\n", start) + 1 if start >= 0 else 0
+    return card[:body] + b"\n" + warning + card[body:].lstrip(b"\n")
 
 
 def push_folder(path: str | os.PathLike, repo_id: str, options: PushOptions | None = None) -> PushResult:
     """Upload the GeoNorm folder ``path`` to the Hub model repository ``repo_id`` in one commit, as ``options``
     say (``PushOptions``).
 
-    Refuses (``NotShareable``) a folder ``check_shareable`` finds incomplete, a malformed repository id and a
-    missing token before anything is sent. Creates the repository when missing and the branch ``revision`` when it
+    Refuses (``NotShareable``) a folder ``check_shareable`` finds incomplete (or with remote code hf-geonorm did not
+    write, unless ``options.allow_modified_code``), a malformed repository id and a missing token before anything
+    is sent. Creates the repository when missing and the branch ``revision`` when it
     names a missing one. The endpoint is huggingface_hub's (``HF_ENDPOINT``). Files in ``PUSH_IGNORED`` are not
     uploaded; the README's placeholder repository id becomes ``repo_id``.
     """
@@ -102,19 +118,20 @@ def push_folder(path: str | os.PathLike, repo_id: str, options: PushOptions | No
     options = options or PushOptions()
     check_repo_id(repo_id)
     path = Path(path)
-    problems = check_shareable(path)
+    problems = check_shareable(path, options.allow_modified_code)
     if problems:
         more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
         raise NotShareable(problems[0] + more)
     token = resolve_token(options.token)
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    modified_code = modified_remote_code(path, check_remote_code(path, config).files)
     api = HfApi(token=token)
     repo_id = _prepare_target(api, repo_id, options.private, options.revision)
     files = shareable_files(path)
     operations = [
         CommitOperationAdd(
             path_in_repo=name,
-            path_or_fileobj=_card_for_repo(path, repo_id) if name == "README.md" else str(path / name),
+            path_or_fileobj=_card_for_repo(path, repo_id, modified_code) if name == "README.md" else str(path / name),
         )
         for name in files
     ]
@@ -128,7 +145,8 @@ def push_folder(path: str | os.PathLike, repo_id: str, options: PushOptions | No
         revision=options.revision,
         create_pr=options.create_pr,
     )
-    return PushResult(repo_id, options.revision or "main", info.commit_url, info.oid, files, info.pr_url)
+    return PushResult(repo_id, options.revision or "main", info.commit_url, info.oid, files, info.pr_url,
+                      modified_code)  # fmt: skip
 
 
 def save_shareable(

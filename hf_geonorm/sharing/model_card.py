@@ -22,12 +22,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..files.safetensors_files import saved_parameter_count
+from ..checkpoints.patching import family_for
+from ..checkpoints.safetensors_files import saved_parameter_count
 from ..modeling.geometry import step_sizes, updates_per_layer
 from ..modeling.norm_styles import NORM_STYLE_DECLARATIONS
 from ..modeling.remote_code import ENTRY_MODULE, METHOD_SPEC, module_closure, remote_code_files
 from ..modeling.settings import GeoNormSettings
-from ..patching import family_for
 from .card_metadata import (
     HEAD_PIPELINE_TAGS,
     card_lineage,
@@ -38,7 +38,9 @@ from .card_metadata import (
 from .gguf_lineage import is_quantised
 from .model_facts import bridge_words, lora_targets, style_tags, tensor_types_text
 
+# the card's template: model_cards/ at the top of the repository, installed as the package hf_geonorm.model_cards
 CARD_TEMPLATE = "geonorm_model_card.md"
+CARD_TEMPLATES = "hf_geonorm.model_cards"
 CARD_DATA = "geonorm_card.json"
 CARD_REPO_PLACEHOLDER = "path/to/this/folder"
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_neo", "gpt_bigcode")  # a position table: generate stops at its end
@@ -115,8 +117,8 @@ def load_card_info(path: str | os.PathLike) -> CardInfo | None:
 
 
 def card_template() -> str:
-    """The Jinja template of the model card: package data beside this module."""
-    return resources.files(__package__).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
+    """The Jinja template of the model card: package data of ``hf_geonorm.model_cards``."""
+    return resources.files(CARD_TEMPLATES).joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
 
 
 def max_rotation(a: float, max_angle: float | None, clamp: str = "both") -> float:
@@ -217,10 +219,14 @@ def render_model_card(
         language=info.language,
     )
     computes = bridge_words(settings)
+    style = NORM_STYLE_DECLARATIONS[settings.norm_style]
+    # a model of another style is one of the baselines hf-geonorm trains beside GeoNorm, and is named as such
+    kind = "GeoNorm" if style.geodesic else style.title
+    baseline = "" if style.geodesic else " (hf-geonorm baseline)"
     name = info.model_name or (
-        f"{info.base_model.split('/')[-1]}-GeoNorm" if info.base_model else
-        f"{info.source_model} GeoNorm" if info.source_model else f"GeoNorm {family.stock_type}"
-    ) + (f" {computes}" if computes else "")  # fmt: skip
+        f"{info.base_model.split('/')[-1]}-{kind}" if info.base_model else
+        f"{info.source_model} {kind}" if info.source_model else f"{kind} {family.stock_type}"
+    ) + (f" {computes}" if computes else "") + baseline  # fmt: skip
     card = ModelCard.from_template(
         data,
         template_str=card_template(),
@@ -239,7 +245,9 @@ def render_model_card(
         num_parameters=_human(info.num_parameters) if info.num_parameters else None,
         settings=settings.to_dict(),
         bridge_text=bridge_text(settings),
-        style_description=NORM_STYLE_DECLARATIONS[settings.norm_style].card_text,
+        style_description=style.card_text,
+        model_kind=kind,
+        baseline=not style.geodesic,
         steps=steps,
         per_update_steps=len(steps) > num_layers,
         evaluation=info.evaluation,

@@ -42,7 +42,7 @@ def module_names(config: Any) -> set[str]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..loading_sizes import with_layers
+    from ..checkpoints.loading_sizes import with_layers
 
     layers = getattr(config, "num_hidden_layers", None)
     built = with_layers(config, MODULES_BUILT) if isinstance(layers, int) and layers > MODULES_BUILT else config

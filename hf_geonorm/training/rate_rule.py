@@ -7,15 +7,17 @@ the widths and depths a style's own cells span, log-log interpolation between it
 through every cell by construction (no fitted rule: a power law fit over the cells missed some of them); beyond
 them, what the style's declaration names as its ``rate_source`` (``modeling/norm_styles.py``): Pre-Norm follows
 GPT-3's published rates by size, from the largest measured cell up; every other style takes Pre-Norm's rate times
-its own best over Pre-Norm's at the largest shape both were measured at (an extrapolation), or Pre-Norm's rate
-where no cell measured it beside Pre-Norm (a fallback). Adding a measured cell to the file's ``cells`` is all it
-takes for a shape to use it."""
+its own best over Pre-Norm's at the largest shape both were measured at (an extrapolation: that one ratio held at
+every size, its account naming the ratio at every cell both were measured at, and what it became where the study
+tuned the warm-up with the rate), or Pre-Norm's rate where no cell measured it beside Pre-Norm (a fallback). Every
+rate past the cells says "not measured at this size: sweep first". Adding a measured cell to the file's ``cells`` is
+all it takes for a shape to use it."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,11 @@ PUBLISHED = "published recipe"
 EXTRAPOLATED = "extrapolation"
 FALLBACK = "fallback (unmeasured)"
 UNMEASURED = (PUBLISHED, EXTRAPOLATED, FALLBACK)  # no cell measured this shape and style: sweep before trusting it
+SWEEP_FIRST = "not measured at this size: sweep first"  # what the log and the card say of an UNMEASURED rate
 FINE_TUNING = "fine-tuning"  # a --model with trained weights: train's fine-tuning default, not this rule's
 RATE_GIVEN = "given by --lr"  # no default at all: the run's own
+# the rate source of a sweep's run (``TrainOptions.lr_source``): the sweep gave it, not the user's --lr
+SWEEP_RATE = "set by hf-geonorm sweep: one rate of its grid for this style (the sweep's report names the rate it chose)"
 MEASURED_FAMILY = "gpt2"  # an architecture no cell measured takes its cells
 
 
@@ -144,18 +149,35 @@ def _published(table: dict[str, Any], pre_cells: list[dict[str, Any]], width: in
                        f"{_count(size)} non-embedding parameters (12 x {depth} x {width}^2): {how}")
 
 
-def _extrapolated(family_cells: list[dict[str, Any]], style: str, pre: DefaultRate) -> DefaultRate | None:
+def _extrapolated(
+    family_cells: list[dict[str, Any]], tuned: list[dict[str, Any]], style: str, pre: DefaultRate
+) -> DefaultRate | None:
     """Pre-Norm's rate at this shape times ``style``'s best over Pre-Norm's at the largest shape both were measured
-    at."""
+    at; its account states the basis: how each cell's best was chosen, the ratio at every shape both were measured
+    at (``family_cells``), and at the shapes where the warm-up was tuned with the rate (``tuned``)."""
     own = {(c["width"], c["layers"]): c for c in family_cells if c["style"] == style}
-    both = _largest([c for c in family_cells if c["style"] == "pre" and (c["width"], c["layers"]) in own])
+    pres = [c for c in family_cells if c["style"] == "pre" and (c["width"], c["layers"]) in own]
+    both = _largest(pres)
     if both is None:
         return None
     best = own[(both["width"], both["layers"])]["lr"]
     ratio, cell = best / both["lr"], f"{both['arch']} {_shape(both)}: {best:g} / {both['lr']:g}"
+    every = ", ".join(f"{own[(c['width'], c['layers'])]['lr'] / c['lr']:g} at {_shape(c)}"
+                      for c in sorted(pres, key=lambda c: (c["width"], c["layers"])))  # fmt: skip
+    tuned_pre = {(c["width"], c["layers"]): c for c in tuned if c["style"] == "pre"}
+    tuned_ratios = ", ".join(
+        f"{c['lr'] / tuned_pre[(c['width'], c['layers'])]['lr']:g} at {_shape(c)} ({c['lr']:g} at a "
+        f"{c['warmup_share']:.0%} warm-up / {tuned_pre[(c['width'], c['layers'])]['lr']:g} at "
+        f"{tuned_pre[(c['width'], c['layers'])]['warmup_share']:.0%})"
+        for c in tuned if c["style"] == style and (c["width"], c["layers"]) in tuned_pre
+    )
+    basis = (f"each best chosen on seed 0's validation at a warm-up of a tenth of the run; {style} over pre at every "
+             f"shape both were measured at: {every}")  # fmt: skip
+    if tuned_ratios:
+        basis += f"; with the warm-up tuned with the rate: {tuned_ratios}"
     return DefaultRate(_figures(ratio * pre.lr), EXTRAPOLATED, f"{EXTRAPOLATED}: {style}'s best rate is {ratio:g} "
-                       f"times pre's at the largest shape both were measured at ({cell}), times Pre-Norm's "
-                       f"{pre.lr:g} here ({pre.why})")  # fmt: skip
+                       f"times pre's at the largest shape both were measured at ({cell}), held at every size, times "
+                       f"Pre-Norm's {pre.lr:g} here ({pre.why}); the basis: {basis}")  # fmt: skip
 
 
 def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRate:
@@ -173,11 +195,12 @@ def pretraining_rate(arch: str, style: str, width: int, depth: int) -> DefaultRa
     if NORM_STYLE_DECLARATIONS[style].rate_source == PRE_NORM_RECIPE:
         chosen: DefaultRate | None = pre
     else:
-        chosen = own_cells(style) or _extrapolated(cells, style, pre)
+        tuned = [c for c in table.get("tuned_warmup_cells", []) if c["arch"] == family]
+        chosen = own_cells(style) or _extrapolated(cells, tuned, style, pre)
     if chosen is None:
         chosen = DefaultRate(pre.lr, FALLBACK, f"{FALLBACK}: no {family} cell measured {style} beside Pre-Norm: "
                              f"Pre-Norm's rate ({pre.why})")  # fmt: skip
-    if family == arch:
-        return chosen
-    source = chosen.source if chosen.needs_sweep else FALLBACK  # another architecture's cell is no measurement here
-    return DefaultRate(chosen.lr, source, f"{source}: no cell measured {arch}, so {family}'s {chosen.why}")
+    if family != arch:
+        source = chosen.source if chosen.needs_sweep else FALLBACK  # another architecture's cell measures nothing here
+        chosen = DefaultRate(chosen.lr, source, f"{source}: no cell measured {arch}, so {family}'s {chosen.why}")
+    return replace(chosen, why=f"{chosen.why}; {SWEEP_FIRST}") if chosen.needs_sweep else chosen

@@ -16,14 +16,14 @@ import contextlib
 import errno
 import os
 import re
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...files.atomic import remove_tree
-from ...files.checksums import file_sha256
-from ...files.text_files import json_or_problem
+from ..._plumbing.atomic import remove_tree
+from ..._plumbing.checksums import file_sha256
+from ..._plumbing.ownership import temporary_folder
+from ..._plumbing.text_files import json_or_problem
 from ..options import DATA_CACHE_ENV
 
 WHERE = f"--data-cache (or ${DATA_CACHE_ENV})"
@@ -57,11 +57,14 @@ def entry_problem(folder: Path) -> str | None:
 
 
 def discard(folder: Path) -> None:
-    """Move the entry aside in one step (a run reading it keeps its open files), then remove it."""
-    aside = folder.with_name(f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """Move the entry aside in one step into a temporary folder of this process (a run reading it keeps its open
+    files; a kill leaves that folder with the proof that lets the next run remove it), then remove it."""
+    if not os.path.lexists(folder):
+        return
+    aside = temporary_folder(folder.parent, folder.name)
     with contextlib.suppress(FileNotFoundError):
-        os.rename(folder, aside)
-        remove_tree(aside)
+        os.rename(folder, aside / folder.name)
+    remove_tree(aside)
 
 
 def check_cache_folder(cache: Path) -> None:

@@ -24,9 +24,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..._plumbing.checksums import file_sha256
+from ..._plumbing.text_files import BINARY_PROBE, not_text
 from ...errors import first_line
-from ...files.checksums import file_sha256
-from ...files.text_files import BINARY_PROBE, not_text
+from ..options import HELD_OUT_RULE, LEGACY_HELD_OUT_RULE
 from .documents import (
     TEXT_TYPES,
     HubSource,
@@ -70,7 +71,7 @@ class Corpus:
     """The shards of ``--data`` in order, each ``(kind, path or name)`` with kind ``paragraphs`` (a text file given
     by name), ``file`` (a text file of a folder), ``jsonl``, ``parquet``, ``saved`` (a ``save_to_disk`` folder) or
     ``hub``; the rows' text column; a label for the log; and a fingerprint of the data that keys the cache and that a
-    resumed run must match (its files' kinds, sizes and content hashes, ``cache_checks.content_key``; a ``datasets``
+    resumed run must match (its files' kinds, sizes and content hashes, ``content_key``; a ``datasets``
     corpus's name, config, split, revision and fingerprint)."""
 
     shards: tuple[tuple[str, str], ...]
@@ -78,6 +79,13 @@ class Corpus:
     fingerprint: str
     column: str = "text"
     hub: HubSource | None = None
+    name: str | None = None  # the data as what is shared (a model card) names it, where ``label`` names a local path
+    contents: tuple[tuple[int, str], ...] = ()  # of local shards: each one's bytes and SHA-256 (the fingerprint's)
+
+    @property
+    def shared_name(self) -> str:
+        """The data's name without this machine's folders: a file's or folder's own name, else the label."""
+        return self.name or self.label
 
     def documents(self, shard: int) -> Iterator[str]:
         """The documents of one shard, in order (``documents``: what a document is)."""
@@ -89,15 +97,15 @@ class Corpus:
         for _, doc in self.numbered_documents():
             yield doc
 
-    def tokenizer_sample(self, chars: int) -> tuple[list[str], bool]:
+    def tokenizer_sample(self, chars: int, rule: int = HELD_OUT_RULE) -> tuple[list[str], bool]:
         """The first training documents up to ``chars`` characters, and whether that is all of them. Every document
         that validation or test may hold out is left out (``may_be_held_out`` by its number, and every document of
-        a file that may be held out whole, ``held_out_files``: which way the data is held out depends on token
-        counts, so both are), so that a tokenizer trained on the sample learns nothing of the text the runs are
-        judged on (a string frequent there only never becomes a token). Which document is the test one in a corpus
-        of fewer than ``VAL_EVERY`` depends on their count, so the documents are counted up to ``VAL_EVERY`` even
-        past the sample."""
-        files = held_out_files(self)
+        a file that may be held out whole by the held-out ``rule``, ``held_out_files``: which way the data is held
+        out depends on token counts, so both are), so that a tokenizer trained on the sample learns nothing of the
+        text the runs are judged on (a string frequent there only never becomes a token). Which document is the test
+        one in a corpus of fewer than ``VAL_EVERY`` depends on their count, so the documents are counted up to
+        ``VAL_EVERY`` even past the sample."""
+        files = held_out_files(self, rule)
         taken: list[tuple[int, str]] = []
         total, count, complete = 0, 0, True
         for number, (shard, doc) in enumerate(self.numbered_documents()):
@@ -149,7 +157,7 @@ def _resolve(data: str | None, column: str, hub: HubSource | None) -> Corpus:
         why = _not_text(path) if kind == "paragraphs" else None
         if why is not None:
             raise ValueError(f"{path} {why}")
-        return _local([(kind, path)], str(path), column)
+        return _local([(kind, path)], str(path), column, name=path.name)
     if path.is_dir() and (path / SAVED_DATASET_DICT).is_file() and source.config is None:
         _check_saved_split(path, source.split)
         return _dataset_corpus(source, column, saved=True)
@@ -188,7 +196,7 @@ def _folder_corpus(path: Path, column: str) -> Corpus:
         raise ValueError(
             f"{path} holds no text files ({', '.join((*TEXT_SUFFIXES, *ROW_SUFFIXES))}); give a folder of text files"
         )
-    return _local(shards, f"{len(shards)} files under {path}", column)
+    return _local(shards, f"{len(shards)} files under {path}", column, name=f"{len(shards)} files under {path.name}/")
 
 
 def _skipped_why(path: Path) -> str:
@@ -245,15 +253,18 @@ def _not_text(path: Path) -> str | None:
                          "out of the data") from None  # fmt: skip
 
 
-def content_key(shards: Iterable[tuple[str, Path]]) -> str:
+def content_key(kinds: Iterable[str], contents: Iterable[tuple[int, str]]) -> str:
     """The key of local shards: in order, each one's kind, size and content hash (not its path or mtime)."""
-    parts = [(kind, path.stat().st_size, file_sha256(path)) for kind, path in shards]
+    parts = [(kind, size, sha256) for kind, (size, sha256) in zip(kinds, contents, strict=True)]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def _local(shards: list[tuple[str, Path]], label: str, column: str = "text") -> Corpus:
-    digest = hashlib.sha256(json.dumps([content_key(shards), column]).encode()).hexdigest()
-    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column)
+def _local(shards: list[tuple[str, Path]], label: str, column: str = "text", name: str | None = None) -> Corpus:
+    contents = tuple((path.stat().st_size, file_sha256(path)) for _, path in shards)
+    key = content_key((kind for kind, _ in shards), contents)
+    digest = hashlib.sha256(json.dumps([key, column]).encode()).hexdigest()
+    return Corpus(tuple((kind, str(p.absolute())) for kind, p in shards), label, digest, column, name=name,
+                  contents=contents)  # fmt: skip
 
 
 def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
@@ -278,7 +289,8 @@ def _dataset_corpus(source: HubSource, column: str, saved: bool) -> Corpus:
     part = "".join(f", {name} {value}" for name, value in (("config", source.config), ("split", source.split),
                                                            ("revision", source.revision)) if value)  # fmt: skip
     kind = "saved" if saved else "hub"
-    return Corpus(((kind, source.name),), f"the datasets corpus {source.name!r}{part}", digest, column, source)
+    name = f"the saved datasets folder {Path(source.name).name!r}{part}" if saved else None
+    return Corpus(((kind, source.name),), f"the datasets corpus {source.name!r}{part}", digest, column, source, name)
 
 
 def _saved_fingerprint(source: HubSource) -> str | None:
@@ -337,8 +349,20 @@ def by_files(corpus: Corpus) -> bool:
     return len(corpus.shards) >= MIN_FILES and all(kind == "file" for kind, _ in corpus.shards)
 
 
-def held_out_files(corpus: Corpus) -> set[int]:
-    """The files (shard numbers) that may be held out whole: the candidates of ``candidate_split``, when the data
-    is held out by files."""
+def candidate_files(corpus: Corpus, rule: int) -> list[tuple[int, int]]:
+    """The files that may be held out whole (when the data is held out by files), in the order the splits take
+    them, each as (shard, ``VAL`` or ``TEST``): ``candidate_split`` of its rank, the files ranked by the SHA-256 of
+    their content (then their path), so that the same files give the same split whatever they are named or listed
+    in; under ``LEGACY_HELD_OUT_RULE``, by their path."""
+    if not by_files(corpus):
+        return []
     units = len(corpus.shards)
-    return {shard for shard in range(units) if candidate_split(shard, units)} if by_files(corpus) else set()
+    order = list(range(units))
+    if rule != LEGACY_HELD_OUT_RULE:
+        order.sort(key=lambda shard: (corpus.contents[shard][1], corpus.shards[shard][1]))
+    return [(shard, split) for rank, shard in enumerate(order) if (split := candidate_split(rank, units))]
+
+
+def held_out_files(corpus: Corpus, rule: int) -> set[int]:
+    """The files (shard numbers) that may be held out whole under the held-out ``rule`` (``candidate_files``)."""
+    return {shard for shard, _ in candidate_files(corpus, rule)}

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..._plumbing.text_files import text_chunks
 from ...errors import first_line
-from ...files.text_files import text_chunks
 
 DOC_MIN_CHARS = 1_000
 PIECE_CHARS = 8_000

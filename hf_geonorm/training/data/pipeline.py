@@ -7,11 +7,10 @@ holds a few batches, and training reads the blocks memory-mapped. ``--streaming`
 instead.
 
 Validation and test are held out as ``split.held_out_plan`` decides, before any block is packed: whole files of a
-folder (documents of other data), every 20th from the first for validation and from the 10th for test, each until
-they hold ``--eval-blocks`` blocks' worth of tokens, without the pieces that training text holds anyway
-(near-duplicates); the first blocks each packs into are evaluated (``evaluated_blocks``). Runs choose on validation
-and report on test (``hf-geonorm sweep``). The other documents, in order, pack into the training blocks (the last
-partial block is dropped).
+folder (documents of other data), one in 20 each, until they hold ``--eval-blocks`` blocks' worth of tokens, without
+the pieces that training text holds anyway (near-duplicates); the first blocks each packs into are evaluated
+(``evaluated_blocks``). Runs choose on validation and report on test (``hf-geonorm sweep``). The other documents, in
+order, pack into the training blocks (the last partial block is dropped).
 """
 
 from __future__ import annotations
@@ -29,21 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from ...files.atomic import atomic_directory
+from ..._plumbing.atomic import atomic_directory
+from ..options import HELD_OUT_RULE, LEGACY_HELD_OUT_RULE
 from .cache_checks import check_cache_folder, discard, entry_problem, file_checks, storage_errors
 from .corpus import FORMAT, VAL_EVERY, Corpus
-from .split import DROPPED, SPLIT_NAMES, HeldOutPlan, held_out_plan
+from .split import PAST, SPLIT_NAMES, HeldOutPlan, held_out_plan
 from .token_batches import encode_documents, encoded_batches, end_of_text, stage_clock, text_batches
 
 SPLITS = ("train", "val", "test")
 # Of the packed blocks only (the tokenizer's cache keeps its key): 2, held-out documents longer than the evaluation
 # are cut and meta.json records its key and counts, checked when read (``meta_problem``); 3, the held-out split of
-# ``split``: whole files of a folder, without near-duplicates of training text.
-BLOCKS_FORMAT = 3
+# ``split``: whole files of a folder, without near-duplicates of training text; 4, its held-out rule 2, recorded in
+# meta.json (an entry of rule 1 keeps format 3 and its key, so that a sweep begun under it finds its blocks).
+BLOCKS_FORMATS = {LEGACY_HELD_OUT_RULE: 3, HELD_OUT_RULE: 4}
 META_COUNTS = ("seq_len", "documents", "tokens", "val_documents", "val_tokens", "val_cut_tokens", "val_files",
                "val_removed", "test_documents", "test_tokens", "test_cut_tokens", "test_files", "test_removed",
                "dropped_documents", "dropped_tokens", "train_blocks", "val_blocks", "test_blocks")  # fmt: skip
@@ -70,12 +70,16 @@ class _Packer:
     """Token ids in, blocks of ``seq_len`` out, written as one Arrow stream (fixed-size lists of int32)."""
 
     def __init__(self, path: Path, seq_len: int) -> None:
+        import pyarrow as pa  # datasets' (the train extra): imported where used, so that info reads runs without it
+
         self.seq_len, self.blocks, self.rest = seq_len, 0, np.empty(0, dtype=np.int32)
         self.type = pa.list_(pa.int32(), seq_len)
         self.sink = pa.OSFile(str(path), "wb")
         self.writer = pa.ipc.new_stream(self.sink, pa.schema([("input_ids", self.type)]))
 
     def add(self, ids: np.ndarray) -> None:
+        import pyarrow as pa
+
         ids = np.concatenate([self.rest, ids]) if len(self.rest) else ids
         count = len(ids) // self.seq_len
         if count:
@@ -109,6 +113,8 @@ class ArrowBlocks(Dataset):
     first blocks (``--max-tokens``)."""
 
     def __init__(self, path: Path, seq_len: int, limit: int | None = None) -> None:
+        import pyarrow as pa
+
         self.table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()  # zero-copy over the mapped file
         self.views = [c.flatten().to_numpy().reshape(-1, seq_len) for c in self.table.column(0).chunks if len(c)]
         self.starts = np.cumsum([0] + [len(v) for v in self.views]).tolist()
@@ -148,22 +154,25 @@ class Prepared:
         return TokenBlocks(torch.stack([blocks[i]["input_ids"] for i in range(len(blocks))]))
 
 
-def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int) -> str:
-    """The cache key of a corpus's blocks: the data, the tokenizer, the block length and the held-out blocks (and
-    the cache formats)."""
-    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, eval_blocks, BLOCKS_FORMAT]
+def blocks_key(corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int, rule: int) -> str:
+    """The cache key of a corpus's blocks: the data, the tokenizer, the block length, the held-out blocks and the
+    held-out rule (by the cache formats)."""
+    parts = [FORMAT, corpus.fingerprint, tokenizer_digest(tokenizer), seq_len, VAL_EVERY, eval_blocks,
+             BLOCKS_FORMATS[rule]]  # fmt: skip
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
 def prepare_blocks(
-    corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, eval_blocks: int, workers: int = 1, builder: bool = True
-) -> Prepared:
+    corpus: Corpus, tokenizer: Any, seq_len: int, cache: Path, eval_blocks: int, workers: int = 1, builder: bool = True,
+    rule: int = HELD_OUT_RULE,
+) -> Prepared:  # fmt: skip
     """The corpus's blocks from the cache, verified (``cache_checks.entry_problem``), else tokenized and packed into
-    it. The cache folder is built in a temporary folder and moved into place whole, so a killed run never leaves
-    one that a later run trusts; an entry that does not verify is rebuilt, with a warning naming it. Only the
-    ``builder`` (the first process of a machine) builds; the others wait for an entry that verifies."""
+    it, validation and test held out by the held-out ``rule``. The cache folder is built in a temporary folder and
+    moved into place whole, so a killed run never leaves one that a later run trusts; an entry that does not verify
+    is rebuilt, with a warning naming it. Only the ``builder`` (the first process of a machine) builds; the others
+    wait for an entry that verifies."""
     check_cache_folder(cache)
-    key = blocks_key(corpus, tokenizer, seq_len, eval_blocks)
+    key = blocks_key(corpus, tokenizer, seq_len, eval_blocks, rule)
     folder = cache / f"blocks-{key}"
     if not builder:
         wait_for_entry(folder, key, eval_blocks)
@@ -179,7 +188,7 @@ def prepare_blocks(
     with storage_errors(cache):
         try:
             with atomic_directory(folder) as tmp:
-                meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks)
+                meta = _build(corpus, tokenizer, seq_len, tmp, workers, eval_blocks, rule)
                 (tmp / "meta.json").write_text(json.dumps({"key": key, **meta}))
         except FileExistsError:  # another run on the same data finished first: its folder is as good
             pass
@@ -190,6 +199,8 @@ def meta_problem(folder: Path, key: str, eval_blocks: int) -> str | None:
     """Why the ``meta.json`` of the entry ``folder``, whose files verify, does not describe them (naming what), or
     None: it names the entry's key, its counts are whole numbers, and its block counts are those of its Arrow files
     (a ``meta.json`` copied from another entry, or edited, is caught here)."""
+    import pyarrow as pa
+
     meta_path = "its meta.json"  # the entry's folder is named by the caller's message
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))  # valid JSON: entry_problem
     if meta.get("key") != key:
@@ -222,18 +233,19 @@ def wait_for_entry(folder: Path, key: str, eval_blocks: int, poll: float = 0.5) 
         time.sleep(poll)
 
 
-def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int) -> dict[str, Any]:
+def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int, eval_blocks: int,
+           rule: int) -> dict[str, Any]:  # fmt: skip
     """Decide what validation and test hold out (``split.held_out_plan``), then tokenize the corpus batch by batch
     and pack each batch's documents into the training, validation and test blocks as it arrives: nothing of the
     corpus is held but a few batches (and the held-out candidates)."""
     seconds = dict.fromkeys(("split", "read", "tokenize", "pack"), 0.0)
     with stage_clock(seconds, "split"):
-        plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks)
+        plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks, rule)
     numbers = np.array(sorted(plan.held), dtype=np.int64)
     plan_codes = np.array([plan.held[n][0] for n in numbers.tolist()], dtype=np.int8)
     plan_kept = np.array([plan.held[n][1] for n in numbers.tolist()], dtype=np.int64)
     packers = [_Packer(tmp / f"{split}.arrow", seq_len) for split in SPLITS]
-    counts = np.zeros((DROPPED + 1, 2), dtype=np.int64)  # per code (train, val, test, dropped): documents, tokens
+    counts = np.zeros((PAST + 1, 2), dtype=np.int64)  # per code (train, val, test, dropped, past): documents, tokens
     cut = [0, 0, 0]  # per split: the tokens of its documents cut that train
     first = 0
 
@@ -249,10 +261,10 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
             token_codes = np.repeat(codes, lengths)
             starts = np.cumsum(lengths) - lengths
             for doc, kept in zip(hit.tolist(), plan_kept[where[hit]].tolist(), strict=True):
-                if codes[doc] != DROPPED and kept < lengths[doc]:  # a held-out document longer than the evaluation
+                if codes[doc] in SPLIT_NAMES and kept < lengths[doc]:  # a held-out document longer than the evaluation
                     token_codes[starts[doc] + kept : starts[doc] + lengths[doc]] = 0
                     cut[codes[doc]] += int(lengths[doc] - kept)
-            for code in range(DROPPED + 1):
+            for code in range(PAST + 1):
                 if code < len(packers):
                     packers[code].add(ids[token_codes == code])
                 counts[code] += (np.count_nonzero(codes == code), np.count_nonzero(token_codes == code))
@@ -269,15 +281,16 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
             f"the data gives {blocks['train']} training, {blocks['val']} validation and {blocks['test']} test blocks "
             f"of --seq-len {seq_len} ({int(counts[:3, 1].sum())} tokens); give more text or a shorter --seq-len"
         )
-    (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens), dropped = counts.tolist()
+    (_, train_tokens), (val_documents, val_tokens), (test_documents, test_tokens), dropped, past = counts.tolist()
     return {
-        "seq_len": seq_len, "documents": plan.documents, "tokens": int(counts[:, 1].sum()),
+        "seq_len": seq_len, "documents": plan.documents, "tokens": int(counts[:, 1].sum()), "held_out_rule": rule,
         "held_out_by": "files" if plan.files else "documents", "why_not_files": plan.why_not_files,
         "val_documents": val_documents, "val_tokens": val_tokens, "val_cut_tokens": cut[1],
         "val_files": plan.held_files[1], "val_removed": plan.removed[1], "val_duplicates_kept": plan.duplicates_kept[1],
         "test_documents": test_documents, "test_tokens": test_tokens, "test_cut_tokens": cut[2],
         "test_files": plan.held_files[2], "test_removed": plan.removed[2],
         "test_duplicates_kept": plan.duplicates_kept[2], "dropped_documents": dropped[0], "dropped_tokens": dropped[1],
+        "past_documents": past[0], "past_tokens": past[1],
         "train_blocks": blocks["train"], "val_blocks": evaluated_blocks(blocks["val"], eval_blocks),
         "test_blocks": evaluated_blocks(blocks["test"], eval_blocks),
         **{f"{stage}_seconds": value for stage, value in seconds.items()},
@@ -285,17 +298,18 @@ def _build(corpus: Corpus, tokenizer: Any, seq_len: int, tmp: Path, workers: int
     }  # fmt: skip
 
 
-HeldOut = dict[tuple[int, int], int]  # (shard, document) -> how many of its first tokens do not train
+# (shard, document) -> how many of its first tokens do not train (None: none of it trains)
+HeldOut = dict[tuple[int, int], int | None]
 
 
 def streaming_holdout(
-    corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int
+    corpus: Corpus, tokenizer: Any, seq_len: int, eval_blocks: int, rule: int = HELD_OUT_RULE
 ) -> tuple[dict[str, TokenBlocks], HeldOut, HeldOutPlan]:
     """The validation and test blocks of a streamed corpus, by the plan of the cached ones (``split``: the same
-    blocks), with the ``(shard, document)`` numbers of the documents held out or removed and how many of each
-    one's first tokens do not train, and the plan."""
-    plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks)
-    held = {plan.key(number): kept for number, (_, kept) in plan.held.items()}
+    blocks, by the same held-out ``rule``), with the ``(shard, document)`` numbers of the documents held out,
+    removed or past their split's budget and how many of each one's first tokens do not train, and the plan."""
+    plan = held_out_plan(corpus, tokenizer, seq_len, eval_blocks, rule)
+    held = {plan.key(number): kept if code in SPLIT_NAMES else None for number, (code, kept) in plan.held.items()}
     blocks = {}
     for code, split in ((1, "val"), (2, "test")):
         tokens = plan.split_ids(code)
@@ -344,7 +358,7 @@ def _stream_blocks(
             starts = np.cumsum(lengths) - lengths
             for offset in range(len(texts)):
                 kept = held.get((number, first + offset), 0)
-                trains[starts[offset] : starts[offset] + kept] = False
+                trains[starts[offset] : starts[offset] + (lengths[offset] if kept is None else kept)] = False
             first += len(texts)
             rest = np.concatenate([rest, ids[trains]])
             whole = len(rest) // seq_len * seq_len

@@ -16,7 +16,7 @@ from typing import Any
 from ..options import EVAL_BLOCKS, EVAL_SHARE, MIN_EVAL_BLOCKS, TrainOptions
 from .corpus import Corpus, HubSource, resolve_corpus
 from .pipeline import TokenBlocks, prepare_blocks, streaming_blocks, streaming_holdout, tokenizer_digest
-from .split import DROPPED, HeldOutPlan
+from .split import DROPPED, PAST, HeldOutPlan
 from .tokenizer import training_tokenizer
 
 EPOCH_WARNING = 4
@@ -28,9 +28,9 @@ class DataRequest:
     ``datasets`` corpus, the rows' ``text_column``), the tokenizer (the ``model`` folder's, ``tokenizer``'s, or one of
     ``vocab_size`` tokens trained on the corpus), the blocks (``seq_len`` tokens; ``held_out_blocks`` of documents
     held out for validation and for test, of which each evaluation reads ``evaluated_blocks``, all of them when None;
-    ``max_tokens``, ``streaming`` and the ``seed`` of a stream's order), where they are cached and by how many
-    processes (``cache``, ``workers``), and the steps they feed (``max_steps`` of ``blocks_per_step`` blocks, for the
-    log)."""
+    ``max_tokens``, ``streaming`` and the ``seed`` of a stream's order; the ``held_out_rule`` that picks them), where
+    they are cached and by how many processes (``cache``, ``workers``), and the steps they feed (``max_steps`` of
+    ``blocks_per_step`` blocks, for the log)."""
 
     data: str | None
     data_config: str | None
@@ -50,6 +50,7 @@ class DataRequest:
     workers: int
     max_steps: int
     blocks_per_step: int
+    held_out_rule: int
 
 
 def data_request(options: TrainOptions) -> DataRequest:
@@ -73,6 +74,7 @@ def data_request(options: TrainOptions) -> DataRequest:
         workers=options.data_workers,
         max_steps=options.max_steps,
         blocks_per_step=options.batch_size * options.gradient_accumulation_steps * world_size(),
+        held_out_rule=options.held_out_rule,
     )
 
 
@@ -134,6 +136,7 @@ class TrainingData:
     val: TokenBlocks
     test: TokenBlocks
     label: str
+    name: str  # the data as a model card names it (``Corpus.shared_name``: no folder of this machine)
     tokenizer: Any
     tokenizer_from_model: bool
     facts: dict[str, Any]  # what a sweep's journal records of the data: fingerprints and the splits' sizes
@@ -155,7 +158,8 @@ def data_source(request: DataRequest, log: Any) -> DataSource:
     hub = HubSource(request.data or "", request.data_config, request.data_split, request.data_revision)
     corpus = resolve_corpus(request.data, request.text_column, hub)
     tokenizer, from_model = training_tokenizer(
-        corpus, request.model, request.tokenizer, request.vocab_size, request.cache, builds_here(), log
+        corpus, request.model, request.tokenizer, request.vocab_size, request.cache, builds_here(), log,
+        request.held_out_rule,
     )
     return DataSource(corpus, tokenizer, from_model, tokenizer_digest(tokenizer))
 
@@ -187,19 +191,23 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
                 f"--max-tokens caps the cached data; with --streaming, --max-steps bounds the tokens ({steps}): "
                 "drop --max-tokens"
             )
-        held_out, held, plan = streaming_holdout(corpus, tokenizer, length, request.held_out_blocks)
+        held_out, held, plan = streaming_holdout(corpus, tokenizer, length, request.held_out_blocks,
+                                                 request.held_out_rule)  # fmt: skip
         splits = {name: _plan_counts(plan, code, len(held_out[name])) for code, name in ((1, "val"), (2, "test"))}
         log(f"data: {corpus.label}, streamed: tokenized and packed as training reads it, so how many tokens it holds "
             f"is unknown in advance (the split read it once); {steps}")  # fmt: skip
         dropped = [kept for code, kept in plan.held.values() if code == DROPPED]
-        _log_held_out(plan.files, plan.why_not_files, splits, (len(dropped), sum(dropped)), log)
+        past = sum(code == PAST for code, _ in plan.held.values())
+        _log_held_out(plan.files, plan.why_not_files, splits, (len(dropped), sum(dropped)), (past, None), log)
         train = streaming_blocks(corpus, tokenizer, length, held, request.seed)
         facts = data_facts(corpus, tokenizer, None, {s: (None, c["tokens"], c["blocks"]) for s, c in splits.items()})
-        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, tokenizer, from_model, facts)
+        return TrainingData(train, held_out["val"], held_out["test"], corpus.label, corpus.shared_name, tokenizer,
+                            from_model, facts)  # fmt: skip
     workers = min(request.workers, os.cpu_count() or 1)
     if workers < request.workers:
         log(f"--data-workers {request.workers} is more than this machine's {workers} CPUs: tokenizing with {workers}")
-    prepared = prepare_blocks(corpus, tokenizer, length, request.cache, request.held_out_blocks, workers, builder)
+    prepared = prepare_blocks(corpus, tokenizer, length, request.cache, request.held_out_blocks, workers, builder,
+                              request.held_out_rule)  # fmt: skip
     meta = prepared.meta
     limit = None if request.max_tokens is None else request.max_tokens // length
     if limit is not None and limit < 1:
@@ -223,7 +231,8 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
     counted = ("documents", "files", "tokens", "blocks", "removed", "duplicates_kept")
     splits = {name: {what: meta[f"{name}_{what}"] for what in counted} for name in ("val", "test")}
     _log_held_out(meta["held_out_by"] == "files", meta["why_not_files"], splits,
-                  (meta["dropped_documents"], meta["dropped_tokens"]), log)  # fmt: skip
+                  (meta["dropped_documents"], meta["dropped_tokens"]),
+                  (meta.get("past_documents", 0), meta.get("past_tokens", 0)), log)  # fmt: skip
     log(f"training on {train_tokens:,} tokens ({len(train):,} blocks){cap}; {steps} = {epochs:.3g} epochs")
     val_cut, test_cut = meta["val_cut_tokens"], meta["test_cut_tokens"]
     if val_cut or test_cut:
@@ -238,7 +247,8 @@ def _blocks(source: DataSource, request: DataRequest, log: Any) -> TrainingData:
         )
     held = {s: (meta[f"{s}_documents"], meta[f"{s}_tokens"], meta[f"{s}_blocks"]) for s in ("val", "test")}
     facts = data_facts(corpus, tokenizer, train_tokens, held)
-    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, tokenizer, from_model, facts)
+    return TrainingData(train, prepared.val(), prepared.test(), corpus.label, corpus.shared_name, tokenizer,
+                        from_model, facts)  # fmt: skip
 
 
 def data_facts(
@@ -262,11 +272,13 @@ def _plan_counts(plan: HeldOutPlan, code: int, blocks: int) -> dict[str, Any]:
 
 
 def _log_held_out(
-    files: bool, why_not_files: str | None, splits: dict[str, dict[str, Any]], dropped: tuple[int, int], log: Any
-) -> None:
+    files: bool, why_not_files: str | None, splits: dict[str, dict[str, Any]], dropped: tuple[int, int],
+    past: tuple[int, int | None], log: Any,
+) -> None:  # fmt: skip
     """The log of what validation and test hold out (``split``): whole files and their pieces, or documents; the
-    pieces removed as near-duplicates of training text; and warnings where a folder is held out by pieces, or a
-    split keeps near-duplicates."""
+    pieces of held-out files past what the splits evaluate (``past``: pieces and tokens, None where a stream has not
+    counted them); the pieces removed as near-duplicates of training text; and warnings where a folder is held out by
+    pieces, or a split keeps near-duplicates."""
     if why_not_files:
         warnings.warn(f"validation and test are held out by pieces of files, not whole files: {why_not_files}; a "
                       "held-out piece may then come from a file whose other pieces train (near-duplicates of training "
@@ -283,6 +295,10 @@ def _log_held_out(
                           "loss partly measures text the model trained on; give more varied text",
                           stacklevel=3)  # fmt: skip
     log("; ".join(parts) + ("; whole files, none of whose pieces train" if files else ""))
+    if past[0]:
+        tokens = "" if past[1] is None else f" ({past[1]:,} tokens)"
+        log(f"{past[0]:,} pieces{tokens} of the held-out files come after what validation and test hold out "
+            "(--eval-blocks x --seq-len tokens each): they neither train nor are evaluated")  # fmt: skip
     removed = splits["val"]["removed"] + splits["test"]["removed"]
     if not files:
         fate = "they train"

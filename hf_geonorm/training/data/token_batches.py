@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...files.children import environment_set
+from ..._plumbing.children import environment_set
 from .corpus import Corpus
 
 BATCH_CHARS = 1 << 20  # the text of one tokenizer call

@@ -25,10 +25,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
+from ..._plumbing.checksums import file_sha256
+from ...checkpoints.loading import NO_REMOTE_CODE, TOKENIZER_FILES, looks_like_path, open_source, standard_tokenizer
 from ...errors import custom_code_error, first_line, needs_custom_code
-from ...files.checksums import file_sha256
-from ...loading import NO_REMOTE_CODE, TOKENIZER_FILES, looks_like_path, open_source, standard_tokenizer
-from ..options import DEFAULT_TOKENIZER_VOCAB
+from ..options import DEFAULT_TOKENIZER_VOCAB, LEGACY_HELD_OUT_RULE, TOKENIZER_SAMPLE_CHARS, trained_vocab_problem
 from .cache_checks import check_cache_folder, storage_errors
 from .corpus import FORMAT, Corpus
 
@@ -36,9 +36,8 @@ STANDARD_TOKENIZER_FIX = (
     "give a standard tokenizer (tokenizer.json, and a tokenizer_config.json without auto_map: what save_pretrained "
     "of a transformers tokenizer writes)"
 )
-TOKENIZER_SAMPLE_CHARS = 20_000_000  # the tokenizer trained on the fly learns from the first 20 MB of text
 # keys the cache: tokenizers that read held-out text (earlier versions read pieces of the files now held out whole)
-# are not reused
+# are not reused; with the held-out rule after the legacy one (whose key stays), whose candidate files differ
 TOKENIZER_SAMPLE = "training documents only, whole candidate files left out"
 
 
@@ -50,11 +49,12 @@ def training_tokenizer(
     cache: Path,
     builder: bool,
     log: Any,
+    rule: int,
 ) -> tuple[Any, bool]:
     """The tokenizer the run trains with, and whether it is the ``model`` folder's own (``model_tokenizer``): else
     ``tokenizer``'s (``--tokenizer``), else one of ``vocab_size`` tokens (``tokenizer_vocab``) trained on the corpus
-    and cached under ``cache`` (``corpus_tokenizer``); one without a padding token pads with its end-of-text
-    token."""
+    without what the held-out ``rule`` may hold out, and cached under ``cache`` (``corpus_tokenizer``); one without a
+    padding token pads with its end-of-text token."""
     folder = model_tokenizer(model, tokenizer, vocab_size)
     if folder is not None or tokenizer is not None:
         loaded = tokenizer_from(folder or tokenizer)
@@ -62,7 +62,9 @@ def training_tokenizer(
     else:
         vocab = tokenizer_vocab(vocab_size, model)
         check_trained_fits(vocab, model, vocab_size)
-        loaded = corpus_tokenizer(corpus, vocab, cache, builder, log)
+        asked = ("--vocab-size" if vocab_size is not None else f"the vocab_size of --model {model}" if model is not None
+                 else "the default tokenizer size (--vocab-size)")  # fmt: skip
+        loaded = corpus_tokenizer(corpus, vocab, cache, builder, log, rule, asked)
     if loaded.pad_token is None:
         loaded.pad_token = loaded.eos_token
     return loaded, folder is not None
@@ -242,14 +244,19 @@ def cache_problem(path: Path) -> str | None:
     return None
 
 
-def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any) -> Any:
+def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool, log: Any, rule: int,
+                     asked: str = "--vocab-size") -> Any:  # fmt: skip
     """A byte-level BPE tokenizer trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters (whole documents) of
-    the corpus's training documents (``Corpus.tokenizer_sample``): training on all of a large corpus would take long
-    and hold it in memory, for little gain. Cached under ``cache`` by the data and the vocabulary, so that a second
-    run (and its cached blocks) finds the same one, and verified by its checksum (``cache_problem``); only the
-    ``builder`` (the first process of a machine) trains it, the others wait for a file that verifies."""
+    the corpus's training documents under the held-out ``rule`` (``Corpus.tokenizer_sample``): training on all of a
+    large corpus would take long and hold it in memory, for little gain. Cached under ``cache`` by the data, the
+    vocabulary and the rule, so that a second run (and its cached blocks) finds the same one, and verified by its
+    checksum (``cache_problem``); only the ``builder`` (the first process of a machine) trains it, the others wait
+    for a file that verifies. A ``vocab_size`` (``asked`` says where it comes from) the sample or the machine cannot
+    give is a ``ValueError`` before the tokenizers library would abort the process trying
+    (``options.trained_vocab_problem``)."""
     check_cache_folder(cache)
     parts = [FORMAT, corpus.fingerprint, vocab_size, TOKENIZER_SAMPLE_CHARS, TOKENIZER_SAMPLE]
+    parts += [] if rule == LEGACY_HELD_OUT_RULE else [rule]
     path = cache / f"tokenizer-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]}.json"
     if not builder:
         return _wait_for_verified(path)
@@ -270,12 +277,22 @@ def corpus_tokenizer(corpus: Corpus, vocab_size: int, cache: Path, builder: bool
             log(f"the cached tokenizer {path} {problem}: training it again to check it")
         else:
             warnings.warn(f"the cached tokenizer {path} {problem}: it is trained again", stacklevel=3)
-    sample, complete = corpus.tokenizer_sample(TOKENIZER_SAMPLE_CHARS)
+    sample, complete = corpus.tokenizer_sample(TOKENIZER_SAMPLE_CHARS, rule)
     chars = sum(map(len, sample))
+    problem = trained_vocab_problem(vocab_size, sum(len(doc.encode("utf-8", "surrogatepass")) for doc in sample), asked)
+    if problem is not None:
+        raise ValueError(problem)
     what = "all of its training documents" if complete else "a sample: the first of its training documents"
     log(f"training a byte-level BPE tokenizer ({vocab_size} tokens) on {what} ({len(sample):,} documents, "
         f"{chars / 1e6:.1f} MB) of {corpus.label}; no document that validation or test may hold out is read")
-    _save_with_checksum(train_tokenizer(sample, vocab_size), path, cache)
+    try:
+        trained = train_tokenizer(sample, vocab_size)
+    except BaseException as error:
+        if type(error).__name__ != "PanicException":  # a Rust panic in the tokenizers library: pyo3's BaseException
+            raise
+        raise RuntimeError(f"the tokenizers library failed training a tokenizer of {vocab_size:,} tokens on "
+                           f"{corpus.label}: {first_line(error)}") from None  # fmt: skip
+    _save_with_checksum(trained, path, cache)
     if unchecked == path.read_bytes():
         log(f"the cached tokenizer {path} is the one this data trains, byte for byte: kept, its checksum written")
     elif unchecked is not None:

@@ -6,8 +6,10 @@ into one hidden folder ``.checkpoint-N.partial-PID-staging`` next to it and move
 place when all of them are done. ``resume_checkpoint`` checks the checkpoints newest first and falls back past
 damaged ones (a file missing or unreadable, or a training state that does not fit the checkpoint's step or the record
 of its run: ``checkpoint_state``), saying why; the one chosen is loaded strictly (``load_checkpoint_weights``), where
-the Trainer would keep the values of ``--model`` for tensors it does not find. ``remove_leftovers`` removes what
-killed runs left (``hf_geonorm.files.atomic`` naming).
+the Trainer would keep the values of ``--model`` for tensors it does not find. The staging folder and a replaced
+checkpoint carry the proof of a temporary folder (``hf_geonorm._plumbing.ownership``), which ``atomic.remove_leftovers``
+needs to remove them after a kill; only the checkpoints the output's marker proves are the run's are rotated away
+or removed at the end, never a folder that is merely named ``checkpoint-N``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import errno
 import os
 import pickle
 import re
-import uuid
 import warnings
 import zipfile
 from collections.abc import Collection, Iterator
@@ -27,21 +28,21 @@ from typing import Any
 
 import torch
 from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..._plumbing.atomic import remove_tree
+from ..._plumbing.full_device import is_full_device
+from ..._plumbing.ownership import MARKER_NAME, changed_file, mark_temporary, proven_entries, temporary_folder
+from ..._plumbing.text_files import json_or_problem
+from ...checkpoints.loading import NO_REMOTE_CODE, read_config_json
+from ...checkpoints.loading_info import tensor_names
+from ...checkpoints.safetensors_files import safetensors_header, weight_files
 from ...errors import SettingsError, first_line
-from ...files.atomic import remove_stale_partials, remove_tree
-from ...files.full_device import is_full_device
-from ...files.safetensors_files import safetensors_header, weight_files
-from ...files.text_files import json_or_problem
-from ...loading import NO_REMOTE_CODE, read_config_json
-from ...loading_info import tensor_names
 from ...modeling.settings import GeoNormSettings
 from .checkpoint_state import Schedule, missing_file_problem, state_files, state_problem
 from .record import RECORD_FORMAT, RECORD_NAME, write_record
 
 CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-\d+-[^/]+")  # hf_geonorm.files.atomic's temporary names
 
 
 class NoSpaceError(OSError):
@@ -85,7 +86,7 @@ class AtomicCheckpointTrainer(Trainer):
 
     Every process saves into the same hidden staging folder (the Trainer's own ``_save_checkpoint``, pointed
     there through ``_get_output_dir``); once all have finished, the main process moves ``checkpoint-N`` into
-    the output folder and rotates the checkpoints by step (``save_total_limit``). ``published`` lists the
+    the output folder and rotates its own checkpoints by step (``save_total_limit``). ``published`` lists the
     checkpoints this run moved into place (a failed run that created the output folder keeps only those); each
     holds ``run_record`` (``record.RECORD_NAME``), which ``--resume`` checks, and the run's ``tokenizer``
     (saved here rather than given to the Trainer as ``processing_class``, which would write the tokenizer's padding
@@ -141,6 +142,9 @@ class AtomicCheckpointTrainer(Trainer):
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self._staging = output / f".{name}.partial-{self._owner_pid()}-staging"
         try:
+            if self.args.should_save:  # the proof that lets the next run remove it after a kill
+                self._staging.mkdir(exist_ok=True)
+                mark_temporary(self._staging, name, pid=self._owner_pid())
             with disk_full_named(self._staging / name, output / name):
                 super()._save_checkpoint(model, trial)
                 if self.args.should_save and self.run_record is not None:
@@ -151,7 +155,7 @@ class AtomicCheckpointTrainer(Trainer):
             if self.args.should_save:
                 publish(self._staging / name, output / name)
                 self.published.append(output / name)
-                rotate_checkpoints(str(output), self.args.save_total_limit)
+                rotate_own_checkpoints(output, self.args.save_total_limit)
         finally:
             staging, self._staging = self._staging, None
             if self.args.should_save:
@@ -184,14 +188,39 @@ def tensors_only(checkpoint: str | None) -> Iterator[None]:
 
 def publish(built: Path, target: Path) -> None:
     """Move the complete folder ``built`` to ``target``, replacing a ``target`` that is there (a checkpoint of
-    the same step from an earlier run, or a damaged one)."""
+    the same step from an earlier run, or a damaged one): it is first moved into a temporary folder of this
+    process, which a kill leaves for the next run to remove."""
     if not os.path.lexists(target):
         os.rename(built, target)
         return
-    old = target.with_name(f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    os.rename(target, old)
+    old = temporary_folder(target.parent, target.name, kind="old")
+    os.rename(target, old / target.name)
     os.rename(built, target)
     remove_tree(old)
+
+
+def rotate_own_checkpoints(output: Path, limit: int | None) -> None:
+    """Remove the oldest of the run's checkpoints in ``output`` beyond the newest ``limit``: those the output's
+    marker lists and proves (``ownership.proven_entries``), never a folder that is only named like one; each is
+    hashed first (``remove_unchanged``)."""
+    if not limit:
+        return
+    own = set(proven_entries(output))
+    for _, path in [(step, path) for step, path in checkpoints(output) if path.name in own][limit:]:
+        remove_unchanged(output, path)
+
+
+def remove_unchanged(output: Path, path: Path) -> bool:
+    """Remove the run's checkpoint ``path`` in ``output`` when every file in it still has the SHA-256 the marker
+    recorded as it was written (``ownership.changed_file``); otherwise leave it, and say which file changed."""
+    changed = changed_file(output, path.name)
+    if changed is not None:
+        warnings.warn(f"{output / changed} changed since hf-geonorm wrote it (it differs from what {MARKER_NAME} "
+                      f"recorded): {path.name} is left in place; remove it yourself if it is not yours",
+                      stacklevel=2)  # fmt: skip
+        return False
+    remove_tree(path)
+    return True
 
 
 def checkpoints(output: Path) -> list[tuple[int, Path]]:
@@ -360,38 +389,23 @@ def _refuse_mismatch(
         )
 
 
-def remove_leftovers(output: Path) -> list[str]:
-    """Remove the temporary folders and files that killed runs left in ``output`` (a checkpoint, ``final``,
-    metrics or plot being written); return what was done."""
-    names = set()
-    if output.is_dir():
-        for entry in output.iterdir():
-            match = LEFTOVER.fullmatch(entry.name)
-            if match:
-                names.add(match.group(1))
-    done = []
-    for name in sorted(names):
-        done += remove_stale_partials(output / name)
-    return done
-
-
-def is_leftover(entry: Path) -> bool:
-    return LEFTOVER.fullmatch(entry.name) is not None
-
-
 def kept_checkpoints(output: Path, remove: bool) -> str:
     """What the run leaves beside final/, in one line: its checkpoints, removed (``remove``: a finished run's, once
     final/ and metrics.json are written; final/ is the model, and their optimizer state serves only --resume) or
-    kept, with their size. Only checkpoints holding train's record count: a ``checkpoint-N`` folder without it is
-    not hf-geonorm's to remove."""
-    found = [path for _, path in checkpoints(output) if (path / RECORD_NAME).is_file()]
+    kept, with their size. Only the checkpoints the output's marker proves are the run's count
+    (``ownership.proven_entries``): a ``checkpoint-N`` folder of the user's is not hf-geonorm's to remove."""
+    own = set(proven_entries(output))
+    found = [path for _, path in checkpoints(output) if path.name in own]
     if not found:
         return "no checkpoints kept"
-    size = sum(f.stat().st_size for path in found for f in path.rglob("*") if f.is_file())
+    sizes = {path: sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) for path in found}
+    if remove:
+        found = [path for path in found if remove_unchanged(output, path)]
+        if not found:
+            return "no checkpoints removed (they changed since the run wrote them)"
+    size = sum(sizes[path] for path in found)
     names = ", ".join(path.name for path in found)
     if remove:
-        for path in found:
-            remove_tree(path)
         return (f"removed {names} ({size / 1e9:.2f} GB, the optimizer state for --resume included; --keep-checkpoints "
                 f"keeps them): {output} keeps final/ and the metrics")  # fmt: skip
     return f"{names} kept beside final/ (--keep-checkpoints): {size / 1e9:.2f} GB, the optimizer state included"

@@ -14,12 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from ...errors import SettingsError, first_line
-from ...files.atomic import atomic_directory, check_target
-from ...files.full_device import full_device_as_os_error
-from ...files.output_lock import check_not_in_use, output_lock
-from ...inspection import check_fits_memory, parameter_count
-from ...loading import (
+from ..._plumbing.atomic import atomic_directory, check_target
+from ..._plumbing.full_device import full_device_as_os_error
+from ..._plumbing.output_lock import check_not_in_use, output_lock
+from ...checkpoints.loading import (
     NO_REMOTE_CODE,
     PICKLE_WEIGHTS,
     check_supported,
@@ -27,8 +25,10 @@ from ...loading import (
     open_source,
     resolve_settings,
 )
+from ...checkpoints.patching import config_class_for
+from ...conversion.inspection import check_fits_memory, parameter_count
+from ...errors import SettingsError, first_line
 from ...modeling.settings import GeoNormSettings
-from ...patching import config_class_for
 from ...sharing.folders import save_config_with_remote_code
 from ..data.tokenizer import folder_config, has_trained_weights
 from ..options import (
@@ -299,9 +299,8 @@ def with_learning_rate(options: TrainOptions, config: Any) -> tuple[TrainOptions
         chosen = default_rate(options.model, config, getattr(config, "norm_style", "pre"))
         changes["lr"] = chosen.lr
         advice = "" if fine_tuning else "; `hf-geonorm sweep` measures it on your data"
-        if chosen.needs_sweep:
-            advice = ("; no cell measured this shape and style: run `hf-geonorm sweep` first (its default grid spans "
-                      "1/8 to 8 times this rate)")  # fmt: skip
+        if chosen.needs_sweep:  # its account ends in rate_rule.SWEEP_FIRST
+            advice = " (`hf-geonorm sweep`: its default grid spans 1/8 to 8 times this rate)"
         lines.append(f"learning rate {chosen.lr:g}, the default for {chosen.why}{advice}; --lr sets another")
     if options.weight_decay is None:
         changes["weight_decay"] = FINE_TUNING_WEIGHT_DECAY if fine_tuning else PRETRAINING_WEIGHT_DECAY
@@ -325,12 +324,12 @@ def default_rate(model: str | None, config: Any, style: str) -> DefaultRate:
     return replace(chosen, why=FROM_SCRATCH + chosen.why)
 
 
-def rate_choice(lr: float | None, model: str | None, config: Any) -> DefaultRate:
+def rate_choice(lr: float | None, model: str | None, config: Any, given_by: str | None = None) -> DefaultRate:
     """Where the run's peak learning rate comes from, for its card and ``metrics.json``: ``--lr`` where given
-    (``lr``), else ``default_rate``'s source for the ``--model`` (``model``) of ``config``, with a ``why`` that names
-    no folder of this machine (the card is shared)."""
+    (``lr``; ``given_by`` names the program that gave it, such as a sweep), else ``default_rate``'s source for the
+    ``--model`` (``model``) of ``config``, with a ``why`` that names no folder of this machine (the card is shared)."""
     if lr is not None:
-        return DefaultRate(lr, RATE_GIVEN, RATE_GIVEN)
+        return DefaultRate(lr, RATE_GIVEN, given_by or RATE_GIVEN)
     chosen = default_rate(model, config, getattr(config, "norm_style", "pre"))
     if chosen.source == FINE_TUNING:
         return replace(chosen, why=f"{FINE_TUNING}: the default for a --model with trained weights")
@@ -350,13 +349,15 @@ def what_it_computes(config: Any, options: TrainOptions) -> str:
     """The model's norm style as it computes: ``geo_bridge`` 0 is exact Pre-Norm whatever ``norm_style`` says."""
     style = getattr(config, "norm_style", "?")
     bridge = getattr(config, "geo_bridge", 1.0)
-    if style == "geo" and bridge == 0 and options.bridge_anneal is None:
+    bridges = bridge if isinstance(bridge, list) else [bridge]  # a list: one per layer or per update
+    if style == "geo" and max(bridges) == 0 and options.bridge_anneal is None:
         return (
             "norm_style geo at geo_bridge 0: it computes exact Pre-Norm (the source model); --bridge-anneal STEPS "
             "moves it to GeoNorm while it trains"
         )
-    if style == "geo" and bridge < 1:
-        return f"norm_style geo at geo_bridge {bridge:g}" + (
+    if style == "geo" and min(bridges) < 1:
+        shown = f"{min(bridges):g} to {max(bridges):g}" if isinstance(bridge, list) else f"{bridge:g}"
+        return f"norm_style geo at geo_bridge {shown}" + (
             f", annealed to 1 over {options.bridge_anneal} steps" if options.bridge_anneal else ""
         )
     return f"norm_style {style}"

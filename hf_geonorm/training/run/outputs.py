@@ -1,7 +1,7 @@
 """What a run leaves in its output folder, also when it is stopped:
 
-- one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm.files.output_lock``) from before it looks
-  at the folder until it ends; a second run into the folder fails at once, naming the first;
+- one run at a time: the run holds ``.hf-geonorm.lock`` in it (``hf_geonorm._plumbing.output_lock``) from before it
+  looks at the folder until it ends; a second run into the folder fails at once, naming the first;
 - checkpoints and ``final/`` appear whole or not at all (written in hidden temporary folders, then moved into
   place); ``metrics.json`` and ``loss_curve.png`` are replaced in one step;
 - an error, Ctrl-C or SIGTERM removes the temporary folders; in an output folder the run created, what the run
@@ -9,8 +9,11 @@
   resume from; files others put there stay;
 - a non-finite training or validation loss stops the run with an error naming the step, before that step's
   checkpoint; nothing is published as final, and ``metrics.json`` is always strict JSON;
-- SIGKILL leaves a hidden temporary folder, which the next run in the same output folder removes;
-- the folder's marker (``hf_geonorm.files.ownership``) lists what the run wrote there, as it publishes it;
+- SIGKILL leaves a hidden temporary folder carrying the proof that the run made it, which the next run in the same
+  output folder removes (``atomic.remove_leftovers``: never a folder only named like one);
+- the folder's marker (``hf_geonorm._plumbing.ownership``) lists what the run wrote there with each file's proof, as it
+  publishes it; the checkpoints rotated away leave it, and TensorBoard's event files (``--report-to tensorboard``)
+  are recorded when the run ends (``RunOutputs.finish``);
 - ``--force`` starts anew only in an empty folder or an hf-geonorm output holding nothing else: what that output
   wrote is removed when training starts (a folder holding anything else is refused before anything moves);
 - a resumed run starts from the newest whole checkpoint, skipping damaged ones with a warning; a checkpoint whose
@@ -26,7 +29,6 @@ import json
 import math
 import os
 import sys
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -37,18 +39,24 @@ from transformers import TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
+from ..._plumbing.atomic import atomic_directory, check_output_name, remove_leftovers, remove_tree
+from ..._plumbing.output_lock import output_lock
+from ..._plumbing.ownership import (
+    check_replaceable,
+    is_bookkeeping,
+    only_bookkeeping_left,
+    record_paths,
+    temporary_folder,
+)
+from ..._plumbing.signals import terminate_raises
 from ...errors import first_line
-from ...files.atomic import atomic_directory, check_output_name, remove_tree
-from ...files.output_lock import output_lock
-from ...files.ownership import adopt_earlier_output, check_replaceable, is_own_name, only_bookkeeping_left, record_paths
-from ...files.signals import terminate_raises
 from ...modeling.settings import GeoNormSettings
 from ...sharing.hub import save_shareable
 from ...sharing.model_card import CardInfo, inherited_card_info
 from ...sharing.model_facts import bridge_words
 from ..options import TrainOptions
 from ..rate_rule import RATE_GIVEN, DefaultRate
-from .checkpoints import CHECKPOINT, disk_full_named, is_leftover, kept_checkpoints, remove_leftovers, resume_checkpoint
+from .checkpoints import CHECKPOINT, disk_full_named, kept_checkpoints, resume_checkpoint
 
 
 def strict_json(value: Any) -> str:
@@ -68,14 +76,16 @@ def strict_json(value: Any) -> str:
 
 
 def replace_file(path: Path, write: Any) -> None:
-    """``write(tmp)`` to a hidden file next to ``path``, then move it over ``path`` in one step."""
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """``write(tmp)`` to a file in a temporary folder next to ``path`` (``ownership.temporary_folder``: a kill
+    leaves it for the next run to remove), then move it over ``path`` in one step."""
+    folder = temporary_folder(path.parent, path.name)
+    tmp = folder / path.name
     try:
         with disk_full_named(tmp, path):
             write(tmp)
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        remove_tree(folder)
 
 
 def plot_losses(history: list[dict[str, Any]], path: Path, title: str | None = None) -> None:
@@ -132,12 +142,10 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
     with ``resume`` (``--resume``), up to ``max_steps``; a folder that holds another run needs ``resume`` or
     ``force``. The main process holds the folder's lock (``output_lock``) by then."""
     check_output_path(output)
-    if main:
+    if main and output.is_dir():
         for line in remove_leftovers(output):
             warnings.warn(line, stacklevel=3)
     if resume:
-        if main:
-            adopt_earlier_output(output, "train")
         finished = finished_metrics(output, None)
         if finished is not None and not any(CHECKPOINT.fullmatch(entry.name) for entry in output.iterdir()):
             if finished["steps"] != max_steps:  # its checkpoints were removed at its end: nothing to resume
@@ -153,7 +161,7 @@ def prepare_output(output: Path, resume: bool, force: bool, max_steps: int, main
                 f"nothing to train; give a --max-steps above {step}"
             )
         return checkpoint, step
-    content = [e for e in output.iterdir() if not is_leftover(e) and not is_own_name(e.name)] if output.is_dir() else []
+    content = [e for e in output.iterdir() if not is_bookkeeping(e)] if output.is_dir() else []
     if content and not force:
         raise ValueError(f"--output {output} is not empty; pass --resume to continue it or --force to start anew")
     if content:
@@ -175,27 +183,25 @@ def finished_metrics(output: Path, step: int | None) -> dict[str, Any] | None:
 def clear_earlier_run(output: Path, log: Any) -> None:
     """``--force``: remove what the earlier output in ``output`` wrote before this run trains, so that a run killed
     later never leaves it beside its own as if it were its results; checked again first (``check_replaceable``:
-    an hf-geonorm output holding nothing else), since the data was prepared meanwhile. Each entry is first renamed
-    to a hidden temporary name in one step (a SIGKILL leaves that, which the next run removes), then removed; the
-    folder's marker then starts anew."""
+    an hf-geonorm output holding nothing else, every file's hash included), since the data was prepared meanwhile.
+    Each entry is first moved into a temporary folder of this run in one step (a SIGKILL leaves that folder, with the
+    proof that lets the next run remove it), then removed; the folder's marker then starts anew."""
     if not output.is_dir():
         return
-    check_replaceable(output, output, "--output")
-    removed = []
-    for path in sorted(output.iterdir()):
-        if is_own_name(path.name) or is_leftover(path):
-            continue
-        hidden = path.with_name(f".{path.name}.partial-{os.getpid()}-earlier")
-        os.rename(path, hidden)
-        remove_tree(hidden)
-        removed.append(path.name)
+    check_replaceable(output, output, "--output", contents=True)
+    removed = sorted(path.name for path in output.iterdir() if not is_bookkeeping(path))
+    if removed:
+        earlier = temporary_folder(output, "earlier-output")
+        for name in removed:
+            os.rename(output / name, earlier / name)
+        remove_tree(earlier)
     record_paths(output, "train", fresh=True)
     if removed:
         log(f"--force: removed the earlier output's {', '.join(removed)} in {output}")
 
 
 @contextlib.contextmanager
-def run_output(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
+def run_output(output: Path, main: bool, log: Any) -> Iterator[RunOutputs]:
     """The output folder of a run, held for it: locked by the ``main`` process (``output_lock``; the other processes
     are the same run) and, when the run fails, left as ``output_removed_on_failure`` says. Yields the list that the
     run adds what it publishes to."""
@@ -206,39 +212,68 @@ def run_output(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
 
 class RunOutputs(list):
     """What a run publishes in its output folder, in order; each path is recorded in the folder's marker as it is
-    added (by the ``main`` process, which writes there)."""
+    added (by the ``main`` process, which writes there), and the entries gone since (rotated checkpoints) leave it.
+    TensorBoard keeps appending to its event files while the run goes: ``finish`` closes its writers and records
+    the files of the folders they wrote in (``watch_tensorboard``) when the run ends, however it ends."""
 
     def __init__(self, output: Path, main: bool) -> None:
         super().__init__()
         self.output, self.main = output, main
+        self.tensorboard: list[Any] = []  # transformers' TensorBoardCallback of the run's Trainer, if any
 
     def append(self, path: Path) -> None:
         super().append(path)
         if self.main and path.parent == self.output:
-            record_paths(self.output, "train", path, trees=(self.output / "runs",))
+            record_paths(self.output, "train", path)
+
+    def watch_tensorboard(self, trainer: Any) -> None:
+        """Take note of ``trainer``'s TensorBoard callback (``--report-to tensorboard``), whose files ``finish``
+        records."""
+        from transformers.integrations import TensorBoardCallback
+
+        self.tensorboard = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, TensorBoardCallback)]
+
+    def finish(self) -> None:
+        """Close TensorBoard's writers and record every file of the folders they wrote in under the output (each
+        run's ``runs/DATE_HOST``), and drop from the marker what is gone (the checkpoints removed at the end)."""
+        if not self.main or not self.output.is_dir():
+            return
+        logs = []
+        for callback in self.tensorboard:
+            if callback.tb_writer is not None:
+                callback.tb_writer.close()
+                callback.tb_writer = None
+            folder = Path(callback.logging_dir).absolute() if callback.logging_dir else None
+            if folder is not None and folder.is_relative_to(self.output) and folder.is_dir():
+                logs += [Path(root, name) for root, _, files in os.walk(folder) for name in files]
+        record_paths(self.output, "train", *logs)
 
 
 @contextlib.contextmanager
-def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[list[Path]]:
+def output_removed_on_failure(output: Path, main: bool, log: Any) -> Iterator[RunOutputs]:
     """On an error, Ctrl-C or SIGTERM in an output folder this run created: remove what the run put there (the
     paths the block adds to the yielded list) and the folders it created when they are empty, unless a
-    checkpoint of the run is left to resume from. Whatever else is there (put by another process) stays."""
+    checkpoint of the run is left to resume from; what stays is recorded in the folder's marker
+    (``RunOutputs.finish``). Whatever else is there (put by another process) stays."""
     created = [] if os.path.lexists(output) else [output, *(p for p in output.parents if not p.exists())]
     published = RunOutputs(output, main)
     with terminate_raises():
         try:
             yield published
         except BaseException:
-            if main and created:
-                if any(p.exists() for p in published if CHECKPOINT.fullmatch(p.name)):
+            if main and created and not any(p.exists() for p in published if CHECKPOINT.fullmatch(p.name)):
+                for path in published:
+                    remove_tree(path)
+                only_bookkeeping_left(output)
+                for folder in created:  # deepest first; only when empty
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
+            elif main:
+                if published:  # a run refused before it wrote anything leaves the folder as it was, marker too
+                    with contextlib.suppress(OSError):  # the run's own error is the one to report
+                        published.finish()
+                if created:
                     log(f"the run stopped; its checkpoints are in {output}: continue with --resume")
-                else:
-                    for path in published:
-                        remove_tree(path)
-                    only_bookkeeping_left(output)
-                    for folder in created:  # deepest first; only when empty
-                        with contextlib.suppress(OSError):
-                            folder.rmdir()
             raise
 
 
@@ -249,6 +284,12 @@ def last_evaluation(state: TrainerState) -> dict[str, float] | None:
         if "eval_loss" in entry:
             return entry if entry.get("step") == state.global_step else None
     return None
+
+
+def shared_data(name: str, fingerprint: str) -> str:
+    """The data as the model card states it: its name (no folder of the machine it trained on) and the fingerprint
+    of its content, by which another copy of it is known to be the same."""
+    return f"{name} (content fingerprint {fingerprint[:16]})"
 
 
 def training_facts(
@@ -374,10 +415,11 @@ def save_final_model(
 
 
 def publish_results(
-    output: Path, metrics: dict[str, Any], title: str, remove_checkpoints: bool, published: list[Path], log: Any
+    output: Path, metrics: dict[str, Any], title: str, remove_checkpoints: bool, published: RunOutputs, log: Any
 ) -> None:
     """``metrics.json`` and ``loss_curve.png`` (titled ``title``; a plot that fails is a warning: the run is done),
-    the run's last lines, and its checkpoints removed (``remove_checkpoints``: no ``--keep-checkpoints``) or kept."""
+    the run's last lines, and its checkpoints removed (``remove_checkpoints``: no ``--keep-checkpoints``) or kept;
+    then the marker records what the run leaves (``RunOutputs.finish``)."""
     text = strict_json(metrics)
     replace_file(output / "metrics.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     published.append(output / "metrics.json")
@@ -398,3 +440,4 @@ def publish_results(
         f"{output / 'metrics.json'}" + (f"; loss curve in {curve}" if curve else "")
     )
     log(kept_checkpoints(output, remove_checkpoints))
+    published.finish()

@@ -3,8 +3,10 @@
 Every checkpoint holds ``hf_geonorm_run.json``: the data's key (its content, ``corpus``), the tokenizer's hash, the
 number of processes and every option that shapes what trains (``SHAPING``), with the GeoNorm settings the model was
 built with and where its learning rate came from (``learning_rate_facts``: read by ``hf-geonorm info``). A resumed
-run must match it: another data, tokenizer or shaping option would continue the optimizer state and the data order of
-one run on the inputs of another, so it is refused in one line naming each change. The options that only say how
+run keeps the held-out rule its record names (``recorded_held_out_rule``: rule 1 where it names none), so that it
+is evaluated on the text it was evaluated on before; and it must match the rest: another data, tokenizer or shaping
+option would continue the optimizer state and the data order of one run on the inputs of another, so it is refused
+in one line naming each change. The options that only say how
 often to evaluate, save and log, or where to report (``FREE``) may change, and the change is logged. A longer
 ``--max-steps`` is allowed where the schedule allows it: where every step already trained had the learning rate the
 longer run gives it (the checkpoint is within the warm-up, or ``--min-lr-ratio`` is 1, no decay).
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...modeling.settings import GeoNormSettings
-from ..options import TrainOptions
+from ..options import LEGACY_HELD_OUT_RULE, TrainOptions
 from ..rate_rule import DefaultRate
 from .checkpoint_state import Schedule, schedule_problem
 
@@ -28,8 +30,10 @@ RECORD_FORMAT = 1
 SHAPING = (
     "seq_len", "batch_size", "gradient_accumulation_steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
     "adam_beta2", "precision", "lora", "eval_blocks", "max_tokens", "streaming", "bridge_anneal", "bridge_order",
-    "seed",
+    "seed", "held_out_rule",
 )  # fmt: skip
+# what a record written before an option of SHAPING was recorded ran with, where that is not the option's default
+BEFORE_RECORDED = {"held_out_rule": LEGACY_HELD_OUT_RULE}
 FREE = (
     "eval_every", "save_every", "logging_steps", "report_to", "data_workers", "data_cache", "compile",
     "gradient_checkpointing",
@@ -90,6 +94,13 @@ def read_record(checkpoint: Path) -> dict[str, Any] | None:
     return record
 
 
+def recorded_held_out_rule(checkpoint: Path) -> int:
+    """The held-out rule of the run that wrote ``checkpoint`` (``BEFORE_RECORDED``'s for a record, or a
+    checkpoint without one, from before it was recorded)."""
+    record = read_record(checkpoint) or {"options": {}}
+    return record["options"].get("held_out_rule", BEFORE_RECORDED["held_out_rule"])
+
+
 def _schedule_kept(before: dict[str, Any], step: int) -> bool:
     """Whether the first ``step`` steps had the learning rates a longer run gives them (``optim.lr_factor``: the
     warm-up does not depend on the length; the cosine after it does, unless it does not decay)."""
@@ -125,8 +136,9 @@ def check_same_run(checkpoint: Path, now: dict[str, Any], step: int, log: Any) -
     if before["processes"] != now["processes"]:
         changes.append(f"the processes ({before['processes']} then, {now['processes']} now: another global batch)")
     for name in SHAPING:
-        if before["options"].get(name) != now["options"][name]:
-            changes.append(f"{_option(name)} {before['options'].get(name)} then, {now['options'][name]} now")
+        then = before["options"].get(name, BEFORE_RECORDED.get(name))
+        if then != now["options"][name]:
+            changes.append(f"{_option(name)} {then} then, {now['options'][name]} now")
     defaults = GeoNormSettings().to_dict()  # a setting the record lacks was added since: the run had its default
     for name in sorted(set(before["settings"]) | set(now["settings"])):
         then = before["settings"].get(name, defaults.get(name))

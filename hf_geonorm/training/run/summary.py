@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...files.text_files import json_or_problem
+from ..._plumbing.text_files import json_or_problem
 from ...sharing.trainer_records import TRAINER_STATE, logged
 from .checkpoints import checkpoints
 from .record import RECORD_NAME

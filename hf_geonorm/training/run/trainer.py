@@ -21,18 +21,27 @@ import torch
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
+from ..._plumbing.signals import raise_if_signalled
 from ...analysis.evaluation import explain_non_finite
-from ...errors import NonFiniteError
-from ...files.signals import raise_if_signalled
-from ...patching import family_for
+from ...checkpoints.patching import family_for
+from ...errors import NonFiniteError, require_extra
 from ..data.prepare import TrainingData, check_output_apart, data_request, data_source, training_data, world_size
-from ..options import BETA1, MAX_GRAD_NORM, MIN_LR_RATIO, TrainOptions, fields_used, trainer_arguments
+from ..options import (
+    BETA1,
+    LEGACY_HELD_OUT_RULE,
+    MAX_GRAD_NORM,
+    MIN_LR_RATIO,
+    TrainOptions,
+    fields_used,
+    trainer_arguments,
+)
 from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
 from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
 from .optim import RunSizes, decayed_parameter_names, make_scheduler, peak_reached, run_sizes
 from .outputs import (
+    RunOutputs,
     RunProgress,
     check_output_path,
     clear_earlier_run,
@@ -46,9 +55,10 @@ from .outputs import (
     publish_results,
     run_output,
     save_final_model,
+    shared_data,
     training_facts,
 )
-from .record import check_same_run, learning_rate_facts, run_record
+from .record import check_same_run, learning_rate_facts, recorded_held_out_rule, run_record
 from .transformers_internals import check_trainer_overrides
 
 
@@ -116,9 +126,9 @@ class SignalCheck(TrainerCallback):
 
 
 def options_used(options: TrainOptions, tokenizer_from_model: bool, vocab_size: int) -> dict[str, Any]:
-    """The options that applied to the run, for ``metrics.json``: the fields the declaration says it used
-    (``fields_used``: ``model`` or ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and
-    data knob), the tokenizer's source or the vocabulary trained; not the defaults of what the run did not use."""
+    """The options that applied to the run, for ``metrics.json``: the fields it used (``fields_used``: ``model`` or
+    ``arch``/``preset``, the bridge's order only with an anneal, every optimizer and data knob), the tokenizer's
+    source or the vocabulary trained; not the defaults of what the run did not use."""
     used = fields_used(options)
     if tokenizer_from_model or options.tokenizer is not None:
         del used["vocab_size"]
@@ -143,6 +153,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
     """Train as ``options`` say; write checkpoints, the final model (with remote code and a model card),
     ``metrics.json`` and ``loss_curve.png`` under ``options.output``; return the metrics. A resumed run that
     already finished returns its metrics and writes nothing."""
+    require_extra("train", "hf-geonorm train")
     options.validate()
     output = Path(options.output).absolute()  # as given: a quoted ~ is a folder ~
     main = _is_main_process()
@@ -153,7 +164,7 @@ def run_training(options: TrainOptions, log: Any = print) -> dict[str, Any]:
         return _run(options, output, main, log, published)
 
 
-def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: list[Path]) -> dict[str, Any]:
+def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: RunOutputs) -> dict[str, Any]:
     """The run's steps: the output folder (a new run, or the checkpoint a resumed one continues), the data, the
     model, the run's record, Trainer, and what the run saves."""
     data_log = log if main else _silent
@@ -169,6 +180,12 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: l
             return finished
         if main:
             log(f"{checkpoint.name} is at --max-steps {resumed_step}: nothing left to train; writing the final model")
+    if checkpoint is not None:  # evaluated on the held-out text it was evaluated on before
+        options = replace(options, held_out_rule=recorded_held_out_rule(checkpoint))
+        if options.held_out_rule == LEGACY_HELD_OUT_RULE and main:
+            log(f"--resume: {checkpoint.name} holds out validation and test by the rule of an earlier hf-geonorm "
+                f"(held-out rule {LEGACY_HELD_OUT_RULE}, files in path order, none longer than the evaluation): kept, "
+                "so that its validation loss stays comparable")  # fmt: skip
     torch.manual_seed(options.seed)
     check_positions(options.model, options.seq_len)  # before any tokenizing
     request = data_request(options)
@@ -216,7 +233,7 @@ def save_results(
     resumed_step: int,
     seconds: float,
     output: Path,
-    published: list[Path],
+    published: RunOutputs,
     log: Any,
 ) -> dict[str, Any]:
     """The save step: the final validation and test losses, ``final/`` (the model with its card), ``metrics.json``
@@ -231,7 +248,8 @@ def save_results(
     state_dict = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     steps = trainer.state.global_step
     peak = peak_reached(options.lr, steps, options.warmup_steps, options.max_steps, options.min_lr_ratio)
-    card = final_card(options.model, training_facts(options, data.label, steps, peak, loss, test_loss, built.rate))
+    shared = shared_data(data.name, data.facts["fingerprint"])
+    card = final_card(options.model, training_facts(options, shared, steps, peak, loss, test_loss, built.rate))
     if trainer.is_world_process_zero():
         save_final_model(to_save, data.tokenizer, state_dict, card, output / "final", published)
     metrics = run_metrics(options, trainer, data, built, to_save.config, resumed_step, seconds, loss, test_loss)
@@ -277,7 +295,8 @@ def model_to_train(
             check_resumable_adapters(model, checkpoint)
     parameters = sum(p.numel() for p in model.parameters())
     log(f"model: {type(model).__name__}, {parameters / 1e6:.2f}M parameters, {what_it_computes(model.config, options)}")
-    rate = rate_choice(options.lr, options.model, model.config)  # before the default is set: --lr given or not
+    # before the default is set: --lr given (by whom) or not
+    rate = rate_choice(options.lr, options.model, model.config, options.lr_source)
     options, defaults = with_learning_rate(options, model.config)
     for line in defaults if main else ():
         log(line)
@@ -285,7 +304,7 @@ def model_to_train(
 
 
 def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingData, record: dict[str, Any],
-                    checkpoint: Path | None, resumed_step: int, output: Path, published: list[Path], main: bool,
+                    checkpoint: Path | None, resumed_step: int, output: Path, published: RunOutputs, main: bool,
                     log: Any) -> tuple[CheckedTrainer, RunProgress]:  # fmt: skip
     """The Trainer step: ``CheckedTrainer`` over the model and the data, with the ``TrainingArguments`` the options
     set (``trainer_arguments``) and the library's recipe, and its progress bar (``RunProgress``)."""
@@ -298,7 +317,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         )
     args = TrainingArguments(
         output_dir=str(output),
-        **trainer_arguments(options),  # what the options set, as each declares its counterpart
+        **trainer_arguments(options),  # what the options set
         adam_beta1=BETA1,
         max_grad_norm=MAX_GRAD_NORM,
         eval_strategy="steps",
@@ -326,6 +345,7 @@ def checked_trainer(options: TrainOptions, built: ModelToTrain, data: TrainingDa
         eval_dataset=data.val,
         callbacks=callbacks,
     )
+    published.watch_tensorboard(trainer)
     if main:  # the device is Trainer's (accelerate's) choice: CUDA, MPS, XPU, ... or the CPU
         log(f"device: {trainer.args.device}, {trainer.args.world_size} process(es), precision {options.precision}")
     trainer.remove_callback(ProgressCallback)

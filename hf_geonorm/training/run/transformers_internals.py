@@ -1,7 +1,7 @@
 """Every private attribute of transformers that hf-geonorm touches, and the few functions it relies on that
 transformers does not export, each with what hf-geonorm needs of it: a minor release may rename any of them.
 
-``tests/test_transformers_internals.py`` checks each against the installed transformers (and that the package
+``tests/training/test_transformers_internals.py`` checks each against the installed transformers (and that the package
 touches no other private attribute), so an upgrade fails there, in one named place; the pin in ``pyproject.toml``
 is the range that test passed on. ``CheckedTrainer`` checks the Trainer methods ``AtomicCheckpointTrainer``
 overrides when it is built, since an override of a renamed method would silently never run. The modelling code
@@ -82,10 +82,9 @@ INTERNALS = (
     Internal("transformers.conversion_mapping", "WeightRenaming",
              "modeling/checkpoint_layout.py: GeoNorm's own tensor names hidden from the stock renamings",
              parameters=("source_patterns", "target_patterns")),
-    Internal("transformers.trainer_utils", "rotate_checkpoints",
-             "training/run/checkpoints.py: the checkpoints beyond save_total_limit removed after a checkpoint is "
-             "moved in",
-             parameters=("output_dir", "save_total_limit")),
+    Internal("transformers.integrations.integration_utils.TensorBoardCallback", "logging_dir",
+             "training/run/outputs.py: RunOutputs.finish records the event files of the folder TensorBoard wrote in",
+             read_by="transformers.integrations.integration_utils.TensorBoardCallback._init_summary_writer"),
 )  # fmt: skip
 
 
