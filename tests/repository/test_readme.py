@@ -20,6 +20,7 @@ tests/sweep/test_sweep_report.py runs it with a smaller batch and checks its rep
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -205,3 +206,16 @@ def test_every_option_of_every_command_has_help():
     assert not missing, "options without help: " + ", ".join(missing)
     undescribed = [path for path, command in commands(cli) if not (command.help or "").strip()]
     assert not undescribed, "commands without a description: " + ", ".join(undescribed)
+
+
+def test_the_readme_gives_the_first_command_times_that_benchmarks_first_command_measured():
+    """The README's times for its first command are those benchmarks/first_command.py wrote: torch's default
+    threads and one thread, each as minutes:seconds of the measured wall time."""
+    rows = {row["threads"].split()[0]: row for row in json.loads(
+        (ROOT / "benchmarks" / "results" / "first_command.json").read_text(encoding="utf-8"))["rows"]}  # fmt: skip
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    for threads, words in (("1", "with `OMP_NUM_THREADS=1`"), ("default", "with torch's default")):
+        seconds = round(rows[threads]["wall_seconds"])
+        clock = f"{seconds // 60}:{seconds % 60:02d}"
+        assert rows[threads]["steps"] == 300
+        assert re.search(rf"{re.escape(clock)}[^.]*{re.escape(words)}", text), (clock, words)

@@ -38,6 +38,7 @@ from ..options import (
 from ..rate_rule import DefaultRate
 from .bridge import BridgeAnneal
 from .checkpoints import AtomicCheckpointTrainer, check_resumable, check_resumable_adapters
+from .cpu_threads import CoreUse, contention_note
 from .model import build_model, check_positions, rate_choice, what_it_computes, with_learning_rate
 from .optim import RunSizes, decayed_parameter_names, make_scheduler, peak_reached, run_sizes
 from .outputs import (
@@ -168,6 +169,7 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: R
     """The run's steps: the output folder (a new run, or the checkpoint a resumed one continues), the data, the
     model, the run's record, Trainer, and what the run saves."""
     data_log = log if main else _silent
+    core_use = CoreUse.start()  # the other processes' use of the cores, up to the first step
     checkpoint, resumed_step = prepare_output(output, options.resume, options.force, options.max_steps, main)
     if resumed_step == options.max_steps:
         finished = finished_metrics(output, resumed_step)
@@ -203,6 +205,10 @@ def _run(options: TrainOptions, output: Path, main: bool, log: Any, published: R
     data = training_data(source, request, data_log)
     trainer, progress = checked_trainer(options, built, data, record, checkpoint, resumed_step, output, published,
                                         main, log)  # fmt: skip
+    if main and trainer.args.device.type == "cpu":
+        note = contention_note(torch.get_num_threads(), len(core_use.cores), core_use.others_busy())
+        if note is not None:
+            log(note)
     if options.force and main:
         clear_earlier_run(output, log)
     seconds = train(trainer, progress, checkpoint, resumed_step == options.max_steps)
