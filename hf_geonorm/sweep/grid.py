@@ -24,6 +24,7 @@ import shutil
 import time
 from collections.abc import Collection
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..training.data.prepare import check_output_apart
 from ..training.options import LEGACY_HELD_OUT_RULE, TrainOptions
 from ..training.rate_rule import SWEEP_RATE
 from ..training.run.checkpoints import checkpoints
+from ..training.run.cpu_threads import NOTE_START
 from ..training.run.model import default_rate, planned_config
 from ..training.run.trainer import run_training
 from .estimate import TimeEstimate
@@ -226,7 +228,7 @@ class _Sweep:
         self.log(f"run {number}/{self.trained + most}: {run.label} ({task.role})")
         started = time.monotonic()
         try:
-            entry = {**_train(run, self.train, self.folder), "role": task.role}
+            entry = {**_train(run, self.train, self.folder, thread_note=self.thread_note), "role": task.role}
             if entry["val_loss"] is None:  # diverged: the settings its model was built with
                 entry["settings"] = run.settings(self.identity["settings"])
         finally:  # what the run wrote, also when it stopped part way
@@ -247,6 +249,13 @@ class _Sweep:
         if line is not None:
             self.log(line)
 
+    def thread_note(self, line: str) -> None:
+        """A run's note that torch's threads do not fit the cores left free, on the console once: every run of the
+        sweep trains at that pace."""
+        if NOTE_START not in self.said:
+            self.said.add(NOTE_START)
+            self.log(f"{line} (said once for the sweep; each run's log says it for that run)")
+
     def record(self, *paths: Path) -> None:
         """List ``paths`` (those that exist) in the folder's marker, as written by this sweep."""
         record_paths(self.folder, "sweep", *(path for path in paths if os.path.lexists(path)))
@@ -257,10 +266,11 @@ class _Sweep:
                                                        self.trained == 0, self.log)  # fmt: skip
 
 
-def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
+def _train(run: Run, train: TrainOptions, folder: Path, thread_note: Any = None) -> dict[str, Any]:
     """Train one run into ``DIR/runs/NAME`` (its log in ``DIR/logs/NAME.log``); its journal entry. A run whose
     loss stops being finite is a result (the rate is too high), recorded with no losses. A run stopped part way
-    leaves no checkpoint: the sweep resumes by whole runs."""
+    leaves no checkpoint: the sweep resumes by whole runs. ``thread_note``: also given the log's line that torch's
+    threads do not fit the free cores (``cpu_threads``), where there is one."""
     output = folder / "runs" / run.name
     logs = folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -276,7 +286,7 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         entry["warmup_share"] = run.warmup_share
     with new_text_file(logs / f"{run.name}.log", "the sweep writes each run's log there itself") as log_file:
         try:
-            metrics = run_training(options, log=lambda line: print(line, file=log_file, flush=True))
+            metrics = run_training(options, log=partial(_run_log, log_file, thread_note))
         except NonFiniteError as error:
             print(first_line(error, limit=600), file=log_file)
             return {**entry, "settings": options.settings, "steps": None, "tokens": None, "val_loss": None,
@@ -293,6 +303,13 @@ def _train(run: Run, train: TrainOptions, folder: Path) -> dict[str, Any]:
         "warmup_steps": metrics["options"]["warmup_steps"], "evaluated_blocks": metrics["evaluated_blocks"],
         "training_seconds": metrics["training_seconds"], "evaluation_seconds": metrics["evaluation_seconds"],
     }  # fmt: skip
+
+
+def _run_log(log_file: Any, thread_note: Any, line: str) -> None:
+    """A line of a run's log, written to its file; the note on torch's threads also given to ``thread_note``."""
+    print(line, file=log_file, flush=True)
+    if thread_note is not None and line.startswith(NOTE_START):
+        thread_note(line)
 
 
 def _remove_checkpoints(output: Path) -> None:

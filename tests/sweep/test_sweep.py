@@ -45,7 +45,7 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     trained: list[str] = []
     real_train = sweep_module._train
 
-    def stop_after_one(run, train, folder):
+    def stop_after_one(run, train, folder, thread_note=None):
         if trained:
             raise KeyboardInterrupt  # the stop, as Ctrl-C or the end of a session
         trained.append(run.name)
@@ -57,7 +57,7 @@ def test_a_sweep_stopped_after_its_first_run_resumes_with_the_rest_only(tmp_path
     first = journal(output)
     assert len(first) == 2 and json.loads(first[1])["run"] == "pre-lr2e-3-seed0"
 
-    def counted(run, train, folder):
+    def counted(run, train, folder, thread_note=None):
         trained.append(run.name)
         return real_train(run, train, folder)
 

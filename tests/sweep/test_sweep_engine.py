@@ -55,7 +55,7 @@ def test_the_protocol_walked_in_any_order_of_completion_takes_the_serial_sweeps_
     with up to three runs at once, finished in a random order, several times: the same runs in the same roles, and
     ``serial_order`` puts them in the serial journal's order."""
 
-    def made_up_run(run: grid_module.Run, train: TrainOptions, folder: Path) -> dict:
+    def made_up_run(run: grid_module.Run, train: TrainOptions, folder: Path, thread_note: object = None) -> dict:
         """A made-up run with the sweep's identity (the journal's header), as a trained one records it."""
         header = json.loads((folder / "runs.jsonl").read_text().splitlines()[0])
         marks = header["fingerprints"]

@@ -37,7 +37,7 @@ def test_the_estimate_counts_each_part_and_is_updated_after_every_run(tmp_path, 
     monkeypatch.setattr(sweep_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     trained: list[str] = []
 
-    def timed_run(run, train, folder):
+    def timed_run(run, train, folder, thread_note=None):
         if not trained:  # the data is tokenized and cached before the first run, apart from its time
             assert list((tmp_path / "cache").glob("blocks-*/meta.json")), "no data prepared before the first run"
         trained.append(run.name)

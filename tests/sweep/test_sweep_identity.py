@@ -202,7 +202,7 @@ def test_a_corpus_overwritten_while_a_run_trains_is_caught_before_the_next_run(t
     data.write_text(corpus.read_text())
     real_train, trained = sweep_module._train, []
 
-    def overwritten_during_the_run(run, train, folder):
+    def overwritten_during_the_run(run, train, folder, thread_note=None):
         trained.append(run.name)
         entry = real_train(run, train, folder)
         data.write_text(corpus.read_text() + "\nan edit made while the run trained\n")
@@ -224,7 +224,7 @@ def test_a_rerun_without_extend_finishes_the_sweep_as_it_began(tmp_path, corpus,
     trained: list[str] = []
     stop_at = [4]
 
-    def stand_in(run, train, folder):
+    def stand_in(run, train, folder, thread_note=None):
         trained.append(run.name)
         if len(trained) == stop_at[0]:
             raise KeyboardInterrupt
@@ -314,7 +314,8 @@ def test_a_run_whose_record_shows_other_data_is_not_appended(tmp_path, corpus, c
     other data, and the journal is left as it was."""
     template = json.loads(real_journal[1])
     other = {**template["data"], "fingerprint": "0" * 64}
-    monkeypatch.setattr(sweep_module, "_train", lambda run, train, folder: at_rate(template, run.lr, data=other))
+    monkeypatch.setattr(sweep_module, "_train",
+                        lambda run, train, folder, thread_note=None: at_rate(template, run.lr, data=other))
     output = tmp_path / "sweep"
     path = write_journal(output, real_journal)
     before = path.read_bytes()

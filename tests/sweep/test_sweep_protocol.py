@@ -156,7 +156,7 @@ def default_sweep(tmp_path_factory, corpus):  # noqa: F811 - the corpus fixture
     real = grid_module._train
     template: dict = {}
 
-    def fake_train(run, train, output):
+    def fake_train(run, train, output, thread_note=None):
         if not template:
             template.update(real(run, train, output))
         value = loss(run.style, run.lr, run.warmup_share, run.seed)
@@ -370,7 +370,7 @@ def test_a_finished_sweep_without_its_reference_gets_it_when_run_again(default_s
     command = ["sweep", "--output", str(earlier), "--data", str(corpus), "--data-cache", str(folder.parent / "cache"),
                *TINY, *workers]  # fmt: skip
     patch = pytest.MonkeyPatch()
-    patch.setattr(grid_module, "_train", lambda *args: pytest.fail("a finished sweep trained a run"))
+    patch.setattr(grid_module, "_train", lambda *args, **kwargs: pytest.fail("a finished sweep trained a run"))
     patch.setattr(grid_module, "style_grids", lambda sweep, train, log, header=None: dict(START))
     try:
         again = CliRunner().invoke(cli, command)
@@ -388,7 +388,7 @@ def test_a_finished_sweep_without_its_reference_gets_it_when_run_again(default_s
     shutil.copytree(folder, changed, ignore=shutil.ignore_patterns("held_out.json", "runs"))
     other = tmp_path / "text.txt"
     other.write_text(corpus.read_text() + "x = 1\n")
-    patch.setattr(grid_module, "_train", lambda *args: pytest.fail("a finished sweep trained a run"))
+    patch.setattr(grid_module, "_train", lambda *args, **kwargs: pytest.fail("a finished sweep trained a run"))
     patch.setattr(grid_module, "style_grids", lambda sweep, train, log, header=None: dict(START))
     try:
         elsewhere = CliRunner().invoke(cli, ["sweep", "--output", str(changed), "--data", str(other), "--data-cache",

@@ -15,7 +15,7 @@ import torch
 from hf_geonorm.training.run import cpu_threads
 from hf_geonorm.training.run.cpu_threads import CoreUse, contention_note, core_jiffies
 
-from support.helpers import stdlib_text, train_in
+from support.helpers import ONE_STEP, invoke, stdlib_text, train_in
 
 
 @pytest.mark.parametrize(
@@ -104,3 +104,22 @@ def test_train_says_so_where_its_threads_do_not_fit(tmp_path, data_file, monkeyp
         assert not noted
     else:
         assert len(noted) == 1 and "set OMP_NUM_THREADS=1 before the command" in noted[0], result.output
+
+
+def test_a_sweep_says_it_once_on_its_console_and_each_run_in_its_log(tmp_path, data_file, monkeypatch):
+    """A serial sweep of two real runs where the threads do not fit: the note on the console once, in both logs."""
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: frozenset({0, 1}))
+    monkeypatch.setattr(CoreUse, "others_busy", lambda self: 1.0)
+    torch.set_num_threads(2)
+    output = tmp_path / "sweep"
+    result = invoke("sweep", "--output", output, "--data", data_file, "--data-cache", tmp_path / "cache",
+                    "--styles", "pre", "--lrs", "1e-3,2e-3", "--extend", "0", "--confirm-seeds", "none",
+                    "--warmup-steps", "0", *ONE_STEP[:6], "--max-steps", "1", "--eval-every", "1",
+                    "--eval-blocks", "8")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "note: other processes kept" in line]
+    assert len(said) == 1 and "said once for the sweep" in said[0], result.output
+    logs = sorted((output / "logs").glob("*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        assert "set OMP_NUM_THREADS=1 before the command" in log.read_text(encoding="utf-8"), log

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
+NOTE_START = "note: other processes kept"  # how the note begins: a sweep shows its runs' first one on its console
 SHORTEST_SECONDS = 0.5  # a shorter span tells nothing: the kernel counts in hundredths of a second
 
 
@@ -84,7 +85,7 @@ def contention_note(threads: int, cores: int, others_busy: float | None) -> str 
     if threads < free + 0.5:
         return None
     fits = max(1, math.floor(free + 0.5))
-    return (f"note: other processes kept {others_busy:.1f} of the {cores} cores busy while this run started, and torch "
+    return (f"{NOTE_START} {others_busy:.1f} of the {cores} cores busy while this run started, and torch "
             f"runs {threads} threads on them: threads that wait for a busy core slow every step (hf-geonorm's first "
             f"example took 10 times as long on two cores with one busy); set OMP_NUM_THREADS={fits} before the "
             "command to run at the pace of the free cores")  # fmt: skip
