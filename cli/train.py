@@ -27,6 +27,17 @@ def train(**kwargs: Any) -> None:
     from hf_geonorm.training.run.trainer import run_training
 
     run_job(lambda: run_training(TrainOptions(settings=settings, **kwargs).validate(), log=click.echo))
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Under torchrun, leave the process group accelerate opened once the run has finished: left to the interpreter's
+    exit, a process could abort there (SIGABRT, "terminate called without an active exception") after writing all
+    its results, and torchrun would report the run failed. Not after an error: the process is leaving anyway."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_job(run: Callable[[], Any]) -> Any:
