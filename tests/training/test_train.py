@@ -288,7 +288,7 @@ def test_two_process_training_equals_one_process_with_the_same_global_batch(tmp_
 def test_train_leaves_the_process_group_it_ran_in_before_the_process_exits(tmp_path, monkeypatch):
     """A finished `train` under torchrun destroys its process group: left to the interpreter's exit, a rank could
     abort there (SIGABRT) after writing all its results (the two-process test above, on a loaded two-core machine:
-    4 of 61 runs before this, none of 30 after). A one-process gloo group stands in for torchrun's here, and the run
+    4 of 103 runs before this, none of 30 after). A one-process gloo group stands in for torchrun's here, and the run
     for one that finished."""
     import torch.distributed as dist
 
