@@ -3,7 +3,7 @@ sweep's own report writer (``hf_geonorm.sweep.report.write_report``, what ``hf-g
 every run is in), so that a report written by an earlier hf-geonorm says what the current one says of the same runs.
 Trains nothing, and reads nothing but the journals and each folder's ``held_out.json`` (the unigram reference row; a
 finished sweep run again measures it where an earlier hf-geonorm wrote none); a phase still running (phase j's
-1200-step folders) is not among the defaults, since its own sweep writes its report after every run. Phase j runs
+j_llama_1200) is not among the defaults, since its own sweep writes its report after every run. Phase j runs
 from a worktree at an earlier hf-geonorm (``sweep_study.py``): after merging its branch, write j_gpt2_300's report
 again here:
 
@@ -21,7 +21,8 @@ from hf_geonorm.sweep.report import write_report
 RESULTS = Path(__file__).parent / "results" / "sweeps"
 FINISHED = ("a_gpt2", "a_llama", "b_fortunes", "b_gcide", "c_depth", "d_alpha", "e_alpha_stdlib", "e_alpha_gcide",
             "e_alpha_depth", "f_length_1200", "f_length_2400", "g_width_64", "g_width_256", "g_depth_2", "g_depth_8",
-            "g_llama_64", "g_llama_128", "g_llama_256", "h_styles", "reproduction", "j_gpt2_300")  # fmt: skip
+            "g_llama_64", "g_llama_128", "g_llama_256", "h_styles", "reproduction", "j_gpt2_300",
+            "j_gpt2_1200")  # fmt: skip
 
 
 def main() -> None:

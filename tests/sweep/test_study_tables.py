@@ -225,7 +225,7 @@ def test_the_length_table_gives_each_confirmed_margin_from_the_journals():
                ("LLaMA 4 x 128", 300): lambda s: phase_i_cell("llama", s)}  # fmt: skip
     for shape, arch in (("GPT-2 4 x 128", "gpt2"), ("LLaMA 4 x 128", "llama")):
         for steps in (1200, 2400):
-            if (SWEEPS / f"j_{arch}_{steps}" / "runs.jsonl").is_file():
+            if (SWEEPS / f"j_{arch}_{steps}" / "runs.jsonl").is_file() and journal(f"j_{arch}_{steps}"):  # begun
                 sources[shape, steps] = lambda s, folder=f"j_{arch}_{steps}": phase_j_cell(folder, s)
     for (shape, steps), losses in sources.items():
         [row] = [line for line in rows if line.startswith(f"| {shape} | {steps} |")]
