@@ -27,7 +27,7 @@ def core_jiffies(cores: frozenset[int], stat: Path = PROC_STAT) -> tuple[int, in
         return None
     busy = total = found = 0
     for line in lines:
-        name, *values = line.split()
+        name, *values = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
             ticks = [int(value) for value in values[:8]]
             busy += sum(ticks) - ticks[3] - ticks[4]
